@@ -1,0 +1,110 @@
+"""The `tfscale` command: parse flags, load the config once, call the step, report.
+
+Flags override `params.yaml`; each subcommand's `--help` lists its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# flag -> (dotted config key, type, help)
+PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "--dataset": (
+        "prepare.dataset",
+        str,
+        "digits | synthetic | an image folder | any tensorflow-datasets name",
+    ),
+    "--data-dir": ("prepare.data_dir", str, "root of the prepared datasets (data/tfrecords)"),
+    "--num-shards": ("prepare.num_shards", int, "shards per split (default: from the shard size)"),
+    "--target-shard-mb": ("prepare.target_shard_mb", float, "aim for shards of this size"),
+    "--min-shards": (
+        "prepare.min_shards",
+        int,
+        "never fewer shards per split (default: the largest worker count)",
+    ),
+    "--seed": ("prepare.seed", int, "seed for splits and synthetic data"),
+    "--examples": ("prepare.synthetic.train_examples", int, "synthetic: training examples"),
+    "--test-examples": ("prepare.synthetic.test_examples", int, "synthetic: test examples"),
+    "--image-size": ("prepare.synthetic.height", int, "synthetic: image height and width"),
+    "--channels": ("prepare.synthetic.channels", int, "synthetic: image channels"),
+    "--classes": ("prepare.synthetic.classes", int, "synthetic: number of classes"),
+}
+DATASET_FLAGS = {k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from flows import commands
+    from tasks.config import ConfigError
+    from tasks.datasets import DatasetError
+    from tasks.manifest import ShardError
+
+    try:
+        config = _load(args)
+        return getattr(commands, args.command)(config, args)
+    except ConfigError as exc:
+        print(f"error: bad config: {exc}", file=sys.stderr)
+        return 2
+    except (DatasetError, ShardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; finished shards are kept and the next run resumes", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfscale",
+        description="Distributed Keras training that measures whether more devices make it "
+        "faster, by how much, and why not.",
+    )
+    parser.add_argument(
+        "--params",
+        default="params.yaml",
+        help="the config file (default: params.yaml; missing means defaults)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    prepare = _add(
+        sub, "prepare", "write a dataset into sharded TFRecords with a manifest", PREPARE_FLAGS
+    )
+    prepare.add_argument("--force", action="store_true", help="rewrite every shard")
+    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add(sub, "verify", "re-check shard sizes and sha256 against the manifest", DATASET_FLAGS)
+    return parser
+
+
+def _add(sub: Any, name: str, help_text: str, flags: dict) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    for flag, (key, kind, text) in flags.items():
+        parser.add_argument(
+            flag,
+            dest=key,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=f"{text} [{key}]",
+        )
+    return parser
+
+
+def _load(args: argparse.Namespace):
+    from tasks.config import load_config
+
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    if overrides.get("prepare.synthetic.height") is not None:
+        overrides["prepare.synthetic.width"] = overrides["prepare.synthetic.height"]
+    return load_config(args.params, overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Typed, frozen configuration: `params.yaml` loaded once, validated, with CLI overrides.
+
+Each top-level section of `params.yaml` is one stage (`prepare`, `train`,
+`evaluate`). Nothing else in tfscale opens `params.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, of the wrong type or out of range."""
+
+
+def _spec(default: Any = None, *, lo: float | None = None, hi: float | None = None, **kw: Any):
+    return field(default=default, metadata={"lo": lo, "hi": hi}, **kw)
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Shape of the `synthetic` dataset."""
+
+    train_examples: int = _spec(4096, lo=1)
+    test_examples: int = _spec(1024, lo=1)
+    height: int = _spec(32, lo=1, hi=4096)
+    width: int = _spec(32, lo=1, hi=4096)
+    channels: int = _spec(3, lo=1, hi=4)
+    classes: int = _spec(10, lo=2, hi=100_000)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Which dataset to turn into shards, and how many shards."""
+
+    dataset: str = "digits"
+    data_dir: str = "data/tfrecords"
+    num_shards: int | None = _spec(None, lo=1, hi=100_000)
+    target_shard_mb: float = _spec(100.0, lo=0.001)
+    min_shards: int | None = _spec(None, lo=1, hi=100_000)
+    test_fraction: float = _spec(0.2, lo=0.01, hi=0.99)
+    seed: int = _spec(42, lo=0)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: strategy, devices, model and optimisation."""
+
+    strategy: Literal[
+        "auto", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu"
+    ] = "auto"
+    replicas: int = _spec(2, lo=1, hi=1024)
+    workers: int = _spec(1, lo=1, hi=1024)
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    model: Literal["mlp", "cnn", "resnet"] = "cnn"
+    epochs: int = _spec(10, lo=1, hi=100_000)
+    batch_size_per_replica: int = _spec(32, lo=1, hi=1_000_000)
+    scaling: Literal["weak", "strong"] = "weak"
+    learning_rate: float = _spec(0.001, lo=0.0, hi=10.0)
+    warmup_epochs: int = _spec(1, lo=0)
+    grad_accum_steps: int = _spec(1, lo=1, hi=1024)
+    cache: bool = True
+    shuffle_buffer: int = _spec(4096, lo=1)
+    seed: int = _spec(42, lo=0)
+    runs_dir: str = "runs"
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Where evaluation results go."""
+
+    batch_size: int = _spec(256, lo=1, hi=1_000_000)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole of `params.yaml`."""
+
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+
+    @property
+    def min_shards(self) -> int:
+        """Shards needed so that every worker the config names gets files of its own."""
+        named = self.prepare.min_shards or 1
+        return max(named, self.train.workers)
+
+
+def load_config(
+    path: str | Path | None = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None
+) -> Config:
+    """Loads `params.yaml` (missing file means defaults) and applies dotted overrides.
+
+    Args:
+        path: the YAML file, or None for defaults only.
+        overrides: values keyed by dotted name (`train.epochs`); None values are ignored.
+
+    Returns:
+        A validated, frozen `Config`.
+
+    Raises:
+        ConfigError: naming the key, what was expected and what arrived.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None and Path(path).exists():
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of stage sections, got {_kind(raw)}")
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(raw, dotted, value)
+    return _build(Config, raw, prefix="")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A plain, JSON-ready dict of a config object."""
+    return dataclasses.asdict(config)
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "params.yaml"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {_kind(raw)} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown key; expected one of {', '.join(sorted(fields))}"
+        )
+    values = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, prefix=f"{key}.")
+        else:
+            values[name] = _check(key, hint, value, fields[name].metadata)
+    return cls(**values)
+
+
+def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    optional = origin in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}; got {value!r}")
+        return value
+    value = _coerce(key, hint, value, optional)
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ConfigError(f"{key}: expected a value {bounds}; got {value!r}")
+    return value
+
+
+def _coerce(key: str, hint: type, value: Any, optional: bool) -> Any:
+    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    ok = (
+        (hint is bool and isinstance(value, bool))
+        or (hint is int and isinstance(value, int) and not isinstance(value, bool))
+        or (hint is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (hint is str and isinstance(value, str))
+    )
+    if not ok:
+        suffix = " or null" if optional else ""
+        raise ConfigError(f"{key}: expected {expected[hint]}{suffix}; got {_kind(value)} {value!r}")
+    return float(value) if hint is float else value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )

@@ -1,0 +1,109 @@
+"""The tf.data input pipeline: prepared shards into batches, sharded per input pipeline."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import tensorflow as tf
+
+from tasks.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+
+def parse_batch(
+    serialized: tf.Tensor, shape: tuple[int, ...], batch_size: int | None = None
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Parses a batch of serialized examples into float images in [0, 1] and int32 labels.
+
+    A `batch_size` makes the batch dimension static (training batches, as TPUs need).
+    """
+    parsed = tf.io.parse_example(
+        serialized,
+        {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    images = tf.io.decode_raw(parsed["image"], tf.uint8)
+    images = tf.reshape(images, [batch_size or -1, *shape])
+    labels = tf.reshape(tf.cast(parsed["label"], tf.int32), [batch_size or -1])
+    return tf.cast(images, tf.float32) / 255.0, labels
+
+
+def build_dataset(
+    manifest: Manifest,
+    data_dir: str | Path,
+    split: str,
+    batch_size: int,
+    training: bool,
+    num_pipelines: int = 1,
+    pipeline_id: int = 0,
+    seed: int = 42,
+    cache: bool = False,
+    shuffle_buffer: int = 4096,
+) -> tf.data.Dataset:
+    """A dataset of `(images, labels)` batches for one input pipeline.
+
+    Training reads shards in parallel, interleaved; evaluation reads them in
+    manifest order. Files are split between pipelines (FILE policy) when there are at least as
+    many shards as pipelines, otherwise every pipeline reads all files and keeps
+    every n-th record (DATA policy, with a warning). Training batches are shuffled
+    with `seed` and have a static batch dimension; evaluation batches keep the
+    remainder, so every example is seen exactly once across pipelines.
+
+    Args:
+        manifest: the prepared dataset's manifest.
+        data_dir: directory holding the manifest and shards.
+        split: `train`, `test`, ...
+        batch_size: examples per batch for this pipeline.
+        training: shuffle and drop the remainder.
+        num_pipelines: how many input pipelines read this split in total.
+        pipeline_id: which one this is.
+        seed: shuffle seed.
+        cache: keep the serialized records in memory after the first pass.
+        shuffle_buffer: examples held for shuffling.
+    """
+    files = [str(Path(data_dir) / f) for f in manifest.files(split)]
+    if not files:
+        raise ValueError(
+            f"{data_dir}: the manifest has no shards for split {split!r}; "
+            f"expected one of {', '.join(manifest.splits)}."
+        )
+    by_file = len(files) >= num_pipelines
+    if by_file:
+        files = files[pipeline_id::num_pipelines]
+    else:
+        log.warning(
+            "%d shards for %d input pipelines: every pipeline reads every shard (DATA sharding); "
+            "re-run 'tfscale prepare --num-shards %d' for file sharding.",
+            len(files),
+            num_pipelines,
+            num_pipelines,
+        )
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(len(files), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=not by_file,
+        )
+    else:  # evaluation keeps the manifest's order, so predictions line up with examples
+        ds = tf.data.TFRecordDataset(ds, buffer_size=8 << 20)
+    if not by_file and num_pipelines > 1:
+        ds = ds.shard(num_pipelines, pipeline_id)
+    if cache:
+        ds = ds.cache()
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size, drop_remainder=training)
+    static = batch_size if training else None
+    ds = ds.map(
+        lambda s: parse_batch(s, manifest.shape, static), num_parallel_calls=tf.data.AUTOTUNE
+    )
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,126 @@
+"""The checksummed manifest that describes a prepared dataset's shards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+
+
+class ShardError(RuntimeError):
+    """Shards are missing, truncated or corrupted, or the manifest is absent."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    split: str
+    examples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What `prepare` wrote: feature spec, split sizes and every shard with its checksum."""
+
+    dataset: str
+    version: str
+    feature: dict[str, Any]
+    splits: dict[str, int]
+    shards: list[ShardInfo]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def files(self, split: str) -> list[str]:
+        return [s.file for s in self.shards if s.split == split]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.feature["shape"])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.feature["num_classes"])
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @property
+    def digest(self) -> str:
+        """A short content hash: the same shards give the same digest."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw = json.loads(text)
+        raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
+        return cls(**raw)
+
+
+def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
+    """Reads `<data_dir>/manifest.json`.
+
+    Raises:
+        ShardError: no manifest there, saying which command writes one.
+    """
+    path = Path(data_dir) / MANIFEST_NAME
+    if not path.exists():
+        name = dataset or Path(data_dir).name
+        raise ShardError(
+            f"No prepared dataset at {data_dir} ({MANIFEST_NAME} missing); "
+            f"run 'tfscale prepare --dataset {name}' first."
+        )
+    try:
+        return Manifest.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ShardError(
+            f"{path} is not a valid manifest ({exc}); re-run 'tfscale prepare'."
+        ) from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes a file under a temporary name, then renames it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_shards(data_dir: str | Path, dataset: str | None = None) -> Manifest:
+    """Re-checks every shard's presence, size and sha256 against the manifest.
+
+    Raises:
+        ShardError: listing every missing, truncated or corrupted file by name.
+    """
+    manifest = load_manifest(data_dir, dataset)
+    problems = []
+    for shard in manifest.shards:
+        path = Path(data_dir) / shard.file
+        if not path.exists():
+            problems.append(f"{shard.file}: missing")
+        elif (size := path.stat().st_size) != shard.bytes:
+            problems.append(
+                f"{shard.file}: truncated or padded ({size} bytes, expected {shard.bytes})"
+            )
+        elif sha256_of(path) != shard.sha256:
+            problems.append(f"{shard.file}: corrupted (sha256 does not match the manifest)")
+    if problems:
+        raise ShardError(
+            f"{len(problems)} of {len(manifest.shards)} shards in {data_dir} "
+            "failed verification:\n  "
+            + "\n  ".join(problems)
+            + f"\nRe-create them with 'tfscale prepare --dataset {manifest.dataset} --force'."
+        )
+    return manifest

@@ -1,0 +1,57 @@
+"""The `prepare` step: a dataset, by name, into verified shards, with a summary."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tasks.config import Config
+from tasks.datasets import dataset_slug, open_source
+from tasks.shards import PrepareResult, plan_shards, prepare_params, write_shards
+
+
+def dataset_dir(config: Config) -> Path:
+    """Where the configured dataset's shards and manifest live."""
+    return Path(config.prepare.data_dir) / dataset_slug(config.prepare.dataset)
+
+
+def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> PrepareResult:
+    """Writes (or reuses) the shards for `config.prepare.dataset`.
+
+    Args:
+        config: the loaded config; `config.min_shards` bounds the shard count below.
+        force: rewrite every shard even when the existing ones are up to date.
+        progress: show a progress bar while writing.
+    """
+    source = open_source(config.prepare)
+    out_dir = dataset_dir(config)
+    if force and out_dir.exists():
+        shutil.rmtree(out_dir)
+    plan = plan_shards(source, config.prepare, config.min_shards)
+    return write_shards(
+        source, out_dir, plan, prepare_params(source, config.prepare, plan), progress
+    )
+
+
+def format_summary(result: PrepareResult) -> str:
+    """A one-screen summary of a prepare."""
+    m = result.manifest
+    mb = result.total_bytes / 2**20
+    lines = [
+        f"dataset    {m.dataset} {m.version}",
+        f"features   image {'x'.join(map(str, m.shape))} {m.feature['dtype']}, "
+        f"{m.num_classes} classes",
+        f"location   {result.data_dir}",
+    ]
+    for split, count in m.splits.items():
+        lines.append(f"{split:<10} {count} examples in {len(m.files(split))} shards")
+    if result.written:
+        rate = mb / result.seconds if result.seconds else 0.0
+        lines.append(
+            f"written    {result.written} shards, {mb:.1f} MB in {result.seconds:.1f} s "
+            f"({rate:.1f} MB/s); {result.reused} reused"
+        )
+    else:
+        lines.append(f"up to date {result.reused} shards, {mb:.1f} MB; nothing rewritten")
+    lines.append(f"manifest   {Path(result.data_dir) / 'manifest.json'} ({m.digest})")
+    return "\n".join(lines)
