@@ -44,7 +44,9 @@ def run_prepare(workdir: Path, gb: float, size: int) -> dict:
     }
     out = subprocess.run(
         [sys.executable, "-c", PREPARE, json.dumps(overrides)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -80,7 +82,10 @@ def compare_pipelines(data_dir: str, batch: int, batches: int) -> tuple[float, f
             break
     x, y = np.concatenate(x)[:n], np.concatenate(y)[:n]
     memory = (
-        tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(4096).batch(batch)
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .shuffle(4096)
+        .batch(batch)
         .map(lambda a, b: (tf.cast(a, tf.float32) / 255.0, b), num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )
@@ -97,11 +102,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfscale-bench-") as tmp:
         prep = run_prepare(Path(tmp), args.gb, args.image_size)
         mb = prep["bytes"] / 1e6
-        print(f"prepare      {mb:.0f} MB in {prep['seconds']:.1f} s: "
-              f"{mb / prep['seconds']:.1f} MB/s written, peak RSS {prep['peak_rss_mb']:.0f} MB")
+        print(
+            f"prepare      {mb:.0f} MB in {prep['seconds']:.1f} s: "
+            f"{mb / prep['seconds']:.1f} MB/s written, peak RSS {prep['peak_rss_mb']:.0f} MB"
+        )
         tfrecord, memory = compare_pipelines(prep["dir"], args.batch, args.batches)
-        print(f"input        TFRecord shards {tfrecord:,.0f} ex/s, in-memory arrays "
-              f"{memory:,.0f} ex/s, ratio {tfrecord / memory:.2f}")
+        print(
+            f"input        TFRecord shards {tfrecord:,.0f} ex/s, in-memory arrays "
+            f"{memory:,.0f} ex/s, ratio {tfrecord / memory:.2f}"
+        )
 
 
 if __name__ == "__main__":

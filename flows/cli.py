@@ -37,15 +37,53 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--classes": ("prepare.synthetic.classes", int, "synthetic: number of classes"),
 }
 DATASET_FLAGS = {k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir")}
+STRATEGY_FLAGS = {
+    "--strategy": (
+        "train.strategy",
+        str,
+        "auto | one_device | mirrored | multi_worker | parameter_server | tpu",
+    ),
+    "--replicas": ("train.replicas", int, "replicas (logical CPU devices when there is no GPU)"),
+    "--workers": ("train.workers", int, "worker processes (multi_worker, parameter_server)"),
+    "--precision": ("train.precision", str, "auto | float32 | mixed_float16 | mixed_bfloat16"),
+}
+TRAIN_FLAGS = {
+    **DATASET_FLAGS,
+    **STRATEGY_FLAGS,
+    "--model": ("train.model", str, "mlp | cnn | resnet"),
+    "--epochs": ("train.epochs", int, "training epochs"),
+    "--batch-size-per-replica": (
+        "train.batch_size_per_replica",
+        int,
+        "examples per replica per step (strong scaling: the global batch)",
+    ),
+    "--scaling": ("train.scaling", str, "weak (global batch grows with replicas) | strong (fixed)"),
+    "--learning-rate": (
+        "train.learning_rate",
+        float,
+        "base rate, scaled linearly with the global batch after warm-up",
+    ),
+    "--warmup-epochs": ("train.warmup_epochs", int, "epochs of linear learning-rate warm-up"),
+    "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
+    "--runs-dir": ("train.runs_dir", str, "where runs are written (runs)"),
+}
+EVALUATE_FLAGS = {
+    **DATASET_FLAGS,
+    "--runs-dir": TRAIN_FLAGS["--runs-dir"],
+    "--batch-size": ("evaluate.batch_size", int, "examples per evaluation batch"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("tensorflow", "absl"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from flows import commands
     from tasks.config import ConfigError
     from tasks.datasets import DatasetError
+    from tasks.launch import WorkerError
     from tasks.manifest import ShardError
 
     try:
@@ -54,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: bad config: {exc}", file=sys.stderr)
         return 2
-    except (DatasetError, ShardError) as exc:
+    except (DatasetError, ShardError, WorkerError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -80,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rewrite every shard")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add(sub, "verify", "re-check shard sizes and sha256 against the manifest", DATASET_FLAGS)
+    hardware = _add(
+        sub, "hardware", "show the detected hardware and the strategy it would pick", STRATEGY_FLAGS
+    )
+    hardware.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add(sub, "train", "train on prepared shards under a tf.distribute strategy", TRAIN_FLAGS)
+    evaluate = _add(
+        sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
+    )
+    evaluate.add_argument("--model-path", help="a .keras model (default: the latest run's)")
     return parser
 
 

@@ -25,3 +25,82 @@ def verify(config: Config, args: argparse.Namespace) -> int:
         f"match their sizes and sha256"
     )
     return 0
+
+
+def hardware(config: Config, args: argparse.Namespace) -> int:
+    import json
+
+    from tasks.hardware import detect_hardware, format_report
+    from tasks.strategy import select_strategy
+
+    report = detect_hardware()
+    choice = select_strategy(report, config.train)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "hardware": report.to_dict(),
+                    "choice": choice.to_dict(),
+                    "fingerprint": report.fingerprint,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(format_report(report))
+        print(f"strategy  {choice.kind}, {choice.replicas} replicas, {choice.precision}")
+        print(f"because   {choice.reason}")
+    return 0
+
+
+def train(config: Config, args: argparse.Namespace) -> int:
+    from tasks.hardware import detect_hardware
+    from tasks.manifest import verify_shards
+    from tasks.preparation import dataset_dir
+    from tasks.runs import run_training
+    from tasks.strategy import select_strategy
+
+    data_dir = dataset_dir(config)
+    manifest = verify_shards(data_dir, config.prepare.dataset)
+    report = detect_hardware()
+    choice = select_strategy(report, config.train)
+    print(
+        f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
+        f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",
+        flush=True,
+    )
+    result = run_training(config, manifest, str(data_dir), choice, report)
+    for h in result.history:
+        print(
+            f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
+            f"{h['seconds']:.2f} s  {h['examples_per_s']:,.0f} ex/s"
+        )
+    print(
+        f"{result.examples_per_s:,.0f} examples/s (after the first epoch), global batch "
+        f"{result.global_batch}; outputs in {result.run_dir}"
+    )
+    return 0
+
+
+def evaluate(config: Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tasks.evaluation import evaluate_model, write_evaluation
+    from tasks.manifest import verify_shards
+    from tasks.preparation import dataset_dir
+    from tasks.runs import latest_run
+
+    data_dir = dataset_dir(config)
+    manifest = verify_shards(data_dir, config.prepare.dataset)
+    model_path = (
+        args.model_path or latest_run(config.train.runs_dir, manifest.dataset)["model_path"]
+    )
+    if not Path(model_path).exists():
+        raise FileNotFoundError(f"No model at {model_path}; train one with 'tfscale train'.")
+    result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
+    path = write_evaluation(result, Path(model_path).parent, manifest.feature["class_names"])
+    print(
+        f"test accuracy {result.test_accuracy:.4f}  loss {result.test_loss:.4f}  "
+        f"({result.examples} examples); written to {path}"
+    )
+    return 0

@@ -126,6 +126,11 @@ def load_config(
     return _build(Config, raw, prefix="")
 
 
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """A validated `Config` from a plain dict such as `config_to_dict` gives."""
+    return _build(Config, raw, prefix="")
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain, JSON-ready dict of a config object."""
     return dataclasses.asdict(config)

@@ -1,0 +1,158 @@
+"""What hardware this process can train on: CPU and its instruction sets, GPUs, TPUs, cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
+TPU_HINTS = ("TPU_NAME", "TPU_WORKER_ID", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_ACCELERATOR_TYPE")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    compute_capability: tuple[int, int] | None
+    memory_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The cluster this process is one task of (from TF_CONFIG or Slurm)."""
+
+    source: str
+    workers: list[str]
+    ps: list[str] = field(default_factory=list)
+    chief: list[str] = field(default_factory=list)
+    task_type: str = "worker"
+    task_index: int = 0
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers) + len(self.chief)
+
+
+@dataclass(frozen=True)
+class HardwareReport:
+    cpu_model: str
+    cpu_cores: int
+    cpu_flags: list[str]
+    gpus: list[GpuInfo] = field(default_factory=list)
+    tpu: str | None = None
+    cluster: ClusterInfo | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of what affects speed: same hardware, same fingerprint."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def detect_hardware() -> HardwareReport:
+    """Reads the CPU, GPUs, TPU and cluster of this process."""
+    model, flags = read_cpu()
+    return HardwareReport(
+        cpu_model=model,
+        cpu_cores=os.cpu_count() or 1,
+        cpu_flags=flags,
+        gpus=detect_gpus(),
+        tpu=detect_tpu(),
+        cluster=cluster_from_environment(dict(os.environ)),
+    )
+
+
+def read_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, list[str]]:
+    """The CPU model name and which of the instruction sets that matter it has."""
+    model, flags = platform.processor() or platform.machine(), set()
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    return model, [f for f in CPU_FLAGS_OF_INTEREST if f in flags]
+
+
+def detect_gpus() -> list[GpuInfo]:
+    import tensorflow as tf
+
+    gpus = []
+    for device in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(device)
+        gpus.append(
+            GpuInfo(details.get("device_name", device.name), details.get("compute_capability"))
+        )
+    return gpus
+
+
+def detect_tpu() -> str | None:
+    """The TPU's name, asked of the TPU resolver only where the environment hints at one."""
+    if not any(os.environ.get(k) for k in TPU_HINTS) and not Path("/dev/accel0").exists():
+        return None
+    import tensorflow as tf
+
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        return resolver.master() or "local"
+    except (ValueError, RuntimeError):
+        return None
+
+
+def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
+    """The cluster from `TF_CONFIG` (Kubeflow TFJob and others) or Slurm's variables."""
+    if env.get("TF_CONFIG"):
+        config = json.loads(env["TF_CONFIG"])
+        spec, task = config.get("cluster", {}), config.get("task", {})
+        return ClusterInfo(
+            source="TF_CONFIG",
+            workers=spec.get("worker", []),
+            ps=spec.get("ps", []),
+            chief=spec.get("chief", []),
+            task_type=task.get("type", "worker"),
+            task_index=int(task.get("index", 0)),
+        )
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and env.get("SLURM_JOB_NODELIST"):
+        from tensorflow.distribute.cluster_resolver import SlurmClusterResolver
+
+        resolver = SlurmClusterResolver(port_base=int(env.get("TFSCALE_PORT_BASE", "8888")))
+        spec = resolver.cluster_spec().as_dict()
+        return ClusterInfo(
+            source="Slurm",
+            workers=spec.get("worker", []),
+            ps=spec.get("ps", []),
+            task_type=resolver.task_type,
+            task_index=resolver.task_id,
+        )
+    return None
+
+
+def format_report(report: HardwareReport) -> str:
+    lines = [
+        f"cpu       {report.cpu_model}, {report.cpu_cores} cores, "
+        f"flags: {', '.join(report.cpu_flags) or 'none of interest'}",
+        "gpus      "
+        + (
+            ", ".join(
+                f"{g.name} (cc {'.'.join(map(str, g.compute_capability or ()))})"
+                for g in report.gpus
+            )
+            or "none"
+        ),
+        f"tpu       {report.tpu or 'none'}",
+    ]
+    c = report.cluster
+    lines.append(
+        f"cluster   {c.source}: {c.num_workers} workers, {len(c.ps)} ps; this task "
+        f"{c.task_type}:{c.task_index}"
+        if c
+        else "cluster   none (single host)"
+    )
+    lines.append(f"fingerprint {report.fingerprint}")
+    return "\n".join(lines)

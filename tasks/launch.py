@@ -1,0 +1,99 @@
+"""Local multi-worker training: N worker processes on this host with `TF_CONFIG`.
+
+Worker 0 is the chief and alone writes outputs. The parent waits; if any worker
+dies, the rest are stopped at once and the error names the worker and its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.5
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed or the job ran out of time."""
+
+
+def free_ports(n: int) -> list[int]:
+    import portpicker
+
+    return [portpicker.pick_unused_port() for _ in range(n)]
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    workers = [f"localhost:{p}" for p in ports]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+
+
+def launch_workers(
+    spec: dict[str, Any],
+    workers: int,
+    run_dir: Path,
+    timeout_s: float = 3600,
+    pin_cores: bool = False,
+) -> None:
+    """Runs `tasks.worker` in `workers` processes and waits for all of them.
+
+    Raises:
+        WorkerError: a worker exited non-zero (the others are stopped), or the timeout passed.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / "worker-spec.json"
+    spec_path.write_text(json.dumps(spec))
+    ports = free_ports(workers)
+    procs, logs = [], []
+    for index in range(workers):
+        env = dict(os.environ, TF_CONFIG=tf_config(ports, index), TF_CPP_MIN_LOG_LEVEL="2")
+        if pin_cores:
+            env["TFSCALE_PIN_CORE"] = str(index % (os.cpu_count() or 1))
+        log_path = run_dir / f"worker-{index}.log"
+        logs.append(log_path)
+        with open(log_path, "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tasks.worker", str(spec_path)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    _wait(procs, logs, timeout_s)
+
+
+def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            for index, proc in enumerate(procs):
+                if proc.poll() not in (None, 0):
+                    raise WorkerError(
+                        f"worker {index} exited with code {proc.returncode}; the other workers "
+                        f"were stopped. Its log ({logs[index]}) ends:\n{_tail(logs[index])}"
+                    )
+            if time.monotonic() > deadline:
+                raise WorkerError(f"workers still running after {timeout_s:.0f} s; stopped them.")
+            time.sleep(POLL_S)
+        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            i = failed[0]
+            raise WorkerError(
+                f"worker {i} exited with code {procs[i].returncode}; "
+                f"its log ({logs[i]}) ends:\n{_tail(logs[i])}"
+            )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return "\n".join(line for line in text if "I0000" not in line)[-3000:] or "(empty)"

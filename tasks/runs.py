@@ -1,0 +1,110 @@
+"""A training run end to end: its directory, where it executes, and its outputs.
+
+`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>/` holds checkpoints,
+`history.json`, `model.keras` and `metrics.json`; `runs/<dataset>/latest.json`
+points at the newest completed run. A run with the same key that did not complete
+resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from tasks.config import Config, config_to_dict
+from tasks.hardware import HardwareReport
+from tasks.manifest import Manifest
+from tasks.strategy import StrategyChoice
+from tasks.training import TrainResult, train_model
+
+
+def run_dir_for(config: Config, manifest: Manifest, choice: StrategyChoice) -> Path:
+    """The run directory: the same config, data and strategy give the same one."""
+    train = config_to_dict(config.train)
+    train.pop("runs_dir")
+    key = json.dumps([train, manifest.digest, choice.to_dict()], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    name = f"{choice.kind}-{choice.replicas}x-{choice.precision}-{digest}"
+    return Path(config.train.runs_dir) / manifest.dataset / name
+
+
+def run_training(
+    config: Config,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    report: HardwareReport,
+) -> TrainResult:
+    """Trains where the choice says: in this process, N local workers, or a local PS cluster."""
+    run_dir = run_dir_for(config, manifest, choice)
+    if (run_dir / "metrics.json").exists():  # completed before: train afresh
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if choice.kind == "multi_worker" and report.cluster is None:
+        result = _train_local_workers(config, data_dir, choice, run_dir)
+    elif choice.kind == "parameter_server" and report.cluster is None:
+        from tasks.ps_cluster import in_process_cluster
+
+        with in_process_cluster(choice.workers) as resolver:
+            result = train_model(config.train, manifest, data_dir, choice, run_dir, resolver)
+    else:
+        chief = report.cluster is None or _is_chief(report)
+        result = train_model(config.train, manifest, data_dir, choice, run_dir, is_chief=chief)
+        if not chief:
+            return result
+    write_metrics(result, manifest, report)
+    return result
+
+
+def write_metrics(result: TrainResult, manifest: Manifest, report: HardwareReport) -> Path:
+    run_dir = Path(result.run_dir)
+    metrics = dict(
+        result.to_dict(),
+        dataset=manifest.dataset,
+        manifest_digest=manifest.digest,
+        hardware_fingerprint=report.fingerprint,
+    )
+    path = run_dir / "metrics.json"
+    path.write_text(json.dumps(metrics, indent=2))
+    latest = run_dir.parent / "latest.json"
+    latest.write_text(json.dumps({"run_dir": str(run_dir), "model_path": result.model_path}))
+    return path
+
+
+def latest_run(runs_dir: str, dataset: str) -> dict:
+    """The newest completed run for a dataset.
+
+    Raises:
+        FileNotFoundError: no completed run, saying which command makes one.
+    """
+    path = Path(runs_dir) / dataset / "latest.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"No trained model for {dataset!r} under {runs_dir}; run 'tfscale train "
+            f"--dataset {dataset}' first, or pass --model-path."
+        )
+    return json.loads(path.read_text())
+
+
+def _train_local_workers(
+    config: Config, data_dir: str, choice: StrategyChoice, run_dir: Path
+) -> TrainResult:
+    from tasks.launch import launch_workers
+
+    spec = {
+        "config": config_to_dict(config),
+        "data_dir": data_dir,
+        "choice": choice.to_dict(),
+        "run_dir": str(run_dir),
+    }
+    launch_workers(spec, choice.workers, run_dir)
+    return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
+
+
+def _is_chief(report: HardwareReport) -> bool:
+    cluster = report.cluster
+    if cluster.chief:
+        return cluster.task_type == "chief"
+    return cluster.task_type == "worker" and cluster.task_index == 0

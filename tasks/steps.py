@@ -1,0 +1,108 @@
+"""Training steps: the per-replica step (with gradient accumulation and loss scaling),
+driven by `strategy.run` for synchronous strategies or by a ClusterCoordinator for
+ParameterServerStrategy, and the warm-up learning-rate schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+EpochRunner = Callable[[int], tuple[float, float]]
+SUM = tf.distribute.ReduceOp.SUM
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from the base rate to the (linearly scaled) target rate."""
+
+    def __init__(self, base: float, target: float, warmup_steps: int):
+        self.base, self.target, self.warmup_steps = base, target, warmup_steps
+
+    def __call__(self, step):
+        if self.warmup_steps <= 0:
+            return tf.constant(self.target, tf.float32)
+        fraction = tf.minimum(tf.cast(step, tf.float32) / self.warmup_steps, 1.0)
+        return self.base + (self.target - self.base) * fraction
+
+    def get_config(self) -> dict:
+        return {"base": self.base, "target": self.target, "warmup_steps": self.warmup_steps}
+
+
+def make_warmup_schedule(base: float, target: float, warmup_steps: int) -> WarmupSchedule:
+    return WarmupSchedule(base, target, warmup_steps)
+
+
+def replica_step(model, optimizer, images, labels, accum_steps: int, effective_batch: int):
+    """One optimizer update from `accum_steps` micro-batches of this replica's batch.
+
+    The loss is averaged over the effective global batch, so summing across replicas
+    (which the optimizer does) gives the mean gradient. Returns (loss, correct count).
+    """
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    grads, total_loss, correct = None, 0.0, 0
+    for images_i, labels_i in zip(
+        tf.split(images, accum_steps), tf.split(labels, accum_steps), strict=True
+    ):
+        with tf.GradientTape() as tape:
+            logits = model(images_i, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                labels_i, logits, from_logits=True
+            )
+            loss = tf.reduce_sum(per_example) / effective_batch
+            target = optimizer.scale_loss(loss) if scaled else loss
+        step_grads = tape.gradient(target, model.trainable_variables)
+        grads = (
+            step_grads if grads is None else [a + b for a, b in zip(grads, step_grads, strict=True)]
+        )
+        total_loss += loss
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        correct += tf.reduce_sum(tf.cast(predicted == labels_i, tf.int32))
+    optimizer.apply(grads, model.trainable_variables)
+    return total_loss, correct
+
+
+def make_step(
+    strategy, model, optimizer, dataset_fn, accum_steps: int, effective_batch: int
+) -> EpochRunner:
+    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies."""
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    @tf.function
+    def train_step(iterator):
+        images, labels = next(iterator)
+        loss, correct = strategy.run(
+            replica_step, args=(model, optimizer, images, labels, accum_steps, effective_batch)
+        )
+        return strategy.reduce(SUM, loss, axis=None), strategy.reduce(SUM, correct, axis=None)
+
+    def run_epoch(steps: int) -> tuple[float, float]:
+        results = [train_step(iterator) for _ in range(steps)]
+        return float(tf.add_n([r[0] for r in results])), float(tf.add_n([r[1] for r in results]))
+
+    return run_epoch
+
+
+def make_ps_step(
+    strategy, model, optimizer, dataset_fn, accum_steps: int, worker_batch: int
+) -> EpochRunner:
+    """An epoch runner for ParameterServerStrategy: steps scheduled on workers as they free up."""
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    per_worker = coordinator.create_per_worker_dataset(lambda: dataset_fn(None))
+    iterator = iter(per_worker)
+
+    @tf.function
+    def train_step(iterator):
+        images, labels = next(iterator)
+        return strategy.run(
+            replica_step, args=(model, optimizer, images, labels, accum_steps, worker_batch)
+        )
+
+    def run_epoch(steps: int) -> tuple[float, float]:
+        results = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
+        coordinator.join()
+        fetched = [r.fetch() for r in results]
+        return float(sum(f[0] for f in fetched)), float(sum(f[1] for f in fetched))
+
+    return run_epoch

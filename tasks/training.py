@@ -1,0 +1,192 @@
+"""The one training loop for every strategy: a custom loop around `strategy.run`.
+
+Keras 3 `fit` fails under MultiWorkerMirrored and ParameterServer strategies, and the
+optimizer's own gradient accumulation fails under Mirrored; this loop does neither.
+It accumulates gradients over micro-batches inside each step, scales the loss under
+mixed_float16, checkpoints every epoch and resumes from the last completed one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tasks.config import TrainConfig
+from tasks.distribute import build_strategy
+from tasks.inputs import build_dataset
+from tasks.manifest import Manifest
+from tasks.models import build_model
+from tasks.steps import make_ps_step, make_step, make_warmup_schedule
+from tasks.strategy import StrategyChoice
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run produced and how fast it went."""
+
+    run_dir: str
+    model_path: str
+    strategy: str
+    reason: str
+    replicas: int
+    workers: int
+    precision: str
+    per_replica_batch: int
+    global_batch: int
+    grad_accum_steps: int
+    learning_rate: float
+    steps_per_epoch: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    examples_per_s: float = 0.0
+    train_seconds: float = 0.0
+    resumed_from_epoch: int = 0
+    weights_digest: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def batch_sizes(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
+    """(per-replica, global) batch: weak scaling grows the global batch, strong keeps it."""
+    if cfg.scaling == "weak":
+        return cfg.batch_size_per_replica, cfg.batch_size_per_replica * replicas
+    per_replica = max(cfg.batch_size_per_replica // replicas, 1)
+    return per_replica, per_replica * replicas
+
+
+def train_model(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    run_dir: Path,
+    resolver: Any = None,
+    is_chief: bool = True,
+) -> TrainResult:
+    """Trains `cfg.model` on the manifest's train split under the chosen strategy."""
+    strategy = build_strategy(choice, resolver)
+    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+    k = cfg.grad_accum_steps
+    effective = global_batch * k
+    ps = choice.kind == "parameter_server"
+    step_examples = per_replica * k if ps else effective  # PS: one worker's batch per step
+    steps = manifest.splits["train"] // step_examples
+    if steps < 1:
+        raise ValueError(
+            f"train split has {manifest.splits['train']} examples, fewer than one global batch "
+            f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
+        )
+    lr = cfg.learning_rate * effective / (cfg.batch_size_per_replica * k)
+    with strategy.scope():
+        model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+        optimizer = keras.optimizers.Adam(
+            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
+        )
+        if choice.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+        epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
+    manager = _checkpoint_manager(checkpoint, run_dir, strategy, is_chief)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint)
+    start_epoch = int(epoch_var.numpy())
+    history = _read_history(run_dir)[:start_epoch]
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        pipelines = ctx.num_input_pipelines if ctx else 1
+        return build_dataset(
+            manifest,
+            data_dir,
+            "train",
+            per_replica * k,
+            training=True,
+            num_pipelines=pipelines,
+            pipeline_id=ctx.input_pipeline_id if ctx else 0,
+            seed=cfg.seed,
+            cache=cfg.cache,
+            shuffle_buffer=cfg.shuffle_buffer,
+        ).repeat()
+
+    make = make_ps_step if ps else make_step
+    run_epoch = make(strategy, model, optimizer, dataset_fn, k, step_examples)
+    for epoch in range(start_epoch, cfg.epochs):
+        started = time.perf_counter()
+        loss, correct = run_epoch(steps)
+        seconds = time.perf_counter() - started
+        examples = steps * step_examples
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": loss / steps,
+                "accuracy": correct / examples,
+                "seconds": seconds,
+                "examples": examples,
+                "examples_per_s": examples / seconds,
+            }
+        )
+        epoch_var.assign(epoch + 1)
+        manager.save()
+        if is_chief:
+            _write_json(run_dir / "history.json", history)
+    timed = history[1:] or history
+    rate = sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed)
+    model_path = run_dir / "model.keras"
+    if is_chief:
+        model.save(model_path)
+    else:
+        shutil.rmtree(manager.directory, ignore_errors=True)
+    return TrainResult(
+        run_dir=str(run_dir),
+        model_path=str(model_path),
+        strategy=choice.kind,
+        reason=choice.reason,
+        replicas=choice.replicas,
+        workers=choice.workers,
+        precision=choice.precision,
+        per_replica_batch=per_replica,
+        global_batch=global_batch,
+        grad_accum_steps=k,
+        learning_rate=lr,
+        steps_per_epoch=steps,
+        history=history,
+        examples_per_s=rate,
+        train_seconds=sum(h["seconds"] for h in history),
+        resumed_from_epoch=start_epoch,
+        weights_digest=weights_digest(model),
+    )
+
+
+def weights_digest(model: keras.Model) -> str:
+    """A hash of every weight's value: equal digests mean identical models."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(keras.ops.convert_to_numpy(weight.value).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):
+    directory = run_dir / "checkpoints"
+    if not is_chief:  # other workers must save too (collectives), but somewhere private
+        task_id = strategy.cluster_resolver.task_id if strategy.cluster_resolver else 0
+        directory = run_dir / f".worker-{task_id}-checkpoints"
+    return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=2)
+
+
+def _read_history(run_dir: Path) -> list[dict[str, float]]:
+    path = run_dir / "history.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    tmp.replace(path)
