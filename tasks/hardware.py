@@ -119,9 +119,14 @@ def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
             task_index=int(task.get("index", 0)),
         )
     if int(env.get("SLURM_NTASKS", "1")) > 1 and env.get("SLURM_JOB_NODELIST"):
-        from tensorflow.distribute.cluster_resolver import SlurmClusterResolver
+        import tensorflow as tf
 
-        resolver = SlurmClusterResolver(port_base=int(env.get("TFSCALE_PORT_BASE", "8888")))
+        SlurmClusterResolver = tf.distribute.cluster_resolver.SlurmClusterResolver
+
+        resolver = SlurmClusterResolver(
+            port_base=int(env.get("TFSCALE_PORT_BASE", "8888")),
+            gpus_per_node=max(len(tf.config.list_physical_devices("GPU")), 1),  # 0 breaks it
+        )
         spec = resolver.cluster_spec().as_dict()
         return ClusterInfo(
             source="Slurm",

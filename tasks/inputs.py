@@ -89,7 +89,7 @@ def build_dataset(
             tf.data.TFRecordDataset,
             cycle_length=min(len(files), 8),
             num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=not by_file,
+            deterministic=True,  # seeded runs repeat exactly
         )
     else:  # evaluation keeps the manifest's order, so predictions line up with examples
         ds = tf.data.TFRecordDataset(ds, buffer_size=8 << 20)

@@ -85,6 +85,7 @@ def train_model(
             f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
         )
     lr = cfg.learning_rate * effective / (cfg.batch_size_per_replica * k)
+    keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         model = build_model(cfg.model, manifest.shape, manifest.num_classes)
         optimizer = keras.optimizers.Adam(

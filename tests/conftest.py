@@ -21,3 +21,22 @@ def make_config(tmp_path):
         return load_config(None, values)
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def two_logical_cpus():
+    """Mirrored tests need 2 logical CPU devices, configured before TensorFlow starts."""
+    from tasks.strategy import ensure_logical_cpus
+
+    return ensure_logical_cpus(2)
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory):
+    """The digits dataset prepared once for the session: (config overrides, manifest, dir)."""
+    from tasks.preparation import prepare_dataset
+
+    root = tmp_path_factory.mktemp("digits")
+    overrides = {"prepare.data_dir": str(root / "tfrecords"), "train.runs_dir": str(root / "runs")}
+    result = prepare_dataset(load_config(None, overrides), progress=False)
+    return overrides, result.manifest, result.data_dir

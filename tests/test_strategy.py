@@ -1,0 +1,175 @@
+"""Selection policy over faked hardware reports, cluster detection from the environment,
+and the TPU branch with the TPU resolver faked (this machine has no TPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tasks.config import load_config
+from tasks.hardware import ClusterInfo, GpuInfo, HardwareReport, cluster_from_environment
+from tasks.strategy import select_strategy
+
+PLAIN_CPU = ["avx2", "avx512f", "fma"]
+
+
+def report(gpus=(), flags=PLAIN_CPU, tpu=None, cluster=None):
+    return HardwareReport(
+        "test cpu",
+        8,
+        list(flags),
+        [GpuInfo(f"gpu{i}", cc) for i, cc in enumerate(gpus)],
+        tpu,
+        cluster,
+    )
+
+
+def choose(hw, **train):
+    return select_strategy(hw, load_config(None, {f"train.{k}": v for k, v in train.items()}).train)
+
+
+@pytest.mark.parametrize(
+    ("hw", "train", "kind", "replicas", "precision", "communication"),
+    [
+        (report(), {"replicas": 1}, "one_device", 1, "float32", "auto"),
+        (report(), {"replicas": 4}, "mirrored", 4, "float32", "auto"),
+        (
+            report(flags=["avx512f", "avx512_bf16"]),
+            {"replicas": 1},
+            "one_device",
+            1,
+            "mixed_bfloat16",
+            "auto",
+        ),
+        (report(flags=["amx_bf16"]), {}, "mirrored", 2, "mixed_bfloat16", "auto"),
+        (report(gpus=[(8, 0)] * 4), {}, "mirrored", 4, "mixed_float16", "nccl"),
+        (report(gpus=[(6, 1)]), {}, "one_device", 1, "float32", "auto"),
+        (report(gpus=[(7, 5)]), {}, "one_device", 1, "mixed_float16", "auto"),
+        (report(gpus=[(8, 0), (6, 0)]), {}, "mirrored", 2, "float32", "nccl"),
+        (report(), {"workers": 3}, "multi_worker", 3, "float32", "ring"),
+        (report(tpu="grpc://10.0.0.2:8470"), {"replicas": 8}, "tpu", 8, "mixed_bfloat16", "auto"),
+        (
+            report(cluster=ClusterInfo("TF_CONFIG", ["a:1", "b:1"], ps=["c:1"])),
+            {},
+            "parameter_server",
+            2,
+            "float32",
+            "auto",
+        ),
+        (
+            report(gpus=[(8, 0)] * 2, cluster=ClusterInfo("Slurm", ["a:1", "b:1", "c:1"])),
+            {},
+            "multi_worker",
+            6,
+            "mixed_float16",
+            "nccl",
+        ),
+        (
+            report(gpus=[(8, 0)] * 2),
+            {"strategy": "one_device", "precision": "float32"},
+            "one_device",
+            1,
+            "float32",
+            "auto",
+        ),
+    ],
+)
+def test_policy_table(hw, train, kind, replicas, precision, communication):
+    choice = select_strategy(
+        hw, load_config(None, {f"train.{k}": v for k, v in train.items()}).train
+    )
+    assert (choice.kind, choice.replicas, choice.precision, choice.communication) == (
+        kind,
+        replicas,
+        precision,
+        communication,
+    )
+    assert choice.reason.count(";") == 1  # strategy reason; precision reason
+
+
+def test_reason_says_why():
+    assert "amx_bf16" in choose(report(flags=["amx_bf16"]), replicas=1).reason
+    assert "requested" in choose(report(), strategy="mirrored").reason
+    assert "3 workers" in choose(report(cluster=ClusterInfo("Slurm", ["a", "b", "c"]))).reason
+
+
+def test_cluster_from_tf_config():
+    env = {
+        "TF_CONFIG": json.dumps(
+            {
+                "cluster": {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]},
+                "task": {"type": "worker", "index": 1},
+            }
+        )
+    }
+    cluster = cluster_from_environment(env)
+    assert (cluster.source, cluster.num_workers, cluster.ps) == ("TF_CONFIG", 3, ["h3:1"])
+    assert (cluster.task_type, cluster.task_index) == ("worker", 1)
+    assert cluster_from_environment({}) is None
+
+
+def test_cluster_from_slurm_variables(monkeypatch):
+    slurm = {
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_STEP_NODELIST": "node[1-2]",
+        "SLURM_PROCID": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    cluster = cluster_from_environment(slurm)
+    assert cluster.source == "Slurm"
+    assert cluster.workers == ["node1:8888", "node2:8888"]
+    assert (cluster.task_type, cluster.task_index) == ("worker", 1)
+    assert choose(report(cluster=cluster)).kind == "multi_worker"
+
+
+class FakeTpuResolver:
+    """Stands in for TPUClusterResolver: this machine has no TPU."""
+
+    def __init__(self, *args, **kwargs):
+        self.created = True
+
+    def master(self):
+        return "grpc://fake-tpu:8470"
+
+
+def test_tpu_detection_with_tpu_resolver_faked(monkeypatch):
+    import tensorflow as tf
+
+    from tasks.hardware import detect_tpu
+
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    assert detect_tpu() is None  # no hint: the resolver is never asked
+    monkeypatch.setenv("TPU_NAME", "fake-tpu")
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", FakeTpuResolver)
+    assert detect_tpu() == "grpc://fake-tpu:8470"
+
+
+def test_tpu_training_setup_with_tpu_resolver_faked(monkeypatch):
+    import tensorflow as tf
+
+    from tasks.distribute import build_strategy
+
+    calls = []
+    monkeypatch.setattr(
+        tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r))
+    )
+    monkeypatch.setattr(
+        tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("initialize", r))
+    )
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda r: ("TPUStrategy", r))
+    resolver = FakeTpuResolver()
+    choice = choose(report(tpu="fake"), replicas=8)
+    try:
+        assert build_strategy(choice, resolver) == ("TPUStrategy", resolver)
+    finally:
+        import keras
+
+        keras.mixed_precision.set_global_policy("float32")
+    assert calls == [("connect", resolver), ("initialize", resolver)]

@@ -1,0 +1,254 @@
+"""Training for real under OneDevice, Mirrored (2 logical CPUs), MultiWorkerMirrored (2 worker
+processes) and ParameterServer (in-process cluster); accumulation, loss scaling, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tasks.config import load_config
+from tasks.hardware import detect_hardware
+from tasks.launch import WorkerError
+from tasks.runs import run_training
+from tasks.strategy import select_strategy
+from tasks.training import batch_sizes, train_model
+
+FAST = {"train.model": "mlp", "train.epochs": 2, "train.precision": "float32"}
+
+
+def configure(digits, tmp_path, **train):
+    overrides, manifest, data_dir = digits
+    values = dict(overrides, **FAST, **{"train.runs_dir": str(tmp_path / "runs")})
+    values.update({f"train.{k}": v for k, v in train.items()})
+    config = load_config(None, values)
+    report = detect_hardware()
+    return config, manifest, data_dir, select_strategy(report, config.train), report
+
+
+def test_batch_sizes_for_weak_and_strong_scaling():
+    cfg = load_config(None, {"train.batch_size_per_replica": 64}).train
+    assert batch_sizes(cfg, 4) == (64, 256)
+    strong = load_config(None, {"train.batch_size_per_replica": 64, "train.scaling": "strong"})
+    assert batch_sizes(strong.train, 4) == (16, 64)
+
+
+def test_one_device_learns(digits, tmp_path):
+    config, manifest, data_dir, choice, _ = configure(
+        digits, tmp_path, strategy="one_device", epochs=3
+    )
+    result = train_model(config.train, manifest, data_dir, choice, tmp_path / "run")
+    losses = [h["loss"] for h in result.history]
+    assert result.replicas == 1 and result.global_batch == 32
+    assert losses[-1] < losses[0] * 0.5
+    assert result.steps_per_epoch == 1437 // 32
+    assert Path(result.model_path).exists()
+
+
+def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path):
+    config, manifest, data_dir, choice, _ = configure(
+        digits, tmp_path, strategy="mirrored", replicas=2
+    )
+    result = train_model(config.train, manifest, data_dir, choice, tmp_path / "run")
+    assert (result.strategy, result.replicas, result.global_batch) == ("mirrored", 2, 64)
+    assert result.history[-1]["accuracy"] > 0.5
+
+
+def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tmp_path):
+    weights = []
+    for batch, accum in ((32, 1), (16, 2)):
+        config, manifest, data_dir, choice, _ = configure(
+            digits,
+            tmp_path,
+            strategy="mirrored",
+            replicas=2,
+            epochs=1,
+            batch_size_per_replica=batch,
+            grad_accum_steps=accum,
+        )
+        result = train_model(config.train, manifest, data_dir, choice, tmp_path / f"r{accum}")
+        assert result.learning_rate == pytest.approx(0.002)
+        import keras
+
+        model = keras.models.load_model(
+            result.model_path,
+            compile=False,
+            custom_objects={"WarmupSchedule": __import__("tasks.steps").steps.WarmupSchedule},
+        )
+        weights.append([w.numpy() for w in model.weights])
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
+    import keras
+
+    config, manifest, data_dir, choice, _ = configure(
+        digits, tmp_path, strategy="mirrored", precision="mixed_float16", epochs=1
+    )
+    try:
+        result = train_model(config.train, manifest, data_dir, choice, tmp_path / "run")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert result.precision == "mixed_float16"
+    assert np.isfinite(result.history[0]["loss"]) and result.history[0]["accuracy"] > 0.2
+
+
+def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path):
+    config, manifest, data_dir, choice, report = configure(
+        digits, tmp_path, strategy="multi_worker", workers=2
+    )
+    result = run_training(config, manifest, data_dir, choice, report)
+    run_dir = Path(result.run_dir)
+    digests = [
+        json.loads((run_dir / f"worker-{i}-result.json").read_text())["weights_digest"]
+        for i in range(2)
+    ]
+    assert digests[0] == digests[1] != ""
+    assert (result.replicas, result.global_batch) == (2, 64)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["strategy"] == "multi_worker" and len(metrics["history"]) == 2
+    assert not list(run_dir.glob(".worker-1-checkpoints"))  # only the chief keeps outputs
+
+
+def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):
+    overrides, _, _ = digits
+    out = run_cli(
+        [
+            "train",
+            "--strategy",
+            "parameter_server",
+            "--workers",
+            "2",
+            "--model",
+            "mlp",
+            "--epochs",
+            "2",
+            "--precision",
+            "float32",
+            "--data-dir",
+            overrides["prepare.data_dir"],
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ]
+    )
+    assert "parameter_server, 2 replicas" in out
+    (metrics,) = (tmp_path / "runs" / "digits").glob("*/metrics.json")
+    history = json.loads(metrics.read_text())["history"]
+    assert len(history) == 2 and history[1]["loss"] < history[0]["loss"]
+
+
+def test_killed_run_resumes_from_its_last_epoch(digits, tmp_path):
+    overrides, _, _ = digits
+    argv = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "--params",
+        "none.yaml",
+        "train",
+        "--strategy",
+        "one_device",
+        "--model",
+        "mlp",
+        "--epochs",
+        "60",
+        "--precision",
+        "float32",
+        "--data-dir",
+        overrides["prepare.data_dir"],
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    history = tmp_path / "runs" / "digits"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list(history.glob("*/history.json"))
+        if done and len(json.loads(done[0].read_text() or "[]")) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (path,) = history.glob("*/history.json")
+    finished = len(json.loads(path.read_text()))
+    assert 3 <= finished < 60 and not (path.parent / "metrics.json").exists()
+    subprocess.run(argv, check=True, capture_output=True)
+    metrics = json.loads((path.parent / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= finished - 1
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, 61))
+
+
+def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
+    config, manifest, data_dir, choice, report = configure(
+        digits, tmp_path, strategy="multi_worker", workers=2, epochs=500
+    )
+    outcome = {}
+
+    def train():
+        try:
+            run_training(config, manifest, data_dir, choice, report)
+        except WorkerError as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    victim = wait_for_worker(1, tmp_path)
+    victim.kill()
+    killed_at = time.monotonic()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the job hung after a worker died"
+    assert time.monotonic() - killed_at < 30
+    assert "worker 1 exited with code -9" in outcome["error"]
+    assert not [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "tasks.worker" in " ".join(p.cmdline())
+    ]
+
+
+def wait_for_worker(index: int, tmp_path: Path) -> psutil.Process:
+    """The worker process with this index, once it has finished an epoch."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if list((tmp_path / "runs").glob("*/*/history.json")):
+            for proc in psutil.Process().children(recursive=True):
+                env = proc.environ()
+                if "TF_CONFIG" in env and json.loads(env["TF_CONFIG"])["task"]["index"] == index:
+                    return proc
+        time.sleep(0.1)
+    raise AssertionError("workers never finished an epoch")
+
+
+def test_default_config_reaches_95_percent_on_digits(digits, tmp_path):
+    overrides, _, _ = digits
+    common = ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
+    run_cli(["train", *common])
+    out = run_cli(["evaluate", *common])
+    (eval_json,) = (tmp_path / "runs" / "digits").glob("*/eval.json")
+    result = json.loads(eval_json.read_text())
+    assert result["examples"] == 360 and sum(map(sum, result["confusion_matrix"])) == 360
+    assert result["test_accuracy"] >= 0.95, out
+    assert (eval_json.parent / "confusion_matrix.png").stat().st_size > 1000
+
+
+def run_cli(args: list[str]) -> str:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "--params", "params.yaml", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
