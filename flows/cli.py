@@ -78,13 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("tensorflow", "absl"):
+    for noisy in ("tensorflow", "absl", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from flows import commands
+    from flows.deployments import ServerUnavailable
     from tasks.config import ConfigError
     from tasks.datasets import DatasetError
     from tasks.launch import WorkerError
     from tasks.manifest import ShardError
+    from tasks.tracking import TrackingError
 
     try:
         config = _load(args)
@@ -92,7 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: bad config: {exc}", file=sys.stderr)
         return 2
-    except (DatasetError, ShardError, WorkerError, FileNotFoundError) as exc:
+    except (
+        DatasetError,
+        ShardError,
+        WorkerError,
+        FileNotFoundError,
+        TrackingError,
+        ServerUnavailable,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -127,6 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
     )
     evaluate.add_argument("--model-path", help="a .keras model (default: the latest run's)")
+    _add(
+        sub,
+        "run",
+        "the whole pipeline (prepare, baseline, distributed, evaluate, track)",
+        TRAIN_FLAGS,
+    )
+    ui = sub.add_parser(
+        "ui",
+        help="serve the MLflow UI on the project's store",
+        description="serve the MLflow UI on the project's store",
+    )
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    ui.add_argument("--port", type=int, default=5000, help="port (5000)")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the scheduled deployments (needs a Prefect server)",
+        description="register the nightly and on-demand "
+        "deployments with the Prefect server at PREFECT_API_URL and run them",
+    )
+    serve.add_argument("--cron", default="0 2 * * *", help="nightly schedule (0 2 * * *)")
     return parser
 
 

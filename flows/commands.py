@@ -104,3 +104,47 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         f"({result.examples} examples); written to {path}"
     )
     return 0
+
+
+def run(config: Config, args: argparse.Namespace) -> int:
+    from flows.pipeline import pipeline
+    from tasks.scaling import format_summary
+
+    summary = pipeline(config)
+    print()
+    print(format_summary(summary, "tfscale ui  (then open http://127.0.0.1:5000)"))
+    return 0
+
+
+def ui(config: Config, args: argparse.Namespace) -> int:
+    import subprocess
+    import sys
+
+    from tasks.tracking import artifact_root, tracking_uri
+
+    uri = tracking_uri()
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--default-artifact-root",
+        artifact_root(),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
+    return subprocess.call(command)
+
+
+def serve(config: Config, args: argparse.Namespace) -> int:
+    from flows.deployments import serve_deployments
+
+    serve_deployments(args.params, args.cron)
+    return 0

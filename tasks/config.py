@@ -77,9 +77,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    """Where evaluation results go."""
+    """How the held-out split is evaluated, and the accuracy that time-to-accuracy aims at."""
 
     batch_size: int = _spec(256, lo=1, hi=1_000_000)
+    target_accuracy: float = _spec(0.9, lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True)

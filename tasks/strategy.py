@@ -104,6 +104,18 @@ def _pick_precision(report: HardwareReport, cfg: TrainConfig) -> tuple[str, str]
     return "float32", "float32 because mixed precision is slower on a CPU without AMX/avx512_bf16"
 
 
+def baseline_choice(choice: StrategyChoice) -> StrategyChoice:
+    """The single-device run the distributed one is measured against (same precision)."""
+    return StrategyChoice(
+        "one_device",
+        1,
+        1,
+        choice.precision,
+        f"single-device baseline for {choice.kind}",
+        choice.devices,
+    )
+
+
 def ensure_logical_cpus(n: int) -> list[str]:
     """Splits the CPU into `n` logical devices (before TF starts), returning their names."""
     import tensorflow as tf

@@ -1,0 +1,75 @@
+"""Scheduled and on-demand deployments of the pipeline, served by a Prefect runner.
+
+Schedules fire only against a real Prefect server (not the temporary one Prefect starts
+when `PREFECT_API_URL` is unset): start one with `prefect server start` and point
+`PREFECT_API_URL` at it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+NIGHTLY_CRON = "0 2 * * *"
+
+
+class ServerUnavailable(RuntimeError):
+    """No reachable Prefect server to serve deployments against."""
+
+
+def check_prefect_server() -> str:
+    """The configured server's API URL, once it answers its health check."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    fix = (
+        "start one with 'prefect server start' (SQLite by default) and run "
+        "'export PREFECT_API_URL=http://127.0.0.1:4200/api'"
+    )
+    if not url:
+        raise ServerUnavailable(
+            "tfscale serve needs a running Prefect server: schedules never fire on the temporary "
+            f"server Prefect starts when PREFECT_API_URL is unset; {fix}."
+        )
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ServerUnavailable(f"Prefect server {url} is unreachable ({exc}); {fix}.") from None
+    return url
+
+
+def run_pipeline(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
+    """A deployment entry point: the pipeline on `params_path` with dotted overrides."""
+    from flows.pipeline import pipeline
+    from tasks.config import load_config
+
+    return pipeline(load_config(params_path, overrides or {})).to_dict()
+
+
+def build_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON) -> list:
+    from prefect import flow
+
+    entry = flow(name="tfscale", log_prints=True)(run_pipeline)
+    return [
+        entry.to_deployment(
+            name="nightly-scaling",
+            cron=cron,
+            parameters={"params_path": params_path},
+            description="The scaling benchmark on params.yaml, every night.",
+        ),
+        entry.to_deployment(
+            name="on-demand-train",
+            parameters={"params_path": params_path, "overrides": {}},
+            description="One pipeline run; pass overrides such as {'train.epochs': 3}.",
+        ),
+    ]
+
+
+def serve_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON) -> None:
+    """Registers the deployments with the server and runs them when due (blocks)."""
+    from prefect import serve
+
+    check_prefect_server()
+    serve(*build_deployments(params_path, cron))

@@ -1,0 +1,130 @@
+"""The tfscale pipeline as a Prefect flow: prepare, detect, select, baseline, distributed,
+evaluate, track. The flow only chains tasks; each task wraps a plain function in `tasks/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from prefect import flow, task  # noqa: E402
+
+from tasks import config as config_mod  # noqa: E402
+from tasks import evaluation, hardware, preparation, runs, scaling, strategy, tracking  # noqa: E402
+
+
+def _key(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def prepare_cache_key(context: Any, parameters: dict) -> str:
+    """Config + the manifest on disk: unchanged parameters and intact data reuse the result."""
+    config = parameters["config"]
+    manifest = preparation.dataset_dir(config) / "manifest.json"
+    on_disk = manifest.read_text() if manifest.exists() else "missing"
+    return _key("prepare", config_mod.config_to_dict(config.prepare), config.min_shards, on_disk)
+
+
+def baseline_cache_key(context: Any, parameters: dict) -> str:
+    """Config + data manifest hash + hardware fingerprint (+ the baseline strategy)."""
+    return _key(
+        "baseline",
+        config_mod.config_to_dict(parameters["config"].train),
+        parameters["manifest"].digest,
+        parameters["report"].fingerprint,
+        parameters["choice"].to_dict(),
+    )
+
+
+@task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True)
+def prepare_task(config: config_mod.Config):
+    return preparation.prepare_dataset(config, progress=False)
+
+
+@task(name="detect-hardware")
+def detect_task():
+    return hardware.detect_hardware()
+
+
+@task(name="select-strategy")
+def select_task(report, config: config_mod.Config):
+    choice = strategy.select_strategy(report, config.train)
+    if choice.kind == "mirrored" and choice.devices == "cpu":
+        strategy.ensure_logical_cpus(choice.replicas)
+    return choice
+
+
+@task(name="start-tracking", retries=2, retry_delay_seconds=2)
+def start_tracking_task(name: str, tags: dict):
+    return tracking.start_parent_run(name, tags)
+
+
+@task(name="train-baseline", cache_key_fn=baseline_cache_key, persist_result=True)
+def baseline_task(config, manifest, data_dir, choice, report):
+    return runs.run_training(config, manifest, data_dir, choice, report)
+
+
+@task(name="train-distributed")
+def distributed_task(config, manifest, data_dir, choice, report):
+    return runs.run_training(config, manifest, data_dir, choice, report)
+
+
+@task(name="evaluate")
+def evaluate_task(model_path: str, manifest, data_dir: str, config):
+    return evaluation.evaluate_model(model_path, manifest, data_dir, config.evaluate.batch_size)
+
+
+@task(name="summarize")
+def summarize_task(record, baseline, distributed, result, config, manifest):
+    return scaling.summarize_pipeline(
+        record,
+        baseline,
+        distributed,
+        result,
+        config.train.scaling,
+        config.evaluate.target_accuracy,
+        manifest.feature["class_names"],
+    )
+
+
+@task(name="track", retries=2, retry_delay_seconds=2)
+def track_task(parent_id: str, record: dict, files: dict):
+    tracking.log_pipeline(parent_id, record, files)
+
+
+@task(name="fail-tracking")
+def fail_tracking_task(parent_id: str, error: str):
+    tracking.finish_parent_run(parent_id, {}, tags={"error": error[:4000]}, status="FAILED")
+
+
+@flow(name="tfscale-pipeline", log_prints=True)
+def pipeline(config: config_mod.Config) -> scaling.ScalingSummary:
+    """Prepare, detect, select, train baseline and distributed, evaluate, track."""
+    prepared = prepare_task(config)
+    manifest, data_dir = prepared.manifest, prepared.data_dir
+    report = detect_task()
+    choice = select_task(report, config)
+    record = scaling.pipeline_record(config, report, choice, manifest)
+    parent_id = start_tracking_task(
+        f"{manifest.dataset}-{choice.kind}-{choice.replicas}x", tracking.pipeline_tags(record)
+    )
+    try:
+        baseline = baseline_task(
+            config, manifest, data_dir, strategy.baseline_choice(choice), report
+        )
+        distributed = distributed_task(config, manifest, data_dir, choice, report)
+        result = evaluate_task(distributed.model_path, manifest, data_dir, config)
+        summary, record, files = summarize_task(
+            record, baseline, distributed, result, config, manifest
+        )
+    except BaseException as exc:
+        fail_tracking_task(parent_id, repr(exc))
+        raise
+    track_task(parent_id, record, files)
+    return summary

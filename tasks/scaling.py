@@ -1,0 +1,177 @@
+"""The headline numbers: distributed against single-device baseline, and a chart of them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.evaluation import EvalResult
+from tasks.training import TrainResult
+
+
+@dataclass(frozen=True)
+class ScalingSummary:
+    strategy: str
+    replicas: int
+    precision: str
+    scaling: str
+    baseline_examples_per_s: float
+    distributed_examples_per_s: float
+    speedup: float
+    scaling_efficiency: float
+    baseline_time_to_accuracy_s: float | None
+    distributed_time_to_accuracy_s: float | None
+    target_accuracy: float
+    test_accuracy: float
+    test_loss: float
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def time_to_accuracy(result: TrainResult, target: float) -> float | None:
+    """Training seconds until an epoch's training accuracy first reached `target`."""
+    elapsed = 0.0
+    for epoch in result.history:
+        elapsed += epoch["seconds"]
+        if epoch["accuracy"] >= target:
+            return elapsed
+    return None
+
+
+def compare_runs(
+    baseline: TrainResult,
+    distributed: TrainResult,
+    evaluation: EvalResult,
+    scaling: str,
+    target_accuracy: float,
+) -> ScalingSummary:
+    """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
+    the replica count (1.0 is linear scaling)."""
+    speedup = distributed.examples_per_s / baseline.examples_per_s
+    return ScalingSummary(
+        strategy=distributed.strategy,
+        replicas=distributed.replicas,
+        precision=distributed.precision,
+        scaling=scaling,
+        baseline_examples_per_s=baseline.examples_per_s,
+        distributed_examples_per_s=distributed.examples_per_s,
+        speedup=speedup,
+        scaling_efficiency=speedup / distributed.replicas,
+        baseline_time_to_accuracy_s=time_to_accuracy(baseline, target_accuracy),
+        distributed_time_to_accuracy_s=time_to_accuracy(distributed, target_accuracy),
+        target_accuracy=target_accuracy,
+        test_accuracy=evaluation.test_accuracy,
+        test_loss=evaluation.test_loss,
+        reason=distributed.reason,
+    )
+
+
+def plot_speedup(
+    summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult, path: Path
+) -> Path:
+    """Throughput bars with the ideal (linear) line, and per-epoch throughput curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["baseline\n(1 device)", f"{summary.strategy}\n({summary.replicas} replicas)"]
+    values = [summary.baseline_examples_per_s, summary.distributed_examples_per_s]
+    bars.bar(names, values, color=["#999999", "#1f77b4"])
+    bars.axhline(
+        summary.baseline_examples_per_s * summary.replicas,
+        color="#d62728",
+        linestyle="--",
+        label=f"ideal ({summary.replicas}x baseline)",
+    )
+    bars.set_ylabel("examples/s (after the first epoch)")
+    bars.set_title(f"speedup {summary.speedup:.2f}, efficiency {summary.scaling_efficiency:.2f}")
+    bars.legend()
+    for result, label in ((baseline, "baseline"), (distributed, summary.strategy)):
+        epochs = [h["epoch"] for h in result.history]
+        curves.plot(epochs, [h["examples_per_s"] for h in result.history], marker="o", label=label)
+    curves.set_xlabel("epoch")
+    curves.set_ylabel("examples/s")
+    curves.set_title("throughput per epoch (epoch 1 includes tracing)")
+    curves.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def format_summary(summary: ScalingSummary, ui_command: str) -> str:
+    def seconds(value: float | None) -> str:
+        return f"{value:.1f} s" if value is not None else "not reached"
+
+    rows = [
+        ("strategy", f"{summary.strategy} ({summary.reason})"),
+        ("replicas", str(summary.replicas)),
+        ("precision", summary.precision),
+        ("scaling", summary.scaling),
+        ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
+        ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
+        ("speedup", f"{summary.speedup:.2f}x"),
+        ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
+        (
+            f"time to {summary.target_accuracy:.0%} accuracy",
+            f"baseline {seconds(summary.baseline_time_to_accuracy_s)}, "
+            f"distributed {seconds(summary.distributed_time_to_accuracy_s)}",
+        ),
+        ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
+        ("open the MLflow UI", ui_command),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def pipeline_record(config: Any, report: Any, choice: Any, manifest: Any) -> dict:
+    """What a pipeline run is about, as JSON-ready dicts, before any training."""
+    from tasks.config import config_to_dict
+
+    return {
+        "config": config_to_dict(config),
+        "hardware": report.to_dict(),
+        "hardware_fingerprint": report.fingerprint,
+        "choice": choice.to_dict(),
+        "manifest": json.loads(manifest.to_json()),
+        "manifest_digest": manifest.digest,
+    }
+
+
+def summarize_pipeline(
+    record: dict,
+    baseline: TrainResult,
+    distributed: TrainResult,
+    evaluation: EvalResult,
+    scaling: str,
+    target_accuracy: float,
+    class_names: list[str],
+) -> tuple[ScalingSummary, dict, dict[str, Path]]:
+    """Compares the runs, writes the chart and evaluation beside the distributed model, and
+    returns (summary, the full record, the files to log)."""
+    from tasks.evaluation import write_evaluation
+
+    summary = compare_runs(baseline, distributed, evaluation, scaling, target_accuracy)
+    out_dir = Path(distributed.run_dir)
+    files = {
+        "evaluation": write_evaluation(evaluation, out_dir, class_names),
+        "confusion_matrix": out_dir / "confusion_matrix.png",
+        "speedup_chart": plot_speedup(summary, baseline, distributed, out_dir / "speedup.png"),
+        "baseline_metrics": Path(baseline.run_dir) / "metrics.json",
+        "distributed_metrics": out_dir / "metrics.json",
+    }
+    record = dict(
+        record,
+        baseline=baseline.to_dict(),
+        distributed=distributed.to_dict(),
+        evaluation=evaluation.to_dict(),
+        summary=summary.to_dict(),
+    )
+    (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    return summary, record, files
