@@ -131,7 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "hardware", "show the detected hardware and the strategy it would pick", STRATEGY_FLAGS
     )
     hardware.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    _add(sub, "train", "train on prepared shards under a tf.distribute strategy", TRAIN_FLAGS)
+    train = _add(
+        sub, "train", "train on prepared shards under a tf.distribute strategy", TRAIN_FLAGS
+    )
+    train.add_argument(
+        "--export-dir",
+        help="also copy model.keras, train_metrics.json and "
+        "history.csv here (the DVC stage's outputs)",
+    )
     evaluate = _add(
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
     )

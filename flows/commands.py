@@ -70,6 +70,12 @@ def train(config: Config, args: argparse.Namespace) -> int:
         flush=True,
     )
     result = run_training(config, manifest, str(data_dir), choice, report)
+    if args.export_dir:
+        from pathlib import Path
+
+        from tasks.runs import export_run
+
+        export_run(result, Path(args.export_dir))
     for h in result.history:
         print(
             f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
@@ -117,7 +123,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
 
 
 def ui(config: Config, args: argparse.Namespace) -> int:
-    import subprocess
+    import os
     import sys
 
     from tasks.tracking import artifact_root, tracking_uri
@@ -140,7 +146,8 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         "--workers",
         "1",
     ]
-    return subprocess.call(command)
+    os.execv(sys.executable, command)  # the server replaces this process: signals reach it
+    return 0
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ import os
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
+from prefect import flow  # noqa: E402
+
 NIGHTLY_CRON = "0 2 * * *"
 
 
@@ -40,7 +42,8 @@ def check_prefect_server() -> str:
     return url
 
 
-def run_pipeline(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
+@flow(name="tfscale", log_prints=True)
+def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
     """A deployment entry point: the pipeline on `params_path` with dotted overrides."""
     from flows.pipeline import pipeline
     from tasks.config import load_config
@@ -49,17 +52,14 @@ def run_pipeline(params_path: str = "params.yaml", overrides: dict | None = None
 
 
 def build_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON) -> list:
-    from prefect import flow
-
-    entry = flow(name="tfscale", log_prints=True)(run_pipeline)
     return [
-        entry.to_deployment(
+        scheduled_pipeline.to_deployment(
             name="nightly-scaling",
             cron=cron,
             parameters={"params_path": params_path},
             description="The scaling benchmark on params.yaml, every night.",
         ),
-        entry.to_deployment(
+        scheduled_pipeline.to_deployment(
             name="on-demand-train",
             parameters={"params_path": params_path, "overrides": {}},
             description="One pipeline run; pass overrides such as {'train.epochs': 3}.",

@@ -42,6 +42,11 @@ def baseline_cache_key(context: Any, parameters: dict) -> str:
     )
 
 
+@task(name="check-tracking")
+def check_tracking_task():
+    tracking.check_reachable()
+
+
 @task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True)
 def prepare_task(config: config_mod.Config):
     return preparation.prepare_dataset(config, progress=False)
@@ -106,6 +111,7 @@ def fail_tracking_task(parent_id: str, error: str):
 @flow(name="tfscale-pipeline", log_prints=True)
 def pipeline(config: config_mod.Config) -> scaling.ScalingSummary:
     """Prepare, detect, select, train baseline and distributed, evaluate, track."""
+    check_tracking_task()
     prepared = prepare_task(config)
     manifest, data_dir = prepared.manifest, prepared.data_dir
     report = detect_task()

@@ -108,3 +108,19 @@ def _is_chief(report: HardwareReport) -> bool:
     if cluster.chief:
         return cluster.task_type == "chief"
     return cluster.task_type == "worker" and cluster.task_index == 0
+
+
+def export_run(result: TrainResult, export_dir: Path) -> None:
+    """Copies the model, metrics and per-epoch history (CSV, for plots) to a fixed place."""
+    import csv
+
+    export_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(result.run_dir)
+    tmp = export_dir / ".model.keras.tmp"
+    shutil.copyfile(result.model_path, tmp)
+    tmp.replace(export_dir / "model.keras")
+    shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
+    with open(export_dir / "history.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
+        writer.writeheader()
+        writer.writerows(result.history)

@@ -34,12 +34,13 @@ def artifact_root() -> str:
     return (STORE_DIR / "artifacts").resolve().as_uri()
 
 
-def check_reachable(uri: str, attempts: int = 3, backoff_s: float = 1.0) -> None:
+def check_reachable(uri: str | None = None, attempts: int = 3, backoff_s: float = 1.0) -> None:
     """Fails fast, after a few retries, when a remote tracking server does not answer.
 
     Raises:
         TrackingError: naming the URI and how to fix it.
     """
+    uri = uri or tracking_uri()
     if not uri.startswith(("http://", "https://")):
         return
     import requests
@@ -72,7 +73,7 @@ def _client_for(uri: str):
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     if client.get_experiment_by_name(EXPERIMENT) is None:
-        local = uri.startswith("sqlite:///") and not os.environ.get("MLFLOW_TRACKING_URI")
+        local = uri.startswith("sqlite:///")
         client.create_experiment(EXPERIMENT, artifact_location=artifact_root() if local else None)
     return client
 
