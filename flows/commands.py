@@ -146,6 +146,7 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         "--workers",
         "1",
     ]
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # no job workers
     os.execv(sys.executable, command)  # the server replaces this process: signals reach it
     return 0
 
