@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also copy model.keras, train_metrics.json and "
         "history.csv here (the DVC stage's outputs)",
     )
+    train.add_argument(
+        "--no-diagnose", action="store_true", help="skip the bottleneck diagnosis after training"
+    )
     evaluate = _add(
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
     )

@@ -81,6 +81,23 @@ def train(config: Config, args: argparse.Namespace) -> int:
             f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
             f"{h['seconds']:.2f} s  {h['examples_per_s']:,.0f} ex/s"
         )
+    if not args.no_diagnose:
+        from pathlib import Path
+
+        from tasks.diagnosis import format_diagnosis
+        from tasks.probes import diagnose_run
+
+        diagnosis = diagnose_run(
+            config.train,
+            manifest,
+            str(data_dir),
+            choice,
+            report.cpu_flags,
+            end_to_end=result.examples_per_s,
+        )
+        text = format_diagnosis(diagnosis)
+        (Path(result.run_dir) / "diagnosis.txt").write_text(text + "\n")
+        print(text)
     print(
         f"{result.examples_per_s:,.0f} examples/s (after the first epoch), global batch "
         f"{result.global_batch}; outputs in {result.run_dir}"

@@ -15,7 +15,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from prefect import flow, task  # noqa: E402
 
 from tasks import config as config_mod  # noqa: E402
-from tasks import evaluation, hardware, preparation, runs, scaling, strategy, tracking  # noqa: E402
+from tasks import (  # noqa: E402
+    evaluation,
+    hardware,
+    preparation,
+    probes,
+    runs,
+    scaling,
+    strategy,
+    tracking,
+)
 
 
 def _key(*parts: Any) -> str:
@@ -80,18 +89,31 @@ def distributed_task(config, manifest, data_dir, choice, report):
     return runs.run_training(config, manifest, data_dir, choice, report)
 
 
+@task(name="diagnose")
+def diagnose_task(config, manifest, data_dir, choice, report, distributed):
+    return probes.diagnose_run(
+        config.train,
+        manifest,
+        data_dir,
+        choice,
+        report.cpu_flags,
+        end_to_end=distributed.examples_per_s,
+    )
+
+
 @task(name="evaluate")
 def evaluate_task(model_path: str, manifest, data_dir: str, config):
     return evaluation.evaluate_model(model_path, manifest, data_dir, config.evaluate.batch_size)
 
 
 @task(name="summarize")
-def summarize_task(record, baseline, distributed, result, config, manifest):
+def summarize_task(record, baseline, distributed, result, diagnosis, config, manifest):
     return scaling.summarize_pipeline(
         record,
         baseline,
         distributed,
         result,
+        diagnosis,
         config.train.scaling,
         config.evaluate.target_accuracy,
         manifest.feature["class_names"],
@@ -125,9 +147,10 @@ def pipeline(config: config_mod.Config) -> scaling.ScalingSummary:
             config, manifest, data_dir, strategy.baseline_choice(choice), report
         )
         distributed = distributed_task(config, manifest, data_dir, choice, report)
+        diagnosis = diagnose_task(config, manifest, data_dir, choice, report, distributed)
         result = evaluate_task(distributed.model_path, manifest, data_dir, config)
         summary, record, files = summarize_task(
-            record, baseline, distributed, result, config, manifest
+            record, baseline, distributed, result, diagnosis, config, manifest
         )
     except BaseException as exc:
         fail_tracking_task(parent_id, repr(exc))

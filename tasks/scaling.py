@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.diagnosis import Diagnosis, format_diagnosis
 from tasks.evaluation import EvalResult
 from tasks.training import TrainResult
 
@@ -27,6 +28,9 @@ class ScalingSummary:
     test_accuracy: float
     test_loss: float
     reason: str
+    bottleneck: str = ""
+    bottleneck_evidence: str = ""
+    advice: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +50,7 @@ def compare_runs(
     baseline: TrainResult,
     distributed: TrainResult,
     evaluation: EvalResult,
+    diagnosis: Diagnosis,
     scaling: str,
     target_accuracy: float,
 ) -> ScalingSummary:
@@ -67,6 +72,9 @@ def compare_runs(
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
         reason=distributed.reason,
+        bottleneck=diagnosis.bottleneck,
+        bottleneck_evidence=diagnosis.evidence,
+        advice=list(diagnosis.advice),
     )
 
 
@@ -124,6 +132,8 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
             f"distributed {seconds(summary.distributed_time_to_accuracy_s)}",
         ),
         ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
+        ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
+        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
         ("open the MLflow UI", ui_command),
     ]
     width = max(len(k) for k, _ in rows)
@@ -149,6 +159,7 @@ def summarize_pipeline(
     baseline: TrainResult,
     distributed: TrainResult,
     evaluation: EvalResult,
+    diagnosis: Diagnosis,
     scaling: str,
     target_accuracy: float,
     class_names: list[str],
@@ -157,14 +168,16 @@ def summarize_pipeline(
     returns (summary, the full record, the files to log)."""
     from tasks.evaluation import write_evaluation
 
-    summary = compare_runs(baseline, distributed, evaluation, scaling, target_accuracy)
+    summary = compare_runs(baseline, distributed, evaluation, diagnosis, scaling, target_accuracy)
     out_dir = Path(distributed.run_dir)
+    (out_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
     files = {
         "evaluation": write_evaluation(evaluation, out_dir, class_names),
         "confusion_matrix": out_dir / "confusion_matrix.png",
         "speedup_chart": plot_speedup(summary, baseline, distributed, out_dir / "speedup.png"),
         "baseline_metrics": Path(baseline.run_dir) / "metrics.json",
         "distributed_metrics": out_dir / "metrics.json",
+        "diagnosis": out_dir / "diagnosis.txt",
     }
     record = dict(
         record,
@@ -172,6 +185,7 @@ def summarize_pipeline(
         distributed=distributed.to_dict(),
         evaluation=evaluation.to_dict(),
         summary=summary.to_dict(),
+        diagnosis=diagnosis.to_dict(),
     )
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
     return summary, record, files

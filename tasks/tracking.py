@@ -258,6 +258,16 @@ def log_pipeline(parent_id: str, record: dict[str, Any], files: dict[str, Path])
             "distributed_examples_per_s",
         )
     }
+    diagnosis = record["diagnosis"]
+    for key in (
+        "input_examples_per_s",
+        "compute_examples_per_s",
+        "end_to_end_examples_per_s",
+        "compute_1_replica_examples_per_s",
+        "step_seconds",
+    ):
+        metrics[f"diagnosis_{key}"] = diagnosis[key]
+    tags["bottleneck"] = diagnosis["bottleneck"]
     metrics["time_to_accuracy_s_baseline"] = summary["baseline_time_to_accuracy_s"]
     metrics["time_to_accuracy_s_distributed"] = summary["distributed_time_to_accuracy_s"]
     artifacts = [
@@ -267,5 +277,6 @@ def log_pipeline(parent_id: str, record: dict[str, Any], files: dict[str, Path])
         files["speedup_chart"],
         files["confusion_matrix"],
         files["evaluation"],
+        files["diagnosis"],
     ]
     finish_parent_run(parent_id, metrics, artifacts, tags, params)

@@ -72,28 +72,11 @@ def train_model(
     is_chief: bool = True,
 ) -> TrainResult:
     """Trains `cfg.model` on the manifest's train split under the chosen strategy."""
-    strategy = build_strategy(choice, resolver)
-    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
-    k = cfg.grad_accum_steps
-    effective = global_batch * k
-    ps = choice.kind == "parameter_server"
-    step_examples = per_replica * k if ps else effective  # PS: one worker's batch per step
-    steps = manifest.splits["train"] // step_examples
-    if steps < 1:
-        raise ValueError(
-            f"train split has {manifest.splits['train']} examples, fewer than one global batch "
-            f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
-        )
-    lr = cfg.learning_rate * effective / (cfg.batch_size_per_replica * k)
-    keras.utils.set_random_seed(cfg.seed)
+    setup = build_training(cfg, manifest, choice, resolver)
+    strategy, model, optimizer = setup.strategy, setup.model, setup.optimizer
+    per_replica, global_batch, k = setup.per_replica, setup.global_batch, setup.accum_steps
+    step_examples, steps, lr = setup.step_examples, setup.steps, setup.learning_rate
     with strategy.scope():
-        model = build_model(cfg.model, manifest.shape, manifest.num_classes)
-        optimizer = keras.optimizers.Adam(
-            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
-        )
-        if choice.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
         epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
     manager = _checkpoint_manager(checkpoint, run_dir, strategy, is_chief)
@@ -117,7 +100,7 @@ def train_model(
             shuffle_buffer=cfg.shuffle_buffer,
         ).repeat()
 
-    make = make_ps_step if ps else make_step
+    make = make_ps_step if choice.kind == "parameter_server" else make_step
     run_epoch = make(strategy, model, optimizer, dataset_fn, k, step_examples)
     for epoch in range(start_epoch, cfg.epochs):
         started = time.perf_counter()
@@ -172,6 +155,56 @@ def weights_digest(model: keras.Model) -> str:
     for weight in model.weights:
         digest.update(keras.ops.convert_to_numpy(weight.value).tobytes())
     return digest.hexdigest()[:16]
+
+
+@dataclass
+class TrainingSetup:
+    """The strategy, model and optimizer of a run, with its batch arithmetic."""
+
+    strategy: Any
+    model: keras.Model
+    optimizer: Any
+    per_replica: int
+    global_batch: int
+    accum_steps: int
+    step_examples: int
+    steps: int
+    learning_rate: float
+
+
+def build_training(
+    cfg: TrainConfig, manifest: Manifest, choice: StrategyChoice, resolver: Any = None
+) -> TrainingSetup:
+    """Builds the strategy, a seeded model and its optimizer under the strategy's scope.
+
+    The learning rate grows linearly with the effective global batch, reached after
+    `cfg.warmup_epochs` of warm-up; under mixed_float16 the optimizer scales the loss.
+    """
+    strategy = build_strategy(choice, resolver)
+    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+    k = cfg.grad_accum_steps
+    effective = global_batch * k
+    ps = choice.kind == "parameter_server"
+    step_examples = per_replica * k if ps else effective  # PS: one worker's batch per step
+    steps = manifest.splits["train"] // step_examples
+    if steps < 1:
+        raise ValueError(
+            f"train split has {manifest.splits['train']} examples, fewer than one global batch "
+            f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
+        )
+    lr = cfg.learning_rate * effective / (cfg.batch_size_per_replica * k)
+    keras.utils.set_random_seed(cfg.seed)
+    with strategy.scope():
+        model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+        optimizer = keras.optimizers.Adam(
+            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
+        )
+        if choice.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    return TrainingSetup(
+        strategy, model, optimizer, per_replica, global_batch, k, step_examples, steps, lr
+    )
 
 
 def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):

@@ -150,6 +150,14 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     )
     assert metrics["scaling_efficiency"] == pytest.approx(metrics["speedup"] / 2)
     assert any(k.startswith("system/") for k in metrics)
+    assert parent.data.tags["bottleneck"] in (
+        "input-bound",
+        "compute-bound",
+        "communication-bound",
+        "overhead-bound",
+    )
+    for key in ("input", "compute", "end_to_end"):
+        assert metrics[f"diagnosis_{key}_examples_per_s"] > 0
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {
         "hardware.json",

@@ -1,0 +1,147 @@
+"""Why a run scales the way it does: throughput probes and the bottleneck class.
+
+On the same model, batch and devices it measures input-only throughput (the input
+pipeline alone), compute-only throughput (the training step on one in-memory batch,
+repeated) and end-to-end throughput; with N replicas also compute-only at 1 replica.
+From those it names the bottleneck and recommends what to change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import tensorflow as tf
+
+from tasks.config import TrainConfig
+from tasks.manifest import Manifest
+from tasks.strategy import StrategyChoice
+
+OVERHEAD_STEP_S = 0.004  # below this per step, dispatch and sync costs dominate
+INPUT_SLACK = 0.85  # end-to-end below this share of compute-only: something else holds it
+COMM_EFFICIENCY = 0.6  # compute-only scaling efficiency below this: the all-reduce costs
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    bottleneck: str
+    input_examples_per_s: float
+    compute_examples_per_s: float
+    end_to_end_examples_per_s: float
+    compute_1_replica_examples_per_s: float | None
+    replicas: int
+    step_seconds: float
+    evidence: str
+    advice: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def compute_scaling_efficiency(self) -> float | None:
+        one = self.compute_1_replica_examples_per_s
+        return self.compute_examples_per_s / (one * self.replicas) if one else None
+
+
+def classify(
+    input_rate: float,
+    compute_rate: float,
+    e2e_rate: float,
+    step_s: float,
+    replicas: int,
+    compute_1: float | None,
+) -> tuple[str, str]:
+    """The bottleneck class, and the numbers that show it, in one sentence."""
+    ratio = e2e_rate / compute_rate
+    if ratio < INPUT_SLACK and input_rate < compute_rate:
+        return "input-bound", (
+            f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of compute-only "
+            f"{compute_rate:,.0f} ex/s, and the input pipeline alone gives {input_rate:,.0f}"
+        )
+    if step_s < OVERHEAD_STEP_S:
+        return "overhead-bound", (
+            f"a training step takes {step_s * 1000:.1f} ms, under {OVERHEAD_STEP_S * 1000:.0f} ms"
+            f": per-step dispatch and synchronisation dominate the arithmetic"
+        )
+    if replicas > 1 and compute_1:
+        efficiency = compute_rate / (compute_1 * replicas)
+        if efficiency < COMM_EFFICIENCY:
+            return "communication-bound", (
+                f"compute-only throughput grows from {compute_1:,.0f} ex/s on 1 replica to "
+                f"{compute_rate:,.0f} on {replicas} (efficiency {efficiency:.2f})"
+            )
+    return "compute-bound", (
+        f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of compute-only {compute_rate:,.0f} "
+        f"ex/s, with {step_s * 1000:.0f} ms steps"
+    )
+
+
+def recommend(
+    bottleneck: str,
+    cfg: TrainConfig,
+    manifest: Manifest,
+    choice: StrategyChoice,
+    cpu_flags: list[str],
+) -> list[str]:
+    """Concrete changes, from the class and the configuration that produced it."""
+    shards = len(manifest.files("train"))
+    if bottleneck == "input-bound":
+        advice = []
+        if not cfg.cache:
+            advice.append("cache the dataset (train.cache: true): it is read every epoch")
+        if shards < 8:
+            advice.append(
+                f"write more shards ({shards} now; 'tfscale prepare --num-shards "
+                f"{max(8, 2 * shards)}') so reads run in parallel"
+            )
+        advice.append("move expensive preprocessing into 'tfscale prepare' so it runs once")
+        return advice
+    if bottleneck == "overhead-bound":
+        return [
+            f"raise the per-replica batch (now {cfg.batch_size_per_replica}) to "
+            f"{cfg.batch_size_per_replica * 4} or more so each step does more work",
+            "use fewer replicas: each adds synchronisation to a step this small",
+        ]
+    if bottleneck == "communication-bound":
+        return [
+            f"use fewer replicas than {choice.replicas}, or a larger per-replica batch to "
+            "amortise each all-reduce",
+            "accumulate gradients (train.grad_accum_steps) to all-reduce less often",
+        ]
+    advice = []
+    bf16 = any(f in cpu_flags for f in ("amx_bf16", "avx512_bf16"))
+    if choice.precision == "float32" and (bf16 or choice.devices != "cpu"):
+        advice.append("enable mixed precision (--precision auto): this hardware gains from it")
+    advice.append("compute-bound is the healthy state: more devices add throughput")
+    return advice
+
+
+def measure_rate(step: Callable[[], object], examples_per_step: int, steps: int) -> float:
+    """Examples/s of `step` after two warm-up calls (tracing)."""
+    for _ in range(2):
+        step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        result = step()
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)  # sync
+    return examples_per_step * steps / (time.perf_counter() - started)
+
+
+def input_only_rate(dataset: tf.data.Dataset, batch: int, steps: int) -> float:
+    iterator = iter(dataset)
+    return measure_rate(lambda: next(iterator)[1], batch, steps)
+
+
+def format_diagnosis(d: Diagnosis) -> str:
+    one = d.compute_1_replica_examples_per_s
+    lines = [
+        f"bottleneck: {d.bottleneck}",
+        f"because:    {d.evidence}",
+        f"input-only {d.input_examples_per_s:,.0f} ex/s, compute-only "
+        f"{d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas"
+        + (f" ({one:,.0f} on 1)" if one else "")
+        + f", end-to-end {d.end_to_end_examples_per_s:,.0f} ex/s, step "
+        f"{d.step_seconds * 1000:.1f} ms",
+    ]
+    return "\n".join(lines + [f"advice:     {a}" for a in d.advice])

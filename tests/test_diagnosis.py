@@ -1,0 +1,90 @@
+"""Bottleneck diagnosis on constructed cases, measured for real on small data."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from tasks.config import load_config
+from tasks.diagnosis import classify
+from tasks.preparation import prepare_dataset
+from tasks.probes import diagnose_run
+from tasks.strategy import StrategyChoice
+
+ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [
+        ((500, 5000, 480, 0.05, 1, None), "input-bound"),
+        ((90000, 5000, 4900, 0.002, 1, None), "overhead-bound"),
+        ((90000, 5200, 5000, 0.05, 2, 5000), "communication-bound"),
+        ((90000, 9000, 8800, 0.05, 2, 5000), "compute-bound"),
+    ],
+)
+def test_classify_from_numbers(rates, expected):
+    assert classify(*rates)[0] == expected
+
+
+def train_config(digits, **train):
+    overrides, manifest, data_dir = digits
+    values = dict(overrides, **{f"train.{k}": v for k, v in train.items()})
+    return load_config(None, values).train, manifest, data_dir
+
+
+def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """An input pipeline slowed on purpose: 30 ms of work per batch."""
+
+    def slow(images):
+        time.sleep(0.03)
+        return images
+
+    def apply(images, labels):
+        out = tf.py_function(slow, [images], tf.float32)
+        out.set_shape(images.shape)
+        return out, labels
+
+    return ds.map(apply)
+
+
+def test_slowed_input_pipeline_is_input_bound(digits):
+    cfg, manifest, data_dir = train_config(
+        digits, model="cnn", batch_size_per_replica=64, cache=False
+    )
+    diagnosis = diagnose_run(
+        cfg, manifest, data_dir, ONE_CPU, [], steps=10, input_transform=slow_map
+    )
+    assert diagnosis.bottleneck == "input-bound", diagnosis
+    assert diagnosis.input_examples_per_s < diagnosis.compute_examples_per_s
+    assert any("cache" in a or "prepare" in a for a in diagnosis.advice)
+
+
+def test_tiny_model_with_tiny_batch_is_overhead_bound(digits):
+    cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=2)
+    diagnosis = diagnose_run(cfg, manifest, data_dir, ONE_CPU, [], steps=30)
+    assert diagnosis.bottleneck == "overhead-bound", diagnosis
+    assert "per-replica batch" in diagnosis.advice[0]
+
+
+def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
+    config = load_config(
+        None,
+        {
+            "prepare.dataset": "synthetic",
+            "prepare.data_dir": str(tmp_path),
+            "prepare.synthetic.train_examples": 512,
+            "prepare.synthetic.test_examples": 64,
+            "train.model": "resnet",
+            "train.batch_size_per_replica": 64,
+            "train.cache": True,
+        },
+    )
+    result = prepare_dataset(config, progress=False)
+    diagnosis = diagnose_run(
+        config.train, result.manifest, result.data_dir, ONE_CPU, ["avx512f"], steps=5
+    )
+    assert diagnosis.bottleneck == "compute-bound", diagnosis
+    assert diagnosis.step_seconds > 0.004
