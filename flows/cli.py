@@ -67,6 +67,18 @@ TRAIN_FLAGS = {
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
     "--runs-dir": ("train.runs_dir", str, "where runs are written (runs)"),
 }
+SWEEP_FLAGS = {
+    "--data-dir": DATASET_FLAGS["--data-dir"],
+    "--runs-dir": TRAIN_FLAGS["--runs-dir"],
+    "--epochs": ("sweep.epochs", int, "epochs per cell"),
+    "--model": ("sweep.model", str, "mlp | cnn | resnet"),
+    "--strategy": (
+        "sweep.strategy",
+        str,
+        "mirrored (logical devices) | multi_worker (worker processes)",
+    ),
+    "--out-dir": ("sweep.out_dir", str, "where the table and charts go (sweep)"),
+}
 EVALUATE_FLAGS = {
     **DATASET_FLAGS,
     "--runs-dir": TRAIN_FLAGS["--runs-dir"],
@@ -151,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         "the whole pipeline (prepare, baseline, distributed, evaluate, track)",
         TRAIN_FLAGS,
+    )
+    _add(
+        sub,
+        "sweep",
+        "the scaling study: every cell of the 'sweep' grid in params.yaml",
+        SWEEP_FLAGS,
     )
     ui = sub.add_parser(
         "ui",

@@ -173,3 +173,14 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
     serve_deployments(args.params, args.cron)
     return 0
+
+
+def sweep(config: Config, args: argparse.Namespace) -> int:
+    from flows.sweep import sweep_flow
+    from tasks.sweep import format_table
+
+    rows = sweep_flow(config)
+    print()
+    print(format_table(rows))
+    print(f"table and charts in {config.sweep.out_dir}/; open the MLflow UI with 'tfscale ui'")
+    return 0

@@ -84,18 +84,35 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True)
+class SweepConfig:
+    """The scaling grid: every combination is one cell (one training run)."""
+
+    replicas: tuple[int, ...] = _spec((1, 2), lo=1, hi=1024)
+    dataset_sizes: tuple[int, ...] = _spec((2048, 8192), lo=1)
+    batch_sizes: tuple[int, ...] = _spec((64,), lo=1, hi=1_000_000)
+    scaling: tuple[Literal["weak", "strong"], ...] = ("weak",)
+    precision: tuple[Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"], ...] = ("auto",)
+    strategy: Literal["mirrored", "multi_worker"] = "mirrored"
+    model: Literal["mlp", "cnn", "resnet"] = "cnn"
+    epochs: int = _spec(2, lo=1, hi=10_000)
+    out_dir: str = "sweep"
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole of `params.yaml`."""
 
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     @property
     def min_shards(self) -> int:
         """Shards needed so that every worker the config names gets files of its own."""
         named = self.prepare.min_shards or 1
-        return max(named, self.train.workers)
+        sweep_workers = max(self.sweep.replicas) if self.sweep.strategy == "multi_worker" else 1
+        return max(named, self.train.workers, sweep_workers)
 
 
 def load_config(
@@ -177,6 +194,10 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
             return None
         hint = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:  # tuple[X, ...]: a non-empty YAML list of X
+        if not isinstance(value, list | tuple) or not value:
+            raise ConfigError(f"{key}: expected a non-empty list; got {_kind(value)} {value!r}")
+        return tuple(_check(f"{key}[{i}]", args[0], v, meta) for i, v in enumerate(value))
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}; got {value!r}")

@@ -11,8 +11,12 @@ from tasks.shards import PrepareResult, plan_shards, prepare_params, write_shard
 
 
 def dataset_dir(config: Config) -> Path:
-    """Where the configured dataset's shards and manifest live."""
-    return Path(config.prepare.data_dir) / dataset_slug(config.prepare.dataset)
+    """Where the configured dataset's shards and manifest live (synthetic: one per size)."""
+    slug = dataset_slug(config.prepare.dataset)
+    if config.prepare.dataset == "synthetic":
+        s = config.prepare.synthetic
+        slug += f"-{s.train_examples}-{s.height}x{s.width}x{s.channels}"
+    return Path(config.prepare.data_dir) / slug
 
 
 def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> PrepareResult:

@@ -280,3 +280,34 @@ def log_pipeline(parent_id: str, record: dict[str, Any], files: dict[str, Path])
         files["diagnosis"],
     ]
     finish_parent_run(parent_id, metrics, artifacts, tags, params)
+
+
+def log_sweep(parent_id: str, rows: list[dict], results: list[dict], files: dict[str, Path]):
+    """A child run per cell (params, per-epoch metrics, speedup), then the table and charts."""
+    from mlflow.entities import Metric
+
+    client = _client()
+    for row, result in zip(rows, results, strict=True):
+        params = {
+            k: row[k] for k in ("size", "batch", "scaling", "precision", "replicas", "strategy")
+        }
+        child = log_child(
+            parent_id,
+            f"cell-{row['size']}-b{row['batch']}-r{row['replicas']}",
+            params,
+            result["history"],
+            {"bottleneck": row["bottleneck"]},
+        )
+        now = int(time.time() * 1000)
+        client.log_batch(
+            child,
+            metrics=[
+                Metric(k, float(row[k]), now, 0)
+                for k in ("examples_per_s", "speedup", "efficiency")
+            ],
+        )
+    finish_parent_run(
+        parent_id,
+        {"cells": len(rows)},
+        [files[k] for k in ("table", "json", "speedup", "efficiency")],
+    )

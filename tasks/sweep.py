@@ -1,0 +1,148 @@
+"""The scaling study: a grid of cells (replicas x dataset size x batch x scaling x precision),
+each one training run, and the table and charts of speedup and efficiency they give."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tasks.config import Config
+
+
+@dataclass(frozen=True)
+class Cell:
+    size: int  # synthetic training examples; 0 means the configured dataset
+    batch: int
+    scaling: str
+    precision: str
+    replicas: int
+
+    @property
+    def group(self) -> tuple:
+        """Cells that differ only in replicas: one line on the chart."""
+        return (self.size, self.batch, self.scaling, self.precision)
+
+    @property
+    def label(self) -> str:
+        data = f"{self.size} examples" if self.size else "dataset"
+        return f"{data}, batch {self.batch}, {self.scaling}, {self.precision}"
+
+
+def plan_cells(config: Config) -> list[Cell]:
+    """Every combination, always with 1 replica (the baseline each speedup divides by)."""
+    s = config.sweep
+    replicas = sorted({1, *s.replicas})
+    return [
+        Cell(*combo)
+        for combo in itertools.product(
+            s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas
+        )
+    ]
+
+
+def cell_config(config: Config, cell: Cell) -> Config:
+    """The full config of one cell's training run."""
+    prepare = config.prepare
+    if cell.size:
+        synthetic = dataclasses.replace(prepare.synthetic, train_examples=cell.size)
+        prepare = dataclasses.replace(prepare, dataset="synthetic", synthetic=synthetic)
+    multi = cell.replicas > 1 and config.sweep.strategy == "multi_worker"
+    train = dataclasses.replace(
+        config.train,
+        model=config.sweep.model,
+        epochs=config.sweep.epochs,
+        batch_size_per_replica=cell.batch,
+        scaling=cell.scaling,
+        precision=cell.precision,
+        replicas=cell.replicas,
+        workers=cell.replicas if multi else 1,
+        strategy="one_device" if cell.replicas == 1 else config.sweep.strategy,
+    )
+    return dataclasses.replace(config, prepare=prepare, train=train)
+
+
+def tabulate(cells: list[Cell], results: list[dict]) -> list[dict]:
+    """One row per cell, with speedup and efficiency against its group's 1-replica cell."""
+    base = {
+        c.group: r["examples_per_s"] for c, r in zip(cells, results, strict=True) if c.replicas == 1
+    }
+    rows = []
+    for cell, result in zip(cells, results, strict=True):
+        speedup = result["examples_per_s"] / base[cell.group]
+        rows.append(
+            dict(
+                asdict(cell),
+                examples_per_s=result["examples_per_s"],
+                speedup=speedup,
+                efficiency=speedup / cell.replicas,
+                strategy=result["strategy"],
+                bottleneck=result["bottleneck"],
+                run_dir=result["run_dir"],
+            )
+        )
+    return rows
+
+
+def write_outputs(rows: list[dict], out_dir: Path) -> dict[str, Path]:
+    """`sweep.csv` and `sweep.json` (DVC plots and metrics) and the two charts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"table": out_dir / "sweep.csv", "json": out_dir / "sweep.json"}
+    with open(files["table"], "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    files["json"].write_text(json.dumps(rows, indent=2))
+    files["speedup"] = plot(rows, "speedup", out_dir / "speedup.png")
+    files["efficiency"] = plot(rows, "efficiency", out_dir / "efficiency.png")
+    return files
+
+
+def plot(rows: list[dict], metric: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    replicas = sorted({r["replicas"] for r in rows})
+    ideal = replicas if metric == "speedup" else [1.0] * len(replicas)
+    ax.plot(replicas, ideal, "k--", label="ideal (linear)")
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(
+            Cell(
+                **{k: row[k] for k in ("size", "batch", "scaling", "precision", "replicas")}
+            ).label,
+            [],
+        ).append(row)
+    for label, group in groups.items():
+        group.sort(key=lambda r: r["replicas"])
+        ax.plot([r["replicas"] for r in group], [r[metric] for r in group], marker="o", label=label)
+    ax.set_xticks(replicas)
+    ax.set_xlabel("replicas")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} against replica count, one line per dataset size and batch")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def format_table(rows: list[dict]) -> str:
+    header = (
+        f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} "
+        f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10}  bottleneck"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r['size'] or '-':>8} {r['batch']:>6} {r['scaling']:>7} {r['precision']:>15} "
+            f"{r['replicas']:>8} {r['examples_per_s']:>11,.0f} {r['speedup']:>8.2f} "
+            f"{r['efficiency']:>10.2f}  {r['bottleneck']}"
+        )
+    return "\n".join(lines)
