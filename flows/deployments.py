@@ -51,13 +51,22 @@ def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None 
     return pipeline(load_config(params_path, overrides or {})).to_dict()
 
 
+@flow(name="tfscale-nightly", log_prints=True)
+def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
+    """The scaling study on `params_path`: the nightly benchmark."""
+    from flows.sweep import sweep_flow
+    from tasks.config import load_config
+
+    return sweep_flow(load_config(params_path, overrides or {}))
+
+
 def build_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON) -> list:
     return [
-        scheduled_pipeline.to_deployment(
+        scheduled_sweep.to_deployment(
             name="nightly-scaling",
             cron=cron,
             parameters={"params_path": params_path},
-            description="The scaling benchmark on params.yaml, every night.",
+            description="The scaling study (the sweep grid in params.yaml), every night.",
         ),
         scheduled_pipeline.to_deployment(
             name="on-demand-train",

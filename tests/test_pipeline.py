@@ -45,6 +45,9 @@ def tiny_params(tmp: Path, **extra) -> Path:
     params["train"].update(
         {k.split(".")[1]: v for k, v in TINY.items()}, runs_dir=str(tmp / "runs")
     )
+    params["sweep"].update(
+        replicas=[1, 2], dataset_sizes=[256], model="mlp", epochs=1, out_dir=str(tmp / "sweep")
+    )
     for key, value in extra.items():
         section, name = key.split(".")
         params[section][name] = value
@@ -233,6 +236,7 @@ def test_dvc_repro_runs_once_skips_then_reruns_only_train_and_evaluate(tmp_path)
     params = yaml.safe_load(tiny_params(tmp_path).read_text())
     params["prepare"]["data_dir"] = "data/tfrecords"
     params["train"]["runs_dir"] = "runs"
+    params["sweep"]["out_dir"] = "sweep"
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", DVC_NO_ANALYTICS="1")
 
@@ -244,7 +248,7 @@ def test_dvc_repro_runs_once_skips_then_reruns_only_train_and_evaluate(tmp_path)
     run("git", "init", "-q")
     run(str(BIN / "dvc"), "init", "-q")
     first = run(str(BIN / "dvc"), "repro")
-    for stage in ("prepare", "train", "evaluate"):
+    for stage in ("prepare", "train", "evaluate", "sweep"):
         assert f"Running stage '{stage}'" in first
     assert json.loads((repo / "models/digits/eval.json").read_text())["examples"] == 360
     assert "Running stage" not in run(str(BIN / "dvc"), "repro")
@@ -252,7 +256,7 @@ def test_dvc_repro_runs_once_skips_then_reruns_only_train_and_evaluate(tmp_path)
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     third = run(str(BIN / "dvc"), "repro")
     assert "Running stage 'train'" in third and "Running stage 'evaluate'" in third
-    assert "Running stage 'prepare'" not in third
+    assert "Running stage 'prepare'" not in third and "Running stage 'sweep'" not in third
     history = (repo / "models/digits/history.csv").read_text().splitlines()
     assert len(history) == 1 + 3
 
