@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("tensorflow", "absl", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from flows import commands
-    from flows.deployments import ServerUnavailable
+    from flows.errors import ServerUnavailable
     from tasks.config import ConfigError
     from tasks.datasets import DatasetError
     from tasks.launch import WorkerError

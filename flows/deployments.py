@@ -13,11 +13,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow  # noqa: E402
 
+from flows.errors import ServerUnavailable  # noqa: E402
+
 NIGHTLY_CRON = "0 2 * * *"
-
-
-class ServerUnavailable(RuntimeError):
-    """No reachable Prefect server to serve deployments against."""
 
 
 def check_prefect_server() -> str:

@@ -34,6 +34,7 @@ class Diagnosis:
     step_seconds: float
     evidence: str
     advice: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # time the probes took
 
     def to_dict(self) -> dict:
         return asdict(self)

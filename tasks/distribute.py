@@ -31,7 +31,12 @@ def build_strategy(choice: StrategyChoice, resolver: Any = None) -> tf.distribut
     if choice.kind == "mirrored":
         if gpus:
             return _mirrored_on_gpus()
-        return tf.distribute.MirroredStrategy(devices=ensure_logical_cpus(choice.replicas))
+        # Reduction to one device: collective all-reduce (the CPU default) keys its
+        # instances per process, so a second strategy in the same process can collide.
+        return tf.distribute.MirroredStrategy(
+            devices=ensure_logical_cpus(choice.replicas),
+            cross_device_ops=tf.distribute.ReductionToOneDevice(),
+        )
     if choice.kind == "multi_worker":
         implementation = (
             tf.distribute.experimental.CommunicationImplementation.NCCL

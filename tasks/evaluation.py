@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ class EvalResult:
     per_class_accuracy: dict[str, float]
     confusion_matrix: list[list[int]]
     model_path: str
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -34,6 +36,7 @@ def evaluate_model(
 
     from tasks.steps import WarmupSchedule
 
+    started = time.perf_counter()
     model = keras.models.load_model(
         model_path, compile=False, custom_objects={"WarmupSchedule": WarmupSchedule}
     )
@@ -62,6 +65,7 @@ def evaluate_model(
         per_class_accuracy=per_class,
         confusion_matrix=confusion.tolist(),
         model_path=model_path,
+        seconds=time.perf_counter() - started,
     )
 
 

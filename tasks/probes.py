@@ -3,6 +3,7 @@ same model, batch and devices as a run."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -35,6 +36,7 @@ def diagnose_run(
     device here; their end-to-end rate comes from the run (`end_to_end`) and is compared
     with the ideal, N times the single-replica compute-only rate.
     """
+    started = time.perf_counter()
     probe_choice = choice if choice.kind in IN_PROCESS else baseline_choice(choice)
     rates = _probe(cfg, manifest, data_dir, probe_choice, steps, input_transform)
     compute_1 = None
@@ -66,6 +68,7 @@ def diagnose_run(
         step_seconds=rates["step_s"],
         evidence=evidence,
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
+        seconds=time.perf_counter() - started,
     )
 
 

@@ -171,6 +171,7 @@ def summarize_pipeline(
     summary = compare_runs(baseline, distributed, evaluation, diagnosis, scaling, target_accuracy)
     out_dir = Path(distributed.run_dir)
     (out_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
+    (out_dir / "diagnosis.json").write_text(json.dumps(diagnosis.to_dict(), indent=2))
     files = {
         "evaluation": write_evaluation(evaluation, out_dir, class_names),
         "confusion_matrix": out_dir / "confusion_matrix.png",

@@ -64,13 +64,11 @@ def _client():
 
 @functools.lru_cache(maxsize=4)
 def _client_for(uri: str):
-    import mlflow
     from mlflow import MlflowClient
 
     if uri.startswith("sqlite:///"):
         STORE_DIR.mkdir(exist_ok=True)
     check_reachable(uri)
-    mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     if client.get_experiment_by_name(EXPERIMENT) is None:
         local = uri.startswith("sqlite:///")
@@ -182,8 +180,16 @@ def _log_model(run_id: str, model_path: str) -> None:
     model = keras.models.load_model(
         model_path, compile=False, custom_objects={"WarmupSchedule": WarmupSchedule}
     )
-    with mlflow.start_run(run_id=run_id):
-        mlflow.keras.log_model(model, name="model")
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri())  # the fluent API below needs it; it sets the env
+    try:
+        with mlflow.start_run(run_id=run_id):
+            mlflow.keras.log_model(model, name="model")
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
 
 
 def pipeline_tags(record: dict[str, Any]) -> dict[str, str]:

@@ -1,0 +1,137 @@
+"""Benchmarks of tfscale against what its users do today, ratios from one run:
+
+1. tfscale against a hand-written Keras script in the seeds' style (in-memory arrays,
+   `model.fit(x, y, batch_size=32)`), same model and data: examples/s and time to accuracy.
+3. End-to-end throughput from TFRecord shards against compute-only throughput.
+4. Orchestration overhead: `tfscale run` wall time minus training, diagnosis and evaluation.
+
+    uv run python benchmarks/headline.py [--examples 8192] [--epochs 4]
+
+(Benchmark 2, scaling efficiency of 2 worker processes, is benchmarks/scaling.py.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+
+KERAS_SCRIPT = """
+import json, sys, time
+import numpy as np, keras
+from tasks.config import load_config
+from tasks.manifest import load_manifest
+from tasks.inputs import build_dataset
+from tasks.models import build_model
+data_dir, epochs, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+manifest = load_manifest(data_dir)
+x, y = zip(*[(a.numpy(), b.numpy()) for a, b in
+             build_dataset(manifest, data_dir, "train", 512, training=False)])
+x, y = np.concatenate(x), np.concatenate(y)
+keras.utils.set_random_seed(42)
+model = build_model("cnn", manifest.shape, manifest.num_classes)
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+class Timer(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None): self.t = time.perf_counter()
+    def on_epoch_end(self, epoch, logs=None):
+        history.append({"seconds": time.perf_counter() - self.t, "accuracy": logs["accuracy"]})
+history = []
+model.fit(x, y, batch_size=32, epochs=epochs, callbacks=[Timer()], verbose=0)
+print(json.dumps({"history": history, "examples": len(y)}))
+"""
+
+
+def rate_and_tta(history: list[dict], examples: int, target: float) -> tuple[float, float | None]:
+    timed = history[1:] or history
+    rate = examples * len(timed) / sum(h["seconds"] for h in timed)
+    elapsed = 0.0
+    for h in history:
+        elapsed += h["seconds"]
+        if h["accuracy"] >= target:
+            return rate, elapsed
+    return rate, None
+
+
+def run(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(proc.stderr[-3000:])
+    return proc.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=8192)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--target", type=float, default=0.9)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tfscale-headline-"))
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["prepare"].update(dataset="synthetic", data_dir=str(tmp / "data"))
+    params["prepare"]["synthetic"]["train_examples"] = args.examples
+    params["train"].update(model="cnn", epochs=args.epochs, runs_dir=str(tmp / "runs"))
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params))
+    tfscale = [str(Path(sys.executable).parent / "tfscale"), "--params", str(tmp / "params.yaml")]
+
+    started = time.perf_counter()
+    run([*tfscale, "run"], cwd=tmp)
+    wall = time.perf_counter() - started
+    (distributed,) = [p.parent for p in (tmp / "runs").rglob("summary.json")]
+    (baseline,) = [
+        p.parent
+        for p in (tmp / "runs").rglob("metrics.json")
+        if p.parent.name.startswith("one_device")
+    ]
+    metrics = json.loads((distributed / "metrics.json").read_text())
+    diagnosis = json.loads((distributed / "diagnosis.json").read_text())
+    evaluation = json.loads((distributed / "eval.json").read_text())
+    base_seconds = json.loads((baseline / "metrics.json").read_text())["train_seconds"]
+    work = metrics["train_seconds"] + base_seconds + diagnosis["seconds"] + evaluation["seconds"]
+
+    data_dir = next((tmp / "data").iterdir())
+    keras_out = json.loads(
+        run(
+            [sys.executable, "-c", KERAS_SCRIPT, str(data_dir), str(args.epochs), str(args.target)],
+            cwd=ROOT,
+        )
+        .strip()
+        .splitlines()[-1]
+    )
+    k_rate, k_tta = rate_and_tta(keras_out["history"], keras_out["examples"], args.target)
+    t_rate, t_tta = metrics["examples_per_s"], rate_and_tta(metrics["history"], 1, args.target)[1]
+    print(
+        f"1. tfscale ({metrics['strategy']}, {metrics['replicas']} replicas, "
+        f"{metrics['precision']}) {t_rate:,.0f} ex/s vs Keras fit {k_rate:,.0f} ex/s: "
+        f"{t_rate / k_rate:.2f}x"
+    )
+    if t_tta and k_tta:
+        print(
+            f"   time to {args.target:.0%} train accuracy: tfscale {t_tta:.1f} s, Keras fit "
+            f"{k_tta:.1f} s: {k_tta / t_tta:.2f}x"
+        )
+    else:
+        print(
+            f"   time to {args.target:.0%}: tfscale {t_tta}, Keras fit {k_tta} (None: not reached)"
+        )
+    e2e, compute = diagnosis["end_to_end_examples_per_s"], diagnosis["compute_examples_per_s"]
+    print(f"3. end-to-end {e2e:,.0f} ex/s / compute-only {compute:,.0f} ex/s = {e2e / compute:.2f}")
+    print(
+        f"4. tfscale run {wall:.1f} s wall; training {metrics['train_seconds'] + base_seconds:.1f}"
+        f" s, diagnosis {diagnosis['seconds']:.1f} s, evaluation {evaluation['seconds']:.1f} s;"
+        f" orchestration overhead {wall - work:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
