@@ -56,6 +56,17 @@ def tiny_params(tmp: Path, **extra) -> Path:
     return path
 
 
+def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
+    """Polls `<url>/health` until the server answers, for at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"{url}/health", timeout=2).raise_for_status()
+            return
+        except requests.RequestException:
+            time.sleep(0.5)
+
+
 def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = True):
     proc = subprocess.run(
         [str(BIN / "tfscale"), *args],
@@ -201,13 +212,7 @@ def test_ui_serves_the_store(flow_run):
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                requests.get(f"{url}/health", timeout=2).raise_for_status()
-                break
-            except requests.RequestException:
-                time.sleep(0.5)
+        wait_until_healthy(url)
         experiment = requests.get(
             f"{url}/api/2.0/mlflow/experiments/get-by-name",
             params={"experiment_name": "tfscale"},
@@ -316,13 +321,7 @@ def prefect_server(tmp_path_factory):
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            requests.get(f"{url}/health", timeout=2).raise_for_status()
-            break
-        except requests.RequestException:
-            time.sleep(0.5)
+    wait_until_healthy(url)
     yield url
     proc.terminate()
     proc.wait(timeout=30)
