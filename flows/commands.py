@@ -130,8 +130,11 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    from flows.pipeline import pipeline
-    from tasks.scaling import format_summary
+    from flows.prefect_api import api_starting_in_background
+
+    with api_starting_in_background():
+        from flows.pipeline import pipeline
+        from tasks.scaling import format_summary
 
     summary = pipeline(config)
     print()
@@ -176,8 +179,11 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
-    from flows.sweep import sweep_flow
-    from tasks.sweep import format_table
+    from flows.prefect_api import api_starting_in_background
+
+    with api_starting_in_background():
+        from flows.sweep import sweep_flow
+        from tasks.sweep import format_table
 
     rows = sweep_flow(config)
     print()

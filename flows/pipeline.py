@@ -15,6 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from prefect import flow, task  # noqa: E402
 
 from tasks import config as config_mod  # noqa: E402
+from tasks.manifest import shards_present  # noqa: E402
 from tasks import (  # noqa: E402
     evaluation,
     hardware,
@@ -33,11 +34,10 @@ def _key(*parts: Any) -> str:
 
 
 def prepare_cache_key(context: Any, parameters: dict) -> str:
-    """Config + the manifest on disk: unchanged parameters and intact data reuse the result."""
+    """The prepare config: unchanged parameters reuse the result while the shards are there
+    (`prepare` below refreshes it when they are not)."""
     config = parameters["config"]
-    manifest = preparation.dataset_dir(config) / "manifest.json"
-    on_disk = manifest.read_text() if manifest.exists() else "missing"
-    return _key("prepare", config_mod.config_to_dict(config.prepare), config.min_shards, on_disk)
+    return _key("prepare", config_mod.config_to_dict(config.prepare), config.min_shards)
 
 
 def baseline_cache_key(context: Any, parameters: dict) -> str:
@@ -57,8 +57,14 @@ def check_tracking_task():
 
 
 @task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True)
-def prepare_task(config: config_mod.Config):
+def _prepare_task(config: config_mod.Config):
     return preparation.prepare_dataset(config, progress=False)
+
+
+def prepare_task(config: config_mod.Config):
+    """Prepare, reusing the cached result only while its shards are still on disk."""
+    present = shards_present(preparation.dataset_dir(config))
+    return _prepare_task.with_options(refresh_cache=not present)(config)
 
 
 @task(name="detect-hardware")
@@ -80,8 +86,16 @@ def start_tracking_task(name: str, tags: dict):
 
 
 @task(name="train-baseline", cache_key_fn=baseline_cache_key, persist_result=True)
-def baseline_task(config, manifest, data_dir, choice, report):
+def _baseline_task(config, manifest, data_dir, choice, report):
     return runs.run_training(config, manifest, data_dir, choice, report)
+
+
+def baseline_task(config, manifest, data_dir, choice, report):
+    """The baseline, reusing the cached result only while its run directory is intact."""
+    complete = runs.is_complete(config, manifest, choice)
+    return _baseline_task.with_options(refresh_cache=not complete)(
+        config, manifest, data_dir, choice, report
+    )
 
 
 @task(name="train-distributed")

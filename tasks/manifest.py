@@ -98,6 +98,18 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def shards_present(data_dir: str | Path) -> bool:
+    """Cheap check, no hashing: the manifest is there and every shard has its size."""
+    try:
+        manifest = load_manifest(data_dir)
+    except ShardError:
+        return False
+    return all(
+        (path := Path(data_dir) / shard.file).exists() and path.stat().st_size == shard.bytes
+        for shard in manifest.shards
+    )
+
+
 def verify_shards(data_dir: str | Path, dataset: str | None = None) -> Manifest:
     """Re-checks every shard's presence, size and sha256 against the manifest.
 

@@ -30,6 +30,13 @@ def run_dir_for(config: Config, manifest: Manifest, choice: StrategyChoice) -> P
     return Path(config.train.runs_dir) / manifest.dataset / name
 
 
+def is_complete(config: Config, manifest: Manifest, choice: StrategyChoice) -> bool:
+    """Whether this run's directory still holds its metrics and model (a cached result
+    whose files were deleted must train again)."""
+    run_dir = run_dir_for(config, manifest, choice)
+    return (run_dir / "metrics.json").exists() and (run_dir / "model.keras").exists()
+
+
 def run_training(
     config: Config,
     manifest: Manifest,

@@ -171,6 +171,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _model_requirements() -> list[str]:
+    """What loading the model needs, pinned to what trained it. Given rather than inferred:
+    MLflow's inference reloads the model in a subprocess, about 10 s per run."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("tensorflow", "keras", "mlflow")]
+
+
 def _log_model(run_id: str, model_path: str) -> None:
     import keras
 
@@ -184,7 +192,7 @@ def _log_model(run_id: str, model_path: str) -> None:
     mlflow.set_tracking_uri(tracking_uri())  # the fluent API below needs it; it sets the env
     try:
         with mlflow.start_run(run_id=run_id):
-            mlflow.keras.log_model(model, name="model")
+            mlflow.keras.log_model(model, name="model", pip_requirements=_model_requirements())
     finally:
         if previous is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)

@@ -97,11 +97,18 @@ def flow_run(tmp_path_factory):
         baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
         stamp = baseline_metrics.stat().st_mtime_ns
         second = pipeline(config)
+        reused = baseline_metrics.stat().st_mtime_ns == stamp
+        # cached results whose files are gone: the shards and the baseline's run directory
+        shutil.rmtree(tmp / "tfrecords")
+        shutil.rmtree(baseline_metrics.parent)
+        third = pipeline(config)
         yield {
             "tmp": tmp,
             "store": store,
-            "summaries": (first, second),
-            "baseline_reused": baseline_metrics.stat().st_mtime_ns == stamp,
+            "summaries": (first, second, third),
+            "baseline_reused": reused,
+            "baseline_retrained": baseline_metrics.exists(),
+            "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
         }
     finally:
         tracking.STORE_DIR = old_store
@@ -115,7 +122,7 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     experiment = client.get_experiment_by_name("tfscale")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert len(parents) == 2
+    assert len(parents) == 3
     parent = parents[0]
     children = {
         r.info.run_name: r
@@ -183,7 +190,11 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     } <= artifacts
     models = client.search_logged_models([experiment.experiment_id])
     distributed_id = children["distributed"].info.run_id
-    assert any(m.source_run_id == distributed_id and m.name == "model" for m in models)
+    (model,) = [m for m in models if m.source_run_id == distributed_id and m.name == "model"]
+    from mlflow.artifacts import download_artifacts
+
+    requirements = Path(download_artifacts(f"{model.artifact_location}/requirements.txt"))
+    assert "tensorflow==" in requirements.read_text()  # pinned, not inferred
 
 
 def test_summary_speedup_matches_logged_throughputs(flow_run):
@@ -195,9 +206,14 @@ def test_summary_speedup_matches_logged_throughputs(flow_run):
 
 
 def test_second_flow_run_reuses_the_cached_baseline(flow_run):
-    first, second = flow_run["summaries"]
+    first, second, _ = flow_run["summaries"]
     assert flow_run["baseline_reused"]
     assert first.baseline_examples_per_s == second.baseline_examples_per_s
+
+
+def test_cached_results_whose_files_were_deleted_are_made_again(flow_run):
+    assert flow_run["reprepared"]
+    assert flow_run["baseline_retrained"]  # and the third run tracked it: three parents
 
 
 def test_ui_serves_the_store(flow_run):
