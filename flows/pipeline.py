@@ -15,7 +15,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from prefect import flow, task  # noqa: E402
 
 from tasks import config as config_mod  # noqa: E402
-from tasks.manifest import shards_present  # noqa: E402
 from tasks import (  # noqa: E402
     evaluation,
     hardware,
@@ -26,6 +25,7 @@ from tasks import (  # noqa: E402
     strategy,
     tracking,
 )
+from tasks.manifest import shards_present  # noqa: E402
 
 
 def _key(*parts: Any) -> str:
