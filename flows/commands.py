@@ -130,13 +130,14 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    from flows.prefect_api import api_starting_in_background
+    from flows.prefect_api import temporary_api
 
-    with api_starting_in_background():
-        from flows.pipeline import pipeline
+    with temporary_api() as api:
+        from flows.pipeline import pipeline  # imports TensorFlow while the API boots
         from tasks.scaling import format_summary
 
-    summary = pipeline(config)
+        api.wait()
+        summary = pipeline(config)
     print()
     print(format_summary(summary, "tfscale ui  (then open http://127.0.0.1:5000)"))
     return 0
@@ -179,13 +180,14 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
-    from flows.prefect_api import api_starting_in_background
+    from flows.prefect_api import temporary_api
 
-    with api_starting_in_background():
-        from flows.sweep import sweep_flow
+    with temporary_api() as api:
+        from flows.sweep import sweep_flow  # imports TensorFlow while the API boots
         from tasks.sweep import format_table
 
-    rows = sweep_flow(config)
+        api.wait()
+        rows = sweep_flow(config)
     print()
     print(format_table(rows))
     print(f"table and charts in {config.sweep.out_dir}/; open the MLflow UI with 'tfscale ui'")

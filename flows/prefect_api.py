@@ -1,45 +1,137 @@
-"""Starting Prefect's temporary API server while TensorFlow imports.
+"""A temporary Prefect API server that boots while TensorFlow imports.
 
-With no PREFECT_API_URL, a flow's first API call starts a temporary server and waits
-for it (about 6-9 s on 2 cores). `tfscale run` and `tfscale sweep` start it in a thread
-first, so the server boots in its own process while this one imports TensorFlow.
+With no PREFECT_API_URL, a flow's first API call starts Prefect's temporary server and
+waits for it: 6-9 s on 2 cores, spent after TensorFlow's own 8 s import. `tfscale run`
+and `tfscale sweep` start the same server (Prefect's app under uvicorn, UI off) in its own
+process first, import TensorFlow meanwhile, and then point the flow at it:
+
+    with temporary_api() as api:
+        from flows.pipeline import pipeline   # the heavy imports, while the server boots
+        api.wait()
+        pipeline(config)
 """
 
 from __future__ import annotations
 
-import threading
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+from flows.errors import ServerUnavailable
 
 
-def _start() -> None:
-    from prefect.server.api.server import SubprocessASGIServer
+class TemporaryAPI:
+    """The server process and its URL; `wait()` blocks until it answers."""
 
-    SubprocessASGIServer().start()  # the same instance the flow's client asks for
+    def __init__(self, process: subprocess.Popen | None, url: str | None, log: Path | None):
+        self.process, self.url, self.log = process, url, log
+
+    def wait(self, timeout_s: float = 120.0) -> None:
+        """Returns once `<url>/health` answers.
+
+        Raises:
+            ServerUnavailable: the server exited or did not answer in time, with its log.
+        """
+        if self.process is None:
+            return
+        import requests
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        code = self.process.poll()
+        state = (
+            f"exited with code {code}" if code is not None else f"no answer in {timeout_s:.0f} s"
+        )
+        tail = self.log.read_text()[-2000:] if self.log and self.log.exists() else ""
+        raise ServerUnavailable(
+            f"Prefect's temporary API server at {self.url} did not start ({state}).\n{tail}\n"
+            "Start one with 'prefect server start' and set PREFECT_API_URL to it "
+            "(http://127.0.0.1:4200/api), then run again."
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_server(port: int, log) -> subprocess.Popen:
+    """Prefect's own temporary-server command (prefect.server.api.server)."""
+    import importlib.util
+
+    prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
+    env = dict(
+        os.environ,
+        PREFECT_UI_ENABLED="0",
+        PREFECT__SERVER_EPHEMERAL="1",
+        PREFECT__SERVER_FINAL="1",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        str(prefect_dir.parent),
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _drain_workers() -> None:
+    """Sends the logs and events still queued while the server is up (as Prefect's own
+    test harness does); otherwise they retry against a stopped server at exit for a minute."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
 
 
 @contextmanager
-def api_starting_in_background() -> Iterator[None]:
-    """Boots the temporary server during the block; it is up (or failed) when the block ends.
+def temporary_api() -> Iterator[TemporaryAPI]:
+    """Starts the server unless PREFECT_API_URL names one; stops it when the block ends."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    A server given by PREFECT_API_URL is left alone. A failed start is not raised here:
-    the flow's own client retries it and reports the error in Prefect's words.
-    """
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        yield
+    if PREFECT_API_URL.value():
+        yield TemporaryAPI(None, None, None)
         return
-
-    def start() -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    with tempfile.NamedTemporaryFile("w+b", prefix="tfscale-prefect-", suffix=".log") as log:
+        process = _start_server(port, log)
         try:
-            _start()
-        except Exception:  # noqa: S110 - the flow's own start retries and reports it
-            pass
-
-    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
+            with temporary_settings(updates={PREFECT_API_URL: url}):
+                yield TemporaryAPI(process, url, Path(log.name))
+        finally:
+            _drain_workers()
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

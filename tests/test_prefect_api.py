@@ -1,0 +1,49 @@
+"""The temporary Prefect API that `tfscale run` and `tfscale sweep` boot during imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from flows import prefect_api
+from flows.errors import ServerUnavailable
+
+
+def test_temporary_api_answers_points_prefect_at_itself_and_stops():
+    from prefect.settings import PREFECT_API_URL
+
+    assert PREFECT_API_URL.value() is None
+    with prefect_api.temporary_api() as api:
+        api.wait()
+        assert requests.get(f"{api.url}/health", timeout=5).ok
+        assert PREFECT_API_URL.value() == api.url
+    assert api.process.poll() is not None  # stopped with the block
+    assert PREFECT_API_URL.value() is None
+
+
+def test_a_server_that_exits_is_reported_with_its_log_and_the_fix(monkeypatch):
+    def dies(port, log):
+        script = "print('address already in use'); raise SystemExit(3)"
+        return subprocess.Popen([sys.executable, "-c", script], stdout=log)
+
+    monkeypatch.setattr(prefect_api, "_start_server", dies)
+    with pytest.raises(ServerUnavailable) as error:
+        with prefect_api.temporary_api() as api:
+            api.wait(timeout_s=30)
+    message = str(error.value)
+    assert "exited with code 3" in message
+    assert "address already in use" in message
+    assert "PREFECT_API_URL" in message
+
+
+def test_a_configured_server_is_used_as_is():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        with prefect_api.temporary_api() as api:
+            api.wait()
+            assert api.process is None
+            assert PREFECT_API_URL.value() == "http://127.0.0.1:4200/api"
