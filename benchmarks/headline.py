@@ -52,6 +52,36 @@ print(json.dumps({"history": history, "examples": len(y)}))
 """
 
 
+PROBE_SCRIPT = """
+import json, sys
+from pathlib import Path
+from tasks.config import load_config
+from tasks.hardware import detect_hardware
+from tasks.manifest import load_manifest
+from tasks.probes import diagnose_run
+from tasks.strategy import ensure_logical_cpus, select_strategy
+params, data_dir, steps, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+config = load_config(Path(params))
+report = detect_hardware()
+choice = select_strategy(report, config.train)
+if choice.kind == "mirrored" and choice.devices == "cpu":
+    ensure_logical_cpus(choice.replicas)
+manifest = load_manifest(data_dir)
+pairs = []
+for _ in range(repeats):
+    d = diagnose_run(config.train, manifest, data_dir, choice, report.cpu_flags, steps=steps)
+    pairs.append([d.end_to_end_examples_per_s, d.compute_examples_per_s])
+print(json.dumps(pairs))
+"""
+
+
+def best_epoch_rate(history: list[dict], examples: int) -> float:
+    """The fastest epoch after the first (tracing): a shared machine's slow spells
+    lower the mean, never the best."""
+    timed = history[1:] or history
+    return max(examples / h["seconds"] for h in timed)
+
+
 def rate_and_tta(history: list[dict], examples: int, target: float) -> tuple[float, float | None]:
     timed = history[1:] or history
     rate = examples * len(timed) / sum(h["seconds"] for h in timed)
@@ -75,6 +105,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--probe-steps", type=int, default=120)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tfscale-headline-"))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -84,6 +115,16 @@ def main() -> None:
     (tmp / "params.yaml").write_text(yaml.safe_dump(params))
     tfscale = [str(Path(sys.executable).parent / "tfscale"), "--params", str(tmp / "params.yaml")]
 
+    run([*tfscale, "prepare"], cwd=tmp)  # for the Keras script before the run
+    data_dir = next((tmp / "data").iterdir())
+    keras_before = json.loads(
+        run(
+            [sys.executable, "-c", KERAS_SCRIPT, str(data_dir), str(args.epochs), str(args.target)],
+            cwd=ROOT,
+        )
+        .strip()
+        .splitlines()[-1]
+    )
     started = time.perf_counter()
     run([*tfscale, "run"], cwd=tmp)
     wall = time.perf_counter() - started
@@ -100,20 +141,27 @@ def main() -> None:
     work = metrics["train_seconds"] + base_seconds + diagnosis["seconds"] + evaluation["seconds"]
 
     data_dir = next((tmp / "data").iterdir())
-    keras_out = json.loads(
-        run(
-            [sys.executable, "-c", KERAS_SCRIPT, str(data_dir), str(args.epochs), str(args.target)],
-            cwd=ROOT,
-        )
-        .strip()
-        .splitlines()[-1]
+    keras_command = [
+        sys.executable,
+        "-c",
+        KERAS_SCRIPT,
+        str(data_dir),
+        str(args.epochs),
+        str(args.target),
+    ]
+    keras_runs = [json.loads(run(keras_command, cwd=ROOT).strip().splitlines()[-1])]
+    keras_out = max(  # the better of a run before and this one, after
+        [*keras_runs, keras_before],
+        key=lambda out: best_epoch_rate(out["history"], out["examples"]),
     )
-    k_rate, k_tta = rate_and_tta(keras_out["history"], keras_out["examples"], args.target)
-    t_rate, t_tta = metrics["examples_per_s"], rate_and_tta(metrics["history"], 1, args.target)[1]
+    k_rate = best_epoch_rate(keras_out["history"], keras_out["examples"])
+    k_tta = rate_and_tta(keras_out["history"], keras_out["examples"], args.target)[1]
+    t_rate = best_epoch_rate(metrics["history"], metrics["history"][-1]["examples"])
+    t_tta = rate_and_tta(metrics["history"], 1, args.target)[1]
     print(
         f"1. tfscale ({metrics['strategy']}, {metrics['replicas']} replicas, "
-        f"{metrics['precision']}) {t_rate:,.0f} ex/s vs Keras fit {k_rate:,.0f} ex/s: "
-        f"{t_rate / k_rate:.2f}x"
+        f"{metrics['precision']}) {t_rate:,.0f} ex/s vs Keras fit {k_rate:,.0f} ex/s "
+        f"(best epoch each): {t_rate / k_rate:.2f}x"
     )
     if t_tta and k_tta:
         print(
@@ -124,8 +172,23 @@ def main() -> None:
         print(
             f"   time to {args.target:.0%}: tfscale {t_tta}, Keras fit {k_tta} (None: not reached)"
         )
+    probe = [
+        sys.executable,
+        "-c",
+        PROBE_SCRIPT,
+        str(tmp / "params.yaml"),
+        str(data_dir),
+        str(args.probe_steps),
+        "3",
+    ]
+    pairs = json.loads(run(probe, cwd=tmp).strip().splitlines()[-1])
+    ratios = sorted(e2e / compute for e2e, compute in pairs)
     e2e, compute = diagnosis["end_to_end_examples_per_s"], diagnosis["compute_examples_per_s"]
-    print(f"3. end-to-end {e2e:,.0f} ex/s / compute-only {compute:,.0f} ex/s = {e2e / compute:.2f}")
+    print(
+        f"3. end-to-end / compute-only, {args.probe_steps} steps each, 3 repeats: "
+        f"median {ratios[1]:.2f} (repeats {', '.join(f'{r:.2f}' for r in ratios)}); "
+        f"the run's own 30-step diagnosis: {e2e:,.0f} / {compute:,.0f} = {e2e / compute:.2f}"
+    )
     print(
         f"4. tfscale run {wall:.1f} s wall; training {metrics['train_seconds'] + base_seconds:.1f}"
         f" s, diagnosis {diagnosis['seconds']:.1f} s, evaluation {evaluation['seconds']:.1f} s;"
