@@ -116,11 +116,13 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     )
     result = run_training(config, manifest, data_dir, choice, report)
     run_dir = Path(result.run_dir)
-    digests = [
-        json.loads((run_dir / f"worker-{i}-result.json").read_text())["weights_digest"]
-        for i in range(2)
-    ]
+    results = [json.loads((run_dir / f"worker-{i}-result.json").read_text()) for i in range(2)]
+    digests = [r["weights_digest"] for r in results]
     assert digests[0] == digests[1] != ""
+    # loss and accuracy are reduced across both workers: each reports the same global figure
+    histories = [[(h["loss"], h["accuracy"]) for h in r["history"]] for r in results]
+    assert histories[0] == histories[1]
+    assert results[0]["history"][-1]["accuracy"] > 0.6  # a local count would cap it at 0.5
     assert (result.replicas, result.global_batch) == (2, 64)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["strategy"] == "multi_worker" and len(metrics["history"]) == 2
