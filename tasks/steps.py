@@ -66,40 +66,20 @@ def replica_step(model, optimizer, images, labels, accum_steps: int, effective_b
 def make_step(
     strategy, model, optimizer, dataset_fn, accum_steps: int, effective_batch: int
 ) -> EpochRunner:
-    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies.
-
-    Loss and correct counts add up in sync-on-read variables on each replica and are
-    reduced across replicas (and workers) once, when the epoch reads them: a step's only
-    collective is the gradient all-reduce.
-    """
+    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies."""
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    with strategy.scope():
-        totals = [
-            tf.Variable(
-                0.0,
-                trainable=False,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-            for _ in range(2)
-        ]
-
-    def step_and_count(images, labels):
-        loss, correct = replica_step(model, optimizer, images, labels, accum_steps, effective_batch)
-        totals[0].assign_add(tf.cast(loss, tf.float32))
-        totals[1].assign_add(tf.cast(correct, tf.float32))
 
     @tf.function
     def train_step(iterator):
         images, labels = next(iterator)
-        strategy.run(step_and_count, args=(images, labels))
+        loss, correct = strategy.run(
+            replica_step, args=(model, optimizer, images, labels, accum_steps, effective_batch)
+        )
+        return strategy.reduce(SUM, loss, axis=None), strategy.reduce(SUM, correct, axis=None)
 
     def run_epoch(steps: int) -> tuple[float, float]:
-        for total in totals:
-            total.assign(0.0)
-        for _ in range(steps):
-            train_step(iterator)
-        return float(totals[0].read_value()), float(totals[1].read_value())
+        results = [train_step(iterator) for _ in range(steps)]
+        return float(tf.add_n([r[0] for r in results])), float(tf.add_n([r[1] for r in results]))
 
     return run_epoch
 
