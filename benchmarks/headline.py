@@ -117,14 +117,15 @@ def main() -> None:
 
     run([*tfscale, "prepare"], cwd=tmp)  # for the Keras script before the run
     data_dir = next((tmp / "data").iterdir())
-    keras_before = json.loads(
-        run(
-            [sys.executable, "-c", KERAS_SCRIPT, str(data_dir), str(args.epochs), str(args.target)],
-            cwd=ROOT,
-        )
-        .strip()
-        .splitlines()[-1]
-    )
+    keras_command = [
+        sys.executable,
+        "-c",
+        KERAS_SCRIPT,
+        str(data_dir),
+        str(args.epochs),
+        str(args.target),
+    ]
+    keras_before = json.loads(run(keras_command, cwd=ROOT).strip().splitlines()[-1])
     started = time.perf_counter()
     run([*tfscale, "run"], cwd=tmp)
     wall = time.perf_counter() - started
@@ -140,18 +141,9 @@ def main() -> None:
     base_seconds = json.loads((baseline / "metrics.json").read_text())["train_seconds"]
     work = metrics["train_seconds"] + base_seconds + diagnosis["seconds"] + evaluation["seconds"]
 
-    data_dir = next((tmp / "data").iterdir())
-    keras_command = [
-        sys.executable,
-        "-c",
-        KERAS_SCRIPT,
-        str(data_dir),
-        str(args.epochs),
-        str(args.target),
-    ]
-    keras_runs = [json.loads(run(keras_command, cwd=ROOT).strip().splitlines()[-1])]
-    keras_out = max(  # the better of a run before and this one, after
-        [*keras_runs, keras_before],
+    keras_after = json.loads(run(keras_command, cwd=ROOT).strip().splitlines()[-1])
+    keras_out = max(  # the better of the runs before and after tfscale's
+        (keras_before, keras_after),
         key=lambda out: best_epoch_rate(out["history"], out["examples"]),
     )
     k_rate = best_epoch_rate(keras_out["history"], keras_out["examples"])

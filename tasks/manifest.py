@@ -98,25 +98,8 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def shards_present(data_dir: str | Path) -> bool:
-    """Cheap check, no hashing: the manifest is there and every shard has its size."""
-    try:
-        manifest = load_manifest(data_dir)
-    except ShardError:
-        return False
-    return all(
-        (path := Path(data_dir) / shard.file).exists() and path.stat().st_size == shard.bytes
-        for shard in manifest.shards
-    )
-
-
-def verify_shards(data_dir: str | Path, dataset: str | None = None) -> Manifest:
-    """Re-checks every shard's presence, size and sha256 against the manifest.
-
-    Raises:
-        ShardError: listing every missing, truncated or corrupted file by name.
-    """
-    manifest = load_manifest(data_dir, dataset)
+def shard_problems(manifest: Manifest, data_dir: str | Path, hashes: bool = True) -> list[str]:
+    """Every shard that is missing, has the wrong size or (with `hashes`) the wrong sha256."""
     problems = []
     for shard in manifest.shards:
         path = Path(data_dir) / shard.file
@@ -126,8 +109,28 @@ def verify_shards(data_dir: str | Path, dataset: str | None = None) -> Manifest:
             problems.append(
                 f"{shard.file}: truncated or padded ({size} bytes, expected {shard.bytes})"
             )
-        elif sha256_of(path) != shard.sha256:
+        elif hashes and sha256_of(path) != shard.sha256:
             problems.append(f"{shard.file}: corrupted (sha256 does not match the manifest)")
+    return problems
+
+
+def shards_present(data_dir: str | Path) -> bool:
+    """Cheap check, no hashing: the manifest is there and every shard has its size."""
+    try:
+        manifest = load_manifest(data_dir)
+    except ShardError:
+        return False
+    return not shard_problems(manifest, data_dir, hashes=False)
+
+
+def verify_shards(data_dir: str | Path, dataset: str | None = None) -> Manifest:
+    """Re-checks every shard's presence, size and sha256 against the manifest.
+
+    Raises:
+        ShardError: listing every missing, truncated or corrupted file by name.
+    """
+    manifest = load_manifest(data_dir, dataset)
+    problems = shard_problems(manifest, data_dir)
     if problems:
         raise ShardError(
             f"{len(problems)} of {len(manifest.shards)} shards in {data_dir} "

@@ -24,6 +24,7 @@ from tasks.manifest import (
     ShardInfo,
     load_manifest,
     sha256_of,
+    shard_problems,
     write_atomically,
 )
 
@@ -169,10 +170,7 @@ def _up_to_date(out_dir: Path, params: dict[str, Any]) -> Manifest | None:
     except Exception:  # noqa: BLE001 - an unreadable manifest is simply rewritten
         return None
     same = json.loads(json.dumps(params)) == manifest.params
-    intact = all(
-        (out_dir / s.file).exists() and (out_dir / s.file).stat().st_size == s.bytes
-        for s in manifest.shards
-    )
+    intact = not shard_problems(manifest, out_dir, hashes=False)
     return manifest if same and intact else None
 
 
