@@ -65,6 +65,7 @@ def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
             return
         except requests.RequestException:
             time.sleep(0.5)
+    raise AssertionError(f"{url}/health did not answer within {timeout_s:.0f} s")
 
 
 def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = True):
@@ -362,8 +363,9 @@ def test_served_deployments_are_scheduled_and_run_on_demand(prefect_server, tmp_
             f"{prefect_server}/deployments/{deployments['on-demand-train']['id']}/create_flow_run",
             json={"parameters": {"params_path": str(params), "overrides": {"train.epochs": 1}}},
             timeout=10,
-        ).json()
-        state = wait_for_flow_run(prefect_server, run["id"])
+        )
+        assert run.ok, f"create_flow_run answered {run.status_code}: {run.text[:2000]}"
+        state = wait_for_flow_run(prefect_server, run.json()["id"])
         assert state == "COMPLETED"
         assert list((tmp_path / "runs" / "digits").glob("mirrored-*/summary.json"))
     finally:
