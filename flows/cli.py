@@ -154,10 +154,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--no-diagnose", action="store_true", help="skip the bottleneck diagnosis after training"
     )
+    train.add_argument(
+        "--baseline",
+        action="store_true",
+        help="train the single-device baseline the chosen strategy is measured against "
+        "(same model, data and precision; same per-replica batch for weak scaling)",
+    )
     evaluate = _add(
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
     )
     evaluate.add_argument("--model-path", help="a .keras model (default: the latest run's)")
+    evaluate.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a baseline's export dir (tfscale train --baseline --export-dir DIR): also write "
+        "scaling.json (speedup, scaling efficiency, test accuracy) beside the model",
+    )
     _add(
         sub,
         "run",

@@ -54,36 +54,33 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 
 
 def train(config: Config, args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
     from tasks.hardware import detect_hardware
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
     from tasks.runs import run_training
-    from tasks.strategy import select_strategy
+    from tasks.strategy import baseline_choice, select_strategy
 
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
     report = detect_hardware()
     choice = select_strategy(report, config.train)
+    if args.baseline:
+        choice = baseline_choice(choice)
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
         f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",
         flush=True,
     )
     result = run_training(config, manifest, str(data_dir), choice, report)
-    if args.export_dir:
-        from pathlib import Path
-
-        from tasks.runs import export_run
-
-        export_run(result, Path(args.export_dir))
     for h in result.history:
         print(
             f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
             f"{h['seconds']:.2f} s  {h['examples_per_s']:,.0f} ex/s"
         )
     if not args.no_diagnose:
-        from pathlib import Path
-
         from tasks.diagnosis import format_diagnosis
         from tasks.probes import diagnose_run
 
@@ -97,7 +94,14 @@ def train(config: Config, args: argparse.Namespace) -> int:
         )
         text = format_diagnosis(diagnosis)
         (Path(result.run_dir) / "diagnosis.txt").write_text(text + "\n")
+        (Path(result.run_dir) / "diagnosis.json").write_text(
+            json.dumps(diagnosis.to_dict(), indent=2)
+        )
         print(text)
+    if args.export_dir:
+        from tasks.runs import export_run
+
+        export_run(result, Path(args.export_dir))
     print(
         f"{result.examples_per_s:,.0f} examples/s (after the first epoch), global batch "
         f"{result.global_batch}; outputs in {result.run_dir}"
@@ -106,6 +110,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
 
 
 def evaluate(config: Config, args: argparse.Namespace) -> int:
+    import json
     from pathlib import Path
 
     from tasks.evaluation import evaluate_model, write_evaluation
@@ -126,6 +131,21 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         f"test accuracy {result.test_accuracy:.4f}  loss {result.test_loss:.4f}  "
         f"({result.examples} examples); written to {path}"
     )
+    if args.baseline:
+        from tasks.scaling import compare_exported
+
+        scaling = compare_exported(
+            Path(args.baseline),
+            Path(model_path).parent,
+            result,
+            config.train.scaling,
+            config.evaluate.target_accuracy,
+        )
+        summary = json.loads(scaling.read_text())
+        print(
+            f"speedup {summary['speedup']:.2f}x over the single-device baseline, scaling "
+            f"efficiency {summary['scaling_efficiency']:.2f}; written to {scaling}"
+        )
     return 0
 
 

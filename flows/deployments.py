@@ -19,8 +19,9 @@ NIGHTLY_CRON = "0 2 * * *"
 
 
 def check_prefect_server() -> str:
-    """The configured server's API URL, once it answers its health check."""
-    import httpx
+    """The configured server's API URL, once it answers its health check (through
+    Prefect's own client, which retries a busy server's 429 and 503 answers)."""
+    from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
@@ -33,10 +34,10 @@ def check_prefect_server() -> str:
             "tfscale serve needs a running Prefect server: schedules never fire on the temporary "
             f"server Prefect starts when PREFECT_API_URL is unset; {fix}."
         )
-    try:
-        httpx.get(f"{url.rstrip('/')}/health", timeout=5).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ServerUnavailable(f"Prefect server {url} is unreachable ({exc}); {fix}.") from None
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        raise ServerUnavailable(f"Prefect server {url} is unreachable ({problem}); {fix}.")
     return url
 
 
@@ -75,8 +76,12 @@ def build_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON
 
 
 def serve_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON) -> None:
-    """Registers the deployments with the server and runs them when due (blocks)."""
+    """Registers the deployments with the server and runs them when due (blocks).
+
+    Stopping it leaves the schedules active: the server keeps creating the nightly runs,
+    and they run when `tfscale serve` (or any runner of these deployments) is back.
+    """
     from prefect import serve
 
     check_prefect_server()
-    serve(*build_deployments(params_path, cron))
+    serve(*build_deployments(params_path, cron), pause_on_shutdown=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -33,21 +34,41 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def cache_dir(config: config_mod.Config) -> Path:
+    """Where this project's cached task results live: beside the runs they point at (not
+    in Prefect's home directory, where another checkout's results could be reused)."""
+    return Path(config.train.runs_dir).resolve() / ".prefect-results"
+
+
+def cached(task_: Any, config: config_mod.Config, files_present: bool) -> Any:
+    """`task_` reading and writing the project's cache; a cached result whose files are
+    gone (`files_present` false) is computed again and replaces the cached one."""
+    return task_.with_options(result_storage=cache_dir(config), refresh_cache=not files_present)
+
+
 def prepare_cache_key(context: Any, parameters: dict) -> str:
     """The prepare config: unchanged parameters reuse the result while the shards are there
     (`prepare` below refreshes it when they are not)."""
     config = parameters["config"]
-    return _key("prepare", config_mod.config_to_dict(config.prepare), config.min_shards)
+    return _key(
+        "prepare",
+        config_mod.config_to_dict(config.prepare),
+        config.min_shards,
+        str(preparation.dataset_dir(config).resolve()),
+    )
 
 
 def baseline_cache_key(context: Any, parameters: dict) -> str:
-    """Config + data manifest hash + hardware fingerprint (+ the baseline strategy)."""
+    """Config + data manifest hash + hardware fingerprint + the baseline strategy, and the
+    run directory the result points at."""
+    config, manifest, choice = parameters["config"], parameters["manifest"], parameters["choice"]
     return _key(
         "baseline",
-        config_mod.config_to_dict(parameters["config"].train),
-        parameters["manifest"].digest,
+        config_mod.config_to_dict(config.train),
+        manifest.digest,
         parameters["report"].fingerprint,
-        parameters["choice"].to_dict(),
+        choice.to_dict(),
+        str(runs.run_dir_for(config, manifest, choice).resolve()),
     )
 
 
@@ -64,7 +85,7 @@ def _prepare_task(config: config_mod.Config):
 def prepare_task(config: config_mod.Config):
     """Prepare, reusing the cached result only while its shards are still on disk."""
     present = shards_present(preparation.dataset_dir(config))
-    return _prepare_task.with_options(refresh_cache=not present)(config)
+    return cached(_prepare_task, config, present)(config)
 
 
 @task(name="detect-hardware")
@@ -93,9 +114,7 @@ def _baseline_task(config, manifest, data_dir, choice, report):
 def baseline_task(config, manifest, data_dir, choice, report):
     """The baseline, reusing the cached result only while its run directory is intact."""
     complete = runs.is_complete(config, manifest, choice)
-    return _baseline_task.with_options(refresh_cache=not complete)(
-        config, manifest, data_dir, choice, report
-    )
+    return cached(_baseline_task, config, complete)(config, manifest, data_dir, choice, report)
 
 
 @task(name="train-distributed")

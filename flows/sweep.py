@@ -12,18 +12,28 @@ from pathlib import Path  # noqa: E402
 
 from prefect import flow, task  # noqa: E402
 
-from flows.pipeline import _key, check_tracking_task, detect_task, prepare_task  # noqa: E402
+from flows.pipeline import (  # noqa: E402
+    _key,
+    cached,
+    check_tracking_task,
+    detect_task,
+    prepare_task,
+)
 from tasks import config as config_mod  # noqa: E402
 from tasks import probes, runs, strategy, sweep, tracking  # noqa: E402
 
 
 def cell_cache_key(context, parameters: dict) -> str:
-    """Cell config + data manifest hash + hardware fingerprint: a repeated cell is reused."""
+    """Cell config + data manifest hash + hardware fingerprint + the run directory the result
+    points at: a repeated cell is reused."""
+    config, manifest, report = parameters["config"], parameters["manifest"], parameters["report"]
+    choice = strategy.select_strategy(report, config.train)
     return _key(
         "cell",
-        config_mod.config_to_dict(parameters["config"].train),
-        parameters["manifest"].digest,
-        parameters["report"].fingerprint,
+        config_mod.config_to_dict(config.train),
+        manifest.digest,
+        report.fingerprint,
+        str(runs.run_dir_for(config, manifest, choice).resolve()),
     )
 
 
@@ -39,7 +49,7 @@ def devices_task(config, report):
 
 
 @task(name="run-cell", cache_key_fn=cell_cache_key, persist_result=True)
-def cell_task(config, manifest, data_dir: str, report) -> dict:
+def _cell_task(config, manifest, data_dir: str, report) -> dict:
     choice = strategy.select_strategy(report, config.train)
     result = runs.run_training(config, manifest, data_dir, choice, report)
     diagnosis = probes.diagnose_run(
@@ -52,6 +62,13 @@ def cell_task(config, manifest, data_dir: str, report) -> dict:
         steps=10,
     )
     return dict(result.to_dict(), bottleneck=diagnosis.bottleneck, diagnosis=diagnosis.to_dict())
+
+
+def cell_task(config, manifest, data_dir: str, report) -> dict:
+    """One cell, reusing a cached result only while its run directory is intact."""
+    choice = strategy.select_strategy(report, config.train)
+    complete = runs.is_complete(config, manifest, choice)
+    return cached(_cell_task, config, complete)(config, manifest, data_dir, report)
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=2)

@@ -118,7 +118,8 @@ def _is_chief(report: HardwareReport) -> bool:
 
 
 def export_run(result: TrainResult, export_dir: Path) -> None:
-    """Copies the model, metrics and per-epoch history (CSV, for plots) to a fixed place."""
+    """Copies the model, metrics, diagnosis (when there is one) and per-epoch history (CSV,
+    for plots) to a fixed place."""
     import csv
 
     export_dir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +128,11 @@ def export_run(result: TrainResult, export_dir: Path) -> None:
     shutil.copyfile(result.model_path, tmp)
     tmp.replace(export_dir / "model.keras")
     shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
+    stale = export_dir / "diagnosis.json"
+    if (run_dir / "diagnosis.json").exists():
+        shutil.copyfile(run_dir / "diagnosis.json", stale)
+    elif stale.exists():
+        stale.unlink()
     with open(export_dir / "history.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
         writer.writeheader()

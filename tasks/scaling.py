@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,13 +51,18 @@ def compare_runs(
     baseline: TrainResult,
     distributed: TrainResult,
     evaluation: EvalResult,
-    diagnosis: Diagnosis,
+    diagnosis: Diagnosis | None,
     scaling: str,
     target_accuracy: float,
 ) -> ScalingSummary:
     """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
     the replica count (1.0 is linear scaling)."""
     speedup = distributed.examples_per_s / baseline.examples_per_s
+    bottleneck = (
+        (diagnosis.bottleneck, diagnosis.evidence, list(diagnosis.advice))
+        if diagnosis
+        else ("", "", [])
+    )
     return ScalingSummary(
         strategy=distributed.strategy,
         replicas=distributed.replicas,
@@ -72,10 +78,53 @@ def compare_runs(
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
         reason=distributed.reason,
-        bottleneck=diagnosis.bottleneck,
-        bottleneck_evidence=diagnosis.evidence,
-        advice=list(diagnosis.advice),
+        bottleneck=bottleneck[0],
+        bottleneck_evidence=bottleneck[1],
+        advice=bottleneck[2],
     )
+
+
+def load_exported(export_dir: Path) -> TrainResult:
+    """The training result `tfscale train --export-dir` wrote into `export_dir`.
+
+    Raises:
+        FileNotFoundError: no `train_metrics.json` there, naming the command that writes it.
+    """
+    path = export_dir / "train_metrics.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
+            "(add --baseline for the single-device baseline) first."
+        )
+    metrics = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(TrainResult)}
+    return TrainResult(**{k: v for k, v in metrics.items() if k in names})
+
+
+def compare_exported(
+    baseline_dir: Path,
+    model_dir: Path,
+    evaluation: EvalResult,
+    scaling: str,
+    target_accuracy: float,
+) -> Path:
+    """The pipeline's comparison for exported runs (the DVC stages): `scaling.json` beside
+    the distributed model, with the speedup, scaling efficiency and test accuracy."""
+    diagnosis_path = model_dir / "diagnosis.json"
+    diagnosis = (
+        Diagnosis(**json.loads(diagnosis_path.read_text())) if diagnosis_path.exists() else None
+    )
+    summary = compare_runs(
+        load_exported(baseline_dir),
+        load_exported(model_dir),
+        evaluation,
+        diagnosis,
+        scaling,
+        target_accuracy,
+    )
+    path = model_dir / "scaling.json"
+    path.write_text(json.dumps(summary.to_dict(), indent=2))
+    return path
 
 
 def plot_speedup(

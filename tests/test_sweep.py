@@ -4,6 +4,8 @@ cell, and repeated cells reused instead of re-run."""
 from __future__ import annotations
 
 import csv
+import dataclasses
+import shutil
 
 import pytest
 
@@ -63,7 +65,24 @@ def swept(tmp_path_factory):
         stamps = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
         second = sweep_flow(config)
         reused = stamps == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
-        yield {"tmp": tmp, "rows": (first, second), "reused": reused}
+        # a cell whose run directory is gone is trained again; the others are still reused
+        gone = sorted(stamps)[0]
+        shutil.rmtree(gone.parent)
+        sweep_flow(config)
+        after_delete = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+        # another checkout (its own runs directory) never reuses this one's cells
+        other = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, runs_dir=str(tmp / "other" / "runs"))
+        )
+        sweep_flow(other)
+        yield {
+            "tmp": tmp,
+            "rows": (first, second),
+            "reused": reused,
+            "deleted": gone,
+            "stamps": stamps,
+            "after_delete": after_delete,
+        }
     finally:
         tracking.STORE_DIR = old_store
         tracking._client_for.cache_clear()
@@ -76,7 +95,7 @@ def test_every_cell_has_a_child_run_with_metrics(swept):
     experiment = client.get_experiment_by_name("tfscale")
     runs = client.search_runs([experiment.experiment_id])
     parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
-    assert len(parents) == 2
+    assert len(parents) == 4
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(children) == 4
     for child in children:
@@ -104,3 +123,17 @@ def test_repeated_cells_are_reused(swept):
     first, second = swept["rows"]
     assert swept["reused"]
     assert [r["examples_per_s"] for r in first] == [r["examples_per_s"] for r in second]
+
+
+def test_a_cell_whose_run_directory_is_gone_is_trained_again(swept):
+    after = swept["after_delete"]
+    assert swept["deleted"] in after  # made again
+    untouched = {p: t for p, t in swept["stamps"].items() if p != swept["deleted"]}
+    assert {p: after[p] for p in untouched} == untouched  # the others reused
+
+
+def test_cached_results_live_in_the_project_and_do_not_cross_checkouts(swept):
+    tmp = swept["tmp"]
+    assert list((tmp / "runs" / ".prefect-results").iterdir())
+    other = list((tmp / "other" / "runs").rglob("metrics.json"))
+    assert len(other) == 4  # every cell trained afresh for the other checkout

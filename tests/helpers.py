@@ -1,0 +1,57 @@
+"""Helpers the test modules share: tiny params, free ports, health waits."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY = {
+    "train.model": "mlp",
+    "train.epochs": 2,
+    "train.precision": "float32",
+    "train.replicas": 2,
+    "train.strategy": "auto",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_params(tmp: Path, **extra) -> Path:
+    """A params.yaml for tiny, fast runs with every output under `tmp`."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["prepare"]["data_dir"] = str(tmp / "tfrecords")
+    params["train"].update(
+        {k.split(".")[1]: v for k, v in TINY.items()}, runs_dir=str(tmp / "runs")
+    )
+    params["sweep"].update(
+        replicas=[1, 2], dataset_sizes=[256], model="mlp", epochs=1, out_dir=str(tmp / "sweep")
+    )
+    for key, value in extra.items():
+        section, name = key.split(".")
+        params[section][name] = value
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
+    """Polls `<url>/health` until the server answers, for at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"{url}/health", timeout=2).raise_for_status()
+            return
+        except requests.RequestException:
+            time.sleep(0.5)
+    raise AssertionError(f"{url}/health did not answer within {timeout_s:.0f} s")

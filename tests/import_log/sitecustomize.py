@@ -1,0 +1,17 @@
+"""Put on PYTHONPATH by the DVC test: every Python process it starts records, at exit, the
+project modules it imported (one JSON line per process in $TFSCALE_IMPORT_LOG)."""
+
+import atexit
+import json
+import os
+import sys
+
+
+def _record() -> None:
+    modules = sorted(name for name in list(sys.modules) if name.split(".")[0] in ("flows", "tasks"))
+    with open(os.environ["TFSCALE_IMPORT_LOG"], "a") as log:
+        log.write(json.dumps({"argv": sys.argv, "modules": modules}) + "\n")
+
+
+if os.environ.get("TFSCALE_IMPORT_LOG"):
+    atexit.register(_record)

@@ -1,0 +1,192 @@
+"""`dvc repro` as a new user runs it: in a `git clone` of the project (with this working
+tree's changes on top, so uncommitted work is tested too), on tiny params. First repro, a
+no-op second one, a param change re-running only its dependents, metrics and plots, an
+experiment compared with `dvc exp show`, and every module a stage imports among its deps."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import tiny_params
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+IMPORT_LOG_SITE = Path(__file__).resolve().parent / "import_log"
+STAGES = ("prepare", "baseline", "train", "evaluate", "sweep")
+
+
+def git(*args: str, cwd: Path) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+def clone_with_working_tree(dest: Path) -> None:
+    """`git clone` of the project, plus the files this working tree adds, changes or
+    deletes (what committing it would give), committed in the clone."""
+    git("clone", "-q", str(ROOT), str(dest), cwd=ROOT)
+    listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
+    for name in filter(None, listed.split("\0")):
+        source, target = ROOT / name, dest / name
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+        elif target.exists():
+            target.unlink()
+
+
+class Repo:
+    def __init__(self, path: Path, env: dict):
+        self.path, self.env = path, env
+
+    def run(self, *args: str) -> str:
+        proc = subprocess.run(
+            list(args), cwd=self.path, env=self.env, capture_output=True, text=True, timeout=900
+        )
+        assert proc.returncode == 0, f"{args}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout + proc.stderr
+
+    def dvc(self, *args: str) -> str:
+        return self.run(str(BIN / "dvc"), *args)
+
+    def commit(self, message: str) -> None:
+        self.run("git", "add", "-A")
+        self.run("git", "commit", "-q", "-m", message)
+
+
+def ran(output: str) -> set[str]:
+    return {stage for stage in STAGES if f"Running stage '{stage}'" in output}
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dvc")
+    path = tmp / "repo"
+    clone_with_working_tree(path)
+    params = yaml.safe_load(tiny_params(tmp).read_text())
+    params["prepare"]["data_dir"] = "data/tfrecords"
+    params["train"]["runs_dir"] = "runs"
+    params["sweep"]["out_dir"] = "sweep"
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        PYTHONPATH=f"{path}:{IMPORT_LOG_SITE}",  # the clone's code, and the import log
+        TFSCALE_IMPORT_LOG=str(tmp / "imports.jsonl"),
+        PREFECT_HOME=str(tmp / "prefect"),
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="tfscale test",
+        GIT_AUTHOR_EMAIL="test@localhost",
+        GIT_COMMITTER_NAME="tfscale test",
+        GIT_COMMITTER_EMAIL="test@localhost",
+    )
+    repo = Repo(path, env)
+    repo.commit("tiny params")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def repro_runs(clone):
+    """First repro, a second (timed), then one after a train param changed."""
+    repo = clone
+    first = repo.dvc("repro")
+    status_after_first = repo.run("git", "status", "--porcelain")
+    started = time.monotonic()
+    second = repo.dvc("repro")
+    second_s = time.monotonic() - started
+    print(f"no-op dvc repro took {second_s:.1f} s")
+    params = yaml.safe_load((repo.path / "params.yaml").read_text())
+    params["train"]["epochs"] = 3
+    (repo.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    third = repo.dvc("repro")
+    return {"outputs": (first, second, third), "status": status_after_first}
+
+
+def test_first_repro_runs_every_stage_and_leaves_only_dvc_lock_changed(repro_runs):
+    assert ran(repro_runs["outputs"][0]) == set(STAGES)
+    # outputs are ignored: the only change git sees is the lock file DVC rewrote
+    changed = [line[3:] for line in repro_runs["status"].splitlines()]
+    assert set(changed) <= {"dvc.lock"}, repro_runs["status"]
+
+
+def test_second_repro_does_nothing(repro_runs):
+    assert ran(repro_runs["outputs"][1]) == set()
+
+
+def test_a_train_param_reruns_its_dependents_only(clone, repro_runs):
+    repo = clone
+    assert ran(repro_runs["outputs"][2]) == {"baseline", "train", "evaluate"}
+    history = (repo.path / "models/digits/history.csv").read_text().splitlines()
+    assert len(history) == 1 + 3
+
+
+def test_metrics_show_the_speedup_efficiency_and_accuracy(clone, repro_runs):
+    repo = clone
+    shown = json.loads(repo.dvc("metrics", "show", "--json"))
+    metrics = {}
+    for files in shown[""]["data"].values():
+        metrics.update(files["data"])
+    scaling = json.loads((repo.path / "models/digits/scaling.json").read_text())
+    eval_json = json.loads((repo.path / "models/digits/eval.json").read_text())
+    assert scaling["speedup"] == pytest.approx(
+        scaling["distributed_examples_per_s"] / scaling["baseline_examples_per_s"]
+    )
+    assert scaling["scaling_efficiency"] == pytest.approx(scaling["speedup"] / 2)
+    assert scaling["test_accuracy"] == eval_json["test_accuracy"]
+    assert eval_json["examples"] == 360
+    for key in ("speedup", "scaling_efficiency", "test_accuracy"):
+        assert key in metrics, key
+    baseline = json.loads((repo.path / "models/digits/baseline/train_metrics.json").read_text())
+    assert baseline["strategy"] == "one_device" and baseline["replicas"] == 1
+
+
+def test_plots_show_renders_the_curves(clone, repro_runs):
+    repo = clone
+    plots = json.loads(repo.dvc("plots", "show", "--json"))["data"]
+    assert "models/digits/history.csv" in plots
+    assert "models/digits/baseline/history.csv" in plots
+    assert "sweep/speedup.png" in plots
+
+
+def test_an_experiment_changes_replicas_and_exp_show_compares(clone, repro_runs):
+    repo = clone
+    repo.commit("three epochs")
+    output = repo.dvc("exp", "run", "-S", "train.replicas=1")
+    assert ran(output) == {"train", "evaluate"}  # the baseline does not depend on replicas
+    table = list(csv.DictReader(io.StringIO(repo.dvc("exp", "show", "--csv"))))
+    replicas = {row["train.replicas"] for row in table if row.get("speedup")}
+    assert {"1", "2"} <= replicas
+    assert all(row.get("scaling_efficiency") for row in table if row.get("speedup"))
+
+
+def test_every_module_a_stage_imports_is_among_its_deps(clone, repro_runs):
+    repo = clone
+    stages = yaml.safe_load((repo.path / "dvc.yaml").read_text())["stages"]
+    by_command = {}
+    for name, stage in stages.items():
+        argv = stage["cmd"].split()
+        by_command[(argv[1], "--baseline" in argv)] = name
+    seen = set()
+    log = (Path(repo.env["TFSCALE_IMPORT_LOG"])).read_text().splitlines()
+    for line in map(json.loads, log):
+        if not line["argv"][0].endswith("tfscale"):
+            continue
+        stage = by_command[(line["argv"][1], "--baseline" in line["argv"])]
+        seen.add(stage)
+        deps = stages[stage]["deps"]
+        for module in line["modules"]:
+            path = module.replace(".", "/") + ".py"
+            if not (repo.path / path).exists():
+                continue  # a package (empty __init__)
+            covered = any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+            assert covered, f"stage {stage!r} imports {module} but {path} is not in its deps"
+    assert seen == set(STAGES)

@@ -1,0 +1,177 @@
+"""Schedules on a real Prefect server (SQLite), served by `tfscale serve`: the server itself
+creates the nightly runs, a schedule that falls due during the test runs to completion with
+no request from the test, an on-demand run completes, and stopping the runner leaves the
+schedules active. Every call to the server goes through Prefect's own client, which
+retries a busy server's 503 answers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from helpers import free_port, tiny_params, wait_until_healthy
+
+BIN = Path(sys.executable).parent
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory) -> Iterator[dict]:
+    """A real Prefect server on a free localhost port, and the environment that reaches it."""
+    home = tmp_path_factory.mktemp("prefect")
+    port = free_port()
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+    )
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_until_healthy(url)
+        yield {"url": url, "env": dict(env, PREFECT_API_URL=url), "log": home / "server.log"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    server_log = (home / "server.log").read_text(errors="replace")
+    assert "bulk DML" not in server_log, "the scheduler service failed"
+
+
+@contextmanager
+def client_for(url: str):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        with get_client(sync_client=True) as client:
+            yield client
+
+
+@contextmanager
+def serving(server: dict, params: Path, cwd: Path, *flags: str):
+    """`tfscale serve` against the server until the block ends (then SIGTERM, as a service
+    manager stops it)."""
+    log = open(cwd / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [str(BIN / "tfscale"), "--params", str(params), "serve", *flags],
+        cwd=cwd,
+        env=server["env"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def wait_for(what: str, probe, timeout_s: float, every_s: float = 1.0):
+    """Polls `probe()` until it returns something truthy; fails naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+# limit and sort are given: this server answers 422 to the client's defaults (None)
+
+
+def deployments_by_name(client, count: int = 2) -> dict:
+    from prefect.client.schemas.sorting import DeploymentSort
+
+    def registered():
+        found = client.read_deployments(limit=20, sort=DeploymentSort.NAME_ASC)
+        return len(found) >= count and found
+
+    return {d.name: d for d in wait_for("the served deployments registered", registered, 120)}
+
+
+def flow_runs_of(client, deployment_id) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    return client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+        sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+        limit=50,
+    )
+
+
+def test_nightly_runs_are_scheduled_on_demand_runs_complete_and_stop_leaves_them_active(
+    prefect_server, tmp_path
+):
+    params = tiny_params(tmp_path)
+    with client_for(prefect_server["url"]) as client:
+        with serving(prefect_server, params, tmp_path) as serve:
+            deployments = deployments_by_name(client)
+            nightly = deployments["nightly-scaling"]
+            assert nightly.schedules[0].schedule.cron == "0 2 * * *"
+            assert nightly.schedules[0].active
+            scheduled = wait_for(
+                "the server's scheduler creating the nightly runs",
+                lambda: [r for r in flow_runs_of(client, nightly.id) if r.auto_scheduled],
+                120,
+            )
+            for run in scheduled:
+                assert run.state.type.value == "SCHEDULED"
+                assert (run.expected_start_time.hour, run.expected_start_time.minute) == (2, 0)
+            on_demand = client.create_flow_run_from_deployment(
+                deployments["on-demand-train"].id,
+                parameters={"params_path": str(params), "overrides": {"train.epochs": 1}},
+            )
+            state = wait_for(
+                "the on-demand run finishing",
+                lambda: (s := client.read_flow_run(on_demand.id).state.type.value) in FINAL and s,
+                400,
+                every_s=2,
+            )
+            assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
+            assert list((tmp_path / "runs" / "digits").glob("mirrored-*/summary.json"))
+        assert serve.returncode is not None
+        after = client.read_deployment(nightly.id)
+        assert not after.paused and after.schedules[0].active  # stopping did not pause it
+
+
+def test_a_schedule_that_falls_due_runs_to_completion_by_itself(prefect_server, tmp_path):
+    params = tiny_params(tmp_path)
+    with client_for(prefect_server["url"]) as client:
+        with serving(prefect_server, params, tmp_path, "--cron", "* * * * *"):
+            nightly = deployments_by_name(client)["nightly-scaling"]
+            wait_for(
+                "the every-minute schedule registered",
+                lambda: (
+                    client.read_deployment(nightly.id).schedules[0].schedule.cron == "* * * * *"
+                ),
+                60,
+            )
+
+            def a_completed_scheduled_run():
+                done = [
+                    r
+                    for r in flow_runs_of(client, nightly.id)
+                    if r.auto_scheduled and r.state.type.value in FINAL
+                ]
+                return done and done[0]
+
+            run = wait_for("a scheduled nightly run finishing", a_completed_scheduled_run, 400, 2)
+            assert run.state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
+    assert (tmp_path / "sweep" / "sweep.csv").exists()
