@@ -58,14 +58,14 @@ from pathlib import Path
 from tasks.config import load_config
 from tasks.hardware import detect_hardware
 from tasks.manifest import load_manifest
-from tasks.probes import diagnose_run
-from tasks.strategy import ensure_logical_cpus, select_strategy
+from tasks.diagnosis import diagnose_run
+from tasks.process import set_up_devices
+from tasks.strategy import select_strategy
 params, data_dir, steps, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 config = load_config(Path(params))
 report = detect_hardware()
 choice = select_strategy(report, config.train)
-if choice.kind == "mirrored" and choice.devices == "cpu":
-    ensure_logical_cpus(choice.replicas)
+set_up_devices(choice.logical_cpus)
 manifest = load_manifest(data_dir)
 pairs = []
 for _ in range(repeats):

@@ -6,13 +6,9 @@ Flags override `params.yaml`; each subcommand's `--help` lists its own.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # flag -> (dotted config key, type, help)
 PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -89,36 +85,31 @@ EVALUATE_FLAGS = {
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("tensorflow", "absl", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from tasks.process import set_up_process
+
+    set_up_process()
     from flows import commands
-    from flows.errors import ServerUnavailable
-    from tasks.config import ConfigError
-    from tasks.datasets import DatasetError
-    from tasks.launch import WorkerError
-    from tasks.manifest import ShardError
-    from tasks.tracking import TrackingError
+    from tasks.errors import UserError
 
     try:
         config = _load(args)
         return getattr(commands, args.command)(config, args)
-    except ConfigError as exc:
-        print(f"error: bad config: {exc}", file=sys.stderr)
-        return 2
-    except (
-        DatasetError,
-        ShardError,
-        WorkerError,
-        FileNotFoundError,
-        TrackingError,
-        ServerUnavailable,
-    ) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.fix:
+            print(f"fix: {exc.fix}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted; finished shards are kept and the next run resumes", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("this is a bug in tfscale: run again with --debug for the traceback", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfscale",
         description="Distributed Keras training that measures whether more devices make it "
         "faster, by how much, and why not.",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
     parser.add_argument(
         "--params",
@@ -143,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "hardware", "show the detected hardware and the strategy it would pick", STRATEGY_FLAGS
     )
     hardware.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_training_commands(sub)
+    _add_flow_commands(sub)
+    _add_server_commands(sub)
+    return parser
+
+
+def _add_training_commands(sub: Any) -> None:
     train = _add(
         sub, "train", "train on prepared shards under a tf.distribute strategy", TRAIN_FLAGS
     )
@@ -170,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a baseline's export dir (tfscale train --baseline --export-dir DIR): also write "
         "scaling.json (speedup, scaling efficiency, test accuracy) beside the model",
     )
+
+
+def _add_flow_commands(sub: Any) -> None:
     _add(
         sub,
         "run",
@@ -182,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the scaling study: every cell of the 'sweep' grid in params.yaml",
         SWEEP_FLAGS,
     )
+
+
+def _add_server_commands(sub: Any) -> None:
     ui = sub.add_parser(
         "ui",
         help="serve the MLflow UI on the project's store",
@@ -196,7 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
         "deployments with the Prefect server at PREFECT_API_URL and run them",
     )
     serve.add_argument("--cron", default="0 2 * * *", help="nightly schedule (0 2 * * *)")
-    return parser
 
 
 def _add(sub: Any, name: str, help_text: str, flags: dict) -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from tasks.config import Config
 
@@ -54,13 +55,14 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 
 
 def train(config: Config, args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
+    from tasks.diagnosis import format_diagnosis
     from tasks.hardware import detect_hardware
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
-    from tasks.runs import run_training
+    from tasks.process import set_up_devices
+    from tasks.runs import train_and_diagnose
     from tasks.strategy import baseline_choice, select_strategy
 
     data_dir = dataset_dir(config)
@@ -69,35 +71,23 @@ def train(config: Config, args: argparse.Namespace) -> int:
     choice = select_strategy(report, config.train)
     if args.baseline:
         choice = baseline_choice(choice)
+    set_up_devices(choice.logical_cpus)
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
         f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",
         flush=True,
     )
-    result = run_training(config, manifest, str(data_dir), choice, report)
+    probe_steps = 0 if args.no_diagnose else 30
+    result, diagnosis = train_and_diagnose(
+        config, manifest, str(data_dir), choice, report, probe_steps
+    )
     for h in result.history:
         print(
             f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
             f"{h['seconds']:.2f} s  {h['examples_per_s']:,.0f} ex/s"
         )
-    if not args.no_diagnose:
-        from tasks.diagnosis import format_diagnosis
-        from tasks.probes import diagnose_run
-
-        diagnosis = diagnose_run(
-            config.train,
-            manifest,
-            str(data_dir),
-            choice,
-            report.cpu_flags,
-            end_to_end=result.examples_per_s,
-        )
-        text = format_diagnosis(diagnosis)
-        (Path(result.run_dir) / "diagnosis.txt").write_text(text + "\n")
-        (Path(result.run_dir) / "diagnosis.json").write_text(
-            json.dumps(diagnosis.to_dict(), indent=2)
-        )
-        print(text)
+    if diagnosis is not None:
+        print(format_diagnosis(diagnosis))
     if args.export_dir:
         from tasks.runs import export_run
 
@@ -113,6 +103,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from tasks.errors import MissingInput
     from tasks.evaluation import evaluate_model, write_evaluation
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
@@ -124,7 +115,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         args.model_path or latest_run(config.train.runs_dir, manifest.dataset)["model_path"]
     )
     if not Path(model_path).exists():
-        raise FileNotFoundError(f"No model at {model_path}; train one with 'tfscale train'.")
+        raise MissingInput(f"No model at {model_path}", "train one with 'tfscale train'.")
     result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
     path = write_evaluation(result, Path(model_path).parent, manifest.feature["class_names"])
     print(
@@ -132,7 +123,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         f"({result.examples} examples); written to {path}"
     )
     if args.baseline:
-        from tasks.scaling import compare_exported
+        from tasks.summary import compare_exported
 
         scaling = compare_exported(
             Path(args.baseline),
@@ -150,26 +141,35 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    from flows.prefect_api import temporary_api
+    from tasks.summary import format_summary
 
-    with temporary_api() as api:
-        from flows.pipeline import pipeline  # imports TensorFlow while the API boots
-        from tasks.scaling import format_summary
-
-        api.wait()
-        summary = pipeline(config)
+    summary = _run_flow("flows.pipeline", "pipeline", config)
     print()
     print(format_summary(summary, "tfscale ui  (then open http://127.0.0.1:5000)"))
     return 0
+
+
+def _run_flow(module: str, name: str, config: Config) -> Any:
+    """Runs a flow against a Prefect API that boots (unless PREFECT_API_URL names one)
+    while the flow's module imports TensorFlow."""
+    import importlib
+
+    from flows.prefect_api import temporary_api
+
+    with temporary_api() as api:
+        flow = getattr(importlib.import_module(module), name)
+        api.wait()
+        return flow(config)
 
 
 def ui(config: Config, args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from tasks.tracking import artifact_root, tracking_uri
+    from tasks.tracking import Tracker
 
-    uri = tracking_uri()
+    tracker = Tracker.for_config(config.track)
+    uri = tracker.uri
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     command = [
         sys.executable,
@@ -179,7 +179,7 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         "--backend-store-uri",
         uri,
         "--default-artifact-root",
-        artifact_root(),
+        tracker.artifact_root,
         "--host",
         args.host,
         "--port",
@@ -187,8 +187,8 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         "--workers",
         "1",
     ]
-    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # no job workers
-    os.execv(sys.executable, command)  # the server replaces this process: signals reach it
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}  # no job workers
+    os.execve(sys.executable, command, env)  # the server replaces this process: signals reach it
     return 0
 
 
@@ -200,14 +200,9 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
-    from flows.prefect_api import temporary_api
+    from tasks.sweep import format_table
 
-    with temporary_api() as api:
-        from flows.sweep import sweep_flow  # imports TensorFlow while the API boots
-        from tasks.sweep import format_table
-
-        api.wait()
-        rows = sweep_flow(config)
+    rows = _run_flow("flows.sweep", "sweep_flow", config)
     print()
     print(format_table(rows))
     print(f"table and charts in {config.sweep.out_dir}/; open the MLflow UI with 'tfscale ui'")

@@ -7,13 +7,9 @@ when `PREFECT_API_URL` is unset): start one with `prefect server start` and poin
 
 from __future__ import annotations
 
-import os
+from prefect import flow
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-from prefect import flow  # noqa: E402
-
-from flows.errors import ServerUnavailable  # noqa: E402
+from flows.errors import ServerUnavailable
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -44,6 +40,9 @@ def check_prefect_server() -> str:
 @flow(name="tfscale", log_prints=True)
 def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
     """A deployment entry point: the pipeline on `params_path` with dotted overrides."""
+    from tasks.process import set_up_process
+
+    set_up_process()  # a flow run's own process: before TensorFlow is imported
     from flows.pipeline import pipeline
     from tasks.config import load_config
 
@@ -53,6 +52,9 @@ def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None 
 @flow(name="tfscale-nightly", log_prints=True)
 def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
     """The scaling study on `params_path`: the nightly benchmark."""
+    from tasks.process import set_up_process
+
+    set_up_process()  # a flow run's own process: before TensorFlow is imported
     from flows.sweep import sweep_flow
     from tasks.config import load_config
 

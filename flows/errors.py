@@ -1,5 +1,7 @@
 """Errors of the orchestration layer (kept apart so the CLI can catch them cheaply)."""
 
+from tasks.errors import UserError
 
-class ServerUnavailable(RuntimeError):
+
+class ServerUnavailable(UserError, RuntimeError):
     """No reachable Prefect server to serve deployments against."""

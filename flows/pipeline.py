@@ -6,27 +6,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from prefect import flow, task
 
-from prefect import flow, task  # noqa: E402
-
-from tasks import config as config_mod  # noqa: E402
-from tasks import (  # noqa: E402
+from tasks import config as config_mod
+from tasks import (
     evaluation,
     hardware,
     preparation,
-    probes,
+    process,
     runs,
-    scaling,
     strategy,
+    summary,
     tracking,
 )
-from tasks.manifest import shards_present  # noqa: E402
+from tasks.manifest import shards_present
 
 
 def _key(*parts: Any) -> str:
@@ -73,8 +69,8 @@ def baseline_cache_key(context: Any, parameters: dict) -> str:
 
 
 @task(name="check-tracking")
-def check_tracking_task():
-    tracking.check_reachable()
+def check_tracking_task(tracker: tracking.Tracker):
+    tracker.check_reachable()
 
 
 @task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True)
@@ -96,14 +92,13 @@ def detect_task():
 @task(name="select-strategy")
 def select_task(report, config: config_mod.Config):
     choice = strategy.select_strategy(report, config.train)
-    if choice.kind == "mirrored" and choice.devices == "cpu":
-        strategy.ensure_logical_cpus(choice.replicas)
+    process.set_up_devices(choice.logical_cpus)
     return choice
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=2)
-def start_tracking_task(name: str, tags: dict):
-    return tracking.start_parent_run(name, tags)
+def start_tracking_task(tracker: tracking.Tracker, name: str, tags: dict):
+    return tracker.start_run(name, tags, system_metrics=True)
 
 
 @task(name="train-baseline", cache_key_fn=baseline_cache_key, persist_result=True)
@@ -119,19 +114,8 @@ def baseline_task(config, manifest, data_dir, choice, report):
 
 @task(name="train-distributed")
 def distributed_task(config, manifest, data_dir, choice, report):
-    return runs.run_training(config, manifest, data_dir, choice, report)
-
-
-@task(name="diagnose")
-def diagnose_task(config, manifest, data_dir, choice, report, distributed):
-    return probes.diagnose_run(
-        config.train,
-        manifest,
-        data_dir,
-        choice,
-        report.cpu_flags,
-        end_to_end=distributed.examples_per_s,
-    )
+    """The distributed run and its bottleneck diagnosis."""
+    return runs.train_and_diagnose(config, manifest, data_dir, choice, report)
 
 
 @task(name="evaluate")
@@ -140,9 +124,9 @@ def evaluate_task(model_path: str, manifest, data_dir: str, config):
 
 
 @task(name="summarize")
-def summarize_task(record, baseline, distributed, result, diagnosis, config, manifest):
-    return scaling.summarize_pipeline(
-        record,
+def summarize_task(context, baseline, distributed, result, diagnosis, config, manifest):
+    return summary.summarize_pipeline(
+        context,
         baseline,
         distributed,
         result,
@@ -154,39 +138,40 @@ def summarize_task(record, baseline, distributed, result, diagnosis, config, man
 
 
 @task(name="track", retries=2, retry_delay_seconds=2)
-def track_task(parent_id: str, record: dict, files: dict):
-    tracking.log_pipeline(parent_id, record, files)
+def track_task(tracker: tracking.Tracker, parent_id: str, record: summary.PipelineRecord):
+    tracker.log_pipeline(parent_id, record)
 
 
 @task(name="fail-tracking")
-def fail_tracking_task(parent_id: str, error: str):
-    tracking.finish_parent_run(parent_id, {}, tags={"error": error[:4000]}, status="FAILED")
+def fail_tracking_task(tracker: tracking.Tracker, parent_id: str, error: str):
+    tracker.log(parent_id, tags={"error": error[:4000]})
+    tracker.finish(parent_id, status="FAILED")
 
 
 @flow(name="tfscale-pipeline", log_prints=True)
-def pipeline(config: config_mod.Config) -> scaling.ScalingSummary:
+def pipeline(config: config_mod.Config) -> summary.ScalingSummary:
     """Prepare, detect, select, train baseline and distributed, evaluate, track."""
-    check_tracking_task()
+    tracker = tracking.Tracker.for_config(config.track)
+    check_tracking_task(tracker)
     prepared = prepare_task(config)
     manifest, data_dir = prepared.manifest, prepared.data_dir
     report = detect_task()
     choice = select_task(report, config)
-    record = scaling.pipeline_record(config, report, choice, manifest)
+    context = summary.pipeline_record(config, report, choice, manifest)
     parent_id = start_tracking_task(
-        f"{manifest.dataset}-{choice.kind}-{choice.replicas}x", tracking.pipeline_tags(record)
+        tracker,
+        f"{manifest.dataset}-{choice.kind}-{choice.replicas}x",
+        tracking.pipeline_tags(context),
     )
     try:
         baseline = baseline_task(
             config, manifest, data_dir, strategy.baseline_choice(choice), report
         )
-        distributed = distributed_task(config, manifest, data_dir, choice, report)
-        diagnosis = diagnose_task(config, manifest, data_dir, choice, report, distributed)
+        distributed, diagnosis = distributed_task(config, manifest, data_dir, choice, report)
         result = evaluate_task(distributed.model_path, manifest, data_dir, config)
-        summary, record, files = summarize_task(
-            record, baseline, distributed, result, diagnosis, config, manifest
-        )
+        record = summarize_task(context, baseline, distributed, result, diagnosis, config, manifest)
     except BaseException as exc:
-        fail_tracking_task(parent_id, repr(exc))
+        fail_tracking_task(tracker, parent_id, repr(exc))
         raise
-    track_task(parent_id, record, files)
-    return summary
+    track_task(tracker, parent_id, record)
+    return record.summary

@@ -14,16 +14,15 @@ process first, import TensorFlow meanwhile, and then point the flow at it:
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from flows.errors import ServerUnavailable
+from tasks.network import free_ports
 
 
 class TemporaryAPI:
@@ -40,34 +39,20 @@ class TemporaryAPI:
         """
         if self.process is None:
             return
-        import requests
+        from tasks.network import wait_healthy
 
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
+        alive = lambda: self.process.poll() is None  # noqa: E731
+        problem = wait_healthy(f"{self.url}/health", timeout_s, interval_s=0.1, alive=alive)
+        if problem is None:
+            return
         code = self.process.poll()
-        state = (
-            f"exited with code {code}" if code is not None else f"no answer in {timeout_s:.0f} s"
-        )
+        state = f"exited with code {code}" if code is not None else problem
         tail = self.log.read_text()[-2000:] if self.log and self.log.exists() else ""
         raise ServerUnavailable(
-            f"Prefect's temporary API server at {self.url} did not start ({state}).\n{tail}\n"
-            "Start one with 'prefect server start' and set PREFECT_API_URL to it "
-            "(http://127.0.0.1:4200/api), then run again."
+            f"Prefect's temporary API server at {self.url} did not start ({state}).\n{tail}",
+            "start one with 'prefect server start' and set PREFECT_API_URL to it "
+            "(http://127.0.0.1:4200/api), then run again.",
         )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _start_server(port: int, log) -> subprocess.Popen:
@@ -120,7 +105,7 @@ def temporary_api() -> Iterator[TemporaryAPI]:
     if PREFECT_API_URL.value():
         yield TemporaryAPI(None, None, None)
         return
-    port = _free_port()
+    (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}/api"
     with tempfile.NamedTemporaryFile("w+b", prefix="tfscale-prefect-", suffix=".log") as log:
         process = _start_server(port, log)

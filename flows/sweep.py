@@ -3,24 +3,21 @@ table and charts, tracked as an MLflow parent run with a child run per cell."""
 
 from __future__ import annotations
 
-import os
+import json
+from pathlib import Path
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from prefect import flow, task
 
-from pathlib import Path  # noqa: E402
-
-from prefect import flow, task  # noqa: E402
-
-from flows.pipeline import (  # noqa: E402
+from flows.pipeline import (
     _key,
     cached,
     check_tracking_task,
     detect_task,
     prepare_task,
 )
-from tasks import config as config_mod  # noqa: E402
-from tasks import probes, runs, strategy, sweep, tracking  # noqa: E402
+from tasks import config as config_mod
+from tasks import process, runs, strategy, sweep, tracking
+from tasks.strategy_kinds import kind_of
 
 
 def cell_cache_key(context, parameters: dict) -> str:
@@ -44,22 +41,15 @@ def plan_task(config):
 
 @task(name="set-up-devices")
 def devices_task(config, report):
-    if config.sweep.strategy == "mirrored" and not report.gpus:
-        strategy.ensure_logical_cpus(max(config.sweep.replicas))
+    here = kind_of(config.sweep.strategy).runs_here and not report.gpus
+    process.set_up_devices(max(config.sweep.replicas) if here else 0)
 
 
 @task(name="run-cell", cache_key_fn=cell_cache_key, persist_result=True)
 def _cell_task(config, manifest, data_dir: str, report) -> dict:
     choice = strategy.select_strategy(report, config.train)
-    result = runs.run_training(config, manifest, data_dir, choice, report)
-    diagnosis = probes.diagnose_run(
-        config.train,
-        manifest,
-        data_dir,
-        choice,
-        report.cpu_flags,
-        end_to_end=result.examples_per_s,
-        steps=10,
+    result, diagnosis = runs.train_and_diagnose(
+        config, manifest, data_dir, choice, report, probe_steps=10
     )
     return dict(result.to_dict(), bottleneck=diagnosis.bottleneck, diagnosis=diagnosis.to_dict())
 
@@ -72,16 +62,17 @@ def cell_task(config, manifest, data_dir: str, report) -> dict:
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=2)
-def start_sweep_tracking_task(report, config):
-    return tracking.start_parent_run(
-        "sweep",
-        {
-            "kind": "sweep",
-            "hardware_fingerprint": report.fingerprint,
-            "git_commit": tracking.git_commit(),
-            "grid": str(config_mod.config_to_dict(config.sweep)),
-        },
-    )
+def start_sweep_tracking_task(tracker: tracking.Tracker, report, config):
+    grid = config_mod.config_to_dict(config.sweep)
+    tags = {
+        "kind": "sweep",
+        "hardware_fingerprint": report.fingerprint,
+        "git_commit": tracking.git_commit(),
+        "grid": json.dumps(grid),
+    }
+    parent_id = tracker.start_run("sweep", tags, system_metrics=True)
+    tracker.log(parent_id, params={f"sweep.{k}": json.dumps(v) for k, v in grid.items()})
+    return parent_id
 
 
 @task(name="tabulate")
@@ -91,23 +82,24 @@ def tabulate_task(cells, results, config):
 
 
 @task(name="track", retries=2, retry_delay_seconds=2)
-def track_sweep_task(parent_id, rows, results, files):
-    tracking.log_sweep(parent_id, rows, results, files)
+def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files):
+    tracker.log_sweep(parent_id, rows, results, files)
 
 
 @flow(name="tfscale-sweep", log_prints=True)
 def sweep_flow(config: config_mod.Config) -> list[dict]:
     """Every cell of the grid in `config.sweep`, reusing cells seen before."""
-    check_tracking_task()
+    tracker = tracking.Tracker.for_config(config.track)
+    check_tracking_task(tracker)
     report = detect_task()
     devices_task(config, report)
     cells = plan_task(config)
-    parent_id = start_sweep_tracking_task(report, config)
+    parent_id = start_sweep_tracking_task(tracker, report, config)
     results = []
     for cell in cells:
         cell_cfg = sweep.cell_config(config, cell)
         prepared = prepare_task(cell_cfg)
         results.append(cell_task(cell_cfg, prepared.manifest, prepared.data_dir, report))
     rows, files = tabulate_task(cells, results, config)
-    track_sweep_task(parent_id, rows, results, files)
+    track_sweep_task(tracker, parent_id, rows, results, files)
     return rows

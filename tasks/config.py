@@ -15,15 +15,25 @@ from typing import Any, Literal
 
 import yaml
 
+from tasks.errors import UsageError
+from tasks.strategy_kinds import KINDS, sweep_kinds
+
 DEFAULT_PARAMS = Path("params.yaml")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config value is unknown, of the wrong type or out of range."""
 
 
-def _spec(default: Any = None, *, lo: float | None = None, hi: float | None = None, **kw: Any):
-    return field(default=default, metadata={"lo": lo, "hi": hi}, **kw)
+def _spec(
+    default: Any = None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    **kw: Any,
+):
+    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices}, **kw)
 
 
 @dataclass(frozen=True)
@@ -56,9 +66,7 @@ class PrepareConfig:
 class TrainConfig:
     """How to train: strategy, devices, model and optimisation."""
 
-    strategy: Literal[
-        "auto", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu"
-    ] = "auto"
+    strategy: str = _spec("auto", choices=("auto", *KINDS))
     replicas: int = _spec(2, lo=1, hi=1024)
     workers: int = _spec(1, lo=1, hi=1024)
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
@@ -92,10 +100,18 @@ class SweepConfig:
     batch_sizes: tuple[int, ...] = _spec((64,), lo=1, hi=1_000_000)
     scaling: tuple[Literal["weak", "strong"], ...] = ("weak",)
     precision: tuple[Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"], ...] = ("auto",)
-    strategy: Literal["mirrored", "multi_worker"] = "mirrored"
+    strategy: str = _spec("mirrored", choices=sweep_kinds())
     model: Literal["mlp", "cnn", "resnet"] = "cnn"
     epochs: int = _spec(2, lo=1, hi=10_000)
     out_dir: str = "sweep"
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    """Where runs are tracked: the embedded MLflow store (MLFLOW_TRACKING_URI overrides)."""
+
+    store_dir: str = "mlflow"
+    experiment: str = "tfscale"
 
 
 @dataclass(frozen=True)
@@ -106,12 +122,14 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
 
     @property
     def min_shards(self) -> int:
         """Shards needed so that every worker the config names gets files of its own."""
         named = self.prepare.min_shards or 1
-        sweep_workers = max(self.sweep.replicas) if self.sweep.strategy == "multi_worker" else 1
+        sweeps_workers = KINDS[self.sweep.strategy].takes_workers
+        sweep_workers = max(self.sweep.replicas) if sweeps_workers else 1
         return max(named, self.train.workers, sweep_workers)
 
 
@@ -203,6 +221,9 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
             raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}; got {value!r}")
         return value
     value = _coerce(key, hint, value, optional)
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}; got {value!r}")
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is not None and value < lo or hi is not None and value > hi:
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"

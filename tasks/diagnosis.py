@@ -9,14 +9,12 @@ From those it names the bottleneck and recommends what to change.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-
-import tensorflow as tf
 
 from tasks.config import TrainConfig
 from tasks.manifest import Manifest
-from tasks.strategy import StrategyChoice
+from tasks.probes import Transform, probe_rates
+from tasks.strategy import StrategyChoice, baseline_choice
 
 OVERHEAD_STEP_S = 0.004  # below this per step, dispatch and sync costs dominate
 INPUT_SLACK = 0.85  # end-to-end below this share of compute-only: something else holds it
@@ -118,22 +116,6 @@ def recommend(
     return advice
 
 
-def measure_rate(step: Callable[[], object], examples_per_step: int, steps: int) -> float:
-    """Examples/s of `step` after two warm-up calls (tracing)."""
-    for _ in range(2):
-        step()
-    started = time.perf_counter()
-    for _ in range(steps):
-        result = step()
-    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)  # sync
-    return examples_per_step * steps / (time.perf_counter() - started)
-
-
-def input_only_rate(dataset: tf.data.Dataset, batch: int, steps: int) -> float:
-    iterator = iter(dataset)
-    return measure_rate(lambda: next(iterator)[1], batch, steps)
-
-
 def format_diagnosis(d: Diagnosis) -> str:
     one = d.compute_1_replica_examples_per_s
     lines = [
@@ -146,3 +128,56 @@ def format_diagnosis(d: Diagnosis) -> str:
         f"{d.step_seconds * 1000:.1f} ms",
     ]
     return "\n".join(lines + [f"advice:     {a}" for a in d.advice])
+
+
+def diagnose_run(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    cpu_flags: list[str],
+    end_to_end: float | None = None,
+    steps: int = 30,
+    input_transform: Transform | None = None,
+) -> Diagnosis:
+    """Measures the three throughputs and classifies the run.
+
+    Strategies that run out of process (multi_worker, parameter_server) are probed on one
+    device here; their end-to-end rate comes from the run (`end_to_end`) and is compared
+    with the ideal, N times the single-replica compute-only rate.
+    """
+    started = time.perf_counter()
+    here = choice.spec.runs_here
+    probe_choice = choice if here else baseline_choice(choice)
+    rates = probe_rates(cfg, manifest, data_dir, probe_choice, steps, input_transform)
+    compute_1 = None
+    if probe_choice.replicas > 1:
+        compute_1 = probe_rates(
+            cfg,
+            manifest,
+            data_dir,
+            baseline_choice(choice),
+            steps,
+            input_transform,
+            compute_only=True,
+        )["compute"]
+    if not here:
+        compute_1 = rates["compute"]
+        rates["compute"] *= choice.replicas  # ideal scaling of the single-replica step
+        rates["input"] *= choice.replicas  # each worker has its own input pipeline
+        rates["e2e"] = end_to_end or rates["e2e"]
+    bottleneck, evidence = classify(
+        rates["input"], rates["compute"], rates["e2e"], rates["step_s"], choice.replicas, compute_1
+    )
+    return Diagnosis(
+        bottleneck=bottleneck,
+        input_examples_per_s=rates["input"],
+        compute_examples_per_s=rates["compute"],
+        end_to_end_examples_per_s=rates["e2e"],
+        compute_1_replica_examples_per_s=compute_1,
+        replicas=choice.replicas,
+        step_seconds=rates["step_s"],
+        evidence=evidence,
+        advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
+        seconds=time.perf_counter() - started,
+    )

@@ -34,12 +34,10 @@ def evaluate_model(
     import keras
     import tensorflow as tf
 
-    from tasks.steps import WarmupSchedule
+    from tasks.models import load_trained_model
 
     started = time.perf_counter()
-    model = keras.models.load_model(
-        model_path, compile=False, custom_objects={"WarmupSchedule": WarmupSchedule}
-    )
+    model = load_trained_model(model_path)
     n = manifest.num_classes
     confusion = np.zeros((n, n), dtype=np.int64)
     loss_sum = 0.0
@@ -79,10 +77,9 @@ def write_evaluation(result: EvalResult, out_dir: Path, class_names: list[str]) 
 
 
 def plot_confusion(matrix: np.ndarray, names: list[str], path: Path) -> None:
-    import matplotlib
+    from tasks.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     size = min(4 + 0.4 * len(names), 20)
     fig, ax = plt.subplots(figsize=(size, size))

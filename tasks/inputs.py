@@ -7,7 +7,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tasks.manifest import Manifest
+from tasks.manifest import Manifest, ShardError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def build_dataset(
     """
     files = [str(Path(data_dir) / f) for f in manifest.files(split)]
     if not files:
-        raise ValueError(
+        raise ShardError(
             f"{data_dir}: the manifest has no shards for split {split!r}; "
             f"expected one of {', '.join(manifest.splits)}."
         )

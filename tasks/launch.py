@@ -14,17 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import UserError
+from tasks.network import free_ports
+
 POLL_S = 0.5
 
 
-class WorkerError(RuntimeError):
+class WorkerError(UserError, RuntimeError):
     """A worker process failed or the job ran out of time."""
-
-
-def free_ports(n: int) -> list[int]:
-    import portpicker
-
-    return [portpicker.pick_unused_port() for _ in range(n)]
 
 
 def tf_config(ports: list[int], index: int) -> str:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import UserError
+
 MANIFEST_NAME = "manifest.json"
 
 
-class ShardError(RuntimeError):
+class ShardError(UserError, RuntimeError):
     """Shards are missing, truncated or corrupted, or the manifest is absent."""
 
 
@@ -81,13 +82,6 @@ def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
         raise ShardError(
             f"{path} is not a valid manifest ({exc}); re-run 'tfscale prepare'."
         ) from None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Writes a file under a temporary name, then renames it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def sha256_of(path: Path) -> str:

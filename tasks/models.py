@@ -7,6 +7,16 @@ from collections.abc import Callable
 import keras
 from keras import layers
 
+from tasks.errors import UsageError
+
+
+def load_trained_model(path: str) -> keras.Model:
+    """A model tfscale saved, without its optimizer (its learning-rate schedule is
+    registered with Keras in `tasks.steps`)."""
+    import tasks.steps  # noqa: F401  (registers WarmupSchedule)
+
+    return keras.models.load_model(path, compile=False)
+
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """A fresh model whose last layer gives float32 logits (also under mixed precision).
@@ -15,7 +25,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> ke
         ValueError: an unknown name, listing the known ones.
     """
     if name not in MODELS:
-        raise ValueError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
+        raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
     inputs = keras.Input(shape=input_shape)
     features = MODELS[name](inputs)
     logits = layers.Dense(num_classes, dtype="float32", name="logits")(features)

@@ -5,9 +5,23 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks.config import Config
-from tasks.datasets import dataset_slug, open_source
+from tasks.config import Config, PrepareConfig
+from tasks.datasets import NAMED_SOURCES, Source, dataset_slug, folder_source
 from tasks.shards import PrepareResult, plan_shards, prepare_params, write_shards
+from tasks.tfds_source import tfds_source
+
+
+def open_source(cfg: PrepareConfig) -> Source:
+    """The source `cfg.dataset` names: a built-in one, an image folder, or a TFDS dataset.
+
+    Raises:
+        DatasetError: the name is none of them.
+    """
+    if cfg.dataset in NAMED_SOURCES:
+        return NAMED_SOURCES[cfg.dataset](cfg)
+    if Path(cfg.dataset).is_dir():
+        return folder_source(Path(cfg.dataset))
+    return tfds_source(cfg.dataset)
 
 
 def dataset_dir(config: Config) -> Path:

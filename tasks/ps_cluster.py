@@ -1,4 +1,5 @@
-"""An in-process parameter-server cluster (ps and worker servers in this process)."""
+"""An in-process parameter-server cluster: ps and worker servers in this process, built from
+public `tf.distribute.Server`s on free localhost ports."""
 
 from __future__ import annotations
 
@@ -7,17 +8,32 @@ from contextlib import contextmanager
 
 import tensorflow as tf
 
+from tasks.network import free_ports
+
 
 @contextmanager
 def in_process_cluster(workers: int, ps: int = 1) -> Iterator[object]:
-    """Starts `workers` worker and `ps` ps servers on free localhost ports; yields a resolver.
+    """Starts `workers` worker and `ps` ps servers; yields a resolver for the coordinator.
 
-    TensorFlow's own helper sizes each server's inter-op pool to workers + 1 threads;
-    with fewer (the default on a 2-core host) the cluster deadlocks.
+    Each server's inter-op pool gets workers + 1 threads: with fewer (the default on a
+    2-core host) the workers' steps and the coordinator's closures deadlock. TensorFlow
+    servers cannot be stopped; they end with the process.
     """
-    from tensorflow.python.distribute import multi_worker_test_base
-
-    spec = multi_worker_test_base.create_in_process_cluster(num_workers=workers, num_ps=ps)
-    yield tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), rpc_layer="grpc"
-    )
+    ports = iter(free_ports(workers + ps))
+    spec = {
+        "worker": [f"localhost:{next(ports)}" for _ in range(workers)],
+        "ps": [f"localhost:{next(ports)}" for _ in range(ps)],
+    }
+    cluster = tf.train.ClusterSpec(spec)
+    configs = {"worker": tf.compat.v1.ConfigProto(), "ps": tf.compat.v1.ConfigProto()}
+    configs["worker"].inter_op_parallelism_threads = workers + 1
+    configs["ps"].device_count["GPU"] = 0  # variables live on the ps tasks' CPUs
+    servers = [
+        tf.distribute.Server(
+            cluster, job_name=job, task_index=index, protocol="grpc", config=configs[job]
+        )
+        for job, addresses in spec.items()
+        for index in range(len(addresses))
+    ]
+    yield tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+    del servers  # kept alive while the cluster is in use (a collected server stops)

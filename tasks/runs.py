@@ -14,9 +14,13 @@ import shutil
 from pathlib import Path
 
 from tasks.config import Config, config_to_dict
+from tasks.diagnosis import Diagnosis, diagnose_run, format_diagnosis
+from tasks.errors import MissingInput
+from tasks.files import atomic_path, write_json_atomic
 from tasks.hardware import HardwareReport
 from tasks.manifest import Manifest
 from tasks.strategy import StrategyChoice
+from tasks.strategy_kinds import COORDINATOR, HERE, LOCAL_WORKERS
 from tasks.training import TrainResult, train_model
 
 
@@ -49,9 +53,10 @@ def run_training(
     if (run_dir / "metrics.json").exists():  # completed before: train afresh
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if choice.kind == "multi_worker" and report.cluster is None:
+    runs = choice.spec.runs if report.cluster is None else HERE  # a cluster: this task's part
+    if runs == LOCAL_WORKERS:
         result = _train_local_workers(config, data_dir, choice, run_dir)
-    elif choice.kind == "parameter_server" and report.cluster is None:
+    elif runs == COORDINATOR:
         from tasks.ps_cluster import in_process_cluster
 
         with in_process_cluster(choice.workers) as resolver:
@@ -65,6 +70,35 @@ def run_training(
     return result
 
 
+def train_and_diagnose(
+    config: Config,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    report: HardwareReport,
+    probe_steps: int = 30,
+) -> tuple[TrainResult, Diagnosis | None]:
+    """A training run, then its bottleneck diagnosis on the same model, batch and devices,
+    written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` 0 skips the
+    diagnosis, and so does a task of a cluster that is not its chief."""
+    result = run_training(config, manifest, data_dir, choice, report)
+    if not probe_steps or (report.cluster is not None and not _is_chief(report)):
+        return result, None
+    diagnosis = diagnose_run(
+        config.train,
+        manifest,
+        data_dir,
+        choice,
+        report.cpu_flags,
+        end_to_end=result.examples_per_s,
+        steps=probe_steps,
+    )
+    run_dir = Path(result.run_dir)
+    (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
+    write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
+    return result, diagnosis
+
+
 def write_metrics(result: TrainResult, manifest: Manifest, report: HardwareReport) -> Path:
     run_dir = Path(result.run_dir)
     metrics = dict(
@@ -73,10 +107,9 @@ def write_metrics(result: TrainResult, manifest: Manifest, report: HardwareRepor
         manifest_digest=manifest.digest,
         hardware_fingerprint=report.fingerprint,
     )
-    path = run_dir / "metrics.json"
-    path.write_text(json.dumps(metrics, indent=2))
-    latest = run_dir.parent / "latest.json"
-    latest.write_text(json.dumps({"run_dir": str(run_dir), "model_path": result.model_path}))
+    path = write_json_atomic(run_dir / "metrics.json", metrics)
+    latest = {"run_dir": str(run_dir), "model_path": result.model_path}
+    write_json_atomic(run_dir.parent / "latest.json", latest)
     return path
 
 
@@ -84,11 +117,11 @@ def latest_run(runs_dir: str, dataset: str) -> dict:
     """The newest completed run for a dataset.
 
     Raises:
-        FileNotFoundError: no completed run, saying which command makes one.
+        MissingInput: no completed run, saying which command makes one.
     """
     path = Path(runs_dir) / dataset / "latest.json"
     if not path.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"No trained model for {dataset!r} under {runs_dir}; run 'tfscale train "
             f"--dataset {dataset}' first, or pass --model-path."
         )
@@ -124,9 +157,8 @@ def export_run(result: TrainResult, export_dir: Path) -> None:
 
     export_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(result.run_dir)
-    tmp = export_dir / ".model.keras.tmp"
-    shutil.copyfile(result.model_path, tmp)
-    tmp.replace(export_dir / "model.keras")
+    with atomic_path(export_dir / "model.keras") as tmp:
+        shutil.copyfile(result.model_path, tmp)
     shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
     stale = export_dir / "diagnosis.json"
     if (run_dir / "diagnosis.json").exists():

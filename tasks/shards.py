@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from tasks.config import PrepareConfig, config_to_dict
 from tasks.datasets import Source
+from tasks.files import atomic_path, write_text_atomic
 from tasks.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -25,7 +25,6 @@ from tasks.manifest import (
     load_manifest,
     sha256_of,
     shard_problems,
-    write_atomically,
 )
 
 JOURNAL_NAME = ".journal.json"
@@ -110,7 +109,7 @@ def write_shards(
         if info is None or not path.exists() or path.stat().st_size != info.bytes:
             done[shard.file] = _write_one(source, shard, path)
             written += 1
-            write_atomically(out_dir / JOURNAL_NAME, _journal_text(params, done))
+            write_text_atomic(out_dir / JOURNAL_NAME, _journal_text(params, done))
         bar.update(shard.stop - shard.start)
     bar.close()
     manifest = Manifest(
@@ -124,7 +123,7 @@ def write_shards(
         shards=[done[p.file] for p in plan],
         params=params,
     )
-    write_atomically(out_dir / MANIFEST_NAME, manifest.to_json())
+    write_text_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     (out_dir / JOURNAL_NAME).unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     return PrepareResult(manifest, str(out_dir), written, len(plan) - written, seconds)
@@ -133,13 +132,11 @@ def write_shards(
 def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
     import tensorflow as tf
 
-    tmp = path.with_name(f".{path.name}.tmp")
     count = 0
-    with tf.io.TFRecordWriter(str(tmp)) as writer:
+    with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
         for image, label in source.examples(shard.split, shard.start, shard.stop):
             writer.write(serialize_example(image, label))
             count += 1
-    os.replace(tmp, path)
     return ShardInfo(
         file=shard.file,
         split=shard.split,

@@ -14,6 +14,7 @@ EpochRunner = Callable[[int], tuple[float, float]]
 SUM = tf.distribute.ReduceOp.SUM
 
 
+@keras.saving.register_keras_serializable(package="tfscale")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up from the base rate to the (linearly scaled) target rate."""
 
@@ -63,7 +64,7 @@ def replica_step(model, optimizer, images, labels, accum_steps: int, effective_b
     return total_loss, correct
 
 
-def make_step(
+def make_epoch_runner(
     strategy, model, optimizer, dataset_fn, accum_steps: int, effective_batch: int
 ) -> EpochRunner:
     """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies."""
@@ -84,7 +85,7 @@ def make_step(
     return run_epoch
 
 
-def make_ps_step(
+def make_ps_epoch_runner(
     strategy, model, optimizer, dataset_fn, accum_steps: int, worker_batch: int
 ) -> EpochRunner:
     """An epoch runner for ParameterServerStrategy: steps scheduled on workers as they free up."""

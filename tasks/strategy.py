@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 
 from tasks.config import TrainConfig
 from tasks.hardware import HardwareReport
-
-COLLECTIVE_TIMEOUT_S = 300
+from tasks.strategy_kinds import BASELINE, StrategyKind, kind_of
 
 
 @dataclass(frozen=True)
@@ -38,30 +37,28 @@ class StrategyChoice:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def spec(self) -> StrategyKind:
+        """Everything that differs between strategies (`tasks/strategy_kinds.py`)."""
+        return kind_of(self.kind)
+
+    @property
+    def logical_cpus(self) -> int:
+        """Logical CPU devices this process needs before TensorFlow starts (0: none)."""
+        return self.replicas if self.devices == "cpu" and self.spec.runs_here else 0
+
 
 def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
     """A pure function of the hardware report and the training config."""
     kind, reason = _pick_kind(report, cfg)
     precision, why = _pick_precision(report, cfg)
+    spec = kind_of(kind)
     gpus = len(report.gpus)
-    devices = "tpu" if kind == "tpu" else "gpu" if gpus else "cpu"
+    devices = spec.devices or ("gpu" if gpus else "cpu")
     cluster_workers = report.cluster.num_workers if report.cluster else 0
-    workers = cluster_workers or (
-        cfg.workers if kind in ("multi_worker", "parameter_server") else 1
-    )
-    per_worker = max(gpus, 1)
-    replicas = {
-        "one_device": 1,
-        "mirrored": gpus if gpus > 1 else cfg.replicas,
-        "multi_worker": workers * per_worker,
-        "parameter_server": workers,
-        "tpu": cfg.replicas,
-    }[kind]
-    communication = (
-        "nccl"
-        if devices == "gpu" and kind in ("mirrored", "multi_worker")
-        else ("ring" if kind == "multi_worker" else "auto")
-    )
+    workers = cluster_workers or (cfg.workers if spec.takes_workers else 1)
+    replicas = spec.count_replicas(cfg.replicas, gpus, workers)
+    communication = spec.communication(devices)
     return StrategyChoice(
         kind, replicas, workers, precision, f"{reason}; {why}", devices, communication
     )
@@ -107,31 +104,10 @@ def _pick_precision(report: HardwareReport, cfg: TrainConfig) -> tuple[str, str]
 def baseline_choice(choice: StrategyChoice) -> StrategyChoice:
     """The single-device run the distributed one is measured against (same precision)."""
     return StrategyChoice(
-        "one_device",
+        BASELINE.name,
         1,
         1,
         choice.precision,
         f"single-device baseline for {choice.kind}",
         choice.devices,
     )
-
-
-def ensure_logical_cpus(n: int) -> list[str]:
-    """Splits the CPU into `n` logical devices (before TF starts), returning their names."""
-    import tensorflow as tf
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    have = tf.config.get_logical_device_configuration(cpu) or []
-    if len(have) < n:
-        try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * n
-            )
-        except RuntimeError:
-            if len(tf.config.list_logical_devices("CPU")) < n:
-                raise RuntimeError(
-                    f"Expected {n} logical CPU devices for {n} replicas, but TensorFlow was "
-                    f"already initialised with {len(tf.config.list_logical_devices('CPU'))}; "
-                    f"start a fresh process (as 'tfscale train' does)."
-                ) from None
-    return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]

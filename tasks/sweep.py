@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tasks.config import Config
+from tasks.strategy_kinds import BASELINE, kind_of
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ def cell_config(config: Config, cell: Cell) -> Config:
     if cell.size:
         synthetic = dataclasses.replace(prepare.synthetic, train_examples=cell.size)
         prepare = dataclasses.replace(prepare, dataset="synthetic", synthetic=synthetic)
-    multi = cell.replicas > 1 and config.sweep.strategy == "multi_worker"
+    kind = kind_of(config.sweep.strategy)
+    multi = cell.replicas > 1 and kind.takes_workers
     train = dataclasses.replace(
         config.train,
         model=config.sweep.model,
@@ -60,7 +62,7 @@ def cell_config(config: Config, cell: Cell) -> Config:
         precision=cell.precision,
         replicas=cell.replicas,
         workers=cell.replicas if multi else 1,
-        strategy="one_device" if cell.replicas == 1 else config.sweep.strategy,
+        strategy=BASELINE.name if cell.replicas == 1 else kind.name,
     )
     return dataclasses.replace(config, prepare=prepare, train=train)
 
@@ -102,10 +104,9 @@ def write_outputs(rows: list[dict], out_dir: Path) -> dict[str, Path]:
 
 
 def plot(rows: list[dict], metric: str, path: Path) -> Path:
-    import matplotlib
+    from tasks.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     replicas = sorted({r["replicas"] for r in rows})

@@ -1,159 +1,283 @@
 """Everything MLflow: the only module that talks to the tracking server.
 
-Per pipeline run: a parent run with child runs `baseline` and `distributed`; params, tags,
-per-epoch metrics (batched), summary metrics (speedup, scaling efficiency, time to
-accuracy, test results), artifacts and system metrics.
+A `Tracker` owns the store (the SQLite store under `track.store_dir`, or the server at
+`MLFLOW_TRACKING_URI`), its client and the system-metric monitors of the runs it opened.
+It logs result dataclasses by the type of each field (`fields_by_type`): numbers are
+metrics, strings and flags are tags, fields marked `PARAM` (how a run was set up) are
+params; lists and mappings (per-epoch history, per-class accuracy) are logged their own
+way or kept in the artifacts. A field added to a result is logged without touching this
+module.
+
+Per pipeline run: a parent run with child runs `baseline` and `distributed`; per sweep: a
+parent with a child per cell.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
 import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-EXPERIMENT = "tfscale"
-STORE_DIR = Path("mlflow")
-_monitors: dict[str, Any] = {}
+from tasks.errors import UserError
+
+if TYPE_CHECKING:
+    from tasks.config import TrackConfig
+    from tasks.summary import PipelineRecord
+
+PARAM = {"track": "param"}  # metadata of a result field that says how the run was set up
+_BATCH = 900  # MLflow takes at most 1000 metrics in one call
 
 
-class TrackingError(RuntimeError):
+class TrackingError(UserError, RuntimeError):
     """The tracking server cannot be reached or refused what was logged."""
 
 
-def tracking_uri() -> str:
-    """`MLFLOW_TRACKING_URI`, or the embedded SQLite store under `mlflow/`."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{STORE_DIR.resolve()}/mlflow.db"
+def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
+    """(metrics, params, tags) of a result dataclass, each keyed `prefix + field name`.
 
-
-def artifact_root() -> str:
-    return (STORE_DIR / "artifacts").resolve().as_uri()
-
-
-def check_reachable(uri: str | None = None, attempts: int = 3, backoff_s: float = 1.0) -> None:
-    """Fails fast, after a few retries, when a remote tracking server does not answer.
-
-    Raises:
-        TrackingError: naming the URI and how to fix it.
+    Numbers are metrics, strings and flags tags, fields whose metadata is `PARAM` params.
+    None, lists and mappings are left out; a nested dataclass adds its own fields.
     """
-    uri = uri or tracking_uri()
-    if not uri.startswith(("http://", "https://")):
-        return
-    import requests
-
-    for attempt in range(attempts):
-        try:
-            requests.get(uri.rstrip("/") + "/health", timeout=5).raise_for_status()
-            return
-        except requests.RequestException as exc:
-            error = exc
-            time.sleep(backoff_s * 2**attempt)
-    raise TrackingError(
-        f"MLflow tracking server {uri} is unreachable after {attempts} attempts ({error}). "
-        f"Start it, or unset MLFLOW_TRACKING_URI to use the embedded store under mlflow/."
-    )
-
-
-def _client():
-    return _client_for(tracking_uri())
+    metrics: dict[str, float] = {}
+    params: dict[str, str] = {}
+    tags: dict[str, str] = {}
+    for field in dataclasses.fields(result):
+        value, key = getattr(result, field.name), prefix + field.name
+        if dataclasses.is_dataclass(value):
+            nested = fields_by_type(value, f"{key}_")
+            for into, part in zip((metrics, params, tags), nested, strict=True):
+                into.update(part)
+        elif value is None or isinstance(value, list | tuple | dict):
+            continue
+        elif field.metadata.get("track") == "param":
+            params[key] = str(value)
+        elif isinstance(value, bool | str):
+            tags[key] = str(value)
+        elif isinstance(value, int | float):
+            metrics[key] = float(value)
+    return metrics, params, tags
 
 
-@functools.lru_cache(maxsize=4)
-def _client_for(uri: str):
-    from mlflow import MlflowClient
+class Tracker:
+    """The tracking store, its client, and the monitors of the runs this tracker opened."""
 
-    if uri.startswith("sqlite:///"):
-        STORE_DIR.mkdir(exist_ok=True)
-    check_reachable(uri)
-    client = MlflowClient(uri)
-    if client.get_experiment_by_name(EXPERIMENT) is None:
-        local = uri.startswith("sqlite:///")
-        client.create_experiment(EXPERIMENT, artifact_location=artifact_root() if local else None)
-    return client
-
-
-def start_parent_run(name: str, tags: dict[str, str]) -> str:
-    """Opens the parent run (with system metrics sampled until it ends); returns its id."""
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    client = _client()
-    experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
-    run = client.create_run(experiment, run_name=name, tags=tags)
-    monitor = SystemMetricsMonitor(
-        run.info.run_id, sampling_interval=2, tracking_uri=tracking_uri()
-    )
-    monitor.start()
-    _monitors[run.info.run_id] = monitor
-    return run.info.run_id
-
-
-def log_child(
-    parent_id: str,
-    name: str,
-    params: dict,
-    history: list[dict],
-    tags: dict,
-    artifacts: list[Path] = (),
-    model_path: str | None = None,
-) -> str:
-    """A child run with its params, per-epoch metrics (one batch call) and artifacts."""
-    from mlflow.entities import Metric, Param
-
-    client = _client()
-    parent = client.get_run(parent_id)
-    run = client.create_run(
-        parent.info.experiment_id, run_name=name, tags={"mlflow.parentRunId": parent_id, **tags}
-    )
-    now = int(time.time() * 1000)
-    metrics = [
-        Metric(key, float(h[key]), now, int(h["epoch"]))
-        for h in history
-        for key in ("loss", "accuracy", "examples_per_s", "seconds")
-    ]
-    params_list = [Param(k, str(v)) for k, v in params.items()]
-    for start in range(0, max(len(metrics), 1), 900):
-        client.log_batch(
-            run.info.run_id,
-            metrics=metrics[start : start + 900],
-            params=params_list if start == 0 else [],
+    def __init__(
+        self, store_dir: str | Path = "mlflow", experiment: str = "tfscale", uri: str = ""
+    ):
+        self.store_dir = Path(store_dir)
+        self.experiment = experiment
+        self.uri = (
+            uri
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or f"sqlite:///{self.store_dir.resolve()}/mlflow.db"
         )
-    for path in artifacts:
-        client.log_artifact(run.info.run_id, str(path))
-    if model_path:
-        _log_model(run.info.run_id, model_path)
-    client.set_terminated(run.info.run_id)
-    return run.info.run_id
+        self._client: Any = None
+        self._monitors: dict[str, Any] = {}
 
+    @classmethod
+    def for_config(cls, track: TrackConfig) -> Tracker:
+        return cls(track.store_dir, track.experiment)
 
-def finish_parent_run(
-    parent_id: str,
-    metrics: dict[str, float],
-    artifacts: list[Path] = (),
-    tags: dict[str, str] | None = None,
-    params: dict | None = None,
-    status: str = "FINISHED",
-) -> None:
-    """Logs the summary on the parent run, stops its system metrics and closes it."""
-    from mlflow.entities import Metric, Param, RunTag
+    def __getstate__(self) -> dict:  # the store, not the connection (Prefect hashes inputs)
+        return {"store_dir": self.store_dir, "experiment": self.experiment, "uri": self.uri}
 
-    client = _client()
-    now = int(time.time() * 1000)
-    client.log_batch(
-        parent_id,
-        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None],
-        params=[Param(k, str(v)) for k, v in (params or {}).items()],
-        tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
-    )
-    for path in artifacts:
-        client.log_artifact(parent_id, str(path))
-    monitor = _monitors.pop(parent_id, None)
-    if monitor is not None:
-        monitor.finish()
-    client.set_terminated(parent_id, status=status)
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    @property
+    def local(self) -> bool:
+        return self.uri.startswith("sqlite:///")
+
+    @property
+    def artifact_root(self) -> str:
+        return (self.store_dir / "artifacts").resolve().as_uri()
+
+    def check_reachable(self, timeout_s: float = 7.0) -> None:
+        """Fails fast, after retrying for `timeout_s`, when a remote server does not answer.
+
+        Raises:
+            TrackingError: naming the URI and how to fix it.
+        """
+        if not self.uri.startswith(("http://", "https://")):
+            return
+        from tasks.network import wait_healthy
+
+        problem = wait_healthy(self.uri.rstrip("/") + "/health", timeout_s, interval_s=1.0)
+        if problem is not None:
+            raise TrackingError(
+                f"MLflow tracking server {self.uri} is unreachable ({problem})",
+                "start it, or unset MLFLOW_TRACKING_URI to use the embedded store under "
+                f"{self.store_dir}/.",
+            )
+
+    @property
+    def client(self) -> Any:
+        """The MlflowClient, made once, with the experiment created if it is new."""
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            if self.local:
+                self.store_dir.mkdir(parents=True, exist_ok=True)
+            self.check_reachable()
+            client = MlflowClient(self.uri)
+            if client.get_experiment_by_name(self.experiment) is None:
+                root = self.artifact_root if self.local else None
+                client.create_experiment(self.experiment, artifact_location=root)
+            self._client = client
+        return self._client
+
+    def start_run(
+        self,
+        name: str,
+        tags: dict[str, str],
+        parent_id: str | None = None,
+        system_metrics: bool = False,
+    ) -> str:
+        """Opens a run (a child of `parent_id` if given); returns its id."""
+        experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
+        if parent_id:
+            tags = {"mlflow.parentRunId": parent_id, **tags}
+        run_id = self.client.create_run(experiment, run_name=name, tags=tags).info.run_id
+        if system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=self.uri)
+            monitor.start()
+            self._monitors[run_id] = monitor
+        return run_id
+
+    def log(
+        self,
+        run_id: str,
+        metrics: dict[str, float] | None = None,
+        params: dict[str, Any] | None = None,
+        tags: dict[str, Any] | None = None,
+        step: int = 0,
+    ) -> None:
+        """Metrics, params and tags in as few calls as MLflow allows."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in (metrics or {}).items()]
+        self._log_batch(
+            run_id,
+            items,
+            [Param(k, str(v)) for k, v in (params or {}).items()],
+            [RunTag(k, str(v)) for k, v in (tags or {}).items()],
+        )
+
+    def log_result(self, run_id: str, result: Any, prefix: str = "") -> None:
+        """Every field of a result dataclass, by its type (`fields_by_type`)."""
+        metrics, params, tags = fields_by_type(result, prefix)
+        self.log(run_id, metrics, params, tags)
+
+    def log_history(self, run_id: str, history: list[dict[str, float]]) -> None:
+        """Per-epoch figures as metric steps, one batched call per 900 points."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [
+            Metric(key, float(value), now, int(epoch["epoch"]))
+            for epoch in history
+            for key, value in epoch.items()
+            if key != "epoch"
+        ]
+        self._log_batch(run_id, points, [], [])
+
+    def log_artifacts(self, run_id: str, paths: list[Path]) -> None:
+        for path in paths:
+            self.client.log_artifact(run_id, str(path))
+
+    def log_model(self, run_id: str, model_path: str) -> None:
+        """The Keras model as an MLflow logged model of `run_id`, with pinned requirements
+        (given rather than inferred: MLflow's inference reloads the model, about 10 s)."""
+        import mlflow.keras
+
+        from tasks.models import load_trained_model
+
+        experiment = self.client.get_run(run_id).info.experiment_id
+        logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
+        with tempfile.TemporaryDirectory(prefix="tfscale-model-") as tmp:
+            local = Path(tmp) / "model"
+            mlflow.keras.save_model(
+                load_trained_model(model_path), str(local), pip_requirements=_model_requirements()
+            )
+            self.client.log_model_artifacts(logged.model_id, str(local))
+        self.client.finalize_logged_model(logged.model_id, "READY")
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        """Stops the run's system metrics (if any) and closes it."""
+        monitor = self._monitors.pop(run_id, None)
+        if monitor is not None:
+            monitor.finish()
+        self.client.set_terminated(run_id, status=status)
+
+    def log_pipeline(self, parent_id: str, record: PipelineRecord) -> None:
+        """Logs a whole pipeline run: both children, then the summary on the parent."""
+        context = record.context
+        tags = pipeline_tags(context)
+        common = _pipeline_params(context)
+        for name in ("baseline", "distributed"):
+            result = getattr(record, name)
+            child = self.start_run(name, tags, parent_id=parent_id)
+            self.log_result(child, result)
+            self.log(child, params=common)
+            self.log_history(child, result.history)
+            self.log_artifacts(child, [record.files[f"{name}_metrics"]])
+            if name == "distributed":
+                self.log_model(child, result.model_path)
+            self.finish(child)
+        _, distributed_params, _ = fields_by_type(record.distributed)
+        self.log_result(parent_id, record.summary)
+        self.log_result(parent_id, record.diagnosis, prefix="diagnosis_")
+        self.log(parent_id, params={**common, **distributed_params})
+        artifacts = [
+            write_json_artifact("hardware.json", context["hardware"]),
+            write_json_artifact("manifest.json", context["manifest"]),
+            write_json_artifact("summary.json", record.summary.to_dict()),
+            *(record.files[k] for k in ("speedup_chart", "confusion_matrix", "evaluation")),
+            record.files["diagnosis"],
+        ]
+        self.log_artifacts(parent_id, artifacts)
+        self.finish(parent_id)
+
+    def log_sweep(
+        self, parent_id: str, rows: list[dict], results: list[dict], files: dict[str, Path]
+    ) -> None:
+        """A child run per cell (params, per-epoch metrics, speedup), then the table and
+        charts on the parent."""
+        for row, result in zip(rows, results, strict=True):
+            name = f"cell-{row['size']}-b{row['batch']}-r{row['replicas']}"
+            child = self.start_run(name, {"bottleneck": row["bottleneck"]}, parent_id=parent_id)
+            settings = ("size", "batch", "scaling", "precision", "replicas", "strategy")
+            figures = ("examples_per_s", "speedup", "efficiency")
+            self.log(
+                child,
+                metrics={k: row[k] for k in figures},
+                params={k: row[k] for k in settings},
+            )
+            self.log_history(child, result["history"])
+            self.finish(child)
+        self.log(parent_id, metrics={"cells": len(rows)})
+        self.log_artifacts(
+            parent_id, [files[k] for k in ("table", "json", "speedup", "efficiency")]
+        )
+        self.finish(parent_id)
+
+    def _log_batch(self, run_id: str, metrics: list, params: list, tags: list) -> None:
+        for start in range(0, max(len(metrics), 1), _BATCH):
+            first = start == 0
+            self.client.log_batch(
+                run_id,
+                metrics=metrics[start : start + _BATCH],
+                params=params if first else [],
+                tags=tags if first else [],
+            )
 
 
 def write_json_artifact(name: str, value: Any) -> Path:
@@ -171,157 +295,33 @@ def git_commit() -> str:
         return "unknown"
 
 
+def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
+    """Hardware fingerprint, the strategy decision and its reason, git commit, manifest hash."""
+    return {
+        "hardware_fingerprint": context["hardware_fingerprint"],
+        "strategy": context["choice"]["kind"],
+        "strategy_reason": context["choice"]["reason"],
+        "precision": context["choice"]["precision"],
+        "git_commit": git_commit(),
+        "manifest_hash": context["manifest_digest"],
+    }
+
+
+def _pipeline_params(context: dict[str, Any]) -> dict[str, Any]:
+    """What both runs of a pipeline share: the data and the training config."""
+    train, manifest = context["config"]["train"], context["manifest"]
+    return {
+        "dataset": manifest["dataset"],
+        "shards": len(manifest["shards"]),
+        "model": train["model"],
+        "scaling": train["scaling"],
+        "epochs": train["epochs"],
+        "base_learning_rate": train["learning_rate"],
+    }
+
+
 def _model_requirements() -> list[str]:
-    """What loading the model needs, pinned to what trained it. Given rather than inferred:
-    MLflow's inference reloads the model in a subprocess, about 10 s per run."""
+    """What loading the model needs, pinned to what trained it."""
     from importlib.metadata import version
 
     return [f"{name}=={version(name)}" for name in ("tensorflow", "keras", "mlflow")]
-
-
-def _log_model(run_id: str, model_path: str) -> None:
-    import keras
-
-    import mlflow
-    from tasks.steps import WarmupSchedule
-
-    model = keras.models.load_model(
-        model_path, compile=False, custom_objects={"WarmupSchedule": WarmupSchedule}
-    )
-    previous = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(tracking_uri())  # the fluent API below needs it; it sets the env
-    try:
-        with mlflow.start_run(run_id=run_id):
-            mlflow.keras.log_model(model, name="model", pip_requirements=_model_requirements())
-    finally:
-        if previous is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = previous
-
-
-def pipeline_tags(record: dict[str, Any]) -> dict[str, str]:
-    """Hardware fingerprint, the strategy decision and its reason, git commit, manifest hash."""
-    return {
-        "hardware_fingerprint": record["hardware_fingerprint"],
-        "strategy": record["choice"]["kind"],
-        "strategy_reason": record["choice"]["reason"],
-        "precision": record["choice"]["precision"],
-        "git_commit": git_commit(),
-        "manifest_hash": record["manifest_digest"],
-    }
-
-
-def log_pipeline(parent_id: str, record: dict[str, Any], files: dict[str, Path]) -> None:
-    """Logs a whole pipeline run: both children, then the summary on the parent.
-
-    Args:
-        parent_id: from `start_parent_run`.
-        record: `config`, `hardware`, `choice`, `manifest`, `baseline`, `distributed`,
-            `evaluation` and `summary`, each a JSON-ready dict.
-        files: `speedup_chart`, `confusion_matrix`, `evaluation`, `baseline_metrics`,
-            `distributed_metrics` paths on disk.
-    """
-    config, manifest = record["config"], record["manifest"]
-    tags = pipeline_tags(record)
-    common = {
-        "dataset": manifest["dataset"],
-        "shards": len(manifest["shards"]),
-        "model": config["train"]["model"],
-        "scaling": config["train"]["scaling"],
-        "epochs": config["train"]["epochs"],
-        "base_learning_rate": config["train"]["learning_rate"],
-    }
-    params = {}
-    for name in ("baseline", "distributed"):
-        result = record[name]
-        params = dict(
-            common,
-            **{
-                k: result[k]
-                for k in (
-                    "strategy",
-                    "replicas",
-                    "workers",
-                    "precision",
-                    "per_replica_batch",
-                    "global_batch",
-                    "learning_rate",
-                    "grad_accum_steps",
-                )
-            },
-        )
-        log_child(
-            parent_id,
-            name,
-            params,
-            result["history"],
-            tags,
-            artifacts=[files[f"{name}_metrics"]],
-            model_path=result["model_path"] if name == "distributed" else None,
-        )
-    summary = record["summary"]
-    metrics = {
-        k: summary[k]
-        for k in (
-            "speedup",
-            "scaling_efficiency",
-            "test_accuracy",
-            "test_loss",
-            "baseline_examples_per_s",
-            "distributed_examples_per_s",
-        )
-    }
-    diagnosis = record["diagnosis"]
-    for key in (
-        "input_examples_per_s",
-        "compute_examples_per_s",
-        "end_to_end_examples_per_s",
-        "compute_1_replica_examples_per_s",
-        "step_seconds",
-    ):
-        metrics[f"diagnosis_{key}"] = diagnosis[key]
-    tags["bottleneck"] = diagnosis["bottleneck"]
-    metrics["time_to_accuracy_s_baseline"] = summary["baseline_time_to_accuracy_s"]
-    metrics["time_to_accuracy_s_distributed"] = summary["distributed_time_to_accuracy_s"]
-    artifacts = [
-        write_json_artifact("hardware.json", record["hardware"]),
-        write_json_artifact("manifest.json", manifest),
-        write_json_artifact("summary.json", summary),
-        files["speedup_chart"],
-        files["confusion_matrix"],
-        files["evaluation"],
-        files["diagnosis"],
-    ]
-    finish_parent_run(parent_id, metrics, artifacts, tags, params)
-
-
-def log_sweep(parent_id: str, rows: list[dict], results: list[dict], files: dict[str, Path]):
-    """A child run per cell (params, per-epoch metrics, speedup), then the table and charts."""
-    from mlflow.entities import Metric
-
-    client = _client()
-    for row, result in zip(rows, results, strict=True):
-        params = {
-            k: row[k] for k in ("size", "batch", "scaling", "precision", "replicas", "strategy")
-        }
-        child = log_child(
-            parent_id,
-            f"cell-{row['size']}-b{row['batch']}-r{row['replicas']}",
-            params,
-            result["history"],
-            {"bottleneck": row["bottleneck"]},
-        )
-        now = int(time.time() * 1000)
-        client.log_batch(
-            child,
-            metrics=[
-                Metric(k, float(row[k]), now, 0)
-                for k in ("examples_per_s", "speedup", "efficiency")
-            ],
-        )
-    finish_parent_run(
-        parent_id,
-        {"cells": len(rows)},
-        [files[k] for k in ("table", "json", "speedup", "efficiency")],
-    )

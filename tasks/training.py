@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,15 @@ import tensorflow as tf
 
 from tasks.config import TrainConfig
 from tasks.distribute import build_strategy
+from tasks.errors import UsageError
+from tasks.files import write_json_atomic
 from tasks.inputs import build_dataset
 from tasks.manifest import Manifest
 from tasks.models import build_model
-from tasks.steps import make_ps_step, make_step, make_warmup_schedule
+from tasks.process import use_precision
+from tasks.steps import make_warmup_schedule
 from tasks.strategy import StrategyChoice
+from tasks.tracking import PARAM
 
 
 @dataclass(frozen=True)
@@ -34,16 +39,16 @@ class TrainResult:
 
     run_dir: str
     model_path: str
-    strategy: str
+    strategy: str = field(metadata=PARAM)
     reason: str
-    replicas: int
-    workers: int
-    precision: str
-    per_replica_batch: int
-    global_batch: int
-    grad_accum_steps: int
-    learning_rate: float
-    steps_per_epoch: int
+    replicas: int = field(metadata=PARAM)
+    workers: int = field(metadata=PARAM)
+    precision: str = field(metadata=PARAM)
+    per_replica_batch: int = field(metadata=PARAM)
+    global_batch: int = field(metadata=PARAM)
+    grad_accum_steps: int = field(metadata=PARAM)
+    learning_rate: float = field(metadata=PARAM)
+    steps_per_epoch: int = field(metadata=PARAM)
     history: list[dict[str, float]] = field(default_factory=list)
     examples_per_s: float = 0.0
     train_seconds: float = 0.0
@@ -71,63 +76,88 @@ def train_model(
     resolver: Any = None,
     is_chief: bool = True,
 ) -> TrainResult:
-    """Trains `cfg.model` on the manifest's train split under the chosen strategy."""
-    setup = build_training(cfg, manifest, choice, resolver)
-    strategy, model, optimizer = setup.strategy, setup.model, setup.optimizer
-    per_replica, global_batch, k = setup.per_replica, setup.global_batch, setup.accum_steps
-    step_examples, steps, lr = setup.step_examples, setup.steps, setup.learning_rate
-    with strategy.scope():
+    """Trains `cfg.model` on the manifest's train split under the chosen strategy, resuming
+    from the run directory's last checkpoint."""
+    setup = set_up_training(cfg, manifest, choice, resolver)
+    with setup.strategy.scope():
         epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
-    manager = _checkpoint_manager(checkpoint, run_dir, strategy, is_chief)
+        checkpoint = tf.train.Checkpoint(
+            model=setup.model, optimizer=setup.optimizer, epoch=epoch_var
+        )
+    manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, is_chief)
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
     start_epoch = int(epoch_var.numpy())
     history = _read_history(run_dir)[:start_epoch]
-
-    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        pipelines = ctx.num_input_pipelines if ctx else 1
-        return build_dataset(
-            manifest,
-            data_dir,
-            "train",
-            per_replica * k,
-            training=True,
-            num_pipelines=pipelines,
-            pipeline_id=ctx.input_pipeline_id if ctx else 0,
-            seed=cfg.seed,
-            cache=cfg.cache,
-            shuffle_buffer=cfg.shuffle_buffer,
-        ).repeat()
-
-    make = make_ps_step if choice.kind == "parameter_server" else make_step
-    run_epoch = make(strategy, model, optimizer, dataset_fn, k, step_examples)
+    dataset_fn = train_dataset_fn(cfg, manifest, data_dir, setup.per_replica * setup.accum_steps)
+    run_epoch = setup.epoch_runner(choice, dataset_fn)
     for epoch in range(start_epoch, cfg.epochs):
-        started = time.perf_counter()
-        loss, correct = run_epoch(steps)
-        seconds = time.perf_counter() - started
-        examples = steps * step_examples
-        history.append(
-            {
-                "epoch": epoch + 1,
-                "loss": loss / steps,
-                "accuracy": correct / examples,
-                "seconds": seconds,
-                "examples": examples,
-                "examples_per_s": examples / seconds,
-            }
-        )
+        history.append(_timed_epoch(run_epoch, epoch + 1, setup.steps, setup.step_examples))
         epoch_var.assign(epoch + 1)
         manager.save()
         if is_chief:
             _write_json(run_dir / "history.json", history)
-    timed = history[1:] or history
-    rate = sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed)
     model_path = run_dir / "model.keras"
     if is_chief:
-        model.save(model_path)
+        setup.model.save(model_path)
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
+    return _result(setup, choice, run_dir, model_path, history, start_epoch)
+
+
+def train_dataset_fn(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    batch: int,
+    transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
+) -> Callable[[tf.distribute.InputContext | None], tf.data.Dataset]:
+    """The training input for each input pipeline (the strategy says which one it is),
+    repeated; `transform` (a probe's slowed pipeline) applies before the repeat."""
+
+    def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+        dataset = build_dataset(
+            manifest,
+            data_dir,
+            "train",
+            batch,
+            training=True,
+            num_pipelines=ctx.num_input_pipelines if ctx else 1,
+            pipeline_id=ctx.input_pipeline_id if ctx else 0,
+            seed=cfg.seed,
+            cache=cfg.cache,
+            shuffle_buffer=cfg.shuffle_buffer,
+        )
+        return (transform(dataset) if transform else dataset).repeat()
+
+    return dataset_fn
+
+
+def _timed_epoch(run_epoch, epoch: int, steps: int, step_examples: int) -> dict[str, float]:
+    started = time.perf_counter()
+    loss, correct = run_epoch(steps)
+    seconds = time.perf_counter() - started
+    examples = steps * step_examples
+    return {
+        "epoch": epoch,
+        "loss": loss / steps,
+        "accuracy": correct / examples,
+        "seconds": seconds,
+        "examples": examples,
+        "examples_per_s": examples / seconds,
+    }
+
+
+def _result(
+    setup: TrainingSetup,
+    choice: StrategyChoice,
+    run_dir: Path,
+    model_path: Path,
+    history: list[dict[str, float]],
+    start_epoch: int,
+) -> TrainResult:
+    """The run's figures; throughput leaves out the first epoch (tracing) when there are more."""
+    timed = history[1:] or history
     return TrainResult(
         run_dir=str(run_dir),
         model_path=str(model_path),
@@ -136,16 +166,16 @@ def train_model(
         replicas=choice.replicas,
         workers=choice.workers,
         precision=choice.precision,
-        per_replica_batch=per_replica,
-        global_batch=global_batch,
-        grad_accum_steps=k,
-        learning_rate=lr,
-        steps_per_epoch=steps,
+        per_replica_batch=setup.per_replica,
+        global_batch=setup.global_batch,
+        grad_accum_steps=setup.accum_steps,
+        learning_rate=setup.learning_rate,
+        steps_per_epoch=setup.steps,
         history=history,
-        examples_per_s=rate,
+        examples_per_s=sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed),
         train_seconds=sum(h["seconds"] for h in history),
         resumed_from_epoch=start_epoch,
-        weights_digest=weights_digest(model),
+        weights_digest=weights_digest(setup.model),
     )
 
 
@@ -171,24 +201,36 @@ class TrainingSetup:
     steps: int
     learning_rate: float
 
+    def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
+        """The strategy kind's epoch runner over `dataset_fn`: `run(steps)` -> (loss, correct)."""
+        return choice.spec.epoch_runner(
+            self.strategy,
+            self.model,
+            self.optimizer,
+            dataset_fn,
+            self.accum_steps,
+            self.step_examples,
+        )
 
-def build_training(
+
+def set_up_training(
     cfg: TrainConfig, manifest: Manifest, choice: StrategyChoice, resolver: Any = None
 ) -> TrainingSetup:
-    """Builds the strategy, a seeded model and its optimizer under the strategy's scope.
+    """Sets the run's precision policy, then builds the strategy, a seeded model and its
+    optimizer under the strategy's scope.
 
     The learning rate grows linearly with the effective global batch, reached after
     `cfg.warmup_epochs` of warm-up; under mixed_float16 the optimizer scales the loss.
     """
+    use_precision(choice.precision)
     strategy = build_strategy(choice, resolver)
     per_replica, global_batch = batch_sizes(cfg, choice.replicas)
     k = cfg.grad_accum_steps
     effective = global_batch * k
-    ps = choice.kind == "parameter_server"
-    step_examples = per_replica * k if ps else effective  # PS: one worker's batch per step
+    step_examples = choice.spec.step_examples(per_replica, global_batch, k)
     steps = manifest.splits["train"] // step_examples
     if steps < 1:
-        raise ValueError(
+        raise UsageError(
             f"train split has {manifest.splits['train']} examples, fewer than one global batch "
             f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
         )
@@ -221,6 +263,4 @@ def _read_history(run_dir: Path) -> list[dict[str, float]]:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    tmp.replace(path)
+    write_json_atomic(path, value)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
+import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tasks.config import load_config
+from tasks.process import set_up_process
 
-import pytest  # noqa: E402
-
-from tasks.config import load_config  # noqa: E402
+set_up_process()  # the test session is a process entry too
 
 
 @pytest.fixture
@@ -26,9 +25,10 @@ def make_config(tmp_path):
 @pytest.fixture(scope="session", autouse=True)
 def two_logical_cpus():
     """Mirrored tests need 2 logical CPU devices, configured before TensorFlow starts."""
-    from tasks.strategy import ensure_logical_cpus
+    from tasks.process import set_up_devices, split_cpu
 
-    return ensure_logical_cpus(2)
+    set_up_devices(2)
+    return split_cpu(2)
 
 
 @pytest.fixture(scope="session")

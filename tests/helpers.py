@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import sys
-import time
 from pathlib import Path
 
-import requests
 import yaml
+
+from tasks.network import free_ports, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -22,9 +21,7 @@ TINY = {
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def tiny_params(tmp: Path, **extra) -> Path:
@@ -47,11 +44,5 @@ def tiny_params(tmp: Path, **extra) -> Path:
 
 def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
     """Polls `<url>/health` until the server answers, for at most `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            requests.get(f"{url}/health", timeout=2).raise_for_status()
-            return
-        except requests.RequestException:
-            time.sleep(0.5)
-    raise AssertionError(f"{url}/health did not answer within {timeout_s:.0f} s")
+    problem = wait_healthy(f"{url}/health", timeout_s, interval_s=0.5)
+    assert problem is None, f"{url}/health did not answer within {timeout_s:.0f} s: {problem}"

@@ -59,3 +59,56 @@ def test_cli_flag_type_error_exits_nonzero(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["--params", str(tmp_path / "none.yaml"), "prepare", "--num-shards", "two"])
     assert info.value.code == 2
+
+
+def test_an_error_the_user_caused_is_one_line_with_the_fix_and_its_exit_code(
+    digits, tmp_path, capsys
+):
+    """A batch larger than the data: exit 2, the message and the fix, no traceback; with
+    --debug, the traceback."""
+    overrides, _, _ = digits
+    args = [
+        "train",
+        "--data-dir",
+        overrides["prepare.data_dir"],
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--strategy",
+        "one_device",
+        "--precision",
+        "float32",
+        "--batch-size-per-replica",
+        "100000",
+    ]
+    params = str(tmp_path / "none.yaml")
+    assert main(["--params", params, *args]) == 2
+    err = capsys.readouterr().err
+    assert "error: train split has 1437 examples" in err
+    assert "lower --batch-size-per-replica" in err and "Traceback" not in err
+    from tasks.errors import UsageError
+
+    with pytest.raises(UsageError):
+        main(["--debug", "--params", params, *args])
+
+
+def test_an_unknown_strategy_lists_the_known_ones(tmp_path, capsys):
+    assert main(["--params", str(tmp_path / "none.yaml"), "hardware", "--strategy", "ring"]) == 2
+    err = capsys.readouterr().err
+    assert "train.strategy" in err and "'ring'" in err
+    assert "multi_worker" in err and "parameter_server" in err
+
+
+def test_every_error_a_user_can_cause_is_a_user_error():
+    from flows.errors import ServerUnavailable
+    from tasks.datasets import DatasetError
+    from tasks.errors import MissingInput, UsageError, UserError
+    from tasks.launch import WorkerError
+    from tasks.manifest import ShardError
+    from tasks.strategy_kinds import UnknownStrategy
+    from tasks.tracking import TrackingError
+
+    for error in (DatasetError, ShardError, WorkerError, TrackingError, ServerUnavailable):
+        assert issubclass(error, UserError) and error.exit_code == 1
+    for error in (ConfigError, UnknownStrategy):
+        assert issubclass(error, UsageError) and error.exit_code == 2
+    assert issubclass(MissingInput, UserError) and issubclass(MissingInput, FileNotFoundError)

@@ -8,9 +8,8 @@ import pytest
 import tensorflow as tf
 
 from tasks.config import load_config
-from tasks.diagnosis import classify
+from tasks.diagnosis import classify, diagnose_run
 from tasks.preparation import prepare_dataset
-from tasks.probes import diagnose_run
 from tasks.strategy import StrategyChoice
 
 ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")

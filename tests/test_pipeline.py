@@ -15,7 +15,6 @@ import pytest
 import requests
 from helpers import free_port, tiny_params, wait_until_healthy
 
-from tasks import tracking
 from tasks.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,36 +37,30 @@ def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = T
 
 @pytest.fixture(scope="module")
 def flow_run(tmp_path_factory):
-    """One real flow run (and a second, to see the baseline cached) into a temporary store."""
+    """One real flow run (and a second, to see the baseline cached) into a temporary store,
+    named in the config: nothing is patched."""
     from flows.pipeline import pipeline
 
     tmp = tmp_path_factory.mktemp("flow")
     store = tmp / "mlflow"
-    old_store = tracking.STORE_DIR
-    tracking.STORE_DIR = store
-    tracking._client_for.cache_clear()
-    try:
-        config = load_config(tiny_params(tmp))
-        first = pipeline(config)
-        baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
-        stamp = baseline_metrics.stat().st_mtime_ns
-        second = pipeline(config)
-        reused = baseline_metrics.stat().st_mtime_ns == stamp
-        # cached results whose files are gone: the shards and the baseline's run directory
-        shutil.rmtree(tmp / "tfrecords")
-        shutil.rmtree(baseline_metrics.parent)
-        third = pipeline(config)
-        yield {
-            "tmp": tmp,
-            "store": store,
-            "summaries": (first, second, third),
-            "baseline_reused": reused,
-            "baseline_retrained": baseline_metrics.exists(),
-            "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
-        }
-    finally:
-        tracking.STORE_DIR = old_store
-        tracking._client_for.cache_clear()
+    config = load_config(tiny_params(tmp), {"track.store_dir": str(store)})
+    first = pipeline(config)
+    baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
+    stamp = baseline_metrics.stat().st_mtime_ns
+    second = pipeline(config)
+    reused = baseline_metrics.stat().st_mtime_ns == stamp
+    # cached results whose files are gone: the shards and the baseline's run directory
+    shutil.rmtree(tmp / "tfrecords")
+    shutil.rmtree(baseline_metrics.parent)
+    third = pipeline(config)
+    return {
+        "tmp": tmp,
+        "store": store,
+        "summaries": (first, second, third),
+        "baseline_reused": reused,
+        "baseline_retrained": baseline_metrics.exists(),
+        "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
+    }
 
 
 def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):

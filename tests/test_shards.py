@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from tasks.datasets import open_source
 from tasks.inputs import build_dataset
 from tasks.manifest import ShardError, verify_shards
-from tasks.preparation import dataset_dir, prepare_dataset
+from tasks.preparation import dataset_dir, open_source, prepare_dataset
 
 
 def read_split(manifest, data_dir, split, **kw):

@@ -173,3 +173,54 @@ def test_tpu_training_setup_with_tpu_resolver_faked(monkeypatch):
 
         keras.mixed_precision.set_global_policy("float32")
     assert calls == [("connect", resolver), ("initialize", resolver)]
+
+
+def test_every_kind_is_one_row_of_the_table_and_an_unknown_one_lists_them():
+    from tasks.strategy_kinds import KINDS, UnknownStrategy, kind_of
+
+    assert set(KINDS) == {"one_device", "mirrored", "multi_worker", "parameter_server", "tpu"}
+    with pytest.raises(UnknownStrategy) as error:
+        kind_of("horovod")
+    assert "'horovod'" in str(error.value)
+    assert all(name in str(error.value) for name in KINDS)
+
+
+def test_a_new_in_process_kind_needs_only_its_row(monkeypatch):
+    """Selection, replica count, communication, placement and building all come from the
+    row: no other module names the strategy."""
+    import dataclasses
+
+    from tasks import strategy_kinds
+    from tasks.distribute import build_strategy
+    from tasks.strategy import StrategyChoice
+
+    built = []
+    row = dataclasses.replace(
+        strategy_kinds.KINDS["mirrored"],
+        name="central_storage",
+        count_replicas=lambda replicas, gpus, workers: 3,
+        build=lambda choice, resolver: built.append(choice) or "a strategy",
+    )
+    monkeypatch.setitem(strategy_kinds.KINDS, "central_storage", row)
+    choice = StrategyChoice("central_storage", 3, 1, "float32", "test")
+    assert choice.spec is row and choice.spec.runs_here and choice.logical_cpus == 3
+    assert choice.spec.communication("gpu") == "nccl"
+    assert build_strategy(choice) == "a strategy" and built == [choice]
+
+
+@pytest.mark.parametrize(
+    ("kind", "runs_here", "step_examples"),
+    [
+        ("one_device", True, 64),
+        ("mirrored", True, 64),
+        ("tpu", True, 64),
+        ("multi_worker", False, 64),
+        ("parameter_server", False, 16),  # one worker's batch per step
+    ],
+)
+def test_where_each_kind_runs_and_what_a_step_consumes(kind, runs_here, step_examples):
+    from tasks.strategy_kinds import kind_of
+
+    spec = kind_of(kind)
+    assert spec.runs_here == runs_here
+    assert spec.step_examples(per_replica=8, global_batch=32, accum_steps=2) == step_examples

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 
-from tasks import tracking
 from tasks.config import load_config
 from tasks.sweep import Cell, plan_cells, tabulate
 
@@ -44,9 +43,6 @@ def swept(tmp_path_factory):
     from flows.sweep import sweep_flow
 
     tmp = tmp_path_factory.mktemp("sweep")
-    old_store = tracking.STORE_DIR
-    tracking.STORE_DIR = tmp / "mlflow"
-    tracking._client_for.cache_clear()
     config = load_config(
         None,
         {
@@ -58,34 +54,31 @@ def swept(tmp_path_factory):
             "sweep.epochs": 2,
             "sweep.precision": ["float32"],
             "sweep.out_dir": str(tmp / "out"),
+            "track.store_dir": str(tmp / "mlflow"),
         },
     )
-    try:
-        first = sweep_flow(config)
-        stamps = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
-        second = sweep_flow(config)
-        reused = stamps == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
-        # a cell whose run directory is gone is trained again; the others are still reused
-        gone = sorted(stamps)[0]
-        shutil.rmtree(gone.parent)
-        sweep_flow(config)
-        after_delete = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
-        # another checkout (its own runs directory) never reuses this one's cells
-        other = dataclasses.replace(
-            config, train=dataclasses.replace(config.train, runs_dir=str(tmp / "other" / "runs"))
-        )
-        sweep_flow(other)
-        yield {
-            "tmp": tmp,
-            "rows": (first, second),
-            "reused": reused,
-            "deleted": gone,
-            "stamps": stamps,
-            "after_delete": after_delete,
-        }
-    finally:
-        tracking.STORE_DIR = old_store
-        tracking._client_for.cache_clear()
+    first = sweep_flow(config)
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+    second = sweep_flow(config)
+    reused = stamps == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+    # a cell whose run directory is gone is trained again; the others are still reused
+    gone = sorted(stamps)[0]
+    shutil.rmtree(gone.parent)
+    sweep_flow(config)
+    after_delete = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+    # another checkout (its own runs directory) never reuses this one's cells
+    other = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, runs_dir=str(tmp / "other" / "runs"))
+    )
+    sweep_flow(other)
+    return {
+        "tmp": tmp,
+        "rows": (first, second),
+        "reused": reused,
+        "deleted": gone,
+        "stamps": stamps,
+        "after_delete": after_delete,
+    }
 
 
 def test_every_cell_has_a_child_run_with_metrics(swept):

@@ -84,13 +84,9 @@ def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tm
         result = train_model(config.train, one_step, data_dir, choice, tmp_path / f"r{accum}")
         assert result.steps_per_epoch == 1
         assert result.learning_rate == pytest.approx(0.002)
-        import keras
+        from tasks.models import load_trained_model
 
-        model = keras.models.load_model(
-            result.model_path,
-            compile=False,
-            custom_objects={"WarmupSchedule": __import__("tasks.steps").steps.WarmupSchedule},
-        )
+        model = load_trained_model(result.model_path)
         weights.append([w.numpy() for w in model.weights])
     for a, b in zip(*weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)

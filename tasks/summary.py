@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.diagnosis import Diagnosis, format_diagnosis
+from tasks.diagnosis import Diagnosis
+from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
 from tasks.training import TrainResult
 
@@ -23,8 +24,8 @@ class ScalingSummary:
     distributed_examples_per_s: float
     speedup: float
     scaling_efficiency: float
-    baseline_time_to_accuracy_s: float | None
-    distributed_time_to_accuracy_s: float | None
+    time_to_accuracy_s_baseline: float | None
+    time_to_accuracy_s_distributed: float | None
     target_accuracy: float
     test_accuracy: float
     test_loss: float
@@ -72,8 +73,8 @@ def compare_runs(
         distributed_examples_per_s=distributed.examples_per_s,
         speedup=speedup,
         scaling_efficiency=speedup / distributed.replicas,
-        baseline_time_to_accuracy_s=time_to_accuracy(baseline, target_accuracy),
-        distributed_time_to_accuracy_s=time_to_accuracy(distributed, target_accuracy),
+        time_to_accuracy_s_baseline=time_to_accuracy(baseline, target_accuracy),
+        time_to_accuracy_s_distributed=time_to_accuracy(distributed, target_accuracy),
         target_accuracy=target_accuracy,
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
@@ -88,11 +89,11 @@ def load_exported(export_dir: Path) -> TrainResult:
     """The training result `tfscale train --export-dir` wrote into `export_dir`.
 
     Raises:
-        FileNotFoundError: no `train_metrics.json` there, naming the command that writes it.
+        MissingInput: no `train_metrics.json` there, naming the command that writes it.
     """
     path = export_dir / "train_metrics.json"
     if not path.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
             "(add --baseline for the single-device baseline) first."
         )
@@ -131,10 +132,9 @@ def plot_speedup(
     summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult, path: Path
 ) -> Path:
     """Throughput bars with the ideal (linear) line, and per-epoch throughput curves."""
-    import matplotlib
+    from tasks.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
     names = ["baseline\n(1 device)", f"{summary.strategy}\n({summary.replicas} replicas)"]
@@ -177,8 +177,8 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
         (
             f"time to {summary.target_accuracy:.0%} accuracy",
-            f"baseline {seconds(summary.baseline_time_to_accuracy_s)}, "
-            f"distributed {seconds(summary.distributed_time_to_accuracy_s)}",
+            f"baseline {seconds(summary.time_to_accuracy_s_baseline)}, "
+            f"distributed {seconds(summary.time_to_accuracy_s_distributed)}",
         ),
         ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
@@ -203,8 +203,21 @@ def pipeline_record(config: Any, report: Any, choice: Any, manifest: Any) -> dic
     }
 
 
+@dataclass(frozen=True)
+class PipelineRecord:
+    """What one pipeline run was about and what it produced: what tracking logs."""
+
+    context: dict  # config, hardware, choice, manifest and their digests (pipeline_record)
+    baseline: TrainResult
+    distributed: TrainResult
+    evaluation: EvalResult
+    diagnosis: Diagnosis
+    summary: ScalingSummary
+    files: dict[str, Path]
+
+
 def summarize_pipeline(
-    record: dict,
+    context: dict,
     baseline: TrainResult,
     distributed: TrainResult,
     evaluation: EvalResult,
@@ -212,15 +225,13 @@ def summarize_pipeline(
     scaling: str,
     target_accuracy: float,
     class_names: list[str],
-) -> tuple[ScalingSummary, dict, dict[str, Path]]:
-    """Compares the runs, writes the chart and evaluation beside the distributed model, and
-    returns (summary, the full record, the files to log)."""
+) -> PipelineRecord:
+    """Compares the runs and writes the chart, evaluation, diagnosis and summary beside the
+    distributed model."""
     from tasks.evaluation import write_evaluation
 
     summary = compare_runs(baseline, distributed, evaluation, diagnosis, scaling, target_accuracy)
     out_dir = Path(distributed.run_dir)
-    (out_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
-    (out_dir / "diagnosis.json").write_text(json.dumps(diagnosis.to_dict(), indent=2))
     files = {
         "evaluation": write_evaluation(evaluation, out_dir, class_names),
         "confusion_matrix": out_dir / "confusion_matrix.png",
@@ -229,13 +240,5 @@ def summarize_pipeline(
         "distributed_metrics": out_dir / "metrics.json",
         "diagnosis": out_dir / "diagnosis.txt",
     }
-    record = dict(
-        record,
-        baseline=baseline.to_dict(),
-        distributed=distributed.to_dict(),
-        evaluation=evaluation.to_dict(),
-        summary=summary.to_dict(),
-        diagnosis=diagnosis.to_dict(),
-    )
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    return summary, record, files
+    return PipelineRecord(context, baseline, distributed, evaluation, diagnosis, summary, files)

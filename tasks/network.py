@@ -1,0 +1,37 @@
+"""Free localhost ports and waiting for a server's health check: one way each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """`n` distinct free localhost ports (portpicker remembers what it handed out)."""
+    import portpicker
+
+    return [portpicker.pick_unused_port() for _ in range(n)]
+
+
+def wait_healthy(
+    url: str,
+    timeout_s: float,
+    interval_s: float = 0.2,
+    alive: Callable[[], bool] = lambda: True,
+) -> str | None:
+    """Polls `url` until it answers with a 2xx status: None then, else why not (the last
+    error, a timeout, or the server's process ending: `alive()` false)."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    problem = f"no answer in {timeout_s:.0f} s"
+    while time.monotonic() < deadline:
+        if not alive():
+            return "its process ended"
+        try:
+            requests.get(url, timeout=min(5.0, timeout_s)).raise_for_status()
+            return None
+        except requests.RequestException as exc:
+            problem = str(exc)
+        time.sleep(interval_s)
+    return problem

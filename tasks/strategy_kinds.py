@@ -1,0 +1,183 @@
+"""Every tf.distribute strategy tfscale knows, as one table of values.
+
+A `StrategyKind` says what the rest of the code needs to know about a strategy: where it
+runs, how its replicas are counted, how it communicates, how it is built, the epoch
+runner that drives it and how many examples one step consumes. Code elsewhere asks the
+kind (`kind_of(choice.kind).runs_here`), never compares a strategy's name with a string.
+Adding a strategy is one row here and its builder beside it.
+
+The builders import TensorFlow when called, and the epoch runners (in `tasks/steps.py`) are
+imported when first called, so that choosing a strategy (`tfscale hardware`, the config)
+stays free of TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.errors import UsageError
+
+COLLECTIVE_TIMEOUT_S = 300  # a lost worker fails the collective instead of hanging
+
+HERE = "this process"
+LOCAL_WORKERS = "local worker processes"
+COORDINATOR = "a coordinator over a parameter-server cluster"
+
+
+def _later(module: str, name: str) -> Callable[..., Any]:
+    """`module.name`, imported on the first call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"{module}.{name}"
+    return call
+
+
+@dataclass(frozen=True)
+class StrategyKind:
+    """One strategy and everything that differs between strategies."""
+
+    name: str
+    runs: str  # HERE, LOCAL_WORKERS or COORDINATOR (when no cluster describes the tasks)
+    count_replicas: Callable[[int, int, int], int]  # (requested replicas, gpus, workers)
+    build: Callable[..., Any]  # (choice, resolver) -> tf.distribute.Strategy
+    # (strategy, model, optimizer, dataset_fn, accumulation steps, examples per step)
+    epoch_runner: Callable[..., Any] = _later("tasks.steps", "make_epoch_runner")
+    takes_workers: bool = False  # its worker count comes from --workers or the cluster
+    all_reduce: bool = False  # replicas all-reduce gradients (NCCL on GPUs)
+    cross_process: bool = False  # its collectives cross processes (RING on CPUs)
+    one_worker_per_step: bool = False  # a step consumes one worker's batch, not the global one
+    in_sweep: bool = False  # a sweep can scale it over replica counts
+    devices: str | None = None  # the device type it always runs on (None: GPUs, else CPUs)
+
+    @property
+    def runs_here(self) -> bool:
+        return self.runs == HERE
+
+    def communication(self, devices: str) -> str:
+        if devices == "gpu" and self.all_reduce:
+            return "nccl"
+        return "ring" if self.cross_process else "auto"
+
+    def step_examples(self, per_replica: int, global_batch: int, accum_steps: int) -> int:
+        """Examples one training step consumes."""
+        return (per_replica if self.one_worker_per_step else global_batch) * accum_steps
+
+
+# How each strategy is built: (choice, cluster resolver or None) -> tf.distribute.Strategy.
+
+
+def build_one_device(choice: Any, resolver: Any = None) -> Any:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+
+
+def build_mirrored(choice: Any, resolver: Any = None) -> Any:
+    import tensorflow as tf
+
+    from tasks.distribute import mirrored_on_gpus
+    from tasks.process import logical_cpus
+
+    if tf.config.list_physical_devices("GPU"):
+        return mirrored_on_gpus()
+    # Reduction to one device: collective all-reduce (the CPU default) keys its
+    # instances per process, so a second strategy in the same process can collide.
+    return tf.distribute.MirroredStrategy(
+        devices=logical_cpus(choice.replicas),
+        cross_device_ops=tf.distribute.ReductionToOneDevice(),
+    )
+
+
+def build_multi_worker(choice: Any, resolver: Any = None) -> Any:
+    import tensorflow as tf
+
+    implementation = (
+        tf.distribute.experimental.CommunicationImplementation.NCCL
+        if choice.communication == "nccl"
+        else tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation, timeout_seconds=COLLECTIVE_TIMEOUT_S
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def build_parameter_server(choice: Any, resolver: Any = None) -> Any:
+    import tensorflow as tf
+
+    resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.ParameterServerStrategy(resolver)
+
+
+def build_tpu(choice: Any, resolver: Any = None) -> Any:
+    import tensorflow as tf
+
+    resolver = resolver or tf.distribute.cluster_resolver.TPUClusterResolver()
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+KINDS: dict[str, StrategyKind] = {
+    kind.name: kind
+    for kind in (
+        StrategyKind("one_device", HERE, lambda replicas, gpus, workers: 1, build_one_device),
+        StrategyKind(
+            "mirrored",
+            HERE,
+            lambda replicas, gpus, workers: gpus if gpus > 1 else replicas,
+            build_mirrored,
+            all_reduce=True,
+            in_sweep=True,
+        ),
+        StrategyKind(
+            "multi_worker",
+            LOCAL_WORKERS,
+            lambda replicas, gpus, workers: workers * max(gpus, 1),
+            build_multi_worker,
+            takes_workers=True,
+            all_reduce=True,
+            cross_process=True,
+            in_sweep=True,
+        ),
+        StrategyKind(
+            "parameter_server",
+            COORDINATOR,
+            lambda replicas, gpus, workers: workers,
+            build_parameter_server,
+            epoch_runner=_later("tasks.steps", "make_ps_epoch_runner"),
+            takes_workers=True,
+            one_worker_per_step=True,
+        ),
+        StrategyKind(
+            "tpu", HERE, lambda replicas, gpus, workers: replicas, build_tpu, devices="tpu"
+        ),
+    )
+}
+BASELINE = KINDS["one_device"]  # what every speedup divides by
+
+
+class UnknownStrategy(UsageError, ValueError):
+    """A strategy name that is not in the table."""
+
+
+def kind_of(name: str) -> StrategyKind:
+    """The kind called `name`.
+
+    Raises:
+        UnknownStrategy: listing the known kinds.
+    """
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnknownStrategy(f"unknown strategy {name!r}; known: {', '.join(KINDS)}") from None
+
+
+def sweep_kinds() -> tuple[str, ...]:
+    return tuple(name for name, kind in KINDS.items() if kind.in_sweep)

@@ -1,0 +1,69 @@
+"""The typed tracking boundary: result fields logged by their type into a real SQLite
+store that the test hands the tracker (nothing patched, no environment changed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from tasks.tracking import PARAM, Tracker, fields_by_type
+from tasks.training import TrainResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A result with one field of each kind, as a new result type would have."""
+
+    batch: int = dataclasses.field(default=64, metadata=PARAM)
+    rate: float = 1234.5
+    steps: int = 7
+    bottleneck: str = "compute-bound"
+    resumed: bool = False
+    history: list = dataclasses.field(default_factory=lambda: [{"epoch": 1}])
+    missing: float | None = None
+
+
+def test_fields_are_sorted_by_type_and_marked_params():
+    metrics, params, tags = fields_by_type(Probe(), prefix="probe_")
+    assert metrics == {"probe_rate": 1234.5, "probe_steps": 7.0}
+    assert params == {"probe_batch": "64"}
+    assert tags == {"probe_bottleneck": "compute-bound", "probe_resumed": "False"}
+
+
+def test_a_field_added_to_a_training_result_is_logged_without_touching_tracking():
+    Extended = dataclasses.make_dataclass(
+        "Extended",
+        [("peak_memory_mb", float, dataclasses.field(default=512.0))],
+        bases=(TrainResult,),
+        frozen=True,
+    )
+    result = Extended(
+        "runs/x", "runs/x/model.keras", "mirrored", "why", 2, 1, "float32", 32, 64, 1, 0.002, 10
+    )
+    metrics, params, tags = fields_by_type(result)
+    assert metrics["peak_memory_mb"] == 512.0
+    assert params["replicas"] == "2" and params["strategy"] == "mirrored"
+    assert "history" not in metrics and tags["run_dir"] == "runs/x"
+
+
+def test_a_tracker_logs_a_result_into_the_store_it_was_given(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    environment = dict(os.environ)
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    parent = tracker.start_run("parent", {"kind": "test"})
+    child = tracker.start_run("child", {}, parent_id=parent)
+    tracker.log_result(child, Probe())
+    tracker.log_history(child, [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": 0.25}])
+    tracker.finish(child)
+    tracker.finish(parent)
+    assert dict(os.environ) == environment
+    assert (tmp_path / "store" / "mlflow.db").exists()
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracker.uri).get_run(child)
+    assert run.data.metrics["rate"] == 1234.5 and run.data.params["batch"] == "64"
+    assert run.data.tags["bottleneck"] == "compute-bound"
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    history = MlflowClient(tracker.uri).get_metric_history(child, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
