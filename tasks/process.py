@@ -5,9 +5,11 @@ telemetry switch (read when they are imported), log levels, GPU memory growth an
 CPU devices (fixed once TensorFlow starts), and Keras's global dtype policy. Each is set
 here and nowhere else:
 
-- `set_up_process()` once at each process entry (the `tfscale` command, a worker process,
-  a deployment's flow run, the test session), before TensorFlow or Prefect is imported;
-- `set_up_devices(choice)` once the strategy is chosen, before TensorFlow starts;
+- `set_up_process()` once at each process entry (the `tfscale` command, a deployment's
+  flow run, the test session), before TensorFlow or Prefect is imported; worker
+  processes inherit its environment from the command that launches them;
+- `set_up_devices(choice.logical_cpus)` once the strategy is chosen, before TensorFlow
+  starts;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells).
 """

@@ -25,10 +25,10 @@ def make_config(tmp_path):
 @pytest.fixture(scope="session", autouse=True)
 def two_logical_cpus():
     """Mirrored tests need 2 logical CPU devices, configured before TensorFlow starts."""
-    from tasks.process import set_up_devices, split_cpu
+    from tasks.process import logical_cpus, set_up_devices
 
     set_up_devices(2)
-    return split_cpu(2)
+    return logical_cpus(2)
 
 
 @pytest.fixture(scope="session")
