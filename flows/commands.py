@@ -100,7 +100,6 @@ def train(config: Config, args: argparse.Namespace) -> int:
 
 
 def evaluate(config: Config, args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     from tasks.errors import MissingInput
@@ -125,17 +124,17 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     if args.baseline:
         from tasks.summary import compare_exported
 
-        scaling = compare_exported(
+        model_dir = Path(model_path).parent
+        summary = compare_exported(
             Path(args.baseline),
-            Path(model_path).parent,
+            model_dir,
             result,
             config.train.scaling,
             config.evaluate.target_accuracy,
         )
-        summary = json.loads(scaling.read_text())
         print(
-            f"speedup {summary['speedup']:.2f}x over the single-device baseline, scaling "
-            f"efficiency {summary['scaling_efficiency']:.2f}; written to {scaling}"
+            f"speedup {summary.speedup:.2f}x over the single-device baseline, scaling "
+            f"efficiency {summary.scaling_efficiency:.2f}; written to {model_dir / 'scaling.json'}"
         )
     return 0
 

@@ -28,12 +28,13 @@ def check_prefect_server() -> str:
     if not url:
         raise ServerUnavailable(
             "tfscale serve needs a running Prefect server: schedules never fire on the temporary "
-            f"server Prefect starts when PREFECT_API_URL is unset; {fix}."
+            "server Prefect starts when PREFECT_API_URL is unset",
+            f"{fix}.",
         )
     with get_client(sync_client=True) as client:
         problem = client.api_healthcheck()
     if problem is not None:
-        raise ServerUnavailable(f"Prefect server {url} is unreachable ({problem}); {fix}.")
+        raise ServerUnavailable(f"Prefect server {url} is unreachable ({problem})", f"{fix}.")
     return url
 
 

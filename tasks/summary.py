@@ -11,6 +11,7 @@ from typing import Any
 from tasks.diagnosis import Diagnosis
 from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
+from tasks.files import write_json_atomic
 from tasks.training import TrainResult
 
 
@@ -108,9 +109,9 @@ def compare_exported(
     evaluation: EvalResult,
     scaling: str,
     target_accuracy: float,
-) -> Path:
-    """The pipeline's comparison for exported runs (the DVC stages): `scaling.json` beside
-    the distributed model, with the speedup, scaling efficiency and test accuracy."""
+) -> ScalingSummary:
+    """The pipeline's comparison for exported runs (the DVC stages), also written as
+    `scaling.json` beside the distributed model."""
     diagnosis_path = model_dir / "diagnosis.json"
     diagnosis = (
         Diagnosis(**json.loads(diagnosis_path.read_text())) if diagnosis_path.exists() else None
@@ -123,9 +124,8 @@ def compare_exported(
         scaling,
         target_accuracy,
     )
-    path = model_dir / "scaling.json"
-    path.write_text(json.dumps(summary.to_dict(), indent=2))
-    return path
+    write_json_atomic(model_dir / "scaling.json", summary.to_dict())
+    return summary
 
 
 def plot_speedup(
