@@ -62,6 +62,11 @@ TRAIN_FLAGS = {
     "--warmup-epochs": ("train.warmup_epochs", int, "epochs of linear learning-rate warm-up"),
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
     "--runs-dir": ("train.runs_dir", str, "where runs are written (runs)"),
+    "--collective-timeout": (
+        "cluster.collective_timeout_s",
+        float,
+        "seconds a collective waits on a lost worker or cut link before the job fails (60)",
+    ),
 }
 SWEEP_FLAGS = {
     "--data-dir": DATASET_FLAGS["--data-dir"],

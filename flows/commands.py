@@ -57,6 +57,7 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 def train(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tasks.cluster import EVALUATOR, SERVER, role_of
     from tasks.diagnosis import format_diagnosis
     from tasks.hardware import detect_hardware
     from tasks.manifest import verify_shards
@@ -71,7 +72,19 @@ def train(config: Config, args: argparse.Namespace) -> int:
     choice = select_strategy(report, config.train)
     if args.baseline:
         choice = baseline_choice(choice)
+    role = role_of(report.cluster, choice.spec)
+    if role == SERVER:
+        from tasks.cluster import serve
+
+        serve(report.cluster, config.cluster.chief_wait_s)
+        return 0
     set_up_devices(choice.logical_cpus)
+    if role == EVALUATOR:
+        from tasks.runs import evaluate_as_sidecar
+
+        print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
+        evaluate_as_sidecar(config, manifest, str(data_dir), choice)
+        return 0
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
         f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",

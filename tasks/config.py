@@ -115,6 +115,14 @@ class TrackConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """How the tasks of a cluster (TF_CONFIG, Slurm, --workers) wait on each other."""
+
+    collective_timeout_s: float = _spec(60.0, lo=1.0, hi=86_400.0)
+    chief_wait_s: float = _spec(600.0, lo=1.0, hi=86_400.0)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole of `params.yaml`."""
 
@@ -123,6 +131,7 @@ class Config:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     track: TrackConfig = field(default_factory=TrackConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def min_shards(self) -> int:

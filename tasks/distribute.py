@@ -12,15 +12,18 @@ from tasks.strategy import StrategyChoice
 log = logging.getLogger(__name__)
 
 
-def build_strategy(choice: StrategyChoice, resolver: Any = None) -> tf.distribute.Strategy:
+def build_strategy(
+    choice: StrategyChoice, resolver: Any = None, collective_timeout_s: float = 60.0
+) -> tf.distribute.Strategy:
     """The strategy object over the devices `tasks.process` set up.
 
     Args:
         choice: what `select_strategy` decided.
         resolver: a cluster resolver for `parameter_server` or `tpu` (default: from the
             environment: `TF_CONFIG`, or the TPU resolver).
+        collective_timeout_s: how long a cross-process collective waits on a lost peer.
     """
-    return choice.spec.build(choice, resolver)
+    return choice.spec.build(choice, resolver, collective_timeout_s)
 
 
 def mirrored_on_gpus() -> tf.distribute.Strategy:

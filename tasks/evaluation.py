@@ -6,6 +6,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,14 +31,28 @@ class EvalResult:
 def evaluate_model(
     model_path: str, manifest: Manifest, data_dir: str, batch_size: int, split: str = "test"
 ) -> EvalResult:
-    """Runs the model once over every example of `split`, in one process."""
-    import keras
-    import tensorflow as tf
-
+    """Runs the saved model once over every example of `split`, in one process."""
     from tasks.models import load_trained_model
 
     started = time.perf_counter()
     model = load_trained_model(model_path)
+    return evaluate_keras_model(model, manifest, data_dir, batch_size, split, model_path, started)
+
+
+def evaluate_keras_model(
+    model: Any,
+    manifest: Manifest,
+    data_dir: str,
+    batch_size: int,
+    split: str = "test",
+    model_path: str = "",
+    started: float | None = None,
+) -> EvalResult:
+    """Runs a Keras model once over every example of `split`, in one process."""
+    import keras
+    import tensorflow as tf
+
+    started = time.perf_counter() if started is None else started
     n = manifest.num_classes
     confusion = np.zeros((n, n), dtype=np.int64)
     loss_sum = 0.0

@@ -35,6 +35,27 @@ class ClusterInfo:
     def num_workers(self) -> int:
         return len(self.workers) + len(self.chief)
 
+    @property
+    def spec(self) -> dict[str, list[str]]:
+        """The cluster spec as TensorFlow takes it (jobs with no tasks left out)."""
+        jobs = {"chief": self.chief, "worker": self.workers, "ps": self.ps}
+        return {job: list(tasks) for job, tasks in jobs.items() if tasks}
+
+    @property
+    def is_chief(self) -> bool:
+        """The task that writes outputs: the chief, or worker 0 when there is none."""
+        if self.chief:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def task_name(self) -> str:
+        return f"{self.task_type}:{self.task_index}"
+
+    def address_of(self, job: str, index: int) -> str:
+        tasks = self.spec.get(job, [])
+        return tasks[index] if 0 <= index < len(tasks) else "address unknown"
+
 
 @dataclass(frozen=True)
 class HardwareReport:

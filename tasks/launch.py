@@ -1,7 +1,8 @@
 """Local multi-worker training: N worker processes on this host with `TF_CONFIG`.
 
 Worker 0 is the chief and alone writes outputs. The parent waits; if any worker
-dies, the rest are stopped at once and the error names the worker and its log.
+dies, the rest are stopped at once and the error names the worker and its log. On a host
+with GPUs each worker sees its own share of them (`CUDA_VISIBLE_DEVICES`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import UserError
+from tasks.cluster import EXIT_PREEMPTED
+from tasks.errors import UsageError, UserError
 from tasks.network import free_ports
 
 POLL_S = 0.5
@@ -45,9 +47,12 @@ def launch_workers(
     spec_path = run_dir / "worker-spec.json"
     spec_path.write_text(json.dumps(spec))
     ports = free_ports(workers)
+    shares = gpu_shares(workers)
     procs, logs = [], []
     for index in range(workers):
         env = dict(os.environ, TF_CONFIG=tf_config(ports, index), TF_CPP_MIN_LOG_LEVEL="2")
+        if shares:
+            env["CUDA_VISIBLE_DEVICES"] = shares[index]
         if pin_cores:
             env["TFSCALE_PIN_CORE"] = str(index % (os.cpu_count() or 1))
         log_path = run_dir / f"worker-{index}.log"
@@ -64,26 +69,50 @@ def launch_workers(
     _wait(procs, logs, timeout_s)
 
 
+def gpu_shares(workers: int) -> list[str]:
+    """Each worker's `CUDA_VISIBLE_DEVICES`: the visible GPUs split evenly (none: [])."""
+    import tensorflow as tf
+
+    count = len(tf.config.list_physical_devices("GPU"))
+    if not count:
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(count)]
+    per_worker = len(ids) // workers
+    if per_worker < 1:
+        raise UsageError(
+            f"{workers} workers for {len(ids)} GPUs: each worker needs a GPU of its own",
+            f"use --workers {len(ids)} or fewer.",
+        )
+    return [",".join(ids[i * per_worker : (i + 1) * per_worker]) for i in range(workers)]
+
+
+def _exit_error(index: int, code: int, log: Path) -> WorkerError:
+    if code == EXIT_PREEMPTED:
+        return WorkerError(
+            f"worker {index} was preempted (exit {code}) and saved a checkpoint at its "
+            f"current step",
+            "run the same command again: it resumes from that step.",
+        )
+    return WorkerError(
+        f"worker {index} exited with code {code}; the other workers were stopped. "
+        f"Its log ({log}) ends:\n{_tail(log)}"
+    )
+
+
 def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
             for index, proc in enumerate(procs):
                 if proc.poll() not in (None, 0):
-                    raise WorkerError(
-                        f"worker {index} exited with code {proc.returncode}; the other workers "
-                        f"were stopped. Its log ({logs[index]}) ends:\n{_tail(logs[index])}"
-                    )
+                    raise _exit_error(index, proc.returncode, logs[index])
             if time.monotonic() > deadline:
                 raise WorkerError(f"workers still running after {timeout_s:.0f} s; stopped them.")
             time.sleep(POLL_S)
         failed = [i for i, p in enumerate(procs) if p.returncode != 0]
         if failed:
-            i = failed[0]
-            raise WorkerError(
-                f"worker {i} exited with code {procs[i].returncode}; "
-                f"its log ({logs[i]}) ends:\n{_tail(logs[i])}"
-            )
+            raise _exit_error(failed[0], procs[failed[0]].returncode, logs[failed[0]])
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -20,7 +20,7 @@ from tasks.files import atomic_path, write_json_atomic
 from tasks.hardware import HardwareReport
 from tasks.manifest import Manifest
 from tasks.strategy import StrategyChoice
-from tasks.strategy_kinds import COORDINATOR, HERE, LOCAL_WORKERS
+from tasks.strategy_kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.training import TrainResult, train_model
 
 
@@ -48,26 +48,83 @@ def run_training(
     choice: StrategyChoice,
     report: HardwareReport,
 ) -> TrainResult:
-    """Trains where the choice says: in this process, N local workers, or a local PS cluster."""
+    """Trains where the choice says: in this process, N local workers, a local PS cluster,
+    or, when a cluster manager described a cluster, as this task's role in it (chief or
+    training worker; `tasks.cluster`)."""
     run_dir = run_dir_for(config, manifest, choice)
-    if (run_dir / "metrics.json").exists():  # completed before: train afresh
+    cluster = report.cluster
+    chief = cluster is None or cluster.is_chief
+    if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    runs = choice.spec.runs if report.cluster is None else HERE  # a cluster: this task's part
-    if runs == LOCAL_WORKERS:
+    if cluster is not None:
+        result = _train_as_task(config, manifest, data_dir, choice, run_dir, report)
+        if not chief:
+            return result
+    elif choice.spec.runs == LOCAL_WORKERS:
         result = _train_local_workers(config, data_dir, choice, run_dir)
-    elif runs == COORDINATOR:
+    elif choice.spec.runs == COORDINATOR:
         from tasks.ps_cluster import in_process_cluster
 
         with in_process_cluster(choice.workers) as resolver:
             result = train_model(config.train, manifest, data_dir, choice, run_dir, resolver)
     else:
-        chief = report.cluster is None or _is_chief(report)
-        result = train_model(config.train, manifest, data_dir, choice, run_dir, is_chief=chief)
-        if not chief:
-            return result
+        result = train_model(config.train, manifest, data_dir, choice, run_dir)
     write_metrics(result, manifest, report)
     return result
+
+
+def _train_as_task(
+    config: Config,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    run_dir: Path,
+    report: HardwareReport,
+) -> TrainResult:
+    """This task's part of a cluster's training: preemptible, and a lost peer is named."""
+    from tasks.cluster import lost_task
+
+    try:
+        return train_model(
+            config.train,
+            manifest,
+            data_dir,
+            choice,
+            run_dir,
+            is_chief=report.cluster.is_chief,
+            preemptible=True,
+            collective_timeout_s=config.cluster.collective_timeout_s,
+        )
+    except Exception as exc:
+        lost = lost_task(exc, report.cluster, f"it resumes from the last checkpoint in {run_dir}")
+        if lost is None:
+            raise
+        raise lost from exc
+
+
+def evaluate_as_sidecar(
+    config: Config, manifest: Manifest, data_dir: str, choice: StrategyChoice
+) -> list[dict[str, float]]:
+    """The evaluator task: each new checkpoint of the chief's run, evaluated on the test
+    split as it appears (`evaluator.json` in the run directory)."""
+    from tasks.cluster import evaluate_checkpoints
+    from tasks.evaluation import evaluate_keras_model
+    from tasks.models import build_model
+    from tasks.process import use_precision
+
+    use_precision(choice.precision)
+
+    def evaluate(model) -> dict[str, float]:
+        result = evaluate_keras_model(model, manifest, data_dir, config.evaluate.batch_size)
+        return {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy}
+
+    return evaluate_checkpoints(
+        lambda: build_model(config.train.model, manifest.shape, manifest.num_classes),
+        evaluate,
+        run_dir_for(config, manifest, choice),
+        config.cluster.chief_wait_s,
+    )
 
 
 def train_and_diagnose(
@@ -82,7 +139,7 @@ def train_and_diagnose(
     written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` 0 skips the
     diagnosis, and so does a task of a cluster that is not its chief."""
     result = run_training(config, manifest, data_dir, choice, report)
-    if not probe_steps or (report.cluster is not None and not _is_chief(report)):
+    if not probe_steps or (report.cluster is not None and not report.cluster.is_chief):
         return result, None
     diagnosis = diagnose_run(
         config.train,
@@ -141,13 +198,6 @@ def _train_local_workers(
     }
     launch_workers(spec, choice.workers, run_dir)
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
-
-
-def _is_chief(report: HardwareReport) -> bool:
-    cluster = report.cluster
-    if cluster.chief:
-        return cluster.task_type == "chief"
-    return cluster.task_type == "worker" and cluster.task_index == 0
 
 
 def export_run(result: TrainResult, export_dir: Path) -> None:

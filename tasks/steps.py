@@ -10,7 +10,11 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-EpochRunner = Callable[[int], tuple[float, float]]
+EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (loss, correct)
+
+
+def _nothing(steps: int) -> None:
+    """The default `after_steps` hook: told after steps complete, does nothing."""
 SUM = tf.distribute.ReduceOp.SUM
 
 
@@ -78,8 +82,11 @@ def make_epoch_runner(
         )
         return strategy.reduce(SUM, loss, axis=None), strategy.reduce(SUM, correct, axis=None)
 
-    def run_epoch(steps: int) -> tuple[float, float]:
-        results = [train_step(iterator) for _ in range(steps)]
+    def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:
+        results = []
+        for _ in range(steps):
+            results.append(train_step(iterator))
+            after_steps(1)
         return float(tf.add_n([r[0] for r in results])), float(tf.add_n([r[1] for r in results]))
 
     return run_epoch
@@ -100,9 +107,10 @@ def make_ps_epoch_runner(
             replica_step, args=(model, optimizer, images, labels, accum_steps, worker_batch)
         )
 
-    def run_epoch(steps: int) -> tuple[float, float]:
+    def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:
         results = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
         coordinator.join()
+        after_steps(steps)
         fetched = [r.fetch() for r in results]
         return float(sum(f[0] for f in fetched)), float(sum(f[1] for f in fetched))
 

@@ -20,8 +20,6 @@ from typing import Any
 
 from tasks.errors import UsageError
 
-COLLECTIVE_TIMEOUT_S = 300  # a lost worker fails the collective instead of hanging
-
 HERE = "this process"
 LOCAL_WORKERS = "local worker processes"
 COORDINATOR = "a coordinator over a parameter-server cluster"
@@ -44,13 +42,26 @@ class StrategyKind:
     name: str
     runs: str  # HERE, LOCAL_WORKERS or COORDINATOR (when no cluster describes the tasks)
     count_replicas: Callable[[int, int, int], int]  # (requested replicas, gpus, workers)
-    build: Callable[..., Any]  # (choice, resolver) -> tf.distribute.Strategy
+    build: Callable[..., Any]  # (choice, resolver, collective timeout s) -> tf.distribute.Strategy
     # (strategy, model, optimizer, dataset_fn, accumulation steps, examples per step)
     epoch_runner: Callable[..., Any] = _later("tasks.steps", "make_epoch_runner")
     takes_workers: bool = False  # its worker count comes from --workers or the cluster
     all_reduce: bool = False  # replicas all-reduce gradients (NCCL on GPUs)
     cross_process: bool = False  # its collectives cross processes (RING on CPUs)
     one_worker_per_step: bool = False  # a step consumes one worker's batch, not the global one
+    tasks_serve: bool = False  # in a cluster its ps and worker tasks serve; the chief trains
+
+    def replicas_of(self, strategy: Any) -> tuple[int, int]:
+        """(replicas, workers) of a built strategy: the only source of the global batch, the
+        loss divisor, steps per epoch and every examples/s figure."""
+        resolver = getattr(strategy, "cluster_resolver", None)
+        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+        workers = max(len(spec.get("worker", [])) + len(spec.get("chief", [])), 1)
+        in_sync = strategy.num_replicas_in_sync
+        if self.one_worker_per_step:  # each worker steps on its own: concurrency is workers
+            workers = max(len(spec.get("worker", [])), 1)
+            return in_sync * workers, workers
+        return in_sync, workers
     in_sweep: bool = False  # a sweep can scale it over replica counts
     devices: str | None = None  # the device type it always runs on (None: GPUs, else CPUs)
 
@@ -68,17 +79,18 @@ class StrategyKind:
         return (per_replica if self.one_worker_per_step else global_batch) * accum_steps
 
 
-# How each strategy is built: (choice, cluster resolver or None) -> tf.distribute.Strategy.
+# How each strategy is built: (choice, cluster resolver or None, collective timeout in seconds)
+# -> tf.distribute.Strategy.
 
 
-def build_one_device(choice: Any, resolver: Any = None) -> Any:
+def build_one_device(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
 
 
-def build_mirrored(choice: Any, resolver: Any = None) -> Any:
+def build_mirrored(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
     from tasks.distribute import mirrored_on_gpus
@@ -94,7 +106,8 @@ def build_mirrored(choice: Any, resolver: Any = None) -> Any:
     )
 
 
-def build_multi_worker(choice: Any, resolver: Any = None) -> Any:
+def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
+    """Collectives over RING (NCCL on GPUs) that fail after `timeout_s` on a lost peer."""
     import tensorflow as tf
 
     implementation = (
@@ -103,19 +116,19 @@ def build_multi_worker(choice: Any, resolver: Any = None) -> Any:
         else tf.distribute.experimental.CommunicationImplementation.RING
     )
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=COLLECTIVE_TIMEOUT_S
+        implementation=implementation, timeout_seconds=timeout_s
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
-def build_parameter_server(choice: Any, resolver: Any = None) -> Any:
+def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
     resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.ParameterServerStrategy(resolver)
 
 
-def build_tpu(choice: Any, resolver: Any = None) -> Any:
+def build_tpu(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
     resolver = resolver or tf.distribute.cluster_resolver.TPUClusterResolver()
@@ -154,6 +167,7 @@ KINDS: dict[str, StrategyKind] = {
             epoch_runner=_later("tasks.steps", "make_ps_epoch_runner"),
             takes_workers=True,
             one_worker_per_step=True,
+            tasks_serve=True,
         ),
         StrategyKind(
             "tpu", HERE, lambda replicas, gpus, workers: replicas, build_tpu, devices="tpu"

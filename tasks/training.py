@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+import logging
 
 import keras
 import tensorflow as tf
@@ -31,6 +32,8 @@ from tasks.process import use_precision
 from tasks.steps import make_warmup_schedule
 from tasks.strategy import StrategyChoice
 from tasks.tracking import PARAM
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class TrainResult:
     examples_per_s: float = 0.0
     train_seconds: float = 0.0
     resumed_from_epoch: int = 0
+    resumed_from_step: int = 0
     weights_digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,26 +79,38 @@ def train_model(
     run_dir: Path,
     resolver: Any = None,
     is_chief: bool = True,
+    preemptible: bool = False,
+    collective_timeout_s: float = 60.0,
 ) -> TrainResult:
     """Trains `cfg.model` on the manifest's train split under the chosen strategy, resuming
-    from the run directory's last checkpoint."""
-    setup = set_up_training(cfg, manifest, choice, resolver)
+    from the run directory's last checkpoint (mid-epoch when a preemption saved it there).
+
+    With `preemptible` (a worker process's main thread), SIGTERM saves a checkpoint at the
+    current step on every worker and exits with `EXIT_PREEMPTED` (TensorFlow's
+    `PreemptionCheckpointHandler`).
+    """
+    setup = set_up_training(cfg, manifest, choice, resolver, collective_timeout_s)
     with setup.strategy.scope():
-        epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+        step_var = tf.Variable(
+            0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
         checkpoint = tf.train.Checkpoint(
-            model=setup.model, optimizer=setup.optimizer, epoch=epoch_var
+            model=setup.model, optimizer=setup.optimizer, step=step_var
         )
     manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, is_chief)
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
-    start_epoch = int(epoch_var.numpy())
+    after_step = _preemption_hook(setup.strategy, manager, step_var) if preemptible else None
+    resumed_step = int(step_var.numpy())
+    start_epoch, done_in_epoch = divmod(resumed_step, setup.steps)
     history = _read_history(run_dir)[:start_epoch]
     dataset_fn = train_dataset_fn(cfg, manifest, data_dir, setup.per_replica * setup.accum_steps)
     run_epoch = setup.epoch_runner(choice, dataset_fn)
     for epoch in range(start_epoch, cfg.epochs):
-        history.append(_timed_epoch(run_epoch, epoch + 1, setup.steps, setup.step_examples))
-        epoch_var.assign(epoch + 1)
-        manager.save()
+        steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
+        counted = _counting(step_var, after_step)
+        history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, counted))
+        manager.save(checkpoint_number=int(step_var.numpy()))
         if is_chief:
             _write_json(run_dir / "history.json", history)
     model_path = run_dir / "model.keras"
@@ -102,7 +118,46 @@ def train_model(
         setup.model.save(model_path)
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
-    return _result(setup, choice, run_dir, model_path, history, start_epoch)
+    return _result(setup, choice, run_dir, model_path, history, resumed_step)
+
+
+def _counting(step_var: tf.Variable, after_step: Callable[[], None] | None) -> Callable:
+    """Told after steps complete: counts them in the checkpointed step, then runs the
+    preemption hook."""
+
+    def steps_done(n: int) -> None:
+        step_var.assign_add(n)
+        if after_step is not None:
+            after_step()
+
+    return steps_done
+
+
+def _preemption_hook(
+    strategy: Any, manager: Any, step_var: tf.Variable
+) -> Callable[[], None] | None:
+    """`save_checkpoint_if_preempted` of a `PreemptionCheckpointHandler` over the run's
+    checkpoints, for strategies whose workers agree on a step (not ParameterServer)."""
+    import sys
+    import threading
+
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if threading.current_thread() is not threading.main_thread():
+        return None  # signal handlers belong to the main thread
+    if resolver is not None and "ps" in resolver.cluster_spec().as_dict():
+        return None
+    from tasks.cluster import EXIT_PREEMPTED
+
+    def exit_preempted() -> None:
+        print(f"preempted: checkpoint saved in {manager.directory}; exiting {EXIT_PREEMPTED}")
+        sys.stdout.flush()
+        sys.exit(EXIT_PREEMPTED)
+
+    config = tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        resolver, manager, termination_config=config
+    )
+    return lambda: handler.save_checkpoint_if_preempted(checkpoint_number=int(step_var.numpy()))
 
 
 def train_dataset_fn(
@@ -133,9 +188,11 @@ def train_dataset_fn(
     return dataset_fn
 
 
-def _timed_epoch(run_epoch, epoch: int, steps: int, step_examples: int) -> dict[str, float]:
+def _timed_epoch(
+    run_epoch, epoch: int, steps: int, step_examples: int, after_steps: Callable[[int], None]
+) -> dict[str, float]:
     started = time.perf_counter()
-    loss, correct = run_epoch(steps)
+    loss, correct = run_epoch(steps, after_steps)
     seconds = time.perf_counter() - started
     examples = steps * step_examples
     return {
@@ -154,7 +211,7 @@ def _result(
     run_dir: Path,
     model_path: Path,
     history: list[dict[str, float]],
-    start_epoch: int,
+    resumed_step: int,
 ) -> TrainResult:
     """The run's figures; throughput leaves out the first epoch (tracing) when there are more."""
     timed = history[1:] or history
@@ -163,8 +220,8 @@ def _result(
         model_path=str(model_path),
         strategy=choice.kind,
         reason=choice.reason,
-        replicas=choice.replicas,
-        workers=choice.workers,
+        replicas=setup.replicas,
+        workers=setup.workers,
         precision=choice.precision,
         per_replica_batch=setup.per_replica,
         global_batch=setup.global_batch,
@@ -174,7 +231,8 @@ def _result(
         history=history,
         examples_per_s=sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed),
         train_seconds=sum(h["seconds"] for h in history),
-        resumed_from_epoch=start_epoch,
+        resumed_from_epoch=resumed_step // setup.steps,
+        resumed_from_step=resumed_step,
         weights_digest=weights_digest(setup.model),
     )
 
@@ -194,6 +252,8 @@ class TrainingSetup:
     strategy: Any
     model: keras.Model
     optimizer: Any
+    replicas: int  # from the built strategy, never from the config
+    workers: int
     per_replica: int
     global_batch: int
     accum_steps: int
@@ -214,7 +274,11 @@ class TrainingSetup:
 
 
 def set_up_training(
-    cfg: TrainConfig, manifest: Manifest, choice: StrategyChoice, resolver: Any = None
+    cfg: TrainConfig,
+    manifest: Manifest,
+    choice: StrategyChoice,
+    resolver: Any = None,
+    collective_timeout_s: float = 60.0,
 ) -> TrainingSetup:
     """Sets the run's precision policy, then builds the strategy, a seeded model and its
     optimizer under the strategy's scope.
@@ -223,8 +287,14 @@ def set_up_training(
     `cfg.warmup_epochs` of warm-up; under mixed_float16 the optimizer scales the loss.
     """
     use_precision(choice.precision)
-    strategy = build_strategy(choice, resolver)
-    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+    strategy = build_strategy(choice, resolver, collective_timeout_s)
+    replicas, workers = choice.spec.replicas_of(strategy)
+    if (replicas, workers) != (choice.replicas, choice.workers):
+        log.info(
+            "the strategy has %d replicas on %d workers (the hardware report expected %d on %d)",
+            replicas, workers, choice.replicas, choice.workers,
+        )  # fmt: skip
+    per_replica, global_batch = batch_sizes(cfg, replicas)
     k = cfg.grad_accum_steps
     effective = global_batch * k
     step_examples = choice.spec.step_examples(per_replica, global_batch, k)
@@ -245,7 +315,17 @@ def set_up_training(
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
     return TrainingSetup(
-        strategy, model, optimizer, per_replica, global_batch, k, step_examples, steps, lr
+        strategy,
+        model,
+        optimizer,
+        replicas,
+        workers,
+        per_replica,
+        global_batch,
+        k,
+        step_examples,
+        steps,
+        lr,
     )
 
 

@@ -27,6 +27,7 @@ def main(spec_path: str) -> int:
 
     config = config_from_dict(spec["config"])
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    print(f"worker {index}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
     run_dir = Path(spec["run_dir"])
     result = train_model(
         config.train,
@@ -35,6 +36,8 @@ def main(spec_path: str) -> int:
         StrategyChoice(**spec["choice"]),
         run_dir,
         is_chief=index == 0,
+        preemptible=True,
+        collective_timeout_s=config.cluster.collective_timeout_s,
     )
     (run_dir / f"worker-{index}-result.json").write_text(json.dumps(result.to_dict()))
     return 0

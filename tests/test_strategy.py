@@ -138,6 +138,26 @@ class FakeTpuResolver:
     def master(self):
         return "grpc://fake-tpu:8470"
 
+    def cluster_spec(self):
+        import tensorflow as tf
+
+        return tf.train.ClusterSpec({"worker": ["fake-tpu:8470"]})
+
+
+class EightCoreTpuStrategy:
+    """A real one-device strategy that reports the 8 replicas of a v3-8 TPU (none here)."""
+
+    num_replicas_in_sync = 8
+
+    def __init__(self, resolver):
+        import tensorflow as tf
+
+        self.cluster_resolver = resolver
+        self._inner = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
 
 def test_tpu_detection_with_tpu_resolver_faked(monkeypatch):
     import tensorflow as tf
@@ -175,6 +195,26 @@ def test_tpu_training_setup_with_tpu_resolver_faked(monkeypatch):
     assert calls == [("connect", resolver), ("initialize", resolver)]
 
 
+def test_tpu_replicas_come_from_the_strategy_not_the_config(digits, monkeypatch):
+    """A v3-8 has 8 cores while train.replicas says 2: the global batch, steps per epoch and
+    the logged replicas follow the 8 the strategy reports."""
+    import tensorflow as tf
+
+    from tasks.training import set_up_training
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: None)
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", EightCoreTpuStrategy)
+    _, manifest, _ = digits
+    config = load_config(None, {"train.model": "mlp", "train.precision": "float32"})
+    choice = select_strategy(report(tpu="fake"), config.train)
+    assert (choice.kind, choice.replicas) == ("tpu", 2)  # what the config alone says
+    setup = set_up_training(config.train, manifest, choice, FakeTpuResolver())
+    assert (setup.replicas, setup.workers) == (8, 1)
+    assert (setup.per_replica, setup.global_batch) == (32, 256)
+    assert setup.steps == manifest.splits["train"] // 256
+
+
 def test_every_kind_is_one_row_of_the_table_and_an_unknown_one_lists_them():
     from tasks.strategy_kinds import KINDS, UnknownStrategy, kind_of
 
@@ -199,7 +239,7 @@ def test_a_new_in_process_kind_needs_only_its_row(monkeypatch):
         strategy_kinds.KINDS["mirrored"],
         name="central_storage",
         count_replicas=lambda replicas, gpus, workers: 3,
-        build=lambda choice, resolver: built.append(choice) or "a strategy",
+        build=lambda choice, resolver, timeout_s: built.append(choice) or "a strategy",
     )
     monkeypatch.setitem(strategy_kinds.KINDS, "central_storage", row)
     choice = StrategyChoice("central_storage", 3, 1, "float32", "test")
