@@ -73,6 +73,12 @@ def train(config: Config, args: argparse.Namespace) -> int:
     if args.baseline:
         choice = baseline_choice(choice)
     role = role_of(report.cluster, choice.spec)
+    if report.cluster is not None:
+        import os
+
+        from tasks.cluster import describe_as_tf_config
+
+        describe_as_tf_config(report.cluster, os.environ)
     if role == SERVER:
         from tasks.cluster import serve
 

@@ -72,6 +72,14 @@ def role_of(cluster: ClusterInfo | None, kind: StrategyKind) -> str:
     return CHIEF if cluster.is_chief else WORKER
 
 
+def describe_as_tf_config(cluster: ClusterInfo, env: dict[str, str]) -> None:
+    """Sets `TF_CONFIG` in `env` (os.environ) from a cluster Slurm described, so that every
+    strategy's TF_CONFIG resolver sees the same cluster this task was given."""
+    if cluster.source != "TF_CONFIG" and not env.get("TF_CONFIG"):
+        task = {"type": cluster.task_type, "index": cluster.task_index}
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster.spec, "task": task})
+
+
 def serve(cluster: ClusterInfo, chief_wait_s: float) -> None:
     """Runs this task's `tf.distribute.Server` until the coordinator is done.
 

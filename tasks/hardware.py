@@ -33,7 +33,8 @@ class ClusterInfo:
 
     @property
     def num_workers(self) -> int:
-        return len(self.workers) + len(self.chief)
+        """Tasks that step: the workers, and the chief too unless it coordinates ps tasks."""
+        return len(self.workers) + (0 if self.ps else len(self.chief))
 
     @property
     def spec(self) -> dict[str, list[str]]:

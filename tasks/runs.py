@@ -85,22 +85,26 @@ def _train_as_task(
     """This task's part of a cluster's training: preemptible, and a lost peer is named."""
     from tasks.cluster import lost_task
 
+    cluster = report.cluster
     try:
-        return train_model(
+        result = train_model(
             config.train,
             manifest,
             data_dir,
             choice,
             run_dir,
-            is_chief=report.cluster.is_chief,
+            is_chief=cluster.is_chief,
             preemptible=True,
             collective_timeout_s=config.cluster.collective_timeout_s,
         )
     except Exception as exc:
-        lost = lost_task(exc, report.cluster, f"it resumes from the last checkpoint in {run_dir}")
+        lost = lost_task(exc, cluster, f"it resumes from the last checkpoint in {run_dir}")
         if lost is None:
             raise
         raise lost from exc
+    task_file = f"task-{cluster.task_type}-{cluster.task_index}.json"
+    write_json_atomic(run_dir / task_file, result.to_dict())  # each task's own figures
+    return result
 
 
 def evaluate_as_sidecar(

@@ -54,7 +54,10 @@ class StrategyKind:
     def replicas_of(self, strategy: Any) -> tuple[int, int]:
         """(replicas, workers) of a built strategy: the only source of the global batch, the
         loss divisor, steps per epoch and every examples/s figure."""
-        resolver = getattr(strategy, "cluster_resolver", None)
+        # ParameterServerStrategy keeps its resolver without exposing it as `cluster_resolver`
+        resolver = getattr(strategy, "cluster_resolver", None) or getattr(
+            strategy, "_cluster_resolver", None
+        )
         spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
         workers = max(len(spec.get("worker", [])) + len(spec.get("chief", [])), 1)
         in_sync = strategy.num_replicas_in_sync
@@ -124,6 +127,10 @@ def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.
 def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
+    import os
+
+    # the coordinator's RPCs fail fast on a lost worker, so its steps go to the others
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.ParameterServerStrategy(resolver)
 

@@ -1,0 +1,188 @@
+"""Clusters as a cluster manager launches them: every task runs `tfscale train` on a host of
+its own (a network namespace with its own address) with the `TF_CONFIG` a TFJob sets, or
+the `SLURM_*` variables Slurm sets. Faults: preemption, a killed worker, a cut link, a lost
+worker or ps task of a parameter-server cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests import netns
+from tests.helpers import BIN, ROOT
+
+TRAIN = ["--model", "mlp", "--precision", "float32", "--no-diagnose"]
+PORTS = iter(range(23000, 24000, 10))  # a fresh port block per cluster: no TIME_WAIT clashes
+
+why_not = netns.available()
+if why_not and os.environ.get("CI"):
+    raise RuntimeError(f"CI needs namespace hosts for the cluster tests: {why_not}")
+pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Five hosts on one switch for the whole module, deleted at its end."""
+    with netns.namespace_hosts(5) as made:
+        yield made
+
+
+class Cluster:
+    """The tasks of one cluster, each `tfscale train` on its own namespace host."""
+
+    def __init__(self, hosts, jobs: dict[str, list[int]], digits, tmp: Path, epochs: int):
+        port = next(PORTS)
+        self.hosts, self.tmp, self.epochs = hosts, tmp, epochs
+        self.spec = {
+            job: [f"{hosts.address(h)}:{port + n}" for n, h in enumerate(on)]
+            for job, on in jobs.items()
+            if job != "evaluator"
+        }
+        self.placement = {(job, i): h for job, on in jobs.items() for i, h in enumerate(on)}
+        self.data_dir = digits[0]["prepare.data_dir"]
+        self.procs: dict[tuple[str, int], subprocess.Popen] = {}
+
+    def start(self, *only: tuple[str, int], extra: tuple[str, ...] = ()) -> None:
+        for task in only or tuple(self.placement):
+            job, index = task
+            tf_config = {"cluster": self.spec, "task": {"type": job, "index": index}}
+            env = dict(os.environ, TF_CONFIG=json.dumps(tf_config))
+            argv = [str(BIN / "tfscale"), "--params", "none.yaml", "train", *TRAIN]
+            argv += ["--epochs", str(self.epochs), "--data-dir", self.data_dir]
+            argv += ["--runs-dir", str(self.tmp / "runs"), "--collective-timeout", "20", *extra]
+            log = open(self.log(task), "a")  # noqa: SIM115 (closed with the process)
+            self.procs[task] = self.hosts.popen(
+                self.placement[task], argv, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def log(self, task: tuple[str, int]) -> Path:
+        return self.tmp / f"{task[0]}-{task[1]}.log"
+
+    def output(self, task: tuple[str, int]) -> str:
+        return self.log(task).read_text(errors="replace")
+
+    def wait(self, task: tuple[str, int], timeout: float = 240) -> int:
+        return self.procs[task].wait(timeout=timeout)
+
+    def signal(self, task: tuple[str, int], sig: int) -> None:
+        """Sends `sig` to the task's Python process (the child of `ip netns exec`)."""
+        proc = psutil.Process(self.procs[task].pid)
+        for target in proc.children(recursive=True) or [proc]:
+            target.send_signal(sig)
+
+    def run_dir(self) -> Path:
+        (path,) = {p.parent for p in (self.tmp / "runs").glob("digits/*/history.json")}
+        return path
+
+    def wait_for_epochs(self, n: int, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = list((self.tmp / "runs").glob("digits/*/history.json"))
+            if done and len(json.loads(done[0].read_text() or "[]")) >= n:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{n} epochs not reached; chief log:\n{self.chief_log()}")
+
+    def chief_log(self) -> str:
+        chief = ("chief", 0) if "chief" in self.spec else ("worker", 0)
+        return self.output(chief)[-3000:]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def cluster(hosts, digits, tmp_path):
+    made = []
+
+    def make(jobs: dict[str, list[int]], epochs: int = 3) -> Cluster:
+        made.append(Cluster(hosts, jobs, digits, tmp_path, epochs))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.stop()
+
+
+def no_half_written(run_dir: Path) -> list[str]:
+    """Temporary files an interrupted write would leave behind."""
+    return [p.name for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.startswith(".tmp")]
+
+
+def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
+    """Two hosts train in lock-step and end with identical weights; the chief alone writes
+    outputs; an evaluator on a third host evaluates each checkpoint as it appears."""
+    job = cluster({"worker": [0, 1], "evaluator": [2]}, epochs=3)
+    job.start()
+    codes = {task: job.wait(task) for task in job.procs}
+    assert set(codes.values()) == {0}, job.chief_log()
+    run_dir = job.run_dir()
+    tasks = [json.loads((run_dir / f"task-worker-{i}.json").read_text()) for i in range(2)]
+    assert tasks[0]["weights_digest"] == tasks[1]["weights_digest"] != ""
+    assert [t["replicas"] for t in tasks] == [2, 2] and tasks[0]["global_batch"] == 64
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["history"][-1]["accuracy"] > 0.8
+    assert not list(run_dir.glob(".worker-1-checkpoints"))  # the other worker's are removed
+    evaluated = json.loads((run_dir / "evaluator.json").read_text())
+    assert evaluated[-1]["step"] == 3 * metrics["steps_per_epoch"]
+    assert evaluated[-1]["test_accuracy"] > 0.8
+    rate = sum(t["examples_per_s"] for t in tasks) / 2
+    print(f"\ntwo workers across namespace hosts: {rate:,.0f} examples/s")
+
+
+def test_parameter_server_over_four_hosts(cluster):
+    """Chief, two workers and a ps on hosts of their own: the chief alone runs the loop; the
+    ps and workers serve until it is done, then exit 0."""
+    job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=3)
+    job.start()
+    assert job.wait(("chief", 0)) == 0, job.chief_log()
+    for task in (("worker", 0), ("worker", 1), ("ps", 0)):
+        assert job.wait(task, timeout=60) == 0, job.output(task)
+        assert "the chief" in job.output(task) and "is done" in job.output(task)
+    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    assert metrics["strategy"] == "parameter_server" and metrics["workers"] == 2
+    losses = [h["loss"] for h in metrics["history"]]
+    assert losses[-1] < losses[0]
+
+
+def test_preempted_worker_saves_its_step_and_the_rerun_resumes_there(cluster):
+    """SIGTERM (what Kubernetes sends on eviction) to one worker: every worker saves a
+    checkpoint at the current step and exits 42; the rerun starts from that step."""
+    job = cluster({"worker": [0, 1]}, epochs=60)
+    job.start()
+    job.wait_for_epochs(3)
+    history = json.loads((job.run_dir() / "history.json").read_text())
+    sent = time.monotonic()
+    job.signal(("worker", 1), signal.SIGTERM)
+    codes = [job.wait(("worker", i), timeout=120) for i in range(2)]
+    stopped_s = time.monotonic() - sent
+    assert codes == [42, 42], job.chief_log()
+    saved = int(Path(tf_latest(job.run_dir() / "checkpoints")).name.split("-")[1])
+    job.start()
+    assert [job.wait(("worker", i)) for i in range(2)] == [0, 0], job.chief_log()
+    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    steps = metrics["steps_per_epoch"]
+    assert metrics["resumed_from_step"] == saved >= len(history) * steps  # nothing done is lost
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, 61))
+    print(f"\npreemption: checkpoint at step {saved} (epoch {saved // steps + 1}, step "
+          f"{saved % steps} of {steps}); both workers exited 42 {stopped_s:.1f} s after SIGTERM")
+    assert not no_half_written(job.run_dir())
+
+
+def tf_latest(directory: Path) -> str:
+    import tensorflow as tf
+
+    return tf.train.latest_checkpoint(str(directory))
