@@ -150,6 +150,9 @@ def lost_task(exc: BaseException, cluster: ClusterInfo | None, resume: str) -> T
     text = str(exc)
     own = (cluster.task_type, cluster.task_index)
     named = [(job, int(i)) for job, i in TASK.findall(text) if (job, int(i)) != own]
+    leader = ("chief", 0) if cluster.chief else ("worker", 0)
+    if not named and "CoordinationService" in text and own != leader:
+        named = [leader]  # heartbeats to the coordination service (on the chief) failed
     if named:
         job, index = named[0]
         who = f"task {job}:{index} ({cluster.address_of(job, index)})"

@@ -186,3 +186,86 @@ def tf_latest(directory: Path) -> str:
     import tensorflow as tf
 
     return tf.train.latest_checkpoint(str(directory))
+
+
+def test_killed_worker_fails_the_other_naming_it_and_the_rerun_resumes(cluster):
+    """SIGKILL to one worker: the survivor stops within the collective timeout, names the
+    lost task and its host, exits 3; the rerun resumes from the last checkpoint."""
+    job = cluster({"worker": [0, 1]}, epochs=40)
+    job.start()
+    job.wait_for_epochs(3)
+    killed = time.monotonic()
+    job.signal(("worker", 1), signal.SIGKILL)
+    assert job.wait(("worker", 0), timeout=60) == 3, job.chief_log()
+    failed_s = time.monotonic() - killed
+    output = job.output(("worker", 0))
+    assert f"task worker:1 ({job.spec['worker'][1]})" in output, output[-2000:]
+    assert "fix:" in output and "Traceback" not in output
+    done = len(json.loads((job.run_dir() / "history.json").read_text()))
+    job.start()
+    assert [job.wait(("worker", i)) for i in range(2)] == [0, 0], job.chief_log()
+    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= done
+    print(f"\nkilled worker: the survivor failed {failed_s:.1f} s later, naming it")
+
+
+def test_cut_link_fails_both_sides_naming_the_peer_and_the_rerun_resumes(cluster):
+    """The link to one host goes down mid-epoch: both tasks fail within a bounded time,
+    each naming the other; with the link back, the rerun restores the checkpoint and
+    completes; nothing in the run directory is half-written."""
+    job = cluster({"worker": [3, 4]}, epochs=40)
+    job.start()
+    job.wait_for_epochs(3)
+    cut = time.monotonic()
+    job.hosts.cut(4)
+    try:
+        codes = [job.wait(("worker", i), timeout=90) for i in range(2)]
+        failed_s = time.monotonic() - cut
+    finally:
+        job.hosts.restore(4)
+    assert codes == [3, 3], job.chief_log()
+    assert f"task worker:1 ({job.spec['worker'][1]})" in job.output(("worker", 0))
+    assert f"task worker:0 ({job.spec['worker'][0]})" in job.output(("worker", 1))
+    assert not no_half_written(job.run_dir())
+    done = len(json.loads((job.run_dir() / "history.json").read_text()))
+    job.start()
+    assert [job.wait(("worker", i)) for i in range(2)] == [0, 0], job.chief_log()
+    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= done and len(metrics["history"]) == 40
+    assert not no_half_written(job.run_dir())
+    print(f"\ncut link: both tasks failed {failed_s:.1f} s after the cut, naming each other")
+
+
+def test_parameter_server_absorbs_a_lost_worker(cluster):
+    """One of two workers killed mid-training: the coordinator runs its steps on the other
+    and training completes."""
+    job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=30)
+    job.start()
+    job.wait_for_epochs(2)
+    job.signal(("worker", 1), signal.SIGKILL)
+    lost_at = len(json.loads((job.run_dir() / "history.json").read_text()))
+    assert job.wait(("chief", 0), timeout=300) == 0, job.chief_log()
+    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    assert len(metrics["history"]) == 30 and lost_at < 30
+    assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
+    print(f"\nparameter server: worker 1 lost at epoch {lost_at}; all 30 epochs completed")
+
+
+def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
+    job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=40)
+    job.start()
+    job.wait_for_epochs(2)
+    killed = time.monotonic()
+    job.signal(("ps", 0), signal.SIGKILL)
+    code = job.wait(("chief", 0), timeout=120)
+    failed_s = time.monotonic() - killed
+    output = job.output(("chief", 0))
+    assert code == 3 and f"task ps:0 ({job.spec['ps'][0]})" in output, output[-2000:]
+    for task in (("worker", 0), ("worker", 1)):
+        assert job.wait(task, timeout=60) == 0  # the chief is gone: they stop serving
+    done = len(json.loads((job.run_dir() / "history.json").read_text()))
+    job.start()
+    assert job.wait(("chief", 0), timeout=300) == 0, job.chief_log()
+    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= done and len(metrics["history"]) == 40
+    print(f"\nlost ps: the chief failed {failed_s:.1f} s later, naming it; the rerun resumed")
