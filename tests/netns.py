@@ -11,10 +11,12 @@ and restored (`up`), and shaped to a rate with `tbf` on both ends of the host's 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def _ip(*args: str) -> None:
@@ -85,11 +87,22 @@ class Hosts:
             _ip("-n", host, "addr", "add", f"{self.address(i)}/24", "dev", host)
             _ip("-n", host, "link", "set", host, "up")
             _ip("-n", host, "link", "set", "lo", "up")
+        self._write_hosts_files()
+
+    def _write_hosts_files(self) -> None:
+        """Each host resolves every host's name (`ip netns exec` mounts /etc/netns/NS/hosts
+        over /etc/hosts), as nodes of a cluster do."""
+        names = "".join(f"{self.address(i)} {self.name(i)}\n" for i in range(self.count))
+        for i in range(self.count):
+            path = Path("/etc/netns") / self.name(i) / "hosts"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"127.0.0.1 localhost\n{names}")
 
     def delete(self) -> None:
         """Deletes every namespace made (their veth ends go with them)."""
         for ns in reversed(self.namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
         self.namespaces.clear()
 
 

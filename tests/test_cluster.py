@@ -269,3 +269,86 @@ def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
     metrics = json.loads((job.run_dir() / "metrics.json").read_text())
     assert metrics["resumed_from_epoch"] >= done and len(metrics["history"]) == 40
     print(f"\nlost ps: the chief failed {failed_s:.1f} s later, naming it; the rerun resumed")
+
+
+def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
+    """`flows/cluster/train.sbatch` as Slurm runs it: a stand-in `srun` starts one task per
+    node (namespace host) with the SLURM_* variables of a job step; the tasks find each
+    other by node name and train MultiWorkerMirrored; task 0 writes the outputs."""
+    env = dict(
+        os.environ,
+        PATH=f"{ROOT / 'tests' / 'standin'}:{os.environ['PATH']}",
+        SLURM_JOB_NODELIST=f"{hosts.tag}-h[0-1]",
+        SLURM_NNODES="2",
+        SLURM_NTASKS="2",
+        SLURM_JOB_ID="1",
+        TFSCALE_PORT_BASE=str(next(PORTS)),
+        DATA_DIR=digits[0]["prepare.data_dir"],
+        RUNS_DIR=str(tmp_path / "runs"),
+    )
+    env.pop("TF_CONFIG", None)
+    args = [*TRAIN, "--epochs", "2"]
+    done = subprocess.run(
+        ["bash", "flows/cluster/train.sbatch", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.count("the Slurm cluster has 2 workers") == 2
+    (metrics_path,) = (tmp_path / "runs").glob("digits/*/metrics.json")
+    metrics = json.loads(metrics_path.read_text())
+    assert (metrics["strategy"], metrics["replicas"], metrics["workers"]) == ("multi_worker", 2, 2)
+    tasks = [json.loads((metrics_path.parent / f"task-worker-{i}.json").read_text()) for i in (0, 1)]
+    assert tasks[0]["weights_digest"] == tasks[1]["weights_digest"]
+
+
+def tfjob_tf_config(manifest: dict, service: str = "svc") -> dict[str, list[str]]:
+    """The cluster part of the TF_CONFIG Kubeflow's training operator sets for a TFJob: one
+    job per replica type (lower-cased), `<name>-<type>-<i>.<service>:2222` per replica."""
+    name = manifest["metadata"]["name"]
+    return {
+        kind.lower(): [f"{name}-{kind.lower()}-{i}.{service}:2222" for i in range(spec["replicas"])]
+        for kind, spec in manifest["spec"]["tfReplicaSpecs"].items()
+    }
+
+
+def test_tfjob_manifests_describe_the_clusters_the_tests_run():
+    """Each TFJob in `flows/cluster/tfjob.yaml` gives a cluster shape the namespace tests run
+    (2 workers; chief, 2 workers and a ps), each pod gets the role tested for it, and every
+    command is a valid `tfscale train`."""
+    from flows.cli import build_parser
+    from tasks.cluster import role_of
+    from tasks.config import load_config
+    from tasks.hardware import HardwareReport, cluster_from_environment
+    from tasks.strategy import select_strategy
+
+    train = load_config(None, {"train.precision": "float32"}).train
+    found = {}
+    for manifest in yaml.safe_load_all((ROOT / "flows/cluster/tfjob.yaml").read_text()):
+        spec = tfjob_tf_config(manifest)
+        roles = set()
+        for job, tasks in spec.items():
+            for index in range(len(tasks)):
+                tf_config = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
+                cluster = cluster_from_environment({"TF_CONFIG": tf_config})
+                report = HardwareReport("cpu", 2, [], [], None, cluster)
+                choice = select_strategy(report, train)
+                roles.add((f"{job}:{index}", role_of(cluster, choice.spec), choice.kind))
+        for replica in manifest["spec"]["tfReplicaSpecs"].values():
+            (container,) = replica["template"]["spec"]["containers"]
+            assert container["command"][:2] == ["tfscale", "train"]
+            build_parser().parse_args(container["command"][1:])  # exits 2 on an unknown flag
+        found[manifest["metadata"]["name"]] = roles
+    mw, ps = "multi_worker", "parameter_server"
+    assert found == {
+        "tfscale-train": {("worker:0", "chief", mw), ("worker:1", "worker", mw)},
+        "tfscale-train-ps": {
+            ("chief:0", "chief", ps),
+            ("worker:0", "server", ps),
+            ("worker:1", "server", ps),
+            ("ps:0", "server", ps),
+        },
+    }
