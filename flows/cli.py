@@ -46,7 +46,7 @@ STRATEGY_FLAGS = {
 TRAIN_FLAGS = {
     **DATASET_FLAGS,
     **STRATEGY_FLAGS,
-    "--model": ("train.model", str, "mlp | cnn | resnet"),
+    "--model": ("train.model", str, "mlp | cnn | resnet | embedding"),
     "--epochs": ("train.epochs", int, "training epochs"),
     "--batch-size-per-replica": (
         "train.batch_size_per_replica",
@@ -72,7 +72,7 @@ SWEEP_FLAGS = {
     "--data-dir": DATASET_FLAGS["--data-dir"],
     "--runs-dir": TRAIN_FLAGS["--runs-dir"],
     "--epochs": ("sweep.epochs", int, "epochs per cell"),
-    "--model": ("sweep.model", str, "mlp | cnn | resnet"),
+    "--model": ("sweep.model", str, "mlp | cnn | resnet | embedding"),
     "--strategy": (
         "sweep.strategy",
         str,

@@ -89,7 +89,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
         from tasks.runs import evaluate_as_sidecar
 
         print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
-        evaluate_as_sidecar(config, manifest, str(data_dir), choice)
+        evaluate_as_sidecar(config, manifest, str(data_dir), choice, report)
         return 0
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "

@@ -70,7 +70,7 @@ class TrainConfig:
     replicas: int = _spec(2, lo=1, hi=1024)
     workers: int = _spec(1, lo=1, hi=1024)
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
-    model: Literal["mlp", "cnn", "resnet"] = "cnn"
+    model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
     epochs: int = _spec(10, lo=1, hi=100_000)
     batch_size_per_replica: int = _spec(32, lo=1, hi=1_000_000)
     scaling: Literal["weak", "strong"] = "weak"
@@ -101,7 +101,7 @@ class SweepConfig:
     scaling: tuple[Literal["weak", "strong"], ...] = ("weak",)
     precision: tuple[Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"], ...] = ("auto",)
     strategy: str = _spec("mirrored", choices=sweep_kinds())
-    model: Literal["mlp", "cnn", "resnet"] = "cnn"
+    model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
     epochs: int = _spec(2, lo=1, hi=10_000)
     out_dir: str = "sweep"
 

@@ -1,4 +1,5 @@
-"""The models tfscale trains, by name: `mlp`, `cnn` and a small `resnet`, in Keras 3 layers."""
+"""The models tfscale trains, by name: `mlp`, `cnn`, a small `resnet` and a wide `embedding`
+model with a large table, in Keras 3 layers."""
 
 from __future__ import annotations
 
@@ -18,16 +19,22 @@ def load_trained_model(path: str) -> keras.Model:
     return keras.models.load_model(path, compile=False)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, ps_tasks: int = 0
+) -> keras.Model:
     """A fresh model whose last layer gives float32 logits (also under mixed precision).
 
+    Args:
+        ps_tasks: parameter servers the model's variables live on (0: none); a table of
+            `2 * PARTITION_SHARD_BYTES` or more is split across them.
+
     Raises:
-        ValueError: an unknown name, listing the known ones.
+        UsageError: an unknown name, listing the known ones.
     """
     if name not in MODELS:
         raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
     inputs = keras.Input(shape=input_shape)
-    features = MODELS[name](inputs)
+    features = MODELS[name](inputs, ps_tasks) if name == "embedding" else MODELS[name](inputs)
     logits = layers.Dense(num_classes, dtype="float32", name="logits")(features)
     return keras.Model(inputs, logits, name=name)
 
@@ -73,4 +80,68 @@ def _resnet(x):
     return layers.GlobalAveragePooling2D()(x)
 
 
-MODELS: dict[str, Callable] = {"mlp": _mlp, "cnn": _cnn, "resnet": _resnet}
+EMBEDDING_ROWS, EMBEDDING_DIM = 65_536, 16  # float32: a 4 MiB table
+LEVELS = 16
+PARTITION_SHARD_BYTES = 1 << 20  # on parameter servers, tables of 2 MiB or more are split
+
+
+def table_shards(rows: int, dim: int, ps_tasks: int) -> int:
+    """Parts a table is split into: one per ps task, each at least PARTITION_SHARD_BYTES."""
+    return max(1, min(ps_tasks, rows * dim * 4 // PARTITION_SHARD_BYTES))
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class PartitionedEmbedding(layers.Layer):
+    """An embedding table split by row (`id % shards`) into `shards` variables.
+
+    A parameter-server strategy places variables on its ps tasks in turn, so each part
+    lands on its own ps. (TensorFlow's own variable partitioner makes a ShardedVariable,
+    which Keras 3's optimizer cannot update: "ShardedVariable doesn't support being used
+    as a reference".)
+    """
+
+    def __init__(self, rows: int, dim: int, shards: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.rows, self.dim, self.shards = rows, dim, shards
+        self.parts = [
+            self.add_weight(
+                shape=(-(-(rows - i) // shards), dim),
+                initializer="uniform",
+                name=f"part_{i}",
+            )
+            for i in range(shards)
+        ]
+
+    def call(self, ids):
+        part, row = ids % self.shards, ids // self.shards
+        out = 0.0
+        for i, table in enumerate(self.parts):
+            rows = keras.ops.take(table, keras.ops.minimum(row, table.shape[0] - 1), axis=0)
+            mask = keras.ops.expand_dims(keras.ops.cast(part == i, rows.dtype), -1)
+            out = out + rows * mask
+        return out
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "rows": self.rows, "dim": self.dim, "shards": self.shards}
+
+
+def _embedding(x, ps_tasks: int = 0):
+    """A wide model: every (pixel position, intensity level) is a token, hashed into a large
+    embedding table; the mean of a picture's token vectors feeds one hidden layer. On a
+    parameter-server cluster the table is split across the ps tasks."""
+    flat = layers.Flatten()(x)
+    scaled = keras.ops.round(keras.ops.clip(flat, 0.0, 1.0) * (LEVELS - 1))
+    positions = keras.ops.arange(flat.shape[-1], dtype="int32") * LEVELS
+    tokens = ((positions + keras.ops.cast(scaled, "int32")) * 40_503) % EMBEDDING_ROWS
+    shards = table_shards(EMBEDDING_ROWS, EMBEDDING_DIM, ps_tasks)
+    vectors = PartitionedEmbedding(EMBEDDING_ROWS, EMBEDDING_DIM, shards, name="table")(tokens)
+    x = layers.GlobalAveragePooling1D()(vectors)
+    return layers.Dense(64, activation="relu")(x)
+
+
+MODELS: dict[str, Callable] = {
+    "mlp": _mlp,
+    "cnn": _cnn,
+    "resnet": _resnet,
+    "embedding": _embedding,
+}

@@ -108,7 +108,11 @@ def _train_as_task(
 
 
 def evaluate_as_sidecar(
-    config: Config, manifest: Manifest, data_dir: str, choice: StrategyChoice
+    config: Config,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    report: HardwareReport,
 ) -> list[dict[str, float]]:
     """The evaluator task: each new checkpoint of the chief's run, evaluated on the test
     split as it appears (`evaluator.json` in the run directory)."""
@@ -123,8 +127,9 @@ def evaluate_as_sidecar(
         result = evaluate_keras_model(model, manifest, data_dir, config.evaluate.batch_size)
         return {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy}
 
+    ps_tasks = len(report.cluster.ps) if report.cluster else 0
     return evaluate_checkpoints(
-        lambda: build_model(config.train.model, manifest.shape, manifest.num_classes),
+        lambda: build_model(config.train.model, manifest.shape, manifest.num_classes, ps_tasks),
         evaluate,
         run_dir_for(config, manifest, choice),
         config.cluster.chief_wait_s,

@@ -54,11 +54,7 @@ class StrategyKind:
     def replicas_of(self, strategy: Any) -> tuple[int, int]:
         """(replicas, workers) of a built strategy: the only source of the global batch, the
         loss divisor, steps per epoch and every examples/s figure."""
-        # ParameterServerStrategy keeps its resolver without exposing it as `cluster_resolver`
-        resolver = getattr(strategy, "cluster_resolver", None) or getattr(
-            strategy, "_cluster_resolver", None
-        )
-        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+        spec = cluster_spec_of(strategy)
         workers = max(len(spec.get("worker", [])) + len(spec.get("chief", [])), 1)
         in_sync = strategy.num_replicas_in_sync
         if self.one_worker_per_step:  # each worker steps on its own: concurrency is workers
@@ -80,6 +76,15 @@ class StrategyKind:
     def step_examples(self, per_replica: int, global_batch: int, accum_steps: int) -> int:
         """Examples one training step consumes."""
         return (per_replica if self.one_worker_per_step else global_batch) * accum_steps
+
+
+def cluster_spec_of(strategy: Any) -> dict[str, list[str]]:
+    """The cluster a built strategy spans ({} for one process)."""
+    # ParameterServerStrategy keeps its resolver without exposing it as `cluster_resolver`
+    resolver = getattr(strategy, "cluster_resolver", None) or getattr(
+        strategy, "_cluster_resolver", None
+    )
+    return resolver.cluster_spec().as_dict() if resolver is not None else {}
 
 
 # How each strategy is built: (choice, cluster resolver or None, collective timeout in seconds)

@@ -31,6 +31,7 @@ from tasks.models import build_model
 from tasks.process import use_precision
 from tasks.steps import make_warmup_schedule
 from tasks.strategy import StrategyChoice
+from tasks.strategy_kinds import cluster_spec_of
 from tasks.tracking import PARAM
 
 log = logging.getLogger(__name__)
@@ -307,7 +308,8 @@ def set_up_training(
     lr = cfg.learning_rate * effective / (cfg.batch_size_per_replica * k)
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
-        model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+        ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
+        model = build_model(cfg.model, manifest.shape, manifest.num_classes, ps_tasks)
         optimizer = keras.optimizers.Adam(
             make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
         )

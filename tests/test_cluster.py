@@ -109,7 +109,9 @@ def cluster(hosts, digits, tmp_path):
     made = []
 
     def make(jobs: dict[str, list[int]], epochs: int = 3) -> Cluster:
-        made.append(Cluster(hosts, jobs, digits, tmp_path, epochs))
+        tmp = tmp_path / f"cluster-{len(made)}"
+        tmp.mkdir()
+        made.append(Cluster(hosts, jobs, digits, tmp, epochs))
         return made[-1]
 
     yield make
@@ -139,8 +141,13 @@ def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
     evaluated = json.loads((run_dir / "evaluator.json").read_text())
     assert evaluated[-1]["step"] == 3 * metrics["steps_per_epoch"]
     assert evaluated[-1]["test_accuracy"] > 0.8
-    rate = sum(t["examples_per_s"] for t in tasks) / 2
-    print(f"\ntwo workers across namespace hosts: {rate:,.0f} examples/s")
+    across = sum(t["examples_per_s"] for t in tasks) / 2
+    same = cluster({"worker": [3, 3]}, epochs=3)  # the same two workers on one host
+    same.start()
+    assert [same.wait(("worker", i)) for i in range(2)] == [0, 0], same.chief_log()
+    local = json.loads((same.run_dir() / "metrics.json").read_text())["examples_per_s"]
+    print(f"\ntwo workers across namespace hosts: {across:,.0f} examples/s; on one host "
+          f"{local:,.0f}; ratio {across / local:.2f}")
 
 
 def test_parameter_server_over_four_hosts(cluster):
@@ -285,6 +292,7 @@ def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
         TFSCALE_PORT_BASE=str(next(PORTS)),
         DATA_DIR=digits[0]["prepare.data_dir"],
         RUNS_DIR=str(tmp_path / "runs"),
+        TFSCALE=str(BIN / "tfscale"),
     )
     env.pop("TF_CONFIG", None)
     args = [*TRAIN, "--epochs", "2"]

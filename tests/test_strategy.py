@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -105,8 +106,11 @@ def test_cluster_from_tf_config():
         )
     }
     cluster = cluster_from_environment(env)
-    assert (cluster.source, cluster.num_workers, cluster.ps) == ("TF_CONFIG", 3, ["h3:1"])
-    assert (cluster.task_type, cluster.task_index) == ("worker", 1)
+    # with ps tasks the chief coordinates: the workers that step are the two workers
+    assert (cluster.source, cluster.num_workers, cluster.ps) == ("TF_CONFIG", 2, ["h3:1"])
+    assert (cluster.task_type, cluster.task_index, cluster.is_chief) == ("worker", 1, False)
+    assert cluster.spec == {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}
+    assert cluster.address_of("ps", 0) == "h3:1" and cluster.task_name == "worker:1"
     assert cluster_from_environment({}) is None
 
 
@@ -264,3 +268,77 @@ def test_where_each_kind_runs_and_what_a_step_consumes(kind, runs_here, step_exa
     spec = kind_of(kind)
     assert spec.runs_here == runs_here
     assert spec.step_examples(per_replica=8, global_batch=32, accum_steps=2) == step_examples
+
+
+MW = {"worker": ["a:1", "b:1"]}
+PS = {"chief": ["c:1"], "worker": ["a:1", "b:1"], "ps": ["p:1"]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "task", "role"),
+    [
+        (None, None, "chief"),
+        (MW, ("worker", 0), "chief"),
+        (MW, ("worker", 1), "worker"),
+        (MW, ("evaluator", 0), "evaluator"),
+        (PS, ("chief", 0), "chief"),
+        (PS, ("worker", 0), "server"),
+        (PS, ("ps", 0), "server"),
+        (PS, ("evaluator", 0), "evaluator"),
+    ],
+)
+def test_each_task_of_a_cluster_gets_its_role(spec, task, role):
+    from tasks.cluster import role_of
+
+    cluster = None
+    if spec:
+        tf_config = {"cluster": spec, "task": {"type": task[0], "index": task[1]}}
+        cluster = cluster_from_environment({"TF_CONFIG": json.dumps(tf_config)})
+    assert role_of(cluster, choose(report(cluster=cluster), precision="float32").spec) == role
+
+
+def test_a_parameter_server_cluster_without_a_chief_is_a_usage_error():
+    from tasks.cluster import role_of
+    from tasks.errors import UsageError
+
+    tf_config = {"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "ps"}}
+    cluster = cluster_from_environment({"TF_CONFIG": json.dumps(tf_config)})
+    with pytest.raises(UsageError, match="no chief"):
+        role_of(cluster, choose(report(cluster=cluster)).spec)
+
+
+def test_a_lost_peer_is_named_with_its_host():
+    import tensorflow as tf
+
+    from tasks.cluster import lost_task
+
+    def as_task(kind, index):
+        tf_config = {"cluster": MW, "task": {"type": kind, "index": index}}
+        return cluster_from_environment({"TF_CONFIG": json.dumps(tf_config)})
+
+    closed = tf.errors.UnavailableError(
+        None, None, "from remote target /job:worker/replica:0/task:1: Socket closed"
+    )
+    lost = lost_task(closed, as_task("worker", 0), "it resumes")
+    assert "task worker:1 (b:1)" in lost.message and lost.exit_code == 3
+    heartbeat = tf.errors.DeadlineExceededError(None, None, "RPC: /CoordinationService/Heartbeat")
+    lost = lost_task(heartbeat, as_task("worker", 1), "it resumes")
+    assert "task worker:0 (a:1) timed out" in lost.message  # the coordination service leader
+    assert lost_task(ValueError("not a peer"), as_task("worker", 0), "") is None
+    assert lost_task(closed, None, "") is None  # one process: nothing to name
+
+
+def test_a_serving_task_waits_for_the_chief_to_come_and_go():
+    import socket
+    import threading
+
+    from tasks.cluster import ChiefNeverCame, wait_for_chief_to_finish
+
+    chief = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{chief.getsockname()[1]}"
+    threading.Timer(1.5, chief.close).start()
+    started = time.monotonic()
+    wait_for_chief_to_finish(address, chief_wait_s=30)
+    assert time.monotonic() - started >= 1.5  # not before the chief went away
+    with pytest.raises(ChiefNeverCame, match="did not answer within 1 s"):
+        wait_for_chief_to_finish(address, chief_wait_s=1)

@@ -257,3 +257,57 @@ def run_cli(args: list[str]) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
+
+
+def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch):
+    """On a host with 4 GPUs (faked: this machine has none), 2 local workers see 2 each
+    through CUDA_VISIBLE_DEVICES; more workers than GPUs is a usage error."""
+    import tensorflow as tf
+
+    from tasks.errors import UsageError
+
+    config, manifest, data_dir, choice, report = configure(
+        digits, tmp_path, strategy="multi_worker", workers=2, epochs=1
+    )
+    real = tf.config.list_physical_devices
+    fake = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",
+        lambda kind=None: fake if kind == "GPU" else real(kind),
+    )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = run_training(config, manifest, data_dir, choice, report)
+    logs = [(Path(result.run_dir) / f"worker-{i}.log").read_text() for i in range(2)]
+    assert "worker 0: CUDA_VISIBLE_DEVICES=0,1" in logs[0]
+    assert "worker 1: CUDA_VISIBLE_DEVICES=2,3" in logs[1]
+    from tasks.launch import gpu_shares
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert gpu_shares(3) == ["4", "5", "6"]
+    with pytest.raises(UsageError, match="5 workers for 4 GPUs"):
+        gpu_shares(5)
+
+
+def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
+    """The embedding model's 4 MiB table on a cluster with two ps tasks: each ps holds a
+    part, and the loss falls as it does with the table whole on one ps."""
+    _, _, data_dir = digits
+    proc = subprocess.run(
+        [sys.executable, "tests/partition_check.py", str(data_dir)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    split, whole = found["2"], found["1"]
+    assert [d.split("/device")[0] for d in split["devices"]] == [
+        "/job:ps/replica:0/task:0",
+        "/job:ps/replica:0/task:1",
+    ]
+    assert split["rows"] == [32_768, 32_768] and whole["rows"] == [65_536]
+    for curve in (split["losses"], whole["losses"]):
+        assert curve[-1] < curve[0] - 0.02, found

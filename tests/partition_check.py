@@ -1,0 +1,45 @@
+"""Run by test_training in a process of its own (an in-process cluster takes over the
+process's TensorFlow context): the embedding model on parameter-server clusters with two
+ps tasks and with one. Prints, as JSON, where each part of the table lives and the losses.
+
+    python tests/partition_check.py DATA_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from tasks.config import load_config
+from tasks.manifest import load_manifest
+from tasks.process import set_up_process
+from tasks.strategy import StrategyChoice
+
+
+def main(data_dir: str) -> dict:
+    from tasks.ps_cluster import in_process_cluster
+    from tasks.training import set_up_training, train_model
+
+    overrides = {"train.model": "embedding", "train.precision": "float32", "train.epochs": 2}
+    cfg = load_config(None, overrides).train
+    manifest = load_manifest(data_dir)
+    choice = StrategyChoice("parameter_server", 2, 2, "float32", "partition check")
+    found = {}
+    for ps in (2, 1):
+        with in_process_cluster(2, ps=ps) as resolver, tempfile.TemporaryDirectory() as tmp:
+            setup = set_up_training(cfg, manifest, choice, resolver)
+            parts = setup.model.get_layer("table").parts
+            result = train_model(cfg, manifest, data_dir, choice, Path(tmp), resolver)
+        found[ps] = {
+            "devices": sorted(part.value.device for part in parts),
+            "rows": [int(part.shape[0]) for part in parts],
+            "losses": [h["loss"] for h in result.history],
+        }
+    return found
+
+
+if __name__ == "__main__":
+    set_up_process()
+    print(json.dumps(main(sys.argv[1])))
