@@ -61,6 +61,7 @@ TRAIN_FLAGS = {
     ),
     "--warmup-epochs": ("train.warmup_epochs", int, "epochs of linear learning-rate warm-up"),
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
+    "--steps-per-call": ("train.steps_per_call", int, "training steps per graph call (10)"),
     "--runs-dir": ("train.runs_dir", str, "where runs are written (runs)"),
     "--collective-timeout": (
         "cluster.collective_timeout_s",

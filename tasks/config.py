@@ -77,6 +77,7 @@ class TrainConfig:
     learning_rate: float = _spec(0.001, lo=0.0, hi=10.0)
     warmup_epochs: int = _spec(1, lo=0)
     grad_accum_steps: int = _spec(1, lo=1, hi=1024)
+    steps_per_call: int = _spec(10, lo=1, hi=100_000)
     cache: bool = True
     shuffle_buffer: int = _spec(4096, lo=1)
     seed: int = _spec(42, lo=0)

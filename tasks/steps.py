@@ -14,7 +14,7 @@ EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (los
 
 
 def _nothing(steps: int) -> None:
-    """The default `after_steps` hook: told after steps complete, does nothing."""
+    """The default `after_steps` hook (told how many steps just completed): nothing."""
 SUM = tf.distribute.ReduceOp.SUM
 
 
@@ -69,33 +69,74 @@ def replica_step(model, optimizer, images, labels, accum_steps: int, effective_b
 
 
 def make_epoch_runner(
-    strategy, model, optimizer, dataset_fn, accum_steps: int, effective_batch: int
+    strategy,
+    model,
+    optimizer,
+    dataset_fn,
+    accum_steps: int,
+    effective_batch: int,
+    steps_per_call: int = 1,
 ) -> EpochRunner:
-    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies."""
+    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies.
+
+    One graph call runs up to `steps_per_call` steps (the idea of Keras's
+    `steps_per_execution`), so Python dispatches once per call, not once per step. Each
+    replica sums its loss and correct count into its own copy of a sync-on-read variable;
+    they are reduced across replicas once per epoch when read, so a step makes one
+    collective (the gradients' all-reduce, which the optimizer packs into one) instead of
+    three.
+    """
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    with strategy.scope():
+        sums = [
+            tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+            for _ in range(2)
+        ]
+
+    def step_and_count(images, labels):
+        loss, correct = replica_step(model, optimizer, images, labels, accum_steps, effective_batch)
+        sums[0].assign_add(loss)
+        sums[1].assign_add(tf.cast(correct, tf.float32))
 
     @tf.function
-    def train_step(iterator):
-        images, labels = next(iterator)
-        loss, correct = strategy.run(
-            replica_step, args=(model, optimizer, images, labels, accum_steps, effective_batch)
-        )
-        return strategy.reduce(SUM, loss, axis=None), strategy.reduce(SUM, correct, axis=None)
+    def train_steps(iterator, n):
+        for _ in tf.range(n):
+            images, labels = next(iterator)
+            strategy.run(step_and_count, args=(images, labels))
+
+    @tf.function
+    def reset():
+        strategy.run(lambda: [total.assign(0.0) for total in sums])
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:
-        results = []
-        for _ in range(steps):
-            results.append(train_step(iterator))
-            after_steps(1)
-        return float(tf.add_n([r[0] for r in results])), float(tf.add_n([r[1] for r in results]))
+        reset()
+        done = 0
+        while done < steps:
+            n = min(steps_per_call, steps - done)
+            train_steps(iterator, tf.constant(n))
+            done += n
+            after_steps(n)
+        return float(sums[0].read_value()), float(sums[1].read_value())
 
     return run_epoch
 
 
 def make_ps_epoch_runner(
-    strategy, model, optimizer, dataset_fn, accum_steps: int, worker_batch: int
+    strategy,
+    model,
+    optimizer,
+    dataset_fn,
+    accum_steps: int,
+    worker_batch: int,
+    steps_per_call: int = 1,
 ) -> EpochRunner:
-    """An epoch runner for ParameterServerStrategy: steps scheduled on workers as they free up."""
+    """An epoch runner for ParameterServerStrategy: steps scheduled on workers as they free
+    up, one per closure (`steps_per_call` does not apply: the coordinator schedules)."""
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     per_worker = coordinator.create_per_worker_dataset(lambda: dataset_fn(None))
     iterator = iter(per_worker)

@@ -92,26 +92,24 @@ def train_model(
     """
     setup = set_up_training(cfg, manifest, choice, resolver, collective_timeout_s)
     with setup.strategy.scope():
-        step_var = tf.Variable(
+        step = tf.Variable(
             0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
         )
-        checkpoint = tf.train.Checkpoint(
-            model=setup.model, optimizer=setup.optimizer, step=step_var
-        )
+        checkpoint = tf.train.Checkpoint(model=setup.model, optimizer=setup.optimizer, step=step)
     manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, is_chief)
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
-    after_step = _preemption_hook(setup.strategy, manager, step_var) if preemptible else None
-    resumed_step = int(step_var.numpy())
+    resumed_step = int(step.numpy())
+    check_preemption = _preemption_hook(setup.strategy, manager, step) if preemptible else None
+    after_steps = _StepCounter(step, resumed_step, check_preemption)
     start_epoch, done_in_epoch = divmod(resumed_step, setup.steps)
     history = _read_history(run_dir)[:start_epoch]
     dataset_fn = train_dataset_fn(cfg, manifest, data_dir, setup.per_replica * setup.accum_steps)
     run_epoch = setup.epoch_runner(choice, dataset_fn)
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
-        counted = _counting(step_var, after_step)
-        history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, counted))
-        manager.save(checkpoint_number=int(step_var.numpy()))
+        history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps))
+        manager.save(checkpoint_number=after_steps.count)
         if is_chief:
             _write_json(run_dir / "history.json", history)
     model_path = run_dir / "model.keras"
@@ -122,43 +120,47 @@ def train_model(
     return _result(setup, choice, run_dir, model_path, history, resumed_step)
 
 
-def _counting(step_var: tf.Variable, after_step: Callable[[], None] | None) -> Callable:
-    """Told after steps complete: counts them in the checkpointed step, then runs the
-    preemption hook."""
+class _StepCounter:
+    """The `after_steps` hook of the training loop: counts completed steps into the
+    checkpointed `step` (once per graph call, not per step), then checks for preemption."""
 
-    def steps_done(n: int) -> None:
-        step_var.assign_add(n)
-        if after_step is not None:
-            after_step()
+    def __init__(self, step: tf.Variable, count: int, check: Callable[[], None] | None):
+        self.step, self.count, self.check = step, count, check
 
-    return steps_done
+    def __call__(self, steps: int) -> None:
+        self.count += steps
+        self.step.assign(self.count)
+        if self.check is not None:
+            self.check()
 
 
-def _preemption_hook(
-    strategy: Any, manager: Any, step_var: tf.Variable
-) -> Callable[[], None] | None:
-    """`save_checkpoint_if_preempted` of a `PreemptionCheckpointHandler` over the run's
-    checkpoints, for strategies whose workers agree on a step (not ParameterServer)."""
+def _preemption_hook(strategy: Any, manager: Any, step: Any) -> Callable[[], None] | None:
+    """`save_checkpoint_if_preempted` of a PreemptionCheckpointHandler over the run's
+    checkpoints, for strategies whose workers agree on a step (not ParameterServer) in the
+    main thread (where signal handlers live); None elsewhere."""
     import sys
     import threading
 
     resolver = getattr(strategy, "cluster_resolver", None)
     if threading.current_thread() is not threading.main_thread():
-        return None  # signal handlers belong to the main thread
+        return None
     if resolver is not None and "ps" in resolver.cluster_spec().as_dict():
         return None
     from tasks.cluster import EXIT_PREEMPTED
 
     def exit_preempted() -> None:
-        print(f"preempted: checkpoint saved in {manager.directory}; exiting {EXIT_PREEMPTED}")
-        sys.stdout.flush()
+        print(
+            f"preempted: checkpoint at step {int(step.numpy())} saved in {manager.directory}; "
+            f"exiting {EXIT_PREEMPTED}",
+            flush=True,
+        )
         sys.exit(EXIT_PREEMPTED)
 
     config = tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted)
     handler = tf.distribute.experimental.PreemptionCheckpointHandler(
         resolver, manager, termination_config=config
     )
-    return lambda: handler.save_checkpoint_if_preempted(checkpoint_number=int(step_var.numpy()))
+    return handler.save_checkpoint_if_preempted
 
 
 def train_dataset_fn(
@@ -261,6 +263,7 @@ class TrainingSetup:
     step_examples: int
     steps: int
     learning_rate: float
+    steps_per_call: int = 1
 
     def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
         """The strategy kind's epoch runner over `dataset_fn`: `run(steps)` -> (loss, correct)."""
@@ -271,6 +274,7 @@ class TrainingSetup:
             dataset_fn,
             self.accum_steps,
             self.step_examples,
+            self.steps_per_call,
         )
 
 
@@ -328,6 +332,7 @@ def set_up_training(
         step_examples,
         steps,
         lr,
+        cfg.steps_per_call,
     )
 
 
