@@ -199,13 +199,18 @@ def _train_local_workers(
 ) -> TrainResult:
     from tasks.launch import launch_workers
 
+    import os
+
+    cores = os.cpu_count() or 1
     spec = {
         "config": config_to_dict(config),
         "data_dir": data_dir,
         "choice": choice.to_dict(),
         "run_dir": str(run_dir),
+        # each worker gets its share of the cores: more threads than cores slow every step
+        "threads": max(cores // choice.workers, 1),
     }
-    launch_workers(spec, choice.workers, run_dir)
+    launch_workers(spec, choice.workers, run_dir, pin_cores=choice.workers <= cores)
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
 
 
