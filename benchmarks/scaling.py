@@ -1,16 +1,23 @@
 """Benchmark: scaling efficiency of 2 worker processes x 1 thread (MultiWorkerMirrored, each
 pinned to its own core) against 1 process x 1 thread (OneDevice), a compute-bound CNN on
-32x32x3 synthetic data, weak scaling; then float32 against mixed precision on this CPU.
+32x32x3 synthetic data, weak scaling; the same two workers against a plain TensorFlow custom
+loop on a model of the same shape (`benchmarks/plain_loop.py`); then float32 against mixed
+precision on this CPU.
 
-    uv run python benchmarks/scaling.py [--epochs 3] [--batch 128] [--float16] [--scaling-only]
+    uv run python benchmarks/scaling.py [--repeats 3] [--epochs 3] [--batch 128]
+                                        [--float16] [--scaling-only]
 
-Every figure comes from worker processes started the same way, in one run.
+Every figure comes from worker processes started the same way, in one run. The cases run
+in turn `--repeats` times; each figure is the median with its spread (min-max), and the
+ratios are medians of the ratios taken within each round.
+Targets: scaling efficiency at least 0.95; tfscale / plain loop at least 1.0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -32,13 +39,46 @@ def measure(config, data_dir: str, choice: StrategyChoice, run_dir: Path, thread
     return json.loads((run_dir / "worker-0-result.json").read_text())["examples_per_s"]
 
 
+def plain_loop(args, run_dir: Path) -> float:
+    """Two workers of the plain TensorFlow loop, pinned and single-threaded like tfscale's."""
+    import os
+    import subprocess
+    import sys
+
+    from tasks.launch import tf_config
+    from tasks.network import free_ports
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "plain.json"
+    ports = free_ports(2)
+    script = Path(__file__).with_name("plain_loop.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(out), "--batch", str(args.batch),
+             "--examples", str(args.examples), "--epochs", str(args.epochs)],
+            env=dict(os.environ, TF_CONFIG=tf_config(ports, i), TFSCALE_PIN_CORE=str(i),
+                     TF_CPP_MIN_LOG_LEVEL="2"),
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    if any(proc.wait() != 0 for proc in procs):
+        raise RuntimeError("the plain loop's workers failed")
+    return json.loads(out.read_text())["examples_per_s"]
+
+
+def spread(values: list[float]) -> str:
+    values = sorted(values)
+    return f"{statistics.median(values):8.2f} ({values[0]:.2f}-{values[-1]:.2f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every case")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=128, help="examples per replica")
     parser.add_argument("--examples", type=int, default=6144)
     parser.add_argument("--float16", action="store_true", help="also time mixed_float16")
-    parser.add_argument("--scaling-only", action="store_true", help="only the 1 vs 2 workers")
+    parser.add_argument("--scaling-only", action="store_true", help="only 1 vs 2 workers")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tfscale-scaling-") as tmp:
         config = load_config(
@@ -56,18 +96,20 @@ def main() -> None:
             },
         )
         data_dir = prepare_dataset(config, progress=False).data_dir
-        rates = {}
+        one, two = "1 process x 1 thread, float32", "2 workers x 1 thread, float32"
+        plain = "2 workers x 1 thread, plain TF loop"
         cases = [
-            ("1 process x 1 thread, float32", StrategyChoice("one_device", 1, 1, "float32", "")),
-            (
-                "2 workers x 1 thread, float32",
-                StrategyChoice("multi_worker", 2, 2, "float32", "", communication="ring"),
-            ),
-            (
-                "1 process x 1 thread, mixed_bfloat16",
-                StrategyChoice("one_device", 1, 1, "mixed_bfloat16", ""),
-            ),
+            (one, StrategyChoice("one_device", 1, 1, "float32", "")),
+            (two, StrategyChoice("multi_worker", 2, 2, "float32", "", communication="ring")),
         ]
+        if not args.scaling_only:
+            cases.append((plain, None))
+            cases.append(
+                (
+                    "1 process x 1 thread, mixed_bfloat16",
+                    StrategyChoice("one_device", 1, 1, "mixed_bfloat16", ""),
+                )
+            )
         if args.float16:  # on a CPU without float16 units: about 50 examples/s, 15+ minutes
             cases.append(
                 (
@@ -75,16 +117,29 @@ def main() -> None:
                     StrategyChoice("one_device", 1, 1, "mixed_float16", ""),
                 )
             )
-        if args.scaling_only:
-            cases = cases[:2]
-        for i, (name, choice) in enumerate(cases):
-            rates[name] = measure(config, data_dir, choice, Path(tmp) / f"run{i}", threads=1)
-            print(f"{name:<40} {rates[name]:8.0f} examples/s", flush=True)
-        base = rates[cases[0][0]]
-        speedup = rates[cases[1][0]] / base
-        print(f"speedup of 2 workers {speedup:.2f}, scaling efficiency {speedup / 2:.2f}")
-        for name, _ in cases[2:]:
-            print(f"{name.split(', ')[1]} / float32: {rates[name] / base:.2f}")
+        rounds: list[dict[str, float]] = []
+        for r in range(args.repeats):
+            rates = {}
+            for i, (name, choice) in enumerate(cases):
+                run_dir = Path(tmp) / f"round{r}-case{i}"
+                if choice is None:
+                    rates[name] = plain_loop(args, run_dir)
+                else:
+                    rates[name] = measure(config, data_dir, choice, run_dir, threads=1)
+                print(f"round {r + 1}: {name:<40} {rates[name]:8.0f} examples/s", flush=True)
+            rounds.append(rates)
+        print(f"\nmedian (min-max) over {args.repeats} rounds")
+        for name, _ in cases:
+            values = [r[name] for r in rounds]
+            print(f"{name:<40} {spread(values)} examples/s")
+        efficiency = [r[two] / r[one] / 2 for r in rounds]
+        print(f"{'scaling efficiency of 2 workers':<40} {spread(efficiency)}   target 0.95")
+        if not args.scaling_only:
+            print(f"{'tfscale / plain TF loop (2 workers)':<40} "
+                  f"{spread([r[two] / r[plain] for r in rounds])}   target 1.0")  # fmt: skip
+            for name, _ in cases[3:]:
+                label = f"{name.split(', ')[1]} / float32"
+                print(f"{label:<40} {spread([r[name] / r[one] for r in rounds])}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class Diagnosis:
     evidence: str
     advice: list[str] = field(default_factory=list)
     seconds: float = 0.0  # time the probes took
+    compute_is_ideal: bool = False  # out-of-process runs: N x the 1-replica rate, not measured
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,13 +51,25 @@ def classify(
     step_s: float,
     replicas: int,
     compute_1: float | None,
+    compute_is_ideal: bool = False,
 ) -> tuple[str, str]:
-    """The bottleneck class, and the numbers that show it, in one sentence."""
+    """The bottleneck class, and the numbers that show it, in one sentence.
+
+    With `compute_is_ideal` (runs out of this process), `compute_rate` is N times the
+    single-replica compute-only rate: the run's shortfall from it is what crossing
+    processes costs (the all-reduce and synchronisation), named as such.
+    """
     ratio = e2e_rate / compute_rate
     if ratio < INPUT_SLACK and input_rate < compute_rate:
         return "input-bound", (
             f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of compute-only "
             f"{compute_rate:,.0f} ex/s, and the input pipeline alone gives {input_rate:,.0f}"
+        )
+    if compute_is_ideal and ratio < COMM_EFFICIENCY:
+        return "communication-bound", (
+            f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of the ideal {compute_rate:,.0f} "
+            f"({replicas} x the 1-replica compute-only rate, not a measurement): the "
+            f"cross-process all-reduce and synchronisation take the rest"
         )
     if step_s < OVERHEAD_STEP_S:
         return "overhead-bound", (
@@ -118,12 +131,17 @@ def recommend(
 
 def format_diagnosis(d: Diagnosis) -> str:
     one = d.compute_1_replica_examples_per_s
+    compute = (
+        f"ideal {d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas ({d.replicas} x "
+        f"the measured {one:,.0f} on 1; not measured in place)"
+        if d.compute_is_ideal
+        else f"compute-only {d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas"
+        + (f" ({one:,.0f} on 1)" if one else "")
+    )
     lines = [
         f"bottleneck: {d.bottleneck}",
         f"because:    {d.evidence}",
-        f"input-only {d.input_examples_per_s:,.0f} ex/s, compute-only "
-        f"{d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas"
-        + (f" ({one:,.0f} on 1)" if one else "")
+        f"input-only {d.input_examples_per_s:,.0f} ex/s, {compute}"
         + f", end-to-end {d.end_to_end_examples_per_s:,.0f} ex/s, step "
         f"{d.step_seconds * 1000:.1f} ms",
     ]
@@ -167,7 +185,13 @@ def diagnose_run(
         rates["input"] *= choice.replicas  # each worker has its own input pipeline
         rates["e2e"] = end_to_end or rates["e2e"]
     bottleneck, evidence = classify(
-        rates["input"], rates["compute"], rates["e2e"], rates["step_s"], choice.replicas, compute_1
+        rates["input"],
+        rates["compute"],
+        rates["e2e"],
+        rates["step_s"],
+        choice.replicas,
+        compute_1,
+        compute_is_ideal=not here,
     )
     return Diagnosis(
         bottleneck=bottleneck,
@@ -180,4 +204,5 @@ def diagnose_run(
         evidence=evidence,
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
         seconds=time.perf_counter() - started,
+        compute_is_ideal=not here,
     )

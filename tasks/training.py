@@ -108,10 +108,12 @@ def train_model(
     run_epoch = setup.epoch_runner(choice, dataset_fn)
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
+        after_steps.epoch_ends_at = after_steps.count + steps
         history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps))
         manager.save(checkpoint_number=after_steps.count)
         if is_chief:
             _write_json(run_dir / "history.json", history)
+        after_steps.check_preemption()  # at an epoch's end: after its record is written
     model_path = run_dir / "model.keras"
     if is_chief:
         setup.model.save(model_path)
@@ -122,14 +124,20 @@ def train_model(
 
 class _StepCounter:
     """The `after_steps` hook of the training loop: counts completed steps into the
-    checkpointed `step` (once per graph call, not per step), then checks for preemption."""
+    checkpointed `step` (once per graph call, not per step), then checks for preemption,
+    except after an epoch's last call: there the loop checks once the epoch is recorded."""
 
     def __init__(self, step: tf.Variable, count: int, check: Callable[[], None] | None):
         self.step, self.count, self.check = step, count, check
+        self.epoch_ends_at = 0
 
     def __call__(self, steps: int) -> None:
         self.count += steps
         self.step.assign(self.count)
+        if self.count < self.epoch_ends_at:
+            self.check_preemption()
+
+    def check_preemption(self) -> None:
         if self.check is not None:
             self.check()
 

@@ -22,10 +22,22 @@ ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")
         ((90000, 5000, 4900, 0.002, 1, None), "overhead-bound"),
         ((90000, 5200, 5000, 0.05, 2, 5000), "communication-bound"),
         ((90000, 9000, 8800, 0.05, 2, 5000), "compute-bound"),
+        # two local workers at 28% of the ideal (2 x one replica's compute-only): not healthy
+        ((90000, 10753, 3000, 0.05, 2, 5376, True), "communication-bound"),
+        ((90000, 10753, 9500, 0.05, 2, 5376, True), "compute-bound"),
     ],
 )
 def test_classify_from_numbers(rates, expected):
     assert classify(*rates)[0] == expected
+
+
+def test_an_ideal_is_printed_as_one():
+    from tasks.diagnosis import Diagnosis, format_diagnosis
+
+    d = Diagnosis("communication-bound", 90000, 10753, 3000, 5376, 2, 0.05, "e", [], 1.0, True)
+    text = format_diagnosis(d)
+    assert "ideal 10,753 ex/s on 2 replicas (2 x the measured 5,376 on 1; not measured" in text
+    assert "compute-only 10,753" not in text
 
 
 def train_config(digits, **train):

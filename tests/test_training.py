@@ -311,3 +311,21 @@ def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
     assert split["rows"] == [32_768, 32_768] and whole["rows"] == [65_536]
     for curve in (split["losses"], whole["losses"]):
         assert curve[-1] < curve[0] - 0.02, found
+
+
+def test_preemption_is_checked_inside_an_epoch_and_after_its_record_not_in_its_last_call():
+    """A preemption saved inside an epoch's last call would leave that epoch unrecorded in
+    history.json while its steps are in the checkpoint: the loop checks after recording."""
+    import tensorflow as tf
+
+    from tasks.training import _StepCounter
+
+    checked = []
+    step = tf.Variable(0, dtype=tf.int64)
+    counter = _StepCounter(step, 0, lambda: checked.append(counter.count))
+    counter.epoch_ends_at = 22
+    for n in (10, 10, 2):  # steps_per_call 10, 22 steps per epoch
+        counter(n)
+    assert checked == [10, 20] and int(step.numpy()) == 22
+    counter.check_preemption()  # the loop, once the epoch is recorded
+    assert checked == [10, 20, 22]
