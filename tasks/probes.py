@@ -49,19 +49,22 @@ def probe_rates(
     def one_batch(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
         return pipeline(ctx).take(1).cache().repeat()
 
+    # a probe call runs steps as training does: `steps_per_call` per graph call
+    per_call = min(setup.steps_per_call, max(steps // 3, 1))
+    call_examples = setup.step_examples * per_call
+
     def runner(dataset_fn):
         run_epoch = setup.epoch_runner(choice, dataset_fn)
-        return lambda: run_epoch(1)
+        return lambda: run_epoch(per_call)
 
     compute_step = runner(one_batch)
     # compute-only is the ceiling the devices allow: the best of three blocks, so a slow
     # spell on a shared machine does not pull it (and the step time) off
-    compute = max(
-        measure_rate(compute_step, setup.step_examples, max(steps // 3, 1)) for _ in range(3)
-    )
+    block_calls = max(steps // (3 * per_call), 1)
+    compute = max(measure_rate(compute_step, call_examples, block_calls) for _ in range(3))
     rates = {"compute": compute, "step_s": setup.step_examples / compute}
     if not compute_only:
-        rates["e2e"] = measure_rate(runner(pipeline), setup.step_examples, steps)
+        rates["e2e"] = measure_rate(runner(pipeline), call_examples, max(steps // per_call, 1))
         rates["input"] = input_only_rate(
             pipeline(None), batch, steps * setup.strategy.num_replicas_in_sync
         )
