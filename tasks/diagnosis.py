@@ -8,6 +8,7 @@ From those it names the bottleneck and recommends what to change.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -34,6 +35,19 @@ class Diagnosis:
     advice: list[str] = field(default_factory=list)
     seconds: float = 0.0  # time the probes took
     compute_is_ideal: bool = False  # out-of-process runs: N x the 1-replica rate, not measured
+    # weak scaling: compute-only on one device at the whole global batch (what the batch
+    # alone is worth, with no more devices)
+    compute_1_device_global_batch_examples_per_s: float | None = None
+
+    @property
+    def batch_effect(self) -> float | None:
+        """How much faster one device computes at the global batch than at the per-replica
+        batch: the part of a weak-scaling speedup more devices did not bring."""
+        one, whole = (
+            self.compute_1_replica_examples_per_s,
+            self.compute_1_device_global_batch_examples_per_s,
+        )
+        return whole / one if one and whole else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,6 +159,12 @@ def format_diagnosis(d: Diagnosis) -> str:
         + f", end-to-end {d.end_to_end_examples_per_s:,.0f} ex/s, step "
         f"{d.step_seconds * 1000:.1f} ms",
     ]
+    if d.batch_effect is not None:
+        lines.append(
+            f"batch:      one device computes {d.batch_effect:.2f}x faster at the global batch "
+            f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) than at the "
+            f"per-replica batch: that part of the speedup needs no more devices"
+        )
     return "\n".join(lines + [f"advice:     {a}" for a in d.advice])
 
 
@@ -168,7 +188,13 @@ def diagnose_run(
     here = choice.spec.runs_here
     probe_choice = choice if here else baseline_choice(choice)
     rates = probe_rates(cfg, manifest, data_dir, probe_choice, steps, input_transform)
-    compute_1 = None
+    compute_1 = global_batch_1 = None
+    if choice.replicas > 1 and cfg.scaling == "weak":  # the global batch on one device
+        global_batch = cfg.batch_size_per_replica * choice.replicas
+        whole = dataclasses.replace(cfg, batch_size_per_replica=global_batch)
+        global_batch_1 = probe_rates(
+            whole, manifest, data_dir, baseline_choice(choice), steps, input_transform, True
+        )["compute"]
     if probe_choice.replicas > 1:
         compute_1 = probe_rates(
             cfg,
@@ -205,4 +231,5 @@ def diagnose_run(
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
         seconds=time.perf_counter() - started,
         compute_is_ideal=not here,
+        compute_1_device_global_batch_examples_per_s=global_batch_1,
     )

@@ -34,6 +34,10 @@ class ScalingSummary:
     bottleneck: str = ""
     bottleneck_evidence: str = ""
     advice: list[str] = field(default_factory=list)
+    # weak scaling: speedup = speedup_from_batch x speedup_from_devices, where the batch part
+    # is one device at the global batch over one device at the per-replica batch
+    speedup_from_batch: float | None = None
+    speedup_from_devices: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +64,7 @@ def compare_runs(
     """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
     the replica count (1.0 is linear scaling)."""
     speedup = distributed.examples_per_s / baseline.examples_per_s
+    batch_effect = diagnosis.batch_effect if diagnosis else None
     bottleneck = (
         (diagnosis.bottleneck, diagnosis.evidence, list(diagnosis.advice))
         if diagnosis
@@ -83,6 +88,8 @@ def compare_runs(
         bottleneck=bottleneck[0],
         bottleneck_evidence=bottleneck[1],
         advice=bottleneck[2],
+        speedup_from_batch=batch_effect,
+        speedup_from_devices=speedup / batch_effect if batch_effect else None,
     )
 
 
@@ -173,7 +180,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("scaling", summary.scaling),
         ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
-        ("speedup", f"{summary.speedup:.2f}x"),
+        ("speedup", f"{summary.speedup:.2f}x" + _split(summary)),
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
         (
             f"time to {summary.target_accuracy:.0%} accuracy",
@@ -187,6 +194,15 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _split(summary: ScalingSummary) -> str:
+    if summary.speedup_from_batch is None or summary.speedup_from_devices is None:
+        return ""
+    return (
+        f" = {summary.speedup_from_batch:.2f}x from the larger global batch (one device) "
+        f"x {summary.speedup_from_devices:.2f}x from more devices"
+    )
 
 
 def pipeline_record(config: Any, report: Any, choice: Any, manifest: Any) -> dict:

@@ -99,3 +99,32 @@ def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
     )
     assert diagnosis.bottleneck == "compute-bound", diagnosis
     assert diagnosis.step_seconds > 0.004
+
+
+def test_weak_scaling_speedup_splits_into_batch_and_devices(digits):
+    """Under weak scaling the global batch grows with the replicas; the diagnosis times that
+    global batch on one device, and the summary splits the speedup into the two effects."""
+    import dataclasses
+
+    from tasks.diagnosis import format_diagnosis
+    from tasks.summary import compare_runs, format_summary
+    from tasks.training import TrainResult
+
+    cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=16)
+    mirrored = StrategyChoice("mirrored", 2, 1, "float32", "test")
+    diagnosis = diagnose_run(cfg, manifest, data_dir, mirrored, [], steps=20)
+    assert diagnosis.compute_1_device_global_batch_examples_per_s > 0
+    assert diagnosis.batch_effect > 1.0  # 32 at a time beats 16 at a time on one device
+    assert "per-replica batch: that part of the speedup" in format_diagnosis(diagnosis)
+    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
+    base, dist = (dataclasses.replace(r, examples_per_s=v) for r, v in ((base, 1000), (dist, 1500)))
+    evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
+    summary = compare_runs(base, dist, evaluation, diagnosis, "weak", 0.9)
+    assert summary.speedup_from_batch == pytest.approx(diagnosis.batch_effect)
+    product = summary.speedup_from_batch * summary.speedup_from_devices
+    assert product == pytest.approx(summary.speedup)
+    assert "from the larger global batch (one device)" in format_summary(summary, "ui")
+    strong = dataclasses.replace(cfg, scaling="strong")
+    assert diagnose_run(strong, manifest, data_dir, mirrored, [], steps=6).batch_effect is None
+
