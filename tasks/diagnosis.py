@@ -4,6 +4,10 @@ On the same model, batch and devices it measures input-only throughput (the inpu
 pipeline alone), compute-only throughput (the training step on one in-memory batch,
 repeated) and end-to-end throughput; with N replicas also compute-only at 1 replica.
 From those it names the bottleneck and recommends what to change.
+
+A run across processes (MultiWorkerMirrored workers, a ParameterServer coordinator) is
+probed where it trains (`tasks.inplace`): there a step splits into the local step, the
+communication alone and the rest (synchronisation and dispatch), each measured.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from tasks.config import TrainConfig
+from tasks.inplace import InPlaceProbes
 from tasks.manifest import Manifest
 from tasks.probes import Transform, probe_rates
 from tasks.strategy import StrategyChoice, baseline_choice
@@ -20,6 +25,7 @@ from tasks.strategy import StrategyChoice, baseline_choice
 OVERHEAD_STEP_S = 0.004  # below this per step, dispatch and sync costs dominate
 INPUT_SLACK = 0.85  # end-to-end below this share of compute-only: something else holds it
 COMM_EFFICIENCY = 0.6  # compute-only scaling efficiency below this: the all-reduce costs
+STEP_SHARE = 0.3  # communication, or sync and dispatch, above this share of a step: bound by it
 
 
 @dataclass(frozen=True)
@@ -34,10 +40,17 @@ class Diagnosis:
     evidence: str
     advice: list[str] = field(default_factory=list)
     seconds: float = 0.0  # time the probes took
-    compute_is_ideal: bool = False  # out-of-process runs: N x the 1-replica rate, not measured
     # weak scaling: compute-only on one device at the whole global batch (what the batch
     # alone is worth, with no more devices)
     compute_1_device_global_batch_examples_per_s: float | None = None
+    # measured inside a multi-process run (`tasks.inplace`); None in one process
+    measured_in: str = "this process"
+    local_step_seconds: float | None = None  # the step with no communication
+    comm_seconds: float | None = None  # the communication alone (all-reduce, push and pull)
+    comm_share: float | None = None  # of a step
+    sync_share: float | None = None  # of a step: neither the local step nor the communication
+    gradient_bytes: int | None = None
+    input_examples_per_s_by_worker: list[float] = field(default_factory=list)
 
     @property
     def batch_effect(self) -> float | None:
@@ -65,25 +78,14 @@ def classify(
     step_s: float,
     replicas: int,
     compute_1: float | None,
-    compute_is_ideal: bool = False,
 ) -> tuple[str, str]:
-    """The bottleneck class, and the numbers that show it, in one sentence.
-
-    With `compute_is_ideal` (runs out of this process), `compute_rate` is N times the
-    single-replica compute-only rate: the run's shortfall from it is what crossing
-    processes costs (the all-reduce and synchronisation), named as such.
-    """
+    """The bottleneck class of a run in this process, and the numbers that show it, in one
+    sentence."""
     ratio = e2e_rate / compute_rate
     if ratio < INPUT_SLACK and input_rate < compute_rate:
         return "input-bound", (
             f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of compute-only "
             f"{compute_rate:,.0f} ex/s, and the input pipeline alone gives {input_rate:,.0f}"
-        )
-    if compute_is_ideal and ratio < COMM_EFFICIENCY:
-        return "communication-bound", (
-            f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of the ideal {compute_rate:,.0f} "
-            f"({replicas} x the 1-replica compute-only rate, not a measurement): the "
-            f"cross-process all-reduce and synchronisation take the rest"
         )
     if step_s < OVERHEAD_STEP_S:
         return "overhead-bound", (
@@ -124,11 +126,16 @@ def recommend(
         advice.append("move expensive preprocessing into 'tfscale prepare' so it runs once")
         return advice
     if bottleneck == "overhead-bound":
+        more_calls = (
+            [f"run more steps per graph call (train.steps_per_call, now {cfg.steps_per_call})"]
+            if cfg.steps_per_call < 50 and not choice.spec.one_worker_per_step
+            else []
+        )
         return [
             f"raise the per-replica batch (now {cfg.batch_size_per_replica}) to "
             f"{cfg.batch_size_per_replica * 4} or more so each step does more work",
             "use fewer replicas: each adds synchronisation to a step this small",
-        ]
+        ] + more_calls
     if bottleneck == "communication-bound":
         return [
             f"use fewer replicas than {choice.replicas}, or a larger per-replica batch to "
@@ -143,25 +150,103 @@ def recommend(
     return advice
 
 
+def classify_in_place(p: InPlaceProbes) -> tuple[str, str]:
+    """The bottleneck class of a multi-process run from its in-place probes, and the
+    measured numbers that show it, in one sentence.
+
+    A step is the local step (no communication), the communication alone, and the rest:
+    waiting for the slowest replica and dispatching the collectives. When the last two
+    take `STEP_SHARE` of a step or more, the larger of them names the class. Input comes first:
+    when end-to-end falls short of the step and one worker's input pipeline is slower than
+    its share of a step needs, that worker holds everyone back.
+    """
+    ms = 1000.0
+    ratio = p.step_s / p.end_to_end_s
+    need = p.worker_examples / p.step_s  # examples/s one worker's share of a step needs
+    slowest = min(range(len(p.input_examples_per_s)), key=p.input_examples_per_s.__getitem__)
+    slowest_rate = p.input_examples_per_s[slowest]
+    if ratio < INPUT_SLACK and slowest_rate < need:
+        return "input-bound", (
+            f"worker {slowest}'s input pipeline alone gives {slowest_rate:,.0f} ex/s, below "
+            f"the {need:,.0f} its share of a step needs: end-to-end steps take "
+            f"{p.end_to_end_s * ms:.1f} ms against {p.step_s * ms:.1f} ms on an in-memory batch"
+        )
+    comm_share = min(p.comm_s / p.step_s, 1.0)
+    sync_s = max(p.step_s - p.local_step_s - p.comm_s, 0.0)
+    sync_share = sync_s / p.step_s
+    split = (
+        f"of each {p.step_s * ms:.1f} ms step the local step takes {p.local_step_s * ms:.1f} ms, "
+        f"the {p.comm} of {p.gradient_bytes / 1024:,.0f} KiB alone {p.comm_s * ms:.1f} ms "
+        f"({comm_share:.0%}) and synchronisation and dispatch the other {sync_s * ms:.1f} ms "
+        f"({sync_share:.0%})"
+    )
+    if comm_share + sync_share >= STEP_SHARE:  # the local step is under 70% of a step
+        return ("communication-bound" if comm_share >= sync_share else "overhead-bound"), split
+    if p.step_s < OVERHEAD_STEP_S:
+        return "overhead-bound", split
+    return "compute-bound", split
+
+
+def diagnose_in_place(
+    probes: InPlaceProbes,
+    cfg: TrainConfig,
+    manifest: Manifest,
+    choice: StrategyChoice,
+    cpu_flags: list[str],
+) -> Diagnosis:
+    """The diagnosis of a multi-process run from the probes its processes measured."""
+    p = probes
+    bottleneck, evidence = classify_in_place(p)
+    step_rate = p.step_examples / p.step_s
+    if choice.spec.one_worker_per_step:  # a step's time ran side by side on each worker
+        step_rate *= p.workers
+    local_rate = p.replica_examples / p.local_step_s
+    global_rate = (
+        p.step_examples / p.local_global_batch_step_s if p.local_global_batch_step_s else None
+    )
+    return Diagnosis(
+        bottleneck=bottleneck,
+        input_examples_per_s=sum(p.input_examples_per_s),
+        compute_examples_per_s=step_rate,
+        end_to_end_examples_per_s=step_rate * p.step_s / p.end_to_end_s,
+        compute_1_replica_examples_per_s=local_rate,
+        replicas=p.replicas,
+        step_seconds=p.step_s,
+        evidence=evidence,
+        advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
+        seconds=p.seconds,
+        compute_1_device_global_batch_examples_per_s=global_rate,
+        measured_in=p.where,
+        local_step_seconds=p.local_step_s,
+        comm_seconds=p.comm_s,
+        comm_share=min(p.comm_s / p.step_s, 1.0),
+        sync_share=max(p.step_s - p.local_step_s - p.comm_s, 0.0) / p.step_s,
+        gradient_bytes=p.gradient_bytes,
+        input_examples_per_s_by_worker=list(p.input_examples_per_s),
+    )
+
+
 def format_diagnosis(d: Diagnosis) -> str:
     one = d.compute_1_replica_examples_per_s
-    compute = (
-        f"ideal {d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas ({d.replicas} x "
-        f"the measured {one:,.0f} on 1; not measured in place)"
-        if d.compute_is_ideal
-        else f"compute-only {d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas"
-        + (f" ({one:,.0f} on 1)" if one else "")
-    )
     lines = [
         f"bottleneck: {d.bottleneck}",
         f"because:    {d.evidence}",
-        f"input-only {d.input_examples_per_s:,.0f} ex/s, {compute}"
+        f"input-only {d.input_examples_per_s:,.0f} ex/s, compute-only "
+        f"{d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas"
+        + (f" ({one:,.0f} on 1)" if one else "")
         + f", end-to-end {d.end_to_end_examples_per_s:,.0f} ex/s, step "
         f"{d.step_seconds * 1000:.1f} ms",
     ]
+    if d.local_step_seconds is not None:
+        workers = ", ".join(f"{rate:,.0f}" for rate in d.input_examples_per_s_by_worker)
+        lines.insert(
+            2,
+            f"measured:   in {d.measured_in}, with their own communication; input-only per "
+            f"worker {workers} ex/s",
+        )
     if d.batch_effect is not None:
         lines.append(
-            f"batch:      one device computes {d.batch_effect:.2f}x faster at the global batch "
+            f"batch:      one device computes {d.batch_effect:.2f}x as fast at the global batch "
             f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) than at the "
             f"per-replica batch: that part of the speedup needs no more devices"
         )
@@ -174,20 +259,13 @@ def diagnose_run(
     data_dir: str,
     choice: StrategyChoice,
     cpu_flags: list[str],
-    end_to_end: float | None = None,
     steps: int = 30,
     input_transform: Transform | None = None,
 ) -> Diagnosis:
-    """Measures the three throughputs and classifies the run.
-
-    Strategies that run out of process (multi_worker, parameter_server) are probed on one
-    device here; their end-to-end rate comes from the run (`end_to_end`) and is compared
-    with the ideal, N times the single-replica compute-only rate.
-    """
+    """Measures the three throughputs of a run in this process and classifies it (a run
+    across processes is probed in place: `diagnose_in_place`)."""
     started = time.perf_counter()
-    here = choice.spec.runs_here
-    probe_choice = choice if here else baseline_choice(choice)
-    rates = probe_rates(cfg, manifest, data_dir, probe_choice, steps, input_transform)
+    rates = probe_rates(cfg, manifest, data_dir, choice, steps, input_transform)
     compute_1 = global_batch_1 = None
     if choice.replicas > 1 and cfg.scaling == "weak":  # the global batch on one device
         global_batch = cfg.batch_size_per_replica * choice.replicas
@@ -195,7 +273,7 @@ def diagnose_run(
         global_batch_1 = probe_rates(
             whole, manifest, data_dir, baseline_choice(choice), steps, input_transform, True
         )["compute"]
-    if probe_choice.replicas > 1:
+    if choice.replicas > 1:
         compute_1 = probe_rates(
             cfg,
             manifest,
@@ -205,11 +283,6 @@ def diagnose_run(
             input_transform,
             compute_only=True,
         )["compute"]
-    if not here:
-        compute_1 = rates["compute"]
-        rates["compute"] *= choice.replicas  # ideal scaling of the single-replica step
-        rates["input"] *= choice.replicas  # each worker has its own input pipeline
-        rates["e2e"] = end_to_end or rates["e2e"]
     bottleneck, evidence = classify(
         rates["input"],
         rates["compute"],
@@ -217,7 +290,6 @@ def diagnose_run(
         rates["step_s"],
         choice.replicas,
         compute_1,
-        compute_is_ideal=not here,
     )
     return Diagnosis(
         bottleneck=bottleneck,
@@ -230,6 +302,5 @@ def diagnose_run(
         evidence=evidence,
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
         seconds=time.perf_counter() - started,
-        compute_is_ideal=not here,
         compute_1_device_global_batch_examples_per_s=global_batch_1,
     )

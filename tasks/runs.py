@@ -14,10 +14,11 @@ import shutil
 from pathlib import Path
 
 from tasks.config import Config, config_to_dict
-from tasks.diagnosis import Diagnosis, diagnose_run, format_diagnosis
+from tasks.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
 from tasks.errors import MissingInput
 from tasks.files import atomic_path, write_json_atomic
 from tasks.hardware import HardwareReport
+from tasks.inplace import InPlaceProbes
 from tasks.manifest import Manifest
 from tasks.strategy import StrategyChoice
 from tasks.strategy_kinds import COORDINATOR, LOCAL_WORKERS
@@ -47,10 +48,12 @@ def run_training(
     data_dir: str,
     choice: StrategyChoice,
     report: HardwareReport,
+    probe_steps: int = 0,
 ) -> TrainResult:
     """Trains where the choice says: in this process, N local workers, a local PS cluster,
     or, when a cluster manager described a cluster, as this task's role in it (chief or
-    training worker; `tasks.cluster`)."""
+    training worker; `tasks.cluster`). With `probe_steps` the processes that trained then
+    measure its steps in place (`tasks.inplace`)."""
     run_dir = run_dir_for(config, manifest, choice)
     cluster = report.cluster
     chief = cluster is None or cluster.is_chief
@@ -58,16 +61,20 @@ def run_training(
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cluster is not None:
-        result = _train_as_task(config, manifest, data_dir, choice, run_dir, report)
+        result = _train_as_task(
+            config, manifest, data_dir, choice, run_dir, report, probe_steps
+        )
         if not chief:
             return result
     elif choice.spec.runs == LOCAL_WORKERS:
-        result = _train_local_workers(config, data_dir, choice, run_dir)
+        result = _train_local_workers(config, data_dir, choice, run_dir, probe_steps)
     elif choice.spec.runs == COORDINATOR:
         from tasks.ps_cluster import in_process_cluster
 
         with in_process_cluster(choice.workers) as resolver:
-            result = train_model(config.train, manifest, data_dir, choice, run_dir, resolver)
+            result = train_model(
+                config.train, manifest, data_dir, choice, run_dir, resolver, probe_steps=probe_steps
+            )
     else:
         result = train_model(config.train, manifest, data_dir, choice, run_dir)
     write_metrics(result, manifest, report)
@@ -81,6 +88,7 @@ def _train_as_task(
     choice: StrategyChoice,
     run_dir: Path,
     report: HardwareReport,
+    probe_steps: int = 0,
 ) -> TrainResult:
     """This task's part of a cluster's training: preemptible, and a lost peer is named."""
     from tasks.cluster import lost_task
@@ -96,6 +104,7 @@ def _train_as_task(
             is_chief=cluster.is_chief,
             preemptible=True,
             collective_timeout_s=config.cluster.collective_timeout_s,
+            probe_steps=probe_steps,
         )
     except Exception as exc:
         lost = lost_task(exc, cluster, f"it resumes from the last checkpoint in {run_dir}")
@@ -146,19 +155,26 @@ def train_and_diagnose(
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
     written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` 0 skips the
-    diagnosis, and so does a task of a cluster that is not its chief."""
-    result = run_training(config, manifest, data_dir, choice, report)
+    diagnosis; a task of a cluster that is not its chief takes part in the probes and
+    leaves the diagnosis to the chief.
+
+    A run across processes (local workers, a parameter-server cluster, any cluster task)
+    is probed in place by the processes that trained; a run in this process, here.
+    """
+    in_place = report.cluster is not None or not choice.spec.runs_here
+    result = run_training(
+        config, manifest, data_dir, choice, report, probe_steps if in_place else 0
+    )
     if not probe_steps or (report.cluster is not None and not report.cluster.is_chief):
         return result, None
-    diagnosis = diagnose_run(
-        config.train,
-        manifest,
-        data_dir,
-        choice,
-        report.cpu_flags,
-        end_to_end=result.examples_per_s,
-        steps=probe_steps,
-    )
+    if in_place:
+        diagnosis = diagnose_in_place(
+            InPlaceProbes(**result.probes), config.train, manifest, choice, report.cpu_flags
+        )
+    else:
+        diagnosis = diagnose_run(
+            config.train, manifest, data_dir, choice, report.cpu_flags, steps=probe_steps
+        )
     run_dir = Path(result.run_dir)
     (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
     write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
@@ -195,7 +211,7 @@ def latest_run(runs_dir: str, dataset: str) -> dict:
 
 
 def _train_local_workers(
-    config: Config, data_dir: str, choice: StrategyChoice, run_dir: Path
+    config: Config, data_dir: str, choice: StrategyChoice, run_dir: Path, probe_steps: int = 0
 ) -> TrainResult:
     from tasks.launch import launch_workers
 
@@ -209,6 +225,7 @@ def _train_local_workers(
         "run_dir": str(run_dir),
         # each worker gets its share of the cores: more threads than cores slow every step
         "threads": max(cores // choice.workers, 1),
+        "probe_steps": probe_steps,
     }
     launch_workers(spec, choice.workers, run_dir, pin_cores=choice.workers <= cores)
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))

@@ -8,6 +8,7 @@ mixed_float16, checkpoints every epoch and resumes from the last completed one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -59,6 +60,8 @@ class TrainResult:
     resumed_from_epoch: int = 0
     resumed_from_step: int = 0
     weights_digest: str = ""
+    # the diagnosis probes measured in place after training (`tasks.inplace`), when asked
+    probes: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,9 +85,13 @@ def train_model(
     is_chief: bool = True,
     preemptible: bool = False,
     collective_timeout_s: float = 60.0,
+    probe_steps: int = 0,
 ) -> TrainResult:
     """Trains `cfg.model` on the manifest's train split under the chosen strategy, resuming
     from the run directory's last checkpoint (mid-epoch when a preemption saved it there).
+
+    With `probe_steps`, the trained run's steps are then measured in place on its own
+    strategy (`tasks.inplace`; every worker of a run must pass the same value).
 
     With `preemptible` (a worker process's main thread), SIGTERM saves a checkpoint at the
     current step on every worker and exits with `EXIT_PREEMPTED` (TensorFlow's
@@ -97,8 +104,9 @@ def train_model(
         )
         checkpoint = tf.train.Checkpoint(model=setup.model, optimizer=setup.optimizer, step=step)
     manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, is_chief)
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
+    latest = _latest_checkpoint(run_dir, manager)
+    if latest:
+        checkpoint.restore(latest)
     resumed_step = int(step.numpy())
     check_preemption = _preemption_hook(setup.strategy, manager, step) if preemptible else None
     after_steps = _StepCounter(step, resumed_step, check_preemption)
@@ -119,7 +127,13 @@ def train_model(
         setup.model.save(model_path)
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
-    return _result(setup, choice, run_dir, model_path, history, resumed_step)
+    result = _result(setup, choice, run_dir, model_path, history, resumed_step)
+    if probe_steps:
+        from tasks.inplace import probe_in_place
+
+        probes = probe_in_place(setup, cfg, manifest, data_dir, choice, probe_steps)
+        result = dataclasses.replace(result, probes=probes.to_dict())
+    return result
 
 
 class _StepCounter:
@@ -350,6 +364,13 @@ def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):
         task_id = strategy.cluster_resolver.task_id if strategy.cluster_resolver else 0
         directory = run_dir / f".worker-{task_id}-checkpoints"
     return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=2)
+
+
+def _latest_checkpoint(run_dir: Path, manager: Any) -> str | None:
+    """Where every worker resumes from: the chief's latest checkpoint when this worker can
+    see it (a shared run directory), else its own. Other workers delete theirs once they
+    finish, so after a failure past that point only the chief's says where training got."""
+    return tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or manager.latest_checkpoint
 
 
 def _read_history(run_dir: Path) -> list[dict[str, float]]:

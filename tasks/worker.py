@@ -38,6 +38,7 @@ def main(spec_path: str) -> int:
         is_chief=index == 0,
         preemptible=True,
         collective_timeout_s=config.cluster.collective_timeout_s,
+        probe_steps=spec.get("probe_steps", 0),
     )
     (run_dir / f"worker-{index}-result.json").write_text(json.dumps(result.to_dict()))
     return 0

@@ -70,6 +70,12 @@ class Hosts:
             _ip("netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                 "rate", rate, "burst", "64kb", "latency", "400ms")  # fmt: skip
 
+    def unshape(self, i: int) -> None:
+        """Takes host `i`'s link back to full speed."""
+        for ns, dev in ((self.name(i), self.name(i)), (self.switch, f"{self.tag}-p{i}")):
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True)  # fmt: skip
+
     def create(self) -> None:
         _ip("netns", "add", self.switch)
         self.namespaces.append(self.switch)

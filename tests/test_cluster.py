@@ -19,7 +19,8 @@ import yaml
 from tests import netns
 from tests.helpers import BIN, ROOT
 
-TRAIN = ["--model", "mlp", "--precision", "float32", "--no-diagnose"]
+TRAIN = ["--model", "mlp", "--precision", "float32"]
+QUIET = ["--no-diagnose"]  # the runs that test something else skip the diagnosis probes
 PORTS = iter(range(23000, 24000, 10))  # a fresh port block per cluster: no TIME_WAIT clashes
 
 why_not = netns.available()
@@ -50,12 +51,25 @@ class Cluster:
         self.data_dir = digits[0]["prepare.data_dir"]
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
 
-    def start(self, *only: tuple[str, int], extra: tuple[str, ...] = ()) -> None:
+    def start(
+        self,
+        *only: tuple[str, int],
+        extra: tuple[str, ...] = (),
+        diagnose: bool = False,
+        slow_input: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        """Starts the tasks (all by default); those in `slow_input` with their input
+        pipeline slowed (`tests/slow_input.py`)."""
         for task in only or tuple(self.placement):
             job, index = task
             tf_config = {"cluster": self.spec, "task": {"type": job, "index": index}}
-            env = dict(os.environ, TF_CONFIG=json.dumps(tf_config))
-            argv = [str(BIN / "tfscale"), "--params", "none.yaml", "train", *TRAIN]
+            env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), PYTHONPATH=str(ROOT))
+            entry = (
+                [str(BIN / "python"), str(ROOT / "tests" / "slow_input.py")]
+                if task in slow_input
+                else [str(BIN / "tfscale")]
+            )
+            argv = [*entry, "--params", "none.yaml", "train", *TRAIN, *([] if diagnose else QUIET)]
             argv += ["--epochs", str(self.epochs), "--data-dir", self.data_dir]
             argv += ["--runs-dir", str(self.tmp / "runs"), "--collective-timeout", "20", *extra]
             log = open(self.log(task), "a")  # noqa: SIM115 (closed with the process)
@@ -148,6 +162,52 @@ def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
     local = json.loads((same.run_dir() / "metrics.json").read_text())["examples_per_s"]
     print(f"\ntwo workers across namespace hosts: {across:,.0f} examples/s; on one host "
           f"{local:,.0f}; ratio {across / local:.2f}")
+
+
+def diagnosis_of(job: Cluster) -> dict:
+    return json.loads((job.run_dir() / "diagnosis.json").read_text())
+
+
+def test_diagnosis_on_a_slow_link_is_communication_bound(cluster):
+    """The same two-host run diagnosed in place, first on the full-speed link, then with one
+    host's link shaped to 20 Mbit/s: the all-reduce alone grows with the link, and the run
+    is named communication-bound by the share of a step the all-reduce takes."""
+    fast = cluster({"worker": [0, 1]}, epochs=2)
+    fast.start(diagnose=True)
+    assert [fast.wait(("worker", i)) for i in range(2)] == [0, 0], fast.chief_log()
+    fast_diagnosis = diagnosis_of(fast)
+    assert fast_diagnosis["measured_in"] == "2 worker processes"
+    slow = cluster({"worker": [0, 1]}, epochs=2)
+    slow.hosts.shape(1, "20mbit")
+    try:
+        slow.start(diagnose=True)
+        codes = [slow.wait(("worker", i)) for i in range(2)]
+    finally:
+        slow.hosts.unshape(1)
+    assert codes == [0, 0], slow.chief_log()
+    d = diagnosis_of(slow)
+    assert d["bottleneck"] == "communication-bound", d
+    assert d["comm_share"] > 0.5 and d["comm_seconds"] > 5 * fast_diagnosis["comm_seconds"]
+    assert "bottleneck: communication-bound" in slow.output(("worker", 0))
+    print(f"\nall-reduce of {d['gradient_bytes'] / 1024:.0f} KiB: "
+          f"{fast_diagnosis['comm_seconds'] * 1000:.1f} ms at full speed "
+          f"({fast_diagnosis['bottleneck']}), {d['comm_seconds'] * 1000:.1f} ms at 20 Mbit/s "
+          f"({d['comm_share']:.0%} of a step)")
+
+
+def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
+    """Worker 1's input pipeline is slowed (its host reads slowly); worker 0's is not. The
+    diagnosis, gathered from both hosts, is input-bound and names worker 1."""
+    job = cluster({"worker": [0, 1]}, epochs=2)
+    job.start(diagnose=True, slow_input=(("worker", 1),))
+    assert [job.wait(("worker", i)) for i in range(2)] == [0, 0], job.chief_log()
+    d = diagnosis_of(job)
+    assert d["bottleneck"] == "input-bound", d
+    assert "worker 1's input pipeline" in d["evidence"]
+    fast_input, slow_input = d["input_examples_per_s_by_worker"]
+    assert slow_input < fast_input / 5
+    print(f"\ninput-only per worker: {fast_input:,.0f} and {slow_input:,.0f} ex/s; "
+          f"{d['evidence']}")
 
 
 def test_parameter_server_over_four_hosts(cluster):

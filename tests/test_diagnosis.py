@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 from tasks.config import load_config
-from tasks.diagnosis import classify, diagnose_run
+from tasks.diagnosis import classify, classify_in_place, diagnose_run
+from tasks.inplace import InPlaceProbes
 from tasks.preparation import prepare_dataset
 from tasks.strategy import StrategyChoice
 
@@ -22,22 +23,66 @@ ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")
         ((90000, 5000, 4900, 0.002, 1, None), "overhead-bound"),
         ((90000, 5200, 5000, 0.05, 2, 5000), "communication-bound"),
         ((90000, 9000, 8800, 0.05, 2, 5000), "compute-bound"),
-        # two local workers at 28% of the ideal (2 x one replica's compute-only): not healthy
-        ((90000, 10753, 3000, 0.05, 2, 5376, True), "communication-bound"),
-        ((90000, 10753, 9500, 0.05, 2, 5376, True), "compute-bound"),
     ],
 )
 def test_classify_from_numbers(rates, expected):
     assert classify(*rates)[0] == expected
 
 
-def test_an_ideal_is_printed_as_one():
-    from tasks.diagnosis import Diagnosis, format_diagnosis
+def probes(**figures) -> InPlaceProbes:
+    """Two workers, 32 examples each per step, 10 ms steps; `figures` override."""
+    values = dict(
+        where="2 worker processes",
+        comm="all-reduce",
+        replicas=2,
+        workers=2,
+        step_examples=64,
+        replica_examples=32,
+        worker_examples=32,
+        gradient_bytes=204_800,
+        step_s=0.010,
+        local_step_s=0.008,
+        comm_s=0.001,
+        end_to_end_s=0.0105,
+        input_examples_per_s=[40_000.0, 40_000.0],
+    )
+    return InPlaceProbes(**dict(values, **figures))
 
-    d = Diagnosis("communication-bound", 90000, 10753, 3000, 5376, 2, 0.05, "e", [], 1.0, True)
+
+@pytest.mark.parametrize(
+    ("figures", "expected", "named"),
+    [
+        ({}, "compute-bound", "local step takes 8.0 ms"),
+        # worker 1's input gives 1,000 ex/s; its share of a 10 ms step needs 3,200
+        (
+            {"end_to_end_s": 0.032, "input_examples_per_s": [40_000.0, 1_000.0]},
+            "input-bound",
+            "worker 1's input pipeline alone gives 1,000 ex/s",
+        ),
+        ({"local_step_s": 0.002, "comm_s": 0.007}, "communication-bound", "200 KiB alone 7.0"),
+        ({"local_step_s": 0.004, "comm_s": 0.001}, "overhead-bound", "the other 5.0 ms (50%)"),
+        # a slow end-to-end with every worker's input fast enough is not input-bound
+        ({"end_to_end_s": 0.032}, "compute-bound", "local step"),
+    ],
+)
+def test_classify_in_place_from_measured_steps(figures, expected, named):
+    bottleneck, evidence = classify_in_place(probes(**figures))
+    assert bottleneck == expected
+    assert named in evidence
+
+
+def test_in_place_diagnosis_prints_measurements_as_measured(digits):
+    from tasks.diagnosis import diagnose_in_place, format_diagnosis
+
+    cfg, manifest, _ = train_config(digits, model="mlp")
+    choice = StrategyChoice("multi_worker", 2, 2, "float32", "test")
+    d = diagnose_in_place(probes(local_step_s=0.002, comm_s=0.007), cfg, manifest, choice, [])
+    assert d.compute_examples_per_s == pytest.approx(6400)  # 64 examples per 10 ms step
+    assert d.compute_1_replica_examples_per_s == pytest.approx(16000)  # 32 per 2 ms
+    assert d.comm_share == pytest.approx(0.7) and d.sync_share == pytest.approx(0.1)
     text = format_diagnosis(d)
-    assert "ideal 10,753 ex/s on 2 replicas (2 x the measured 5,376 on 1; not measured" in text
-    assert "compute-only 10,753" not in text
+    assert "measured:   in 2 worker processes" in text and "ideal" not in text
+    assert "input-only per worker 40,000, 40,000 ex/s" in text
 
 
 def train_config(digits, **train):

@@ -19,7 +19,7 @@ import pytest
 from tasks.config import load_config
 from tasks.hardware import detect_hardware
 from tasks.launch import WorkerError
-from tasks.runs import run_training
+from tasks.runs import run_training, train_and_diagnose
 from tasks.strategy import select_strategy
 from tasks.training import batch_sizes, train_model
 
@@ -110,7 +110,7 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     config, manifest, data_dir, choice, report = configure(
         digits, tmp_path, strategy="multi_worker", workers=2
     )
-    result = run_training(config, manifest, data_dir, choice, report)
+    result, diagnosis = train_and_diagnose(config, manifest, data_dir, choice, report, 20)
     run_dir = Path(result.run_dir)
     results = [json.loads((run_dir / f"worker-{i}-result.json").read_text()) for i in range(2)]
     digests = [r["weights_digest"] for r in results]
@@ -123,6 +123,12 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["strategy"] == "multi_worker" and len(metrics["history"]) == 2
     assert not list(run_dir.glob(".worker-1-checkpoints"))  # only the chief keeps outputs
+    # diagnosed in the two worker processes: a tiny model's step is mostly its all-reduce
+    # and synchronisation, which is not the healthy (compute-bound) state
+    assert diagnosis.measured_in == "2 worker processes"
+    assert diagnosis.bottleneck in ("communication-bound", "overhead-bound"), diagnosis
+    assert diagnosis.comm_seconds > 0 and len(diagnosis.input_examples_per_s_by_worker) == 2
+    assert json.loads((run_dir / "diagnosis.json").read_text())["bottleneck"] == diagnosis.bottleneck
 
 
 def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):
@@ -147,6 +153,7 @@ def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):
         ]
     )
     assert "parameter_server, 2 replicas" in out
+    assert "measured:   in the coordinator and 2 workers" in out  # diagnosed in place
     (metrics,) = (tmp_path / "runs" / "digits").glob("*/metrics.json")
     history = json.loads(metrics.read_text())["history"]
     assert len(history) == 2 and history[1]["loss"] < history[0]["loss"]

@@ -1,0 +1,269 @@
+"""The diagnosis probes of a multi-process run, measured where it trains.
+
+Under MultiWorkerMirrored every worker process runs them together, after training, on the
+run's own strategy and model, so a step's all-reduce is the real one between the real
+processes (or hosts). Under ParameterServer the coordinator runs them with its workers.
+Per step they measure:
+
+- `step_s`: the training step with its communication, on one cached batch;
+- `local_step_s`: the same step on the same batch with no communication at all (a copy of
+  the model outside the strategy, in the same process, on the same cores);
+- `comm_s`: the communication alone: an all-reduce of the model's gradient bytes
+  (MultiWorkerMirrored), or a push and pull of its variables (ParameterServer);
+- `end_to_end_s`: the training step fed by the real input pipeline;
+- each worker's input pipeline alone (examples/s).
+
+Every worker's own figures reach every worker through one more all-reduce, so the chief
+holds them all (no shared file system is needed). Nothing here is an ideal: each figure is
+a measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tasks.config import TrainConfig
+from tasks.manifest import Manifest
+from tasks.strategy import StrategyChoice
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+@dataclass(frozen=True)
+class InPlaceProbes:
+    """Per-step figures measured inside a multi-process run (seconds unless named)."""
+
+    where: str  # "2 worker processes", "the coordinator and 2 workers"
+    comm: str  # what `comm_s` moved: "all-reduce" or "push and pull"
+    replicas: int
+    workers: int
+    step_examples: int  # examples one step consumes (all replicas)
+    replica_examples: int  # examples one replica's part of a step consumes
+    worker_examples: int  # examples one worker's part of a step consumes
+    gradient_bytes: int
+    step_s: float
+    local_step_s: float  # the slowest replica's
+    comm_s: float
+    end_to_end_s: float
+    input_examples_per_s: list[float] = field(default_factory=list)  # one per worker
+    # one device at the whole global batch (weak scaling), per step; 0 when not measured
+    local_global_batch_step_s: float = 0.0
+    seconds: float = 0.0  # time the probes took
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def seconds_per_call(call: Callable[[], Any], calls: int) -> float:
+    """Wall seconds per call of `call` after two warm-up calls (tracing); `call` returns
+    something whose `.numpy()` (or float) waits for the work."""
+    for _ in range(2):
+        _wait(call())
+    started = time.perf_counter()
+    for _ in range(calls):
+        result = call()
+    _wait(result)
+    return (time.perf_counter() - started) / calls
+
+
+def _wait(value: Any) -> None:
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, value)
+
+
+def probe_in_place(
+    setup: Any,
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    steps: int,
+) -> InPlaceProbes:
+    """Measures a trained run's steps on its own strategy (`setup`, a `TrainingSetup`).
+
+    Every worker of a MultiWorkerMirrored run must call this with the same arguments: its
+    probes are collectives.
+    """
+    from tasks.training import train_dataset_fn
+
+    started = time.perf_counter()
+    strategy = setup.strategy
+    batch = setup.per_replica * setup.accum_steps
+    pipeline = train_dataset_fn(cfg, manifest, data_dir, batch)
+    per_call = min(setup.steps_per_call, max(steps // 3, 1))
+    calls = max(steps // per_call, 1)
+
+    def one_batch(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+        return pipeline(ctx).take(1).cache().repeat()
+
+    compute = setup.epoch_runner(choice, one_batch)
+    end_to_end = setup.epoch_runner(choice, pipeline)
+    # the best of three blocks: a slow spell on a shared machine does not pull it off
+    step_s = min(seconds_per_call(lambda: compute(per_call), calls) for _ in range(3)) / per_call
+    end_to_end_s = seconds_per_call(lambda: end_to_end(per_call), calls) / per_call
+    variables = setup.model.trainable_variables
+    gradient_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    ps = choice.spec.one_worker_per_step
+    if ps:
+        comm_s = _push_pull_seconds(strategy, variables, per_call, calls)
+        step_s *= setup.workers  # a step's own time: the workers' steps run side by side
+        end_to_end_s *= setup.workers
+    else:
+        comm_s = _all_reduce_seconds(strategy, variables, per_call, calls)
+    images, labels = next(iter(pipeline(None)))
+    local_s = _local_step_seconds(cfg, manifest, setup, images, labels, per_call, calls)
+    global_s = 0.0
+    if cfg.scaling == "weak" and setup.replicas > 1 and not ps:  # (a PS step is one worker's)
+        whole = train_dataset_fn(cfg, manifest, data_dir, setup.global_batch * setup.accum_steps)
+        images_g, labels_g = next(iter(whole(None)))
+        global_s = _local_step_seconds(cfg, manifest, setup, images_g, labels_g, per_call, calls)
+    if ps:  # the coordinator's view: every worker's input through its scheduled closures
+        inputs = [_ps_input_rate(strategy, pipeline, batch, steps) / setup.workers] * setup.workers
+        where = f"the coordinator and {setup.workers} workers"
+        mine = [local_s, global_s]
+        per_worker = [mine] * setup.workers
+    else:
+        rate = _input_rate(strategy, pipeline, batch, steps)
+        per_worker = _gather(strategy, [local_s, global_s, rate])
+        inputs = [row[2] for row in per_worker]
+        where = f"{setup.workers} worker processes"
+    return InPlaceProbes(
+        where=where,
+        comm="push and pull" if ps else "all-reduce",
+        replicas=setup.replicas,
+        workers=setup.workers,
+        step_examples=setup.step_examples,
+        replica_examples=batch,
+        worker_examples=setup.step_examples if ps else setup.step_examples // setup.workers,
+        gradient_bytes=int(gradient_bytes),
+        step_s=step_s,
+        local_step_s=max(row[0] for row in per_worker),
+        comm_s=comm_s,
+        end_to_end_s=end_to_end_s,
+        input_examples_per_s=inputs,
+        local_global_batch_step_s=max(row[1] for row in per_worker),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _all_reduce_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
+    """Seconds per all-reduce of tensors shaped as the gradients, across every replica."""
+    shapes = [(v.shape, v.dtype) for v in variables]
+
+    def reduce_once():
+        ctx = tf.distribute.get_replica_context()
+        reduced = ctx.all_reduce(SUM, [tf.zeros(shape, dtype) for shape, dtype in shapes])
+        return tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in reduced])
+
+    @tf.function
+    def reduce_calls():
+        total = [strategy.run(reduce_once) for _ in range(per_call)]  # unrolled: each one runs
+        return [strategy.experimental_local_results(t)[0] for t in total]
+
+    return seconds_per_call(reduce_calls, calls) / per_call
+
+
+def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
+    """Seconds per push and pull of every variable between a worker and the ps tasks, one
+    scheduled closure at a time (the communication of a ParameterServer step alone)."""
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    @tf.function
+    def push_pull():
+        def replica():
+            for v in variables:
+                v.assign_add(tf.zeros(v.shape, v.dtype))
+            return tf.add_n([tf.reduce_sum(tf.cast(v.value, tf.float32)) for v in variables])
+
+        return strategy.run(replica)
+
+    def call():
+        results = [coordinator.schedule(push_pull) for _ in range(per_call)]
+        coordinator.join()
+        return [r.fetch() for r in results]
+
+    return seconds_per_call(call, calls) / per_call
+
+
+def _local_step_seconds(
+    cfg: TrainConfig, manifest: Manifest, setup: Any, images, labels, per_call: int, calls: int
+) -> float:
+    """Seconds per training step of a copy of the model outside the strategy on `images`:
+    the step with no communication, on this process's devices."""
+    from tasks.models import build_model
+    from tasks.steps import replica_step
+
+    with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
+        model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+    effective = int(images.shape[0])
+
+    @tf.function
+    def local_steps():
+        loss = tf.constant(0.0)
+        for _ in tf.range(per_call):
+            step_loss, _ = replica_step(
+                model, optimizer, images, labels, setup.accum_steps, effective
+            )
+            loss += tf.cast(step_loss, tf.float32)
+        return loss
+
+    return min(seconds_per_call(local_steps, calls) for _ in range(2)) / per_call
+
+
+def _input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> float:
+    """Examples/s of this worker's own input pipeline alone (its share of the input)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    workers = strategy.extended._num_workers if hasattr(strategy.extended, "_num_workers") else 1
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=workers,
+        input_pipeline_id=resolver.task_id if resolver is not None and workers > 1 else 0,
+        num_replicas_in_sync=strategy.num_replicas_in_sync,
+    )
+    iterator = iter(pipeline(ctx))
+    local = len(strategy.extended.worker_devices)
+    return batch * local / seconds_per_call(lambda: next(iterator)[1], steps * local)
+
+
+def _ps_input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> float:
+    """Examples/s of every worker's input pipeline together, read in scheduled closures."""
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    iterator = iter(coordinator.create_per_worker_dataset(lambda: pipeline(None)))
+
+    @tf.function
+    def read(iterator):
+        return tf.shape(next(iterator)[1])[0]
+
+    def call():
+        results = [coordinator.schedule(read, args=(iterator,)) for _ in range(steps)]
+        coordinator.join()
+        return [r.fetch() for r in results]
+
+    return batch * steps / seconds_per_call(call, 1)
+
+
+def _gather(strategy: Any, values: list[float]) -> list[list[float]]:
+    """Every worker's `values`, one row per worker (in task order), on every worker: one
+    all-reduce of a matrix where each replica fills its own row."""
+    replicas = strategy.num_replicas_in_sync
+    local = max(len(strategy.extended.worker_devices), 1)
+    mine = tf.constant(values, tf.float32)
+
+    @tf.function
+    def gather():
+        def replica():
+            ctx = tf.distribute.get_replica_context()
+            row = tf.one_hot(ctx.replica_id_in_sync_group, replicas)
+            return ctx.all_reduce(SUM, row[:, None] * mine[None, :])
+
+        return strategy.experimental_local_results(strategy.run(replica))[0]
+
+    rows = np.asarray(gather())
+    return [rows[i].tolist() for i in range(0, replicas, local)]
