@@ -181,7 +181,15 @@ def classify_in_place(p: InPlaceProbes) -> tuple[str, str]:
         f"({sync_share:.0%})"
     )
     if comm_share + sync_share >= STEP_SHARE:  # the local step is under 70% of a step
-        return ("communication-bound" if comm_share >= sync_share else "overhead-bound"), split
+        if comm_share < sync_share:
+            return "overhead-bound", split
+        if p.comm == "all-reduce" and p.workers > 1:  # a ring sends 2(N-1)/N of the bytes
+            sent = p.gradient_bytes * 2 * (p.workers - 1) / p.workers
+            split += (
+                f"; each worker sends {sent / 1024:,.0f} KiB per all-reduce, about "
+                f"{sent * 8 / p.comm_s / 1e6:,.0f} Mbit/s"
+            )
+        return "communication-bound", split
     if p.step_s < OVERHEAD_STEP_S:
         return "overhead-bound", split
     return "compute-bound", split
@@ -247,7 +255,7 @@ def format_diagnosis(d: Diagnosis) -> str:
     if d.batch_effect is not None:
         lines.append(
             f"batch:      one device computes {d.batch_effect:.2f}x as fast at the global batch "
-            f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) than at the "
+            f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
             f"per-replica batch: that part of the speedup needs no more devices"
         )
     return "\n".join(lines + [f"advice:     {a}" for a in d.advice])

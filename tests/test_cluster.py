@@ -193,6 +193,7 @@ def test_diagnosis_on_a_slow_link_is_communication_bound(cluster):
           f"{fast_diagnosis['comm_seconds'] * 1000:.1f} ms at full speed "
           f"({fast_diagnosis['bottleneck']}), {d['comm_seconds'] * 1000:.1f} ms at 20 Mbit/s "
           f"({d['comm_share']:.0%} of a step)")
+    print((slow.run_dir() / "diagnosis.txt").read_text())
 
 
 def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
