@@ -9,7 +9,8 @@ precision on this CPU.
 
 Every figure comes from worker processes started the same way, in one run. The cases run
 in turn `--repeats` times; each figure is the median with its spread (min-max), and the
-ratios are medians of the ratios taken within each round.
+ratios are medians of the ratios taken within each round. The two-worker case then runs
+once more with the in-place diagnosis (`tasks/inplace.py`), which says where its steps go.
 Targets: scaling efficiency at least 0.95; tfscale / plain loop at least 1.0.
 """
 
@@ -27,16 +28,34 @@ from tasks.preparation import prepare_dataset
 from tasks.strategy import StrategyChoice
 
 
-def measure(config, data_dir: str, choice: StrategyChoice, run_dir: Path, threads: int) -> float:
+def measure(
+    config, data_dir: str, choice: StrategyChoice, run_dir: Path, threads: int, probe_steps=0
+) -> dict:
+    """The chief's result of one run (`probes` holds its in-place diagnosis probes when
+    `probe_steps` asks for them)."""
     spec = {
         "config": config_to_dict(config),
         "data_dir": data_dir,
         "choice": choice.to_dict(),
         "run_dir": str(run_dir),
         "threads": threads,
+        "probe_steps": probe_steps,
     }
     launch_workers(spec, choice.workers, run_dir, pin_cores=True)
-    return json.loads((run_dir / "worker-0-result.json").read_text())["examples_per_s"]
+    return json.loads((run_dir / "worker-0-result.json").read_text())
+
+
+def explain(config, data_dir: str, choice: StrategyChoice, run_dir: Path) -> str:
+    """The two-worker case once more, diagnosed in its worker processes: why its efficiency
+    is what it is."""
+    from tasks.diagnosis import diagnose_in_place, format_diagnosis
+    from tasks.inplace import InPlaceProbes
+    from tasks.manifest import load_manifest
+
+    result = measure(config, data_dir, choice, run_dir, threads=1, probe_steps=30)
+    probes = InPlaceProbes(**result["probes"])
+    diagnosis = diagnose_in_place(probes, config.train, load_manifest(data_dir), choice, [])
+    return format_diagnosis(diagnosis)
 
 
 def plain_loop(args, run_dir: Path) -> float:
@@ -125,7 +144,8 @@ def main() -> None:
                 if choice is None:
                     rates[name] = plain_loop(args, run_dir)
                 else:
-                    rates[name] = measure(config, data_dir, choice, run_dir, threads=1)
+                    result = measure(config, data_dir, choice, run_dir, threads=1)
+                    rates[name] = result["examples_per_s"]
                 print(f"round {r + 1}: {name:<40} {rates[name]:8.0f} examples/s", flush=True)
             rounds.append(rates)
         print(f"\nmedian (min-max) over {args.repeats} rounds")
@@ -134,6 +154,8 @@ def main() -> None:
             print(f"{name:<40} {spread(values)} examples/s")
         efficiency = [r[two] / r[one] / 2 for r in rounds]
         print(f"{'scaling efficiency of 2 workers':<40} {spread(efficiency)}   target 0.95")
+        print("\nwhy: the two workers once more, diagnosed in their processes")
+        print(explain(config, data_dir, cases[1][1], Path(tmp) / "explained"))
         if not args.scaling_only:
             print(f"{'tfscale / plain TF loop (2 workers)':<40} "
                   f"{spread([r[two] / r[plain] for r in rounds])}   target 1.0")  # fmt: skip
