@@ -145,8 +145,70 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_training_commands(sub)
     _add_flow_commands(sub)
+    _add_forecast_command(sub)
     _add_server_commands(sub)
     return parser
+
+
+def _numbers(kind: Callable[[str], Any]) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {text!r}")
+
+    parse.__name__ = f"{kind.__name__}s"
+    return parse
+
+
+def _add_forecast_command(sub: Any) -> None:
+    from tasks.forecast import DEFAULT_WORKERS, LINK_PRESETS
+
+    text = (
+        "forecast speedup and efficiency for more workers and other links, from a "
+        "multi-worker run's in-place measurements"
+    )
+    forecast = sub.add_parser(
+        "forecast",
+        help=text,
+        description=text + ". Fits a cost model (compute per example, all-reduce latency "
+        "and bandwidth, sync, input) and predicts each worker count on each link.",
+    )
+    forecast.add_argument("--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]")
+    forecast.add_argument("--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]")
+    forecast.add_argument(
+        "--run-dir", help="the run to forecast from (default: the newest multi-worker run)"
+    )
+    forecast.add_argument(
+        "--workers",
+        type=_numbers(int),
+        default=list(DEFAULT_WORKERS),
+        metavar="N,N,...",
+        help="worker counts (1,2,4,8,16,32,64)",
+    )
+    forecast.add_argument(
+        "--link-gbit",
+        type=_numbers(float),
+        default=[],
+        metavar="G,G,...",
+        help="link rates in Gbit/s to forecast besides the measured one",
+    )
+    forecast.add_argument(
+        "--preset",
+        type=_numbers(str),
+        default=[],
+        metavar="NAME,...",
+        help=f"named links: {', '.join(LINK_PRESETS)}",
+    )
+    forecast.add_argument(
+        "--scaling",
+        choices=("weak", "strong"),
+        default="weak",
+        help="weak: the per-replica batch stays; strong: the global batch stays (weak)",
+    )
+    forecast.add_argument(
+        "--out-dir", help="where forecast.json and the charts go (default: the run's directory)"
+    )
 
 
 def _add_training_commands(sub: Any) -> None:

@@ -217,6 +217,19 @@ def serve(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def forecast(config: Config, args: argparse.Namespace) -> int:
+    from tasks.forecast import forecast_run, format_forecast, probed_run
+
+    run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
+    result, written = forecast_run(
+        run_dir, args.workers, args.link_gbit, args.preset, args.scaling, args.out_dir
+    )
+    print(f"forecast from the measurements of {run_dir}")
+    print(format_forecast(result))
+    print(f"written: {', '.join(str(path) for path in written)}")
+    return 0
+
+
 def sweep(config: Config, args: argparse.Namespace) -> int:
     from tasks.sweep import format_table
 

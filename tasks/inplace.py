@@ -56,6 +56,10 @@ class InPlaceProbes:
     # one device at the whole global batch (weak scaling), per step; 0 when not measured
     local_global_batch_step_s: float = 0.0
     seconds: float = 0.0  # time the probes took
+    # for the cost model (`tasks.forecast`): [per-replica batch, local step s] at a few
+    # batch sizes, and [message bytes, all-reduce s] at a few message sizes
+    local_step_s_by_batch: list[list[float]] = field(default_factory=list)
+    comm_s_by_bytes: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,8 +120,17 @@ def probe_in_place(
         end_to_end_s *= setup.workers
     else:
         comm_s = _all_reduce_seconds(strategy, variables, per_call, calls)
-    images, labels = next(iter(pipeline(None)))
-    local_s = _local_step_seconds(cfg, manifest, setup, images, labels, per_call, calls)
+    double = train_dataset_fn(cfg, manifest, data_dir, 2 * batch)
+    images2, labels2 = next(iter(double(None)))
+    by_batch = []
+    for size in sorted({max(batch // 2, setup.accum_steps), batch, 2 * batch}):
+        size -= size % setup.accum_steps  # micro-batches split evenly
+        seconds = _local_step_seconds(
+            cfg, manifest, setup, images2[:size], labels2[:size], per_call, calls
+        )
+        by_batch.append([float(size), seconds])
+    local_s = dict((int(b), s) for b, s in by_batch)[batch]
+    by_bytes = [] if ps else _all_reduce_by_size(strategy, gradient_bytes, per_call, calls)
     global_s = 0.0
     if cfg.scaling == "weak" and setup.replicas > 1 and not ps:  # (a PS step is one worker's)
         whole = train_dataset_fn(cfg, manifest, data_dir, setup.global_batch * setup.accum_steps)
@@ -126,12 +139,12 @@ def probe_in_place(
     if ps:  # the coordinator's view: every worker's input through its scheduled closures
         inputs = [_ps_input_rate(strategy, pipeline, batch, steps) / setup.workers] * setup.workers
         where = f"the coordinator and {setup.workers} workers"
-        mine = [local_s, global_s]
+        mine = [local_s, global_s] + [s for _, s in by_batch]
         per_worker = [mine] * setup.workers
     else:
         rate = _input_rate(strategy, pipeline, batch, steps)
-        per_worker = _gather(strategy, [local_s, global_s, rate])
-        inputs = [row[2] for row in per_worker]
+        per_worker = _gather(strategy, [local_s, global_s, *(s for _, s in by_batch), rate])
+        inputs = [row[-1] for row in per_worker]
         where = f"{setup.workers} worker processes"
     return InPlaceProbes(
         where=where,
@@ -149,6 +162,11 @@ def probe_in_place(
         input_examples_per_s=inputs,
         local_global_batch_step_s=max(row[1] for row in per_worker),
         seconds=time.perf_counter() - started,
+        # the slowest worker's, as for the step itself
+        local_step_s_by_batch=[
+            [b, max(row[2 + i] for row in per_worker)] for i, (b, _) in enumerate(by_batch)
+        ],
+        comm_s_by_bytes=by_bytes,
     )
 
 
@@ -167,6 +185,27 @@ def _all_reduce_seconds(strategy: Any, variables: list, per_call: int, calls: in
         return [strategy.experimental_local_results(t)[0] for t in total]
 
     return seconds_per_call(reduce_calls, calls) / per_call
+
+
+def _all_reduce_by_size(
+    strategy: Any, gradient_bytes: int, per_call: int, calls: int
+) -> list[list[float]]:
+    """[bytes, seconds per all-reduce] of one float32 message at a quarter, one and four
+    times the gradients' bytes: the points a latency and bandwidth are fitted to."""
+    points = []
+    for scale in (0.25, 1.0, 4.0):
+        elements = max(int(gradient_bytes * scale) // 4, 1)
+        seconds = _all_reduce_seconds(strategy, [_Shape((elements,), "float32")], per_call, calls)
+        points.append([float(elements * 4), seconds])
+    return points
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A tensor's shape and dtype, as a variable gives them."""
+
+    shape: tuple[int, ...]
+    dtype: str
 
 
 def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:

@@ -1,0 +1,340 @@
+"""How training would scale beyond this machine, from a run's own measurements.
+
+A small, explicit cost model of one synchronous data-parallel step on N workers, each
+worker one device like the ones measured, connected by links of `bandwidth` bytes/s:
+
+    step(N, b)   = compute(b) + allreduce(N) + sync          (sync only when N > 1)
+    compute(b)   = c0 + c1 * b                               (b: per-replica batch)
+    allreduce(N) = 2 (N - 1) * alpha + 2 (N - 1) / N * G / bandwidth
+    input(b)     = b / r_in                                   (each worker's pipeline)
+    time(N, b)   = max(step(N, b), input(b))                  (input overlaps the step)
+    throughput   = N * b / time(N, b)
+
+`G` is the model's gradient bytes. The all-reduce term is a ring all-reduce: each worker
+sends and receives 2 (N - 1) / N of the bytes over 2 (N - 1) hops, each costing a latency
+`alpha`. A single device (the speedup's baseline) takes compute(b') for its batch b' (the
+per-replica batch under weak scaling, the global batch under strong).
+
+The constants are fitted to in-place measurements (`tasks.inplace`): c0 and c1 to the local
+step at a few batch sizes, alpha and the measured link's bandwidth to the all-reduce at a
+few message sizes, `sync` is what a measured step had beyond the two, `r_in` the slowest
+worker's input pipeline. Each fit reports its largest relative error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tasks.errors import UsageError
+
+# Link presets in Gbit/s per direction, as their specifications give them (README cites
+# each source). PCIe: x16 slots, after line coding.
+LINK_PRESETS: dict[str, float] = {
+    "pcie3-x16": 126.0,  # 15.75 GB/s (PCI Express 3.0, 8 GT/s x 16, 128b/130b)
+    "pcie4-x16": 252.0,  # 31.5 GB/s (PCI Express 4.0)
+    "pcie5-x16": 504.0,  # 63 GB/s (PCI Express 5.0)
+    "nvlink3": 2400.0,  # 300 GB/s each way (A100: 600 GB/s total)
+    "nvlink4": 3600.0,  # 450 GB/s each way (H100: 900 GB/s total)
+    "ethernet-1g": 1.0,
+    "ethernet-10g": 10.0,
+    "ethernet-25g": 25.0,
+    "ethernet-100g": 100.0,
+    "ethernet-400g": 400.0,
+}
+DEFAULT_WORKERS = (1, 2, 4, 8, 16, 32, 64)
+MEASURED = "measured"
+
+
+class ForecastError(UsageError, ValueError):
+    """A forecast asked for something the measurements or the presets cannot give."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """y = intercept + slope * x, with its largest relative error over the points."""
+
+    intercept: float
+    slope: float
+    max_error: float
+
+    def __call__(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def fit_line(points: list[list[float]]) -> Fit:
+    """Least squares over [x, y] points (intercept and slope clamped at 0: a negative
+    time has no meaning)."""
+    if len(points) < 2:
+        raise ForecastError("a fit needs measurements at two sizes at least")
+    n = len(points)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = max(sum((x - mx) * (y - my) for x, y in points) / sxx, 0.0) if sxx else 0.0
+    intercept = max(my - slope * mx, 0.0)
+    line = Fit(intercept, slope, 0.0)
+    error = max(abs(line(x) - y) / y for x, y in points if y > 0)
+    return Fit(intercept, slope, error)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The fitted constants (seconds, bytes, examples)."""
+
+    compute_fixed_s: float  # c0
+    compute_per_example_s: float  # c1
+    compute_fit_error: float
+    latency_s: float  # alpha, per ring hop
+    bandwidth_bytes_per_s: float  # the measured link's
+    comm_fit_error: float
+    sync_s: float
+    input_examples_per_s: float  # the slowest worker's pipeline alone
+    gradient_bytes: int
+    per_replica_batch: int
+    measured_workers: int
+
+    def compute_s(self, batch: float) -> float:
+        return self.compute_fixed_s + self.compute_per_example_s * batch
+
+    def allreduce_s(self, workers: int, bandwidth: float) -> float:
+        if workers == 1:
+            return 0.0
+        hops = 2 * (workers - 1)
+        return hops * self.latency_s + hops / workers * self.gradient_bytes / bandwidth
+
+    def predict(
+        self, workers: int, bandwidth: float, scaling: str, global_batch: int | None = None
+    ) -> Prediction:
+        """One point of the forecast: N workers on links of `bandwidth` bytes/s."""
+        if workers < 1:
+            raise ForecastError(f"workers must be 1 or more, not {workers}")
+        whole = global_batch or self.per_replica_batch * self.measured_workers
+        batch = self.per_replica_batch if scaling == "weak" else whole / workers
+        baseline_batch = self.per_replica_batch if scaling == "weak" else whole
+        compute = self.compute_s(batch)
+        comm = self.allreduce_s(workers, bandwidth)
+        sync = self.sync_s if workers > 1 else 0.0
+        step = compute + comm + sync
+        input_s = batch / self.input_examples_per_s if self.input_examples_per_s else 0.0
+        time = max(step, input_s)
+        rate = workers * batch / time
+        baseline = baseline_batch / self.compute_s(baseline_batch)
+        parts = {"input": input_s, "compute": compute, "communication": comm, "sync": sync}
+        return Prediction(
+            workers=workers,
+            step_s=time,
+            examples_per_s=rate,
+            speedup=rate / baseline,
+            efficiency=rate / baseline / workers,
+            bottleneck="input" if input_s > step else max(parts, key=parts.get),
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    workers: int
+    step_s: float
+    examples_per_s: float
+    speedup: float
+    efficiency: float
+    bottleneck: str  # the largest part of a step: input, compute, communication or sync
+
+
+@dataclass
+class Forecast:
+    """Predictions for each link and worker count, with the model that made them."""
+
+    scaling: str
+    model: CostModel
+    links_gbit: dict[str, float]  # name -> Gbit/s
+    predictions: dict[str, list[Prediction]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_cost_model(probes: dict[str, Any]) -> CostModel:
+    """The cost model from a run's in-place probes (`InPlaceProbes.to_dict()`).
+
+    Raises:
+        ForecastError: the probes lack the all-reduce sizes (a parameter-server run).
+    """
+    if not probes.get("comm_s_by_bytes") or not probes.get("local_step_s_by_batch"):
+        raise ForecastError(
+            "the run has no all-reduce measurements at several sizes (a parameter-server "
+            "run, or one from before forecasts)",
+            "train with '--strategy multi_worker --workers 2' (without --no-diagnose).",
+        )
+    compute = fit_line(probes["local_step_s_by_batch"])
+    comm = fit_line(probes["comm_s_by_bytes"])
+    workers = probes["workers"]
+    hops = 2 * max(workers - 1, 1)
+    # measured on `workers`: intercept = hops * alpha, slope = hops / workers / bandwidth
+    per_byte = comm.slope * workers / hops
+    sync = probes["step_s"] - probes["local_step_s"] - probes["comm_s"]
+    return CostModel(
+        compute_fixed_s=compute.intercept,
+        compute_per_example_s=compute.slope,
+        compute_fit_error=compute.max_error,
+        latency_s=comm.intercept / hops,
+        bandwidth_bytes_per_s=1 / per_byte if per_byte > 0 else float("inf"),
+        comm_fit_error=comm.max_error,
+        sync_s=max(sync, 0.0),
+        input_examples_per_s=min(probes["input_examples_per_s"]),
+        gradient_bytes=probes["gradient_bytes"],
+        per_replica_batch=probes["replica_examples"],
+        measured_workers=workers,
+    )
+
+
+def links_from(gbits: list[float], presets: list[str], model: CostModel) -> dict[str, float]:
+    """Link name -> Gbit/s: the measured link first, then the named rates and presets.
+
+    Raises:
+        ForecastError: an unknown preset (listing the known ones) or a rate not above 0.
+    """
+    links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
+    for rate in gbits:
+        if rate <= 0:
+            raise ForecastError(f"link rate {rate} Gbit/s: a rate must be above 0")
+        links[f"{rate:g} Gbit/s"] = rate
+    for name in presets:
+        if name not in LINK_PRESETS:
+            raise ForecastError(
+                f"unknown link preset {name!r}", f"use one of: {', '.join(LINK_PRESETS)}."
+            )
+        links[name] = LINK_PRESETS[name]
+    return links
+
+
+def forecast(
+    model: CostModel,
+    links_gbit: dict[str, float],
+    workers: list[int],
+    scaling: str = "weak",
+    global_batch: int | None = None,
+) -> Forecast:
+    if any(n < 1 for n in workers):
+        raise ForecastError(f"worker counts must be 1 or more: {workers}", "use e.g. 1,2,4,8.")
+    result = Forecast(scaling, model, dict(links_gbit))
+    for name, gbit in links_gbit.items():
+        bandwidth = gbit * 1e9 / 8
+        result.predictions[name] = [
+            model.predict(n, bandwidth, scaling, global_batch) for n in workers
+        ]
+    return result
+
+
+def format_forecast(f: Forecast) -> str:
+    m = f.model
+    lines = [
+        f"cost model ({f.scaling} scaling, per-replica batch {m.per_replica_batch}, "
+        f"{m.gradient_bytes / 1024:,.0f} KiB of gradients):",
+        f"  compute  {m.compute_fixed_s * 1000:.2f} ms + {m.compute_per_example_s * 1e6:.2f} "
+        f"us/example (fit error {m.compute_fit_error:.1%})",
+        f"  link     {m.latency_s * 1e6:.0f} us per hop, {m.bandwidth_bytes_per_s * 8 / 1e9:.2f} "
+        f"Gbit/s measured (fit error {m.comm_fit_error:.1%})",
+        f"  sync     {m.sync_s * 1000:.2f} ms per step; input {m.input_examples_per_s:,.0f} "
+        f"ex/s per worker",
+        "",
+        f"{'link':<24}{'workers':>8}{'step ms':>10}{'ex/s':>12}{'speedup':>9}"
+        f"{'efficiency':>12}  bottleneck",
+    ]
+    for name, points in f.predictions.items():
+        label = f"{name} ({f.links_gbit[name]:.3g} Gbit/s)" if name == MEASURED else name
+        for p in points:
+            lines.append(
+                f"{label:<24}{p.workers:>8}{p.step_s * 1000:>10.2f}{p.examples_per_s:>12,.0f}"
+                f"{p.speedup:>8.2f}x{p.efficiency:>12.2f}  {p.bottleneck}"
+            )
+            label = ""
+    return "\n".join(lines)
+
+
+def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
+    """Speedup and efficiency against workers, one line per link, the ideal dashed."""
+    from pathlib import Path
+
+    from tasks.plots import pyplot
+
+    plt = pyplot()
+    paths = []
+    for key, ideal, label in (
+        ("speedup", lambda n: n, "speedup over one device"),
+        ("efficiency", lambda n: 1.0, "scaling efficiency"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        workers = [p.workers for p in next(iter(f.predictions.values()))]
+        ax.plot(workers, [ideal(n) for n in workers], "k--", label="ideal")
+        for name, points in f.predictions.items():
+            ax.plot(workers, [getattr(p, key) for p in points], "o-", label=name)
+        ax.set_xscale("log", base=2)
+        if key == "speedup":
+            ax.set_yscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel(label)
+        ax.set_title(f"forecast: {label} ({f.scaling} scaling)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        path = Path(out_dir) / f"forecast_{key}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
+    """The run directory to forecast from: `run_dir`, or the newest run of `dataset` whose
+    metrics hold in-place measurements.
+
+    Raises:
+        MissingInput: no such run, saying which command makes one.
+    """
+    import json
+    from pathlib import Path
+
+    from tasks.errors import MissingInput
+
+    make = (
+        f"run 'tfscale train --dataset {dataset} --strategy multi_worker --workers 2' "
+        "first (without --no-diagnose), or pass --run-dir."
+    )
+    if run_dir is not None:
+        path = Path(run_dir) / "metrics.json"
+        if not path.exists():
+            raise MissingInput(f"no completed run in {run_dir} (metrics.json missing)", make)
+        return Path(run_dir)
+    candidates = sorted(
+        Path(runs_dir, dataset).glob("*/metrics.json"), key=lambda p: p.stat().st_mtime
+    )
+    for path in reversed(candidates):
+        if json.loads(path.read_text()).get("probes", {}).get("comm_s_by_bytes"):
+            return path.parent
+    raise MissingInput(f"no multi-worker run of {dataset!r} with measurements under {runs_dir}", make)
+
+
+def forecast_run(
+    run_dir: Any,
+    workers: list[int],
+    gbits: list[float],
+    presets: list[str],
+    scaling: str,
+    out_dir: Any = None,
+) -> tuple[Forecast, list[Any]]:
+    """Fits the run's cost model and forecasts it; writes `forecast.json` and the two
+    charts to `out_dir` (default: the run's directory). Returns the forecast and the
+    files written."""
+    import json
+    from pathlib import Path
+
+    from tasks.files import write_json_atomic
+
+    metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+    model = fit_cost_model(metrics.get("probes") or {})
+    links = links_from(gbits, presets, model)
+    result = forecast(model, links, workers, scaling, metrics.get("global_batch"))
+    out = Path(out_dir or run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_json_atomic(out / "forecast.json", result.to_dict())]
+    return result, written + plot_forecast(result, out)
