@@ -168,32 +168,45 @@ def diagnosis_of(job: Cluster) -> dict:
     return json.loads((job.run_dir() / "diagnosis.json").read_text())
 
 
-def test_diagnosis_on_a_slow_link_is_communication_bound(cluster):
-    """The same two-host run diagnosed in place, first on the full-speed link, then with one
-    host's link shaped to 20 Mbit/s: the all-reduce alone grows with the link, and the run
-    is named communication-bound by the share of a step the all-reduce takes."""
-    fast = cluster({"worker": [0, 1]}, epochs=2)
-    fast.start(diagnose=True)
-    assert [fast.wait(("worker", i)) for i in range(2)] == [0, 0], fast.chief_log()
-    fast_diagnosis = diagnosis_of(fast)
-    assert fast_diagnosis["measured_in"] == "2 worker processes"
-    slow = cluster({"worker": [0, 1]}, epochs=2)
-    slow.hosts.shape(1, "20mbit")
-    try:
-        slow.start(diagnose=True)
-        codes = [slow.wait(("worker", i)) for i in range(2)]
-    finally:
-        slow.hosts.unshape(1)
-    assert codes == [0, 0], slow.chief_log()
-    d = diagnosis_of(slow)
-    assert d["bottleneck"] == "communication-bound", d
-    assert d["comm_share"] > 0.5 and d["comm_seconds"] > 5 * fast_diagnosis["comm_seconds"]
-    assert "bottleneck: communication-bound" in slow.output(("worker", 0))
-    print(f"\nall-reduce of {d['gradient_bytes'] / 1024:.0f} KiB: "
-          f"{fast_diagnosis['comm_seconds'] * 1000:.1f} ms at full speed "
-          f"({fast_diagnosis['bottleneck']}), {d['comm_seconds'] * 1000:.1f} ms at 20 Mbit/s "
-          f"({d['comm_share']:.0%} of a step)")
-    print((slow.run_dir() / "diagnosis.txt").read_text())
+def test_slow_links_diagnosed_and_forecast_from_the_full_speed_run(cluster):
+    """The same two-host run, diagnosed in place on the full-speed link, then with one
+    host's link shaped to 1 Gbit/s and to 100 Mbit/s. On the slow links the all-reduce
+    grows and the run is communication-bound; a forecast made from the full-speed run's
+    measurements and the link rate alone predicts each shaped run's step time within 15%."""
+    from tasks.forecast import fit_cost_model
+
+    runs = {}
+    for rate in (None, "1gbit", "100mbit"):
+        job = cluster({"worker": [0, 1]}, epochs=2)
+        if rate:
+            job.hosts.shape(1, rate)
+        try:
+            job.start(diagnose=True)
+            codes = [job.wait(("worker", i)) for i in range(2)]
+        finally:
+            job.hosts.unshape(1)
+        assert codes == [0, 0], job.chief_log()
+        metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+        runs[rate] = (diagnosis_of(job), metrics["probes"], job)
+    full, full_probes, _ = runs[None]
+    assert full["measured_in"] == "2 worker processes"
+    slow, _, slow_job = runs["100mbit"]
+    model = fit_cost_model(full_probes)
+    rows = []
+    for rate, gbit in (("1gbit", 1.0), ("100mbit", 0.1)):
+        measured = runs[rate][1]["step_s"]
+        predicted = model.predict(2, gbit * 1e9 / 8, "weak").step_s
+        rows.append((rate, predicted, measured))
+    print("\nlink      forecast step  measured step  ratio")
+    for rate, predicted, measured in rows:
+        print(f"{rate:<9} {predicted * 1000:10.2f} ms {measured * 1000:11.2f} ms  "
+              f"{predicted / measured:.2f}")
+    print((slow_job.run_dir() / "diagnosis.txt").read_text())
+    assert slow["bottleneck"] == "communication-bound", slow
+    assert slow["comm_share"] > 0.5 and slow["comm_seconds"] > 3 * full["comm_seconds"]
+    assert "bottleneck: communication-bound" in slow_job.output(("worker", 0))
+    for rate, predicted, measured in rows:
+        assert abs(predicted / measured - 1) <= 0.15, (rate, predicted, measured)
 
 
 def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
