@@ -73,10 +73,23 @@ def plain_loop(args, run_dir: Path) -> float:
     script = Path(__file__).with_name("plain_loop.py")
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(out), "--batch", str(args.batch),
-             "--examples", str(args.examples), "--epochs", str(args.epochs)],
-            env=dict(os.environ, TF_CONFIG=tf_config(ports, i), TFSCALE_PIN_CORE=str(i),
-                     TF_CPP_MIN_LOG_LEVEL="2"),
+            [
+                sys.executable,
+                str(script),
+                str(out),
+                "--batch",
+                str(args.batch),
+                "--examples",
+                str(args.examples),
+                "--epochs",
+                str(args.epochs),
+            ],
+            env=dict(
+                os.environ,
+                TF_CONFIG=tf_config(ports, i),
+                TFSCALE_PIN_CORE=str(i),
+                TF_CPP_MIN_LOG_LEVEL="2",
+            ),
         )  # fmt: skip
         for i in range(2)
     ]

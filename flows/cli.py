@@ -155,15 +155,13 @@ def _numbers(kind: Callable[[str], Any]) -> Callable[[str], list]:
         try:
             return [kind(part) for part in text.split(",") if part.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {text!r}") from None
 
     parse.__name__ = f"{kind.__name__}s"
     return parse
 
 
 def _add_forecast_command(sub: Any) -> None:
-    from tasks.forecast import DEFAULT_WORKERS, LINK_PRESETS
-
     text = (
         "forecast speedup and efficiency for more workers and other links, from a "
         "multi-worker run's in-place measurements"
@@ -174,15 +172,19 @@ def _add_forecast_command(sub: Any) -> None:
         description=text + ". Fits a cost model (compute per example, all-reduce latency "
         "and bandwidth, sync, input) and predicts each worker count on each link.",
     )
-    forecast.add_argument("--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]")
-    forecast.add_argument("--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]")
+    forecast.add_argument(
+        "--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]"
+    )
+    forecast.add_argument(
+        "--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]"
+    )
     forecast.add_argument(
         "--run-dir", help="the run to forecast from (default: the newest multi-worker run)"
     )
     forecast.add_argument(
         "--workers",
         type=_numbers(int),
-        default=list(DEFAULT_WORKERS),
+        default=[1, 2, 4, 8, 16, 32, 64],
         metavar="N,N,...",
         help="worker counts (1,2,4,8,16,32,64)",
     )
@@ -198,7 +200,8 @@ def _add_forecast_command(sub: Any) -> None:
         type=_numbers(str),
         default=[],
         metavar="NAME,...",
-        help=f"named links: {', '.join(LINK_PRESETS)}",
+        help="named links: pcie3-x16, pcie4-x16, pcie5-x16, nvlink3, nvlink4, ethernet-1g, "
+        "ethernet-10g, ethernet-25g, ethernet-100g, ethernet-400g (sources in the README)",
     )
     forecast.add_argument(
         "--scaling",
@@ -208,6 +211,9 @@ def _add_forecast_command(sub: Any) -> None:
     )
     forecast.add_argument(
         "--out-dir", help="where forecast.json and the charts go (default: the run's directory)"
+    )
+    forecast.add_argument(
+        "--no-track", action="store_true", help="do not log the forecast to MLflow"
     )
 
 

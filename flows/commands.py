@@ -227,6 +227,11 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
     print(f"forecast from the measurements of {run_dir}")
     print(format_forecast(result))
     print(f"written: {', '.join(str(path) for path in written)}")
+    if not args.no_track:
+        from tasks.tracking import Tracker
+
+        run_id = Tracker.for_config(config.track).log_forecast(result, written, run_dir)
+        print(f"tracked: MLflow run {run_id} ('tfscale ui' shows it)")
     return 0
 
 

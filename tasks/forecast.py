@@ -43,6 +43,7 @@ LINK_PRESETS: dict[str, float] = {
     "ethernet-400g": 400.0,
 }
 DEFAULT_WORKERS = (1, 2, 4, 8, 16, 32, 64)
+RUN_PRESETS = ("ethernet-10g", "ethernet-100g")  # beside the measured link in `tfscale run`
 MEASURED = "measured"
 
 
@@ -268,10 +269,15 @@ def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
         workers = [p.workers for p in next(iter(f.predictions.values()))]
         ax.plot(workers, [ideal(n) for n in workers], "k--", label="ideal")
         for name, points in f.predictions.items():
-            ax.plot(workers, [getattr(p, key) for p in points], "o-", label=name)
+            gbit = f.links_gbit[name]
+            label_ = f"{name} ({gbit:.3g} Gbit/s)" if name == MEASURED else name
+            ax.plot(workers, [getattr(p, key) for p in points], "o-", label=label_)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(n) for n in workers])
+        ax.minorticks_off()
         if key == "speedup":
             ax.set_yscale("log", base=2)
+            ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.set_xlabel("workers")
         ax.set_ylabel(label)
         ax.set_title(f"forecast: {label} ({f.scaling} scaling)")
@@ -311,7 +317,9 @@ def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
     for path in reversed(candidates):
         if json.loads(path.read_text()).get("probes", {}).get("comm_s_by_bytes"):
             return path.parent
-    raise MissingInput(f"no multi-worker run of {dataset!r} with measurements under {runs_dir}", make)
+    raise MissingInput(
+        f"no multi-worker run of {dataset!r} with measurements under {runs_dir}", make
+    )
 
 
 def forecast_run(
@@ -338,3 +346,19 @@ def forecast_run(
     out.mkdir(parents=True, exist_ok=True)
     written = [write_json_atomic(out / "forecast.json", result.to_dict())]
     return result, written + plot_forecast(result, out)
+
+
+def forecast_metrics(f: Forecast) -> dict[str, float]:
+    """The fitted constants with their fit errors, and the predicted speedup and efficiency
+    at the largest worker count on each link, as flat MLflow metrics."""
+    metrics = {
+        f"forecast_{name}": value
+        for name, value in asdict(f.model).items()
+        if isinstance(value, int | float)
+    }
+    for link, points in f.predictions.items():
+        key = "".join(c if c.isalnum() else "_" for c in link).strip("_")
+        last = points[-1]
+        metrics[f"forecast_speedup_{last.workers}w_{key}"] = last.speedup
+        metrics[f"forecast_efficiency_{last.workers}w_{key}"] = last.efficiency
+    return metrics

@@ -61,9 +61,7 @@ def run_training(
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cluster is not None:
-        result = _train_as_task(
-            config, manifest, data_dir, choice, run_dir, report, probe_steps
-        )
+        result = _train_as_task(config, manifest, data_dir, choice, run_dir, report, probe_steps)
         if not chief:
             return result
     elif choice.spec.runs == LOCAL_WORKERS:
@@ -213,9 +211,9 @@ def latest_run(runs_dir: str, dataset: str) -> dict:
 def _train_local_workers(
     config: Config, data_dir: str, choice: StrategyChoice, run_dir: Path, probe_steps: int = 0
 ) -> TrainResult:
-    from tasks.launch import launch_workers
-
     import os
+
+    from tasks.launch import launch_workers
 
     cores = os.cpu_count() or 1
     spec = {

@@ -256,5 +256,12 @@ def summarize_pipeline(
         "distributed_metrics": out_dir / "metrics.json",
         "diagnosis": out_dir / "diagnosis.txt",
     }
+    if distributed.probes.get("comm_s_by_bytes"):  # a multi-worker run: how it would scale
+        from tasks.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_run
+
+        _, written = forecast_run(out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling)
+        files.update(
+            zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True)
+        )
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
     return PipelineRecord(context, baseline, distributed, evaluation, diagnosis, summary, files)

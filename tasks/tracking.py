@@ -242,9 +242,25 @@ class Tracker:
             write_json_artifact("summary.json", record.summary.to_dict()),
             *(record.files[k] for k in ("speedup_chart", "confusion_matrix", "evaluation")),
             record.files["diagnosis"],
+            *(path for key, path in record.files.items() if key.startswith("forecast")),
         ]
         self.log_artifacts(parent_id, artifacts)
         self.finish(parent_id)
+
+    def log_forecast(self, forecast: Any, files: list[Path], source_run_dir: str) -> str:
+        """A `forecast` run: the fitted constants and predictions as metrics, the links and
+        scaling as params, forecast.json and the charts as artifacts. Returns its id."""
+        from tasks.forecast import forecast_metrics
+
+        run_id = self.start_run("forecast", {"source_run_dir": str(source_run_dir)})
+        params = {
+            "scaling": forecast.scaling,
+            **{f"link_{k}": v for k, v in forecast.links_gbit.items()},
+        }
+        self.log(run_id, metrics=forecast_metrics(forecast), params=params)
+        self.log_artifacts(run_id, files)
+        self.finish(run_id)
+        return run_id
 
     def log_sweep(
         self, parent_id: str, rows: list[dict], results: list[dict], files: dict[str, Path]

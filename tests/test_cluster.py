@@ -160,8 +160,10 @@ def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
     same.start()
     assert [same.wait(("worker", i)) for i in range(2)] == [0, 0], same.chief_log()
     local = json.loads((same.run_dir() / "metrics.json").read_text())["examples_per_s"]
-    print(f"\ntwo workers across namespace hosts: {across:,.0f} examples/s; on one host "
-          f"{local:,.0f}; ratio {across / local:.2f}")
+    print(
+        f"\ntwo workers across namespace hosts: {across:,.0f} examples/s; on one host "
+        f"{local:,.0f}; ratio {across / local:.2f}"
+    )
 
 
 def diagnosis_of(job: Cluster) -> dict:
@@ -199,8 +201,10 @@ def test_slow_links_diagnosed_and_forecast_from_the_full_speed_run(cluster):
         rows.append((rate, predicted, measured))
     print("\nlink      forecast step  measured step  ratio")
     for rate, predicted, measured in rows:
-        print(f"{rate:<9} {predicted * 1000:10.2f} ms {measured * 1000:11.2f} ms  "
-              f"{predicted / measured:.2f}")
+        print(
+            f"{rate:<9} {predicted * 1000:10.2f} ms {measured * 1000:11.2f} ms  "
+            f"{predicted / measured:.2f}"
+        )
     print((slow_job.run_dir() / "diagnosis.txt").read_text())
     assert slow["bottleneck"] == "communication-bound", slow
     assert slow["comm_share"] > 0.5 and slow["comm_seconds"] > 3 * full["comm_seconds"]
@@ -220,8 +224,7 @@ def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
     assert "worker 1's input pipeline" in d["evidence"]
     fast_input, slow_input = d["input_examples_per_s_by_worker"]
     assert slow_input < fast_input / 5
-    print(f"\ninput-only per worker: {fast_input:,.0f} and {slow_input:,.0f} ex/s; "
-          f"{d['evidence']}")
+    print(f"\ninput-only per worker: {fast_input:,.0f} and {slow_input:,.0f} ex/s; {d['evidence']}")
 
 
 def test_parameter_server_over_four_hosts(cluster):
@@ -259,8 +262,10 @@ def test_preempted_worker_saves_its_step_and_the_rerun_resumes_there(cluster):
     steps = metrics["steps_per_epoch"]
     assert metrics["resumed_from_step"] == saved >= len(history) * steps  # nothing done is lost
     assert [h["epoch"] for h in metrics["history"]] == list(range(1, 61))
-    print(f"\npreemption: checkpoint at step {saved} (epoch {saved // steps + 1}, step "
-          f"{saved % steps} of {steps}); both workers exited 42 {stopped_s:.1f} s after SIGTERM")
+    print(
+        f"\npreemption: checkpoint at step {saved} (epoch {saved // steps + 1}, step "
+        f"{saved % steps} of {steps}); both workers exited 42 {stopped_s:.1f} s after SIGTERM"
+    )
     assert not no_half_written(job.run_dir())
 
 
@@ -378,7 +383,9 @@ def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
     (metrics_path,) = (tmp_path / "runs").glob("digits/*/metrics.json")
     metrics = json.loads(metrics_path.read_text())
     assert (metrics["strategy"], metrics["replicas"], metrics["workers"]) == ("multi_worker", 2, 2)
-    tasks = [json.loads((metrics_path.parent / f"task-worker-{i}.json").read_text()) for i in (0, 1)]
+    tasks = [
+        json.loads((metrics_path.parent / f"task-worker-{i}.json").read_text()) for i in (0, 1)
+    ]
     assert tasks[0]["weights_digest"] == tasks[1]["weights_digest"]
 
 

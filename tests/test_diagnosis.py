@@ -172,4 +172,3 @@ def test_weak_scaling_speedup_splits_into_batch_and_devices(digits):
     assert "from the larger global batch (one device)" in format_summary(summary, "ui")
     strong = dataclasses.replace(cfg, scaling="strong")
     assert diagnose_run(strong, manifest, data_dir, mirrored, [], steps=6).batch_effect is None
-

@@ -128,7 +128,16 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     assert diagnosis.measured_in == "2 worker processes"
     assert diagnosis.bottleneck in ("communication-bound", "overhead-bound"), diagnosis
     assert diagnosis.comm_seconds > 0 and len(diagnosis.input_examples_per_s_by_worker) == 2
-    assert json.loads((run_dir / "diagnosis.json").read_text())["bottleneck"] == diagnosis.bottleneck
+    assert (
+        json.loads((run_dir / "diagnosis.json").read_text())["bottleneck"] == diagnosis.bottleneck
+    )
+    # the forecast's cost model, fitted to these measurements, gives back the measured step
+    from tasks.forecast import MEASURED, forecast_run
+
+    forecast, written = forecast_run(run_dir, [1, 2, 4], [10.0], [], "weak")
+    two = forecast.predictions[MEASURED][1]
+    assert two.step_s == pytest.approx(result.probes["step_s"], rel=0.15)
+    assert len(written) == 3 and all(path.exists() for path in written)
 
 
 def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):

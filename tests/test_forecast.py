@@ -1,0 +1,127 @@
+"""The forecast's cost model: fitted to measurements made from known constants, and
+`tfscale forecast` with input it cannot use."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.cli import main
+from tasks.forecast import CostModel, fit_cost_model, forecast, links_from
+
+C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
+ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s
+SYNC, GRADIENTS, BATCH = 0.0005, 204_800, 32
+
+
+def truth(workers: int = 2) -> CostModel:
+    return CostModel(C0, C1, 0.0, ALPHA, BANDWIDTH, 0.0, SYNC, 50_000.0, GRADIENTS, BATCH, 2)
+
+
+def synthetic_probes() -> dict:
+    """What a two-worker run would measure if the constants above were the machine."""
+    model = truth()
+
+    def comm(size: float) -> float:
+        return 2 * ALPHA + size / BANDWIDTH  # two workers: 2 hops, all the bytes
+
+    return {
+        "workers": 2,
+        "replica_examples": BATCH,
+        "gradient_bytes": GRADIENTS,
+        "local_step_s_by_batch": [[b, model.compute_s(b)] for b in (16, 32, 64)],
+        "comm_s_by_bytes": [[s, comm(s)] for s in (GRADIENTS / 4, GRADIENTS, 4 * GRADIENTS)],
+        "step_s": model.compute_s(BATCH) + comm(GRADIENTS) + SYNC,
+        "local_step_s": model.compute_s(BATCH),
+        "comm_s": comm(GRADIENTS),
+        "input_examples_per_s": [50_000.0, 60_000.0],
+    }
+
+
+def test_the_fit_recovers_known_constants_within_one_percent():
+    fitted = fit_cost_model(synthetic_probes())
+    for name, expected in (
+        ("compute_fixed_s", C0),
+        ("compute_per_example_s", C1),
+        ("latency_s", ALPHA),
+        ("bandwidth_bytes_per_s", BANDWIDTH),
+        ("sync_s", SYNC),
+    ):
+        assert getattr(fitted, name) == pytest.approx(expected, rel=0.01), name
+    assert fitted.compute_fit_error < 0.01 and fitted.comm_fit_error < 0.01
+    assert fitted.input_examples_per_s == 50_000.0  # the slowest worker's
+
+
+def test_predictions_follow_the_ring_formula():
+    model = truth()
+    for n in (1, 2, 8, 64):
+        comm = 0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * GRADIENTS / BANDWIDTH
+        step = C0 + C1 * BATCH + comm + (SYNC if n > 1 else 0)
+        p = model.predict(n, BANDWIDTH, "weak")
+        assert p.step_s == pytest.approx(step)
+        assert p.speedup == pytest.approx(n * (C0 + C1 * BATCH) / step)
+    # strong scaling keeps the global batch (64 here): 8 workers get 8 examples each
+    strong = model.predict(8, BANDWIDTH, "strong", global_batch=64)
+    assert strong.step_s == pytest.approx(
+        C0 + C1 * 8 + 14 * ALPHA + 1.75 * GRADIENTS / BANDWIDTH + SYNC
+    )
+    # a faster link helps only the bandwidth term; the per-hop latency stays
+    slow, fast = (model.predict(64, b, "weak").step_s for b in (BANDWIDTH, 100 * BANDWIDTH))
+    assert fast < slow and fast > 126 * ALPHA
+
+
+def test_a_slow_input_pipeline_caps_the_forecast():
+    model = truth()
+    starved = CostModel(**{**model.__dict__, "input_examples_per_s": 1000.0})
+    p = starved.predict(4, BANDWIDTH, "weak")
+    assert p.bottleneck == "input" and p.step_s == pytest.approx(BATCH / 1000.0)
+
+
+def test_links_and_presets():
+    links = links_from([10], ["pcie4-x16"], truth())
+    assert links == {"measured": pytest.approx(1.0), "10 Gbit/s": 10, "pcie4-x16": 252.0}
+    result = forecast(truth(), links, [1, 2, 4])
+    assert [p.workers for p in result.predictions["pcie4-x16"]] == [1, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected", "exit_code"),
+    [  # 2: usage (the flags are wrong); 1: an input is missing
+        (["--preset", "pcie9"], "unknown link preset 'pcie9'", 2),
+        (["--workers", "0,2"], "worker counts must be 1 or more", 2),
+        (["--link-gbit", "-1"], "a rate must be above 0", 2),
+        (["--workers", "two"], "expected a comma-separated list", 2),
+        (["--dataset", "nothing-here"], "no multi-worker run of 'nothing-here'", 1),
+        (["--run-dir", "/nonexistent/run"], "no completed run in /nonexistent/run", 1),
+    ],
+)
+def test_bad_forecast_input_is_one_line_naming_the_fix(argv, expected, exit_code, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "digits" / "mw"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
+    args = ["--params", "none.yaml", "forecast", "--runs-dir", str(tmp_path / "runs"), "--no-track"]
+    try:
+        code = main([*args, *argv])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == exit_code, (code, err)
+    assert expected in err and "Traceback" not in err
+    assert err.startswith("error: ") or "error: argument" in err
+    assert not (run_dir / "forecast.json").exists()  # nothing half-written
+
+
+def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "digits" / "mw"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
+    code = main(["--params", "none.yaml", "forecast", "--runs-dir", str(tmp_path / "runs"),
+                 "--workers", "1,2,4", "--preset", "ethernet-10g", "--no-track"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "ethernet-10g" in out and "measured (1 Gbit/s)" in out
+    saved = json.loads((run_dir / "forecast.json").read_text())
+    assert [p["workers"] for p in saved["predictions"]["ethernet-10g"]] == [1, 2, 4]
+    assert (run_dir / "forecast_speedup.png").stat().st_size > 10_000
+    assert (run_dir / "forecast_efficiency.png").stat().st_size > 10_000
