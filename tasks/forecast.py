@@ -1,23 +1,28 @@
 """How training would scale beyond this machine, from a run's own measurements.
 
 A small, explicit cost model of one synchronous data-parallel step on N workers, each
-worker one device like the ones measured, connected by links of `bandwidth` bytes/s:
+worker one device like the ones measured, connected by links of `link` bytes/s:
 
     step(N, b)   = compute(b) + allreduce(N) + sync          (sync only when N > 1)
     compute(b)   = c0 + c1 * b                               (b: per-replica batch)
-    allreduce(N) = 2 (N - 1) * alpha + 2 (N - 1) / N * G / bandwidth
+    allreduce(N) = 2 (N - 1) * alpha + 2 (N - 1) / N * G * (1 / host + 1 / link)
     input(b)     = b / r_in                                   (each worker's pipeline)
     time(N, b)   = max(step(N, b), input(b))                  (input overlaps the step)
     throughput   = N * b / time(N, b)
 
 `G` is the model's gradient bytes. The all-reduce term is a ring all-reduce: each worker
 sends and receives 2 (N - 1) / N of the bytes over 2 (N - 1) hops, each costing a latency
-`alpha`. A single device (the speedup's baseline) takes compute(b') for its batch b' (the
+`alpha`. Each byte costs the hosts' own time (`host`: their network stack and copies,
+measured) plus its time on the wire (`1 / link`; none for the measured link). On test hosts
+whose link was shaped with `tbf`, the two add up: a 1 Gbit/s link moved an all-reduce at
+about 1 / (1 / 0.83 + 1 / 1) Gbit/s when the hosts alone managed 0.83. A single device (the speedup's baseline) takes compute(b') for its batch b' (the
 per-replica batch under weak scaling, the global batch under strong).
 
 The constants are fitted to in-place measurements (`tasks.inplace`): c0 and c1 to the local
 step at a few batch sizes, alpha and the measured link's bandwidth to the all-reduce at a
-few message sizes, `sync` is what a measured step had beyond the two, `r_in` the slowest
+few message sizes (the bandwidth fitted there is `host`: the measured link is taken
+to be faster than the hosts, as a virtual or local one is), `sync` is what a measured step had beyond the local step and the
+fitted all-reduce of its gradient bytes, `r_in` the slowest
 worker's input pipeline. Each fit reports its largest relative error.
 """
 
@@ -87,7 +92,7 @@ class CostModel:
     compute_per_example_s: float  # c1
     compute_fit_error: float
     latency_s: float  # alpha, per ring hop
-    bandwidth_bytes_per_s: float  # the measured link's
+    bandwidth_bytes_per_s: float  # the hosts' own (measured; the link taken as faster)
     comm_fit_error: float
     sync_s: float
     input_examples_per_s: float  # the slowest worker's pipeline alone
@@ -98,23 +103,27 @@ class CostModel:
     def compute_s(self, batch: float) -> float:
         return self.compute_fixed_s + self.compute_per_example_s * batch
 
-    def allreduce_s(self, workers: int, bandwidth: float) -> float:
+    def allreduce_s(self, workers: int, link: float | None) -> float:
+        """Seconds per ring all-reduce of the gradients on links of `link` bytes/s (None:
+        the measured link)."""
         if workers == 1:
             return 0.0
         hops = 2 * (workers - 1)
-        return hops * self.latency_s + hops / workers * self.gradient_bytes / bandwidth
+        per_byte = 1 / self.bandwidth_bytes_per_s + (1 / link if link else 0.0)
+        return hops * self.latency_s + hops / workers * self.gradient_bytes * per_byte
 
     def predict(
-        self, workers: int, bandwidth: float, scaling: str, global_batch: int | None = None
+        self, workers: int, link: float | None, scaling: str, global_batch: int | None = None
     ) -> Prediction:
-        """One point of the forecast: N workers on links of `bandwidth` bytes/s."""
+        """One point of the forecast: N workers on links of `link` bytes/s (None: the
+        measured link)."""
         if workers < 1:
             raise ForecastError(f"workers must be 1 or more, not {workers}")
         whole = global_batch or self.per_replica_batch * self.measured_workers
         batch = self.per_replica_batch if scaling == "weak" else whole / workers
         baseline_batch = self.per_replica_batch if scaling == "weak" else whole
         compute = self.compute_s(batch)
-        comm = self.allreduce_s(workers, bandwidth)
+        comm = self.allreduce_s(workers, link)
         sync = self.sync_s if workers > 1 else 0.0
         step = compute + comm + sync
         input_s = batch / self.input_examples_per_s if self.input_examples_per_s else 0.0
@@ -173,7 +182,9 @@ def fit_cost_model(probes: dict[str, Any]) -> CostModel:
     hops = 2 * max(workers - 1, 1)
     # measured on `workers`: intercept = hops * alpha, slope = hops / workers / bandwidth
     per_byte = comm.slope * workers / hops
-    sync = probes["step_s"] - probes["local_step_s"] - probes["comm_s"]
+    # the rest of a measured step, beside the fitted all-reduce of its gradient bytes (so
+    # that the gradients' several tensors costing more than one message is counted once)
+    sync = probes["step_s"] - probes["local_step_s"] - comm(probes["gradient_bytes"])
     return CostModel(
         compute_fixed_s=compute.intercept,
         compute_per_example_s=compute.slope,
@@ -220,10 +231,8 @@ def forecast(
         raise ForecastError(f"worker counts must be 1 or more: {workers}", "use e.g. 1,2,4,8.")
     result = Forecast(scaling, model, dict(links_gbit))
     for name, gbit in links_gbit.items():
-        bandwidth = gbit * 1e9 / 8
-        result.predictions[name] = [
-            model.predict(n, bandwidth, scaling, global_batch) for n in workers
-        ]
+        link = None if name == MEASURED else gbit * 1e9 / 8
+        result.predictions[name] = [model.predict(n, link, scaling, global_batch) for n in workers]
     return result
 
 
@@ -234,8 +243,9 @@ def format_forecast(f: Forecast) -> str:
         f"{m.gradient_bytes / 1024:,.0f} KiB of gradients):",
         f"  compute  {m.compute_fixed_s * 1000:.2f} ms + {m.compute_per_example_s * 1e6:.2f} "
         f"us/example (fit error {m.compute_fit_error:.1%})",
-        f"  link     {m.latency_s * 1e6:.0f} us per hop, {m.bandwidth_bytes_per_s * 8 / 1e9:.2f} "
-        f"Gbit/s measured (fit error {m.comm_fit_error:.1%})",
+        f"  link     {m.latency_s * 1e6:.0f} us per hop, the hosts move "
+        f"{m.bandwidth_bytes_per_s * 8 / 1e9:.2f} Gbit/s (fit error {m.comm_fit_error:.1%}); a "
+        f"named link adds its wire time",
         f"  sync     {m.sync_s * 1000:.2f} ms per step; input {m.input_examples_per_s:,.0f} "
         f"ex/s per worker",
         "",

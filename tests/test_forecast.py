@@ -54,27 +54,32 @@ def test_the_fit_recovers_known_constants_within_one_percent():
 
 
 def test_predictions_follow_the_ring_formula():
+    """On the measured link a byte costs the hosts' time (1 / BANDWIDTH); on a named link
+    of L bytes/s, that plus its wire time (1 / L)."""
     model = truth()
+    link = 1.25e9  # 10 Gbit/s
     for n in (1, 2, 8, 64):
-        comm = 0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * GRADIENTS / BANDWIDTH
-        step = C0 + C1 * BATCH + comm + (SYNC if n > 1 else 0)
-        p = model.predict(n, BANDWIDTH, "weak")
-        assert p.step_s == pytest.approx(step)
-        assert p.speedup == pytest.approx(n * (C0 + C1 * BATCH) / step)
+        for on, per_byte in ((None, 1 / BANDWIDTH), (link, 1 / BANDWIDTH + 1 / link)):
+            hops = 2 * (n - 1)
+            comm = hops * ALPHA + hops / n * GRADIENTS * per_byte if n > 1 else 0.0
+            step = C0 + C1 * BATCH + comm + (SYNC if n > 1 else 0)
+            p = model.predict(n, on, "weak")
+            assert p.step_s == pytest.approx(step)
+            assert p.speedup == pytest.approx(n * (C0 + C1 * BATCH) / step)
     # strong scaling keeps the global batch (64 here): 8 workers get 8 examples each
-    strong = model.predict(8, BANDWIDTH, "strong", global_batch=64)
+    strong = model.predict(8, None, "strong", global_batch=64)
     assert strong.step_s == pytest.approx(
         C0 + C1 * 8 + 14 * ALPHA + 1.75 * GRADIENTS / BANDWIDTH + SYNC
     )
-    # a faster link helps only the bandwidth term; the per-hop latency stays
+    # a faster link helps only the wire time; the per-hop latency and the hosts' time stay
     slow, fast = (model.predict(64, b, "weak").step_s for b in (BANDWIDTH, 100 * BANDWIDTH))
-    assert fast < slow and fast > 126 * ALPHA
+    assert fast < slow and fast > model.predict(64, None, "weak").step_s
 
 
 def test_a_slow_input_pipeline_caps_the_forecast():
     model = truth()
     starved = CostModel(**{**model.__dict__, "input_examples_per_s": 1000.0})
-    p = starved.predict(4, BANDWIDTH, "weak")
+    p = starved.predict(4, None, "weak")
     assert p.bottleneck == "input" and p.step_s == pytest.approx(BATCH / 1000.0)
 
 
