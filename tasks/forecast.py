@@ -13,17 +13,18 @@ worker one device like the ones measured, connected by links of `link` bytes/s:
 `G` is the model's gradient bytes. The all-reduce term is a ring all-reduce: each worker
 sends and receives 2 (N - 1) / N of the bytes over 2 (N - 1) hops, each costing a latency
 `alpha`. Each byte costs the hosts' own time (`host`: their network stack and copies,
-measured) plus its time on the wire (`1 / link`; none for the measured link). On test hosts
-whose link was shaped with `tbf`, the two add up: a 1 Gbit/s link moved an all-reduce at
-about 1 / (1 / 0.83 + 1 / 1) Gbit/s when the hosts alone managed 0.83. A single device (the speedup's baseline) takes compute(b') for its batch b' (the
+measured) plus its time on the wire (`1 / link`; none for the measured link). On test
+hosts whose link was shaped with `tbf` the two added up: a 1 Gbit/s link moved an
+all-reduce at about 1 / (1 / 0.83 + 1 / 1) Gbit/s when the hosts alone managed 0.83.
+A single device (the speedup's baseline) takes compute(b') for its batch b' (the
 per-replica batch under weak scaling, the global batch under strong).
 
-The constants are fitted to in-place measurements (`tasks.inplace`): c0 and c1 to the local
-step at a few batch sizes, alpha and the measured link's bandwidth to the all-reduce at a
-few message sizes (the bandwidth fitted there is `host`: the measured link is taken
-to be faster than the hosts, as a virtual or local one is), `sync` is what a measured step had beyond the local step and the
-fitted all-reduce of its gradient bytes, `r_in` the slowest
-worker's input pipeline. Each fit reports its largest relative error.
+The constants are fitted to in-place measurements (`tasks.inplace`): c0 and c1 to the
+local step at a few batch sizes; alpha and `host` to the all-reduce at a few message sizes
+(the measured link is taken to be faster than the hosts, as a virtual or local one is);
+`sync` is what a measured step had beyond the local step and the fitted all-reduce of its
+gradient bytes; `r_in` the slowest worker's input pipeline. Each fit reports its largest
+relative error.
 """
 
 from __future__ import annotations

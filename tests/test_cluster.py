@@ -209,7 +209,8 @@ def test_slow_links_diagnosed_and_forecast_from_the_full_speed_run(cluster):
         print(
             f"\n{rate or 'full'}: step {probes['step_s'] * 1000:.2f} ms = local "
             f"{probes['local_step_s'] * 1000:.2f} + all-reduce {probes['comm_s'] * 1000:.2f} "
-            f"+ rest; all-reduce by size {[[round(b), round(t * 1000, 2)] for b, t in probes['comm_s_by_bytes']]}"
+            f"+ rest; all-reduce ms by size "
+            f"{[[round(b), round(t * 1000, 2)] for b, t in probes['comm_s_by_bytes']]}"
         )
     print("\nlink      forecast step  measured step  ratio")
     for rate, predicted, measured in rows:
