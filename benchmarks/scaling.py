@@ -52,7 +52,7 @@ def explain(config, data_dir: str, choice: StrategyChoice, run_dir: Path) -> str
     from tasks.inplace import InPlaceProbes
     from tasks.manifest import load_manifest
 
-    result = measure(config, data_dir, choice, run_dir, threads=1, probe_steps=30)
+    result = measure(config, data_dir, choice, run_dir, threads=1, probe_steps=10)
     probes = InPlaceProbes(**result["probes"])
     diagnosis = diagnose_in_place(probes, config.train, load_manifest(data_dir), choice, [])
     return format_diagnosis(diagnosis)
