@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tasks.config import TrainConfig
 from tasks.manifest import Manifest
+from tasks.probes import input_only_rate, seconds_per_call
 from tasks.strategy import StrategyChoice
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -63,22 +64,6 @@ class InPlaceProbes:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def seconds_per_call(call: Callable[[], Any], calls: int) -> float:
-    """Wall seconds per call of `call` after two warm-up calls (tracing); `call` returns
-    something whose `.numpy()` (or float) waits for the work."""
-    for _ in range(2):
-        _wait(call())
-    started = time.perf_counter()
-    for _ in range(calls):
-        result = call()
-    _wait(result)
-    return (time.perf_counter() - started) / calls
-
-
-def _wait(value: Any) -> None:
-    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, value)
 
 
 def probe_in_place(
@@ -267,9 +252,8 @@ def _input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> fl
         input_pipeline_id=resolver.task_id if resolver is not None and workers > 1 else 0,
         num_replicas_in_sync=strategy.num_replicas_in_sync,
     )
-    iterator = iter(pipeline(ctx))
-    local = len(strategy.extended.worker_devices)
-    return batch * local / seconds_per_call(lambda: next(iterator)[1], steps * local)
+    local = len(strategy.extended.worker_devices)  # each local replica reads a batch
+    return input_only_rate(pipeline(ctx), batch, steps * local)
 
 
 def _ps_input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> float:

@@ -16,15 +16,25 @@ from tasks.training import set_up_training, train_dataset_fn
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 
+def seconds_per_call(call: Callable[[], object], calls: int) -> float:
+    """Wall seconds per call of `call` after two warm-up calls (tracing); what `call`
+    returns is read back (`.numpy()`), so the time includes the work, not its dispatch."""
+    for _ in range(2):
+        _wait(call())
+    started = time.perf_counter()
+    for _ in range(calls):
+        result = call()
+    _wait(result)
+    return (time.perf_counter() - started) / calls
+
+
+def _wait(value: object) -> None:
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, value)
+
+
 def measure_rate(step: Callable[[], object], examples_per_step: int, steps: int) -> float:
     """Examples/s of `step` after two warm-up calls (tracing)."""
-    for _ in range(2):
-        step()
-    started = time.perf_counter()
-    for _ in range(steps):
-        result = step()
-    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)  # sync
-    return examples_per_step * steps / (time.perf_counter() - started)
+    return examples_per_step / seconds_per_call(step, steps)
 
 
 def input_only_rate(dataset: tf.data.Dataset, batch: int, steps: int) -> float:
