@@ -46,3 +46,22 @@ def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
     """Polls `<url>/health` until the server answers, for at most `timeout_s`."""
     problem = wait_healthy(f"{url}/health", timeout_s, interval_s=0.5)
     assert problem is None, f"{url}/health did not answer within {timeout_s:.0f} s: {problem}"
+
+
+def slowed(dataset, seconds: float):
+    """`dataset` of (images, labels) batches with `seconds` of extra work per batch: an
+    input pipeline slowed on purpose, as on a host that reads or decodes slowly."""
+    import time
+
+    import tensorflow as tf
+
+    def slow(images):
+        time.sleep(seconds)
+        return images
+
+    def apply(images, labels):
+        out = tf.py_function(slow, [images], images.dtype)
+        out.set_shape(images.shape)
+        return out, labels
+
+    return dataset.map(apply)

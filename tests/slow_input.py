@@ -4,27 +4,16 @@ on a worker whose host reads or decodes slowly. `python tests/slow_input.py ARGS
 from __future__ import annotations
 
 import sys
-import time
-
-import tensorflow as tf
 
 import tasks.training
 from flows.cli import main
+from tests.helpers import slowed
 
 real_build_dataset = tasks.training.build_dataset
 
 
-def slowed_build_dataset(*args, **kwargs) -> tf.data.Dataset:
-    def slow(images):
-        time.sleep(0.02)
-        return images
-
-    def apply(images, labels):
-        out = tf.py_function(slow, [images], images.dtype)
-        out.set_shape(images.shape)
-        return out, labels
-
-    return real_build_dataset(*args, **kwargs).map(apply)
+def slowed_build_dataset(*args, **kwargs):
+    return slowed(real_build_dataset(*args, **kwargs), 0.02)
 
 
 tasks.training.build_dataset = slowed_build_dataset

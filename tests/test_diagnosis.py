@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import tensorflow as tf
 
@@ -12,6 +10,7 @@ from tasks.diagnosis import classify, classify_in_place, diagnose_run
 from tasks.inplace import InPlaceProbes
 from tasks.preparation import prepare_dataset
 from tasks.strategy import StrategyChoice
+from tests.helpers import slowed
 
 ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")
 
@@ -93,17 +92,7 @@ def train_config(digits, **train):
 
 def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
     """An input pipeline slowed on purpose: 30 ms of work per batch."""
-
-    def slow(images):
-        time.sleep(0.03)
-        return images
-
-    def apply(images, labels):
-        out = tf.py_function(slow, [images], tf.float32)
-        out.set_shape(images.shape)
-        return out, labels
-
-    return ds.map(apply)
+    return slowed(ds, 0.03)
 
 
 def test_slowed_input_pipeline_is_input_bound(digits):
