@@ -88,17 +88,27 @@ EVALUATE_FLAGS = {
 }
 
 
+TENSORFLOW_COMMANDS = {
+    "prepare",
+    "hardware",
+    "train",
+    "evaluate",
+}  # run, sweep: while Prefect starts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from tasks.process import set_up_process
+    from tasks.process import import_tensorflow, set_up_process
 
-    set_up_process()
+    set_up_process(args.verbose or None)
     from flows import commands
     from tasks.errors import UserError
 
     try:
         config = _load(args)
+        if args.command in TENSORFLOW_COMMANDS:
+            import_tensorflow()
         return getattr(commands, args.command)(config, args)
     except UserError as exc:
         if args.debug:
@@ -126,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every library's log lines (TensorFlow, Prefect, MLflow), not only tfscale's",
     )
     parser.add_argument(
         "--params",

@@ -159,11 +159,13 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    from tasks.summary import format_summary
-
     summary = _run_flow("flows.pipeline", "pipeline", config)
+    from tasks.summary import format_summary
+    from tasks.tracking import Tracker
+
+    results = Tracker.for_config(config.track).results_url("http://127.0.0.1:5000")
     print()
-    print(format_summary(summary, "tfscale ui  (then open http://127.0.0.1:5000)"))
+    print(format_summary(summary, f"tfscale ui, then {results}"))
     return 0
 
 
@@ -173,8 +175,12 @@ def _run_flow(module: str, name: str, config: Config) -> Any:
     import importlib
 
     from flows.prefect_api import temporary_api
+    from tasks.process import import_tensorflow
+    from tasks.progress import stage
 
+    stage("start", "loading TensorFlow while a Prefect API starts")
     with temporary_api() as api:
+        import_tensorflow()
         flow = getattr(importlib.import_module(module), name)
         api.wait()
         return flow(config)
@@ -188,7 +194,9 @@ def ui(config: Config, args: argparse.Namespace) -> int:
 
     tracker = Tracker.for_config(config.track)
     uri = tracker.uri
-    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI for {uri} at {base} (Ctrl-C stops it)", flush=True)
+    print(f"results: {tracker.results_url(base)}", flush=True)
     command = [
         sys.executable,
         "-m",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from prefect import flow, task
+from prefect.artifacts import create_table_artifact
 
 from flows.pipeline import (
     _key,
@@ -34,18 +35,18 @@ def cell_cache_key(context, parameters: dict) -> str:
     )
 
 
-@task(name="plan-cells")
+@task(name="plan the grid")
 def plan_task(config):
     return sweep.plan_cells(config)
 
 
-@task(name="set-up-devices")
+@task(name="set up devices")
 def devices_task(config, report):
     here = kind_of(config.sweep.strategy).runs_here and not report.gpus
     process.set_up_devices(max(config.sweep.replicas) if here else 0)
 
 
-@task(name="run-cell", cache_key_fn=cell_cache_key, persist_result=True)
+@task(name="train a cell", cache_key_fn=cell_cache_key, persist_result=True)
 def _cell_task(config, manifest, data_dir: str, report) -> dict:
     choice = strategy.select_strategy(report, config.train)
     result, diagnosis = runs.train_and_diagnose(
@@ -61,29 +62,39 @@ def cell_task(config, manifest, data_dir: str, report) -> dict:
     return cached(_cell_task, config, complete)(config, manifest, data_dir, report)
 
 
-@task(name="start-tracking", retries=2, retry_delay_seconds=2)
+@task(name="start tracking", retries=2, retry_delay_seconds=2)
 def start_sweep_tracking_task(tracker: tracking.Tracker, report, config):
     grid = config_mod.config_to_dict(config.sweep)
-    tags = {
-        "kind": "sweep",
-        "hardware_fingerprint": report.fingerprint,
-        "git_commit": tracking.git_commit(),
-        "grid": json.dumps(grid),
-    }
+    tags = tracking.run_tags(kind="sweep", hardware_fingerprint=report.fingerprint)
     parent_id = tracker.start_run("sweep", tags, system_metrics=True)
     tracker.log(parent_id, params={f"sweep.{k}": json.dumps(v) for k, v in grid.items()})
     return parent_id
 
 
-@task(name="tabulate")
+@task(name="tabulate and chart")
 def tabulate_task(cells, results, config):
     rows = sweep.tabulate(cells, results)
     return rows, sweep.write_outputs(rows, Path(config.sweep.out_dir))
 
 
-@task(name="track", retries=2, retry_delay_seconds=2)
+@task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files):
     tracker.log_sweep(parent_id, rows, results, files)
+    shown = ("size", "batch", "scaling", "precision", "replicas", "strategy")
+    figures = ("examples_per_s", "speedup", "scaling_efficiency")
+    create_table_artifact(
+        [
+            {
+                **{k: r[k] for k in shown},
+                **{k: round(r[k], 3) for k in figures},
+                "bottleneck": r["bottleneck"],
+            }
+            for r in rows
+        ],
+        key="scaling-sweep",
+        description=f"speedup and scaling efficiency per cell; MLflow run "
+        f"{tracker.run_url(tracker.ui_base, parent_id)}",
+    )
 
 
 @flow(name="tfscale-sweep", log_prints=True)

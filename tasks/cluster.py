@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import UserError, UsageError
+from tasks.errors import UsageError, UserError
 from tasks.hardware import ClusterInfo
 from tasks.strategy_kinds import StrategyKind
 

@@ -160,6 +160,17 @@ def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
     return None
 
 
+def format_line(report: HardwareReport) -> str:
+    """One line: cores, accelerators, cluster."""
+    parts = [f"{report.cpu_cores} CPU cores"]
+    parts.append(f"{len(report.gpus)} GPUs" if report.gpus else "no GPU")
+    if report.tpu:
+        parts.append(f"TPU {report.tpu}")
+    if report.cluster:
+        parts.append(f"{report.cluster.source} cluster of {report.cluster.num_workers} workers")
+    return ", ".join(parts)
+
+
 def format_report(report: HardwareReport) -> str:
     lines = [
         f"cpu       {report.cpu_model}, {report.cpu_cores} cores, "

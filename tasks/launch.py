@@ -50,7 +50,7 @@ def launch_workers(
     shares = gpu_shares(workers)
     procs, logs = [], []
     for index in range(workers):
-        env = dict(os.environ, TF_CONFIG=tf_config(ports, index), TF_CPP_MIN_LOG_LEVEL="2")
+        env = dict(os.environ, TF_CONFIG=tf_config(ports, index))
         if shares:
             env["CUDA_VISIBLE_DEVICES"] = shares[index]
         if pin_cores:

@@ -51,6 +51,16 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
     )
 
 
+def format_line(result: PrepareResult, reused: bool = False) -> str:
+    """One line: the dataset, its splits and whether shards were written (`reused`: a
+    cached result, nothing written this time)."""
+    m = result.manifest
+    splits = ", ".join(f"{count} {split}" for split, count in m.splits.items())
+    written = result.written and not reused
+    done = f"{result.written} shards written" if written else "shards reused"
+    return f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+
+
 def format_summary(result: PrepareResult) -> str:
     """A one-screen summary of a prepare."""
     m = result.manifest

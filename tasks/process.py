@@ -7,7 +7,9 @@ here and nowhere else:
 
 - `set_up_process()` once at each process entry (the `tfscale` command, a deployment's
   flow run, the test session), before TensorFlow or Prefect is imported; worker
-  processes inherit its environment from the command that launches them;
+  processes inherit its environment from the command that launches them; then
+  `import_tensorflow()` where TensorFlow is first needed, so its start-up lines stay
+  off the console;
 - `set_up_devices(choice.logical_cpus)` once the strategy is chosen, before TensorFlow
   starts;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
@@ -20,19 +22,97 @@ import logging
 import os
 
 QUIET_ENVIRONMENT = {
-    "TF_CPP_MIN_LOG_LEVEL": "2",  # TensorFlow's C++ notices
+    "TF_CPP_MIN_LOG_LEVEL": "3",  # TensorFlow's C++ notices (and cuInit on a GPU-less host)
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # database set-up, system-metric start and stop
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no network here for telemetry
 }
+VERBOSE_ENVIRONMENT = {**QUIET_ENVIRONMENT, "TF_CPP_MIN_LOG_LEVEL": "0"}
+VERBOSE_VARIABLE = "TFSCALE_VERBOSE"  # worker processes and flow runs inherit the choice
 NOISY_LOGGERS = ("tensorflow", "absl", "httpx")
+# harmless warnings every run would print: a Keras model saved without a signature, and
+# pip's version unknown to MLflow in a uv environment
+HARMLESS_LOGGERS = ("mlflow.keras.save", "mlflow.utils.environment", "mlflow.models.model")
+OWN_LOGGERS = ("tfscale", "tasks", "flows")
+STAGE_MARK = "tfscale_stage"  # set on stage lines (tasks.progress)
 
 
-def set_up_process() -> None:
-    """Environment defaults (a value the user set wins) and log levels."""
-    for key, value in QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+class ConsoleFormat(logging.Formatter):
+    """tfscale's own lines as they are; a library's with its level and name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        own = record.name.startswith(OWN_LOGGERS) or getattr(record, STAGE_MARK, False)
+        if own and record.levelno == logging.INFO:
+            return record.getMessage()
+        return f"{record.levelname} {record.name}: {record.getMessage()}"
+
+
+def _quiet_console(record: logging.LogRecord) -> bool:
+    """tfscale's own progress lines, and anyone's warnings and errors."""
+    return (
+        record.levelno >= logging.WARNING
+        or record.name.startswith(OWN_LOGGERS)
+        or getattr(record, STAGE_MARK, False)  # a stage line logged through a Prefect run
+    )
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_VARIABLE) == "1"
+
+
+def set_up_process(verbose_output: bool | None = None) -> None:
+    """Environment defaults (a value the user set wins) and the console's log handler.
+
+    Quiet (the default): tfscale's own lines and every warning and error; library
+    notices (Prefect's task states, MLflow's set-up, TensorFlow's C++ lines) are left out
+    of the console (Prefect's own server still gets its flow-run logs). Verbose
+    (`--verbose`, or `TFSCALE_VERBOSE=1`): everything.
+    """
+    if verbose_output is None:
+        verbose_output = verbose()
+    if verbose_output:
+        os.environ[VERBOSE_VARIABLE] = "1"
+        os.environ.update(VERBOSE_ENVIRONMENT)
+    else:
+        for key, value in QUIET_ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
+    handler = logging.StreamHandler()
+    handler.setFormatter(ConsoleFormat())
+    if not verbose_output:
+        handler.addFilter(_quiet_console)
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in HARMLESS_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING if verbose_output else logging.ERROR)
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow with its C++ start-up lines ("Could not find cuda drivers",
+    "All log messages before absl::InitializeLog()") kept off the console: they are
+    written to file descriptor 2 before any log level applies. A failed import shows
+    them. Verbose runs show them always."""
+    import sys
+
+    if "tensorflow" in sys.modules or verbose():
+        import tensorflow  # noqa: F401
+
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def set_up_devices(logical_cpus: int = 0) -> None:

@@ -8,9 +8,11 @@ resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from tasks.config import Config, config_to_dict
@@ -20,6 +22,7 @@ from tasks.files import atomic_path, write_json_atomic
 from tasks.hardware import HardwareReport
 from tasks.inplace import InPlaceProbes
 from tasks.manifest import Manifest
+from tasks.progress import EpochWatcher
 from tasks.strategy import StrategyChoice
 from tasks.strategy_kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.training import TrainResult, train_model
@@ -49,34 +52,51 @@ def run_training(
     choice: StrategyChoice,
     report: HardwareReport,
     probe_steps: int = 0,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
+    label: str = "",
 ) -> TrainResult:
     """Trains where the choice says: in this process, N local workers, a local PS cluster,
     or, when a cluster manager described a cluster, as this task's role in it (chief or
     training worker; `tasks.cluster`). With `probe_steps` the processes that trained then
-    measure its steps in place (`tasks.inplace`)."""
+    measure its steps in place (`tasks.inplace`). Each epoch, as the chief writes it, goes
+    to the progress display (`label`) and to `on_epoch`."""
     run_dir = run_dir_for(config, manifest, choice)
     cluster = report.cluster
     chief = cluster is None or cluster.is_chief
     if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if cluster is not None:
-        result = _train_as_task(config, manifest, data_dir, choice, run_dir, report, probe_steps)
-        if not chief:
-            return result
-    elif choice.spec.runs == LOCAL_WORKERS:
-        result = _train_local_workers(config, data_dir, choice, run_dir, probe_steps)
-    elif choice.spec.runs == COORDINATOR:
+    watch = EpochWatcher(run_dir, config.train.epochs, label or choice.kind, on_epoch)
+    with watch if chief else contextlib.nullcontext():
+        result = _train_where_chosen(
+            config, manifest, data_dir, choice, run_dir, report, probe_steps
+        )
+    if chief:
+        write_metrics(result, manifest, report)
+    return result
+
+
+def _train_where_chosen(
+    config: Config,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    run_dir: Path,
+    report: HardwareReport,
+    probe_steps: int,
+) -> TrainResult:
+    if report.cluster is not None:
+        return _train_as_task(config, manifest, data_dir, choice, run_dir, report, probe_steps)
+    if choice.spec.runs == LOCAL_WORKERS:
+        return _train_local_workers(config, data_dir, choice, run_dir, probe_steps)
+    if choice.spec.runs == COORDINATOR:
         from tasks.ps_cluster import in_process_cluster
 
         with in_process_cluster(choice.workers) as resolver:
-            result = train_model(
+            return train_model(
                 config.train, manifest, data_dir, choice, run_dir, resolver, probe_steps=probe_steps
             )
-    else:
-        result = train_model(config.train, manifest, data_dir, choice, run_dir)
-    write_metrics(result, manifest, report)
-    return result
+    return train_model(config.train, manifest, data_dir, choice, run_dir)
 
 
 def _train_as_task(
@@ -150,6 +170,8 @@ def train_and_diagnose(
     choice: StrategyChoice,
     report: HardwareReport,
     probe_steps: int = 30,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
+    label: str = "",
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
     written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` 0 skips the
@@ -161,7 +183,7 @@ def train_and_diagnose(
     """
     in_place = report.cluster is not None or not choice.spec.runs_here
     result = run_training(
-        config, manifest, data_dir, choice, report, probe_steps if in_place else 0
+        config, manifest, data_dir, choice, report, probe_steps if in_place else 0, on_epoch, label
     )
     if not probe_steps or (report.cluster is not None and not report.cluster.is_chief):
         return result, None
@@ -177,6 +199,17 @@ def train_and_diagnose(
     (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
     write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
     return result, diagnosis
+
+
+def format_line(result: TrainResult) -> str:
+    """One line: speed, batch and final accuracy of a training run."""
+    last = result.history[-1] if result.history else {"accuracy": float("nan")}
+    return (
+        f"{result.examples_per_s:,.0f} examples/s, {result.replicas} "
+        f"replica{'s' if result.replicas > 1 else ''}, global batch "
+        f"{result.global_batch}, {len(result.history)} epochs, train accuracy "
+        f"{last['accuracy']:.4f}"
+    )
 
 
 def write_metrics(result: TrainResult, manifest: Manifest, report: HardwareReport) -> Path:

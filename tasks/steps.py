@@ -15,6 +15,8 @@ EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (los
 
 def _nothing(steps: int) -> None:
     """The default `after_steps` hook (told how many steps just completed): nothing."""
+
+
 SUM = tf.distribute.ReduceOp.SUM
 
 

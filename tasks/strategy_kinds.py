@@ -61,6 +61,7 @@ class StrategyKind:
             workers = max(len(spec.get("worker", [])), 1)
             return in_sync * workers, workers
         return in_sync, workers
+
     in_sweep: bool = False  # a sweep can scale it over replica counts
     devices: str | None = None  # the device type it always runs on (None: GPUs, else CPUs)
 
@@ -130,9 +131,9 @@ def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.
 
 
 def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    import tensorflow as tf
-
     import os
+
+    import tensorflow as tf
 
     # the coordinator's RPCs fail fast on a lost worker, so its steps go to the others
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")

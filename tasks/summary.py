@@ -12,15 +12,16 @@ from tasks.diagnosis import Diagnosis
 from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
 from tasks.files import write_json_atomic
+from tasks.tracking import PARAM
 from tasks.training import TrainResult
 
 
 @dataclass(frozen=True)
 class ScalingSummary:
-    strategy: str
-    replicas: int
-    precision: str
-    scaling: str
+    strategy: str = field(metadata=PARAM)
+    replicas: int = field(metadata=PARAM)
+    precision: str = field(metadata=PARAM)
+    scaling: str = field(metadata=PARAM)
     baseline_examples_per_s: float
     distributed_examples_per_s: float
     speedup: float
@@ -194,6 +195,30 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str:
+    """The summary as a Markdown table, headed by the answer (a Prefect artifact)."""
+    rows = [
+        ("speedup", f"**{summary.speedup:.2f}x**{_split(summary)}"),
+        ("scaling efficiency", f"**{summary.scaling_efficiency:.2f}** (1.00 is linear)"),
+        ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
+        ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
+        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        (
+            "throughput",
+            f"baseline {summary.baseline_examples_per_s:,.0f} examples/s, distributed "
+            f"{summary.distributed_examples_per_s:,.0f}",
+        ),
+        ("strategy", f"{summary.strategy}: {summary.reason}"),
+        ("MLflow run", run_link),
+    ]
+    head = (
+        f"## {dataset}: {summary.speedup:.2f}x on {summary.replicas} replicas "
+        f"({summary.strategy}, {summary.precision}, {summary.scaling} scaling)"
+    )
+    table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)
+    return f"{head}\n\n| | |\n|---|---|\n{table}\n"
 
 
 def _split(summary: ScalingSummary) -> str:

@@ -80,7 +80,7 @@ def tabulate(cells: list[Cell], results: list[dict]) -> list[dict]:
                 asdict(cell),
                 examples_per_s=result["examples_per_s"],
                 speedup=speedup,
-                efficiency=speedup / cell.replicas,
+                scaling_efficiency=speedup / cell.replicas,
                 strategy=result["strategy"],
                 bottleneck=result["bottleneck"],
                 run_dir=result["run_dir"],
@@ -99,7 +99,7 @@ def write_outputs(rows: list[dict], out_dir: Path) -> dict[str, Path]:
         writer.writerows(rows)
     files["json"].write_text(json.dumps(rows, indent=2))
     files["speedup"] = plot(rows, "speedup", out_dir / "speedup.png")
-    files["efficiency"] = plot(rows, "efficiency", out_dir / "efficiency.png")
+    files["efficiency"] = plot(rows, "scaling_efficiency", out_dir / "efficiency.png")
     return files
 
 
@@ -125,8 +125,10 @@ def plot(rows: list[dict], metric: str, path: Path) -> Path:
         ax.plot([r["replicas"] for r in group], [r[metric] for r in group], marker="o", label=label)
     ax.set_xticks(replicas)
     ax.set_xlabel("replicas")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} against replica count, one line per dataset size and batch")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(
+        f"{metric.replace('_', ' ')} against replica count, one line per dataset size and batch"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -144,6 +146,6 @@ def format_table(rows: list[dict]) -> str:
         lines.append(
             f"{r['size'] or '-':>8} {r['batch']:>6} {r['scaling']:>7} {r['precision']:>15} "
             f"{r['replicas']:>8} {r['examples_per_s']:>11,.0f} {r['speedup']:>8.2f} "
-            f"{r['efficiency']:>10.2f}  {r['bottleneck']}"
+            f"{r['scaling_efficiency']:>10.2f}  {r['bottleneck']}"
         )
     return "\n".join(lines)

@@ -8,8 +8,15 @@ params; lists and mappings (per-epoch history, per-class accuracy) are logged th
 way or kept in the artifacts. A field added to a result is logged without touching this
 module.
 
-Per pipeline run: a parent run with child runs `baseline` and `distributed`; per sweep: a
-parent with a child per cell.
+Per pipeline run: a parent run with child runs `baseline` and `distributed`, each opened
+when its training starts and fed its epochs as they end (`EpochLog`); the model is logged
+on the parent and registered. Per sweep: a parent with a child per cell. `tfscale train`
+and `evaluate` (and so the DVC stages) log a run each, tagged with the DVC stage.
+
+The experiment is a model-training one (MLflow's experiment kind), and carries a saved
+view of the runs table whose columns are the results (`RESULT_COLUMNS`); `tfscale ui`
+prints the address that opens it (`Tracker.results_url`). Metrics shown to people are
+rounded to `SIGNIFICANT` digits; the JSON artifacts keep every digit.
 """
 
 from __future__ import annotations
@@ -31,6 +38,23 @@ if TYPE_CHECKING:
 
 PARAM = {"track": "param"}  # metadata of a result field that says how the run was set up
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
+SIGNIFICANT = 4
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+VIEW_KEY = "tfscale-results"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
+# the runs table's columns, in order: what a user came for
+RESULT_COLUMNS = (
+    ("metrics", "speedup"),
+    ("metrics", "scaling_efficiency"),
+    ("metrics", "test_accuracy"),
+    ("params", "strategy"),
+    ("params", "replicas"),
+    ("params", "precision"),
+    ("tags", "bottleneck"),
+    ("params", "dataset"),
+    ("params", "model"),
+    ("tags", "dvc_stage"),
+)
 
 
 class TrackingError(UserError, RuntimeError):
@@ -61,6 +85,43 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
         elif isinstance(value, int | float):
             metrics[key] = float(value)
     return metrics, params, tags
+
+
+def rounded(value: float) -> float:
+    """`value` to `SIGNIFICANT` significant digits (1.3180673662 -> 1.318)."""
+    return float(f"{value:.{SIGNIFICANT}g}")
+
+
+def results_view() -> dict[str, Any]:
+    """The runs table's saved view: result columns, newest first, each pipeline collapsed
+    to its parent row."""
+    columns = [f"{kind}.`{name}`" for kind, name in RESULT_COLUMNS]
+    return {
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+    }
+
+
+@dataclasses.dataclass
+class EpochLog:
+    """Logs each epoch's figures to one run as it ends (`tasks.progress.EpochWatcher`)."""
+
+    tracker: Tracker
+    run_id: str
+
+    def __call__(self, epoch: dict[str, float]) -> None:
+        figures = {k: v for k, v in epoch.items() if k != "epoch"}
+        self.tracker.log(self.run_id, metrics=figures, step=int(epoch["epoch"]))
+
+
+def run_tags(**extra: str) -> dict[str, str]:
+    """Tags every run carries: the commit, and the DVC stage when `dvc repro` runs it."""
+    tags = {"git_commit": git_commit(), **extra}
+    if os.environ.get("DVC_STAGE"):
+        tags["dvc_stage"] = os.environ["DVC_STAGE"]
+    return tags
 
 
 class Tracker:
@@ -125,11 +186,36 @@ class Tracker:
                 self.store_dir.mkdir(parents=True, exist_ok=True)
             self.check_reachable()
             client = MlflowClient(self.uri)
-            if client.get_experiment_by_name(self.experiment) is None:
+            experiment = client.get_experiment_by_name(self.experiment)
+            if experiment is None:
                 root = self.artifact_root if self.local else None
-                client.create_experiment(self.experiment, artifact_location=root)
+                client.create_experiment(
+                    self.experiment, artifact_location=root, tags=dict([EXPERIMENT_KIND])
+                )
+                experiment = client.get_experiment_by_name(self.experiment)
+            view = json.dumps(results_view())
+            if experiment.tags.get(VIEW_TAG) != view:
+                client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, view)
+            if EXPERIMENT_KIND[0] not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
             self._client = client
         return self._client
+
+    def results_url(self, base: str) -> str:
+        """The experiment's runs table at `base` (an MLflow UI), opened on the result
+        columns."""
+        experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
+        query = f"workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{query}"
+
+    @property
+    def ui_base(self) -> str:
+        """Where a person opens this store: the server itself, or `tfscale ui`'s default."""
+        return self.uri if self.uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+
+    def run_url(self, base: str, run_id: str) -> str:
+        experiment = self.client.get_run(run_id).info.experiment_id
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
 
     def start_run(
         self,
@@ -172,9 +258,10 @@ class Tracker:
         )
 
     def log_result(self, run_id: str, result: Any, prefix: str = "") -> None:
-        """Every field of a result dataclass, by its type (`fields_by_type`)."""
+        """Every field of a result dataclass, by its type (`fields_by_type`), numbers
+        rounded for the table."""
         metrics, params, tags = fields_by_type(result, prefix)
-        self.log(run_id, metrics, params, tags)
+        self.log(run_id, {k: rounded(v) for k, v in metrics.items()}, params, tags)
 
     def log_history(self, run_id: str, history: list[dict[str, float]]) -> None:
         """Per-epoch figures as metric steps, one batched call per 900 points."""
@@ -193,9 +280,10 @@ class Tracker:
         for path in paths:
             self.client.log_artifact(run_id, str(path))
 
-    def log_model(self, run_id: str, model_path: str) -> None:
+    def log_model(self, run_id: str, model_path: str) -> str:
         """The Keras model as an MLflow logged model of `run_id`, with pinned requirements
-        (given rather than inferred: MLflow's inference reloads the model, about 10 s)."""
+        (given rather than inferred: MLflow's inference reloads the model, about 10 s).
+        Returns the logged model's id."""
         import mlflow.keras
 
         from tasks.models import load_trained_model
@@ -209,6 +297,26 @@ class Tracker:
             )
             self.client.log_model_artifacts(logged.model_id, str(local))
         self.client.finalize_logged_model(logged.model_id, "READY")
+        return logged.model_id
+
+    def register_model(self, name: str, model_id: str, run_id: str, tags: dict) -> str:
+        """A new version of registered model `name` from a logged model; its version."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(
+                name, description="tfscale's distributed model, with its speedup and accuracy"
+            )
+        version = self.client.create_model_version(
+            name,
+            source=self.client.get_logged_model(model_id).artifact_location,
+            run_id=run_id,
+            model_id=model_id,
+            tags={k: str(v) for k, v in tags.items()},
+        )
+        return version.version
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         """Stops the run's system metrics (if any) and closes it."""
@@ -217,21 +325,33 @@ class Tracker:
             monitor.finish()
         self.client.set_terminated(run_id, status=status)
 
+    def fail(self, run_id: str, error: str) -> None:
+        """Marks a run and every child still running as FAILED, with the error as a tag."""
+        experiment = self.client.get_run(run_id).info.experiment_id
+        children = self.client.search_runs(
+            [experiment],
+            filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
+        )
+        for child in children:
+            self.finish(child.info.run_id, status="FAILED")
+        self.log(run_id, tags={"error": error[:4000]})
+        self.finish(run_id, status="FAILED")
+
+    def log_training(self, run_id: str, result: Any, context: dict[str, Any]) -> None:
+        """Closes a child run opened when its training started: the result, the shared
+        params, the epochs if they were not logged live (a cached result) and metrics.json."""
+        self.log_result(run_id, result)
+        self.log(run_id, params=_pipeline_params(context))
+        if not self.client.get_metric_history(run_id, "loss"):
+            self.log_history(run_id, result.history)
+        self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
+        self.finish(run_id)
+
     def log_pipeline(self, parent_id: str, record: PipelineRecord) -> None:
-        """Logs a whole pipeline run: both children, then the summary on the parent."""
+        """Logs a whole pipeline run on its parent (its children were closed as their
+        training ended): the summary, diagnosis, artifacts, and the registered model."""
         context = record.context
-        tags = pipeline_tags(context)
         common = _pipeline_params(context)
-        for name in ("baseline", "distributed"):
-            result = getattr(record, name)
-            child = self.start_run(name, tags, parent_id=parent_id)
-            self.log_result(child, result)
-            self.log(child, params=common)
-            self.log_history(child, result.history)
-            self.log_artifacts(child, [record.files[f"{name}_metrics"]])
-            if name == "distributed":
-                self.log_model(child, result.model_path)
-            self.finish(child)
         _, distributed_params, _ = fields_by_type(record.distributed)
         self.log_result(parent_id, record.summary)
         self.log_result(parent_id, record.diagnosis, prefix="diagnosis_")
@@ -245,6 +365,20 @@ class Tracker:
             *(path for key, path in record.files.items() if key.startswith("forecast")),
         ]
         self.log_artifacts(parent_id, artifacts)
+        model_id = self.log_model(parent_id, record.distributed.model_path)
+        summary = record.summary
+        self.register_model(
+            f"tfscale-{common['dataset']}-{common['model']}",
+            model_id,
+            parent_id,
+            {
+                "speedup": rounded(summary.speedup),
+                "scaling_efficiency": rounded(summary.scaling_efficiency),
+                "test_accuracy": rounded(summary.test_accuracy),
+                "strategy": summary.strategy,
+                "replicas": summary.replicas,
+            },
+        )
         self.finish(parent_id)
 
     def log_forecast(self, forecast: Any, files: list[Path], source_run_dir: str) -> str:
@@ -271,10 +405,10 @@ class Tracker:
             name = f"cell-{row['size']}-b{row['batch']}-r{row['replicas']}"
             child = self.start_run(name, {"bottleneck": row["bottleneck"]}, parent_id=parent_id)
             settings = ("size", "batch", "scaling", "precision", "replicas", "strategy")
-            figures = ("examples_per_s", "speedup", "efficiency")
+            figures = ("examples_per_s", "speedup", "scaling_efficiency")
             self.log(
                 child,
-                metrics={k: row[k] for k in figures},
+                metrics={k: rounded(row[k]) for k in figures},
                 params={k: row[k] for k in settings},
             )
             self.log_history(child, result["history"])
@@ -313,14 +447,13 @@ def git_commit() -> str:
 
 def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
     """Hardware fingerprint, the strategy decision and its reason, git commit, manifest hash."""
-    return {
-        "hardware_fingerprint": context["hardware_fingerprint"],
-        "strategy": context["choice"]["kind"],
-        "strategy_reason": context["choice"]["reason"],
-        "precision": context["choice"]["precision"],
-        "git_commit": git_commit(),
-        "manifest_hash": context["manifest_digest"],
-    }
+    return run_tags(
+        hardware_fingerprint=context["hardware_fingerprint"],
+        strategy=context["choice"]["kind"],
+        strategy_reason=context["choice"]["reason"],
+        precision=context["choice"]["precision"],
+        manifest_hash=context["manifest_digest"],
+    )
 
 
 def _pipeline_params(context: dict[str, Any]) -> dict[str, Any]:

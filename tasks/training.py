@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-import logging
 
 import keras
 import tensorflow as tf
@@ -100,7 +100,10 @@ def train_model(
     setup = set_up_training(cfg, manifest, choice, resolver, collective_timeout_s)
     with setup.strategy.scope():
         step = tf.Variable(
-            0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
         checkpoint = tf.train.Checkpoint(model=setup.model, optimizer=setup.optimizer, step=step)
     manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, is_chief)

@@ -105,6 +105,12 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         assert parent.data.tags[key]
     history = client.get_metric_history(children["distributed"].info.run_id, "loss")
     assert [m.step for m in history] == [1, 2]
+    # logged live, epoch by epoch, into a run opened when training started
+    assert history[0].timestamp < history[1].timestamp
+    for child in children.values():
+        assert child.info.status == "FINISHED"
+        assert parent.info.start_time <= child.info.start_time < history[0].timestamp
+    assert children["baseline"].info.end_time <= children["distributed"].info.start_time
     metrics = parent.data.metrics
     for key in (
         "speedup",
@@ -114,10 +120,12 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         "time_to_accuracy_s_baseline",
     ):
         assert key in metrics, key
-    assert metrics["speedup"] == pytest.approx(
-        metrics["distributed_examples_per_s"] / metrics["baseline_examples_per_s"]
+    assert metrics["speedup"] == pytest.approx(  # rounded to 4 significant digits
+        metrics["distributed_examples_per_s"] / metrics["baseline_examples_per_s"], rel=2e-3
     )
-    assert metrics["scaling_efficiency"] == pytest.approx(metrics["speedup"] / 2)
+    assert metrics["scaling_efficiency"] == pytest.approx(metrics["speedup"] / 2, rel=2e-3)
+    assert len(repr(metrics["speedup"])) <= 6  # 1.318, not 1.3180673662313493
+    assert parent.data.params["replicas"] == "2" and parent.data.params["strategy"] == "mirrored"
     assert any(k.startswith("system/") for k in metrics)
     assert parent.data.tags["bottleneck"] in (
         "input-bound",
@@ -137,12 +145,37 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         "summary.json",
     } <= artifacts
     models = client.search_logged_models([experiment.experiment_id])
-    distributed_id = children["distributed"].info.run_id
-    (model,) = [m for m in models if m.source_run_id == distributed_id and m.name == "model"]
+    (model,) = [m for m in models if m.source_run_id == parent.info.run_id]
+    versions = client.search_model_versions("name = 'tfscale-digits-mlp'")
+    assert len(versions) == 3  # one per pipeline run
+    (first,) = [v for v in versions if v.run_id == parent.info.run_id]
+    assert first.tags["speedup"] == str(metrics["speedup"])
+    assert first.tags["test_accuracy"] == str(metrics["test_accuracy"])
     from mlflow.artifacts import download_artifacts
 
     requirements = Path(download_artifacts(f"{model.artifact_location}/requirements.txt"))
     assert "tensorflow==" in requirements.read_text()  # pinned, not inferred
+
+
+def test_experiment_opens_on_the_result_columns(flow_run):
+    import json
+
+    from mlflow import MlflowClient
+    from tasks.tracking import VIEW_TAG, Tracker
+
+    client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    columns = json.loads(experiment.tags[VIEW_TAG])["selectedColumns"]
+    assert columns[:3] == [
+        "metrics.`speedup`",
+        "metrics.`scaling_efficiency`",
+        "metrics.`test_accuracy`",
+    ]
+    url = Tracker(flow_run["store"]).results_url("http://127.0.0.1:5000")
+    assert url.endswith(
+        f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=tfscale-results"
+    )
 
 
 def test_summary_speedup_matches_logged_throughputs(flow_run):

@@ -35,7 +35,7 @@ def test_speedup_divides_by_the_groups_one_replica_cell():
     ]
     rows = tabulate(cells, results)
     assert [r["speedup"] for r in rows] == [1.0, 1.5, 1.0, 2.0]
-    assert [r["efficiency"] for r in rows] == [1.0, 0.75, 1.0, 1.0]
+    assert [r["scaling_efficiency"] for r in rows] == [1.0, 0.75, 1.0, 1.0]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,9 @@ def test_every_cell_has_a_child_run_with_metrics(swept):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(children) == 4
     for child in children:
-        assert {"examples_per_s", "speedup", "efficiency", "loss"} <= set(child.data.metrics)
+        assert {"examples_per_s", "speedup", "scaling_efficiency", "loss"} <= set(
+            child.data.metrics
+        )
         assert child.data.tags["bottleneck"]
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"sweep.csv", "sweep.json", "speedup.png", "efficiency.png"} <= artifacts

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
-from tasks.tracking import PARAM, Tracker, fields_by_type
+from tasks.files import write_json_atomic
+from tasks.progress import EpochWatcher
+from tasks.tracking import PARAM, EpochLog, Tracker, fields_by_type, rounded
 from tasks.training import TrainResult
 
 
@@ -62,8 +65,58 @@ def test_a_tracker_logs_a_result_into_the_store_it_was_given(tmp_path, monkeypat
     from mlflow import MlflowClient
 
     run = MlflowClient(tracker.uri).get_run(child)
-    assert run.data.metrics["rate"] == 1234.5 and run.data.params["batch"] == "64"
+    assert run.data.metrics["rate"] == 1234.0 and run.data.params["batch"] == "64"  # rounded
     assert run.data.tags["bottleneck"] == "compute-bound"
     assert run.data.tags["mlflow.parentRunId"] == parent
     history = MlflowClient(tracker.uri).get_metric_history(child, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
+
+
+def test_figures_are_rounded_to_four_significant_digits():
+    assert rounded(1.3180673662313493) == 1.318
+    assert rounded(0.0028123) == 0.002812
+    assert rounded(62059.4) == 62060.0
+
+
+def test_a_failed_pipeline_leaves_no_run_running(tmp_path):
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    parent = tracker.start_run("parent", {})
+    live = EpochLog(tracker, tracker.start_run("baseline", {}, parent_id=parent))
+    live({"epoch": 1, "loss": 0.5, "accuracy": 0.8})
+    tracker.fail(parent, "RuntimeError('worker 1 died')")
+
+    client = tracker.client
+    assert client.get_run(parent).info.status == "FAILED"
+    assert client.get_run(parent).data.tags["error"] == "RuntimeError('worker 1 died')"
+    assert client.get_run(live.run_id).info.status == "FAILED"
+    assert client.get_run(live.run_id).data.metrics == {"loss": 0.5, "accuracy": 0.8}
+
+
+def test_epochs_reach_the_callback_while_the_training_writes_them(tmp_path):
+    """The watcher follows history.json as the training process rewrites it."""
+    seen: list[tuple[int, float]] = []
+    path = tmp_path / "history.json"
+    history: list[dict] = []
+    with EpochWatcher(tmp_path, 3, "test", lambda e: seen.append((e["epoch"], time.time())), 0.05):
+        for epoch in (1, 2, 3):
+            history.append(
+                {"epoch": epoch, "loss": 1 / epoch, "accuracy": 0.5, "examples_per_s": 9}
+            )
+            write_json_atomic(path, history)
+            wrote = time.time()
+            deadline = wrote + 10
+            while len(seen) < epoch and time.time() < deadline:
+                time.sleep(0.01)
+            assert [e for e, _ in seen] == list(range(1, epoch + 1))  # before the next epoch
+    assert [e for e, _ in seen] == [1, 2, 3]
+
+
+def test_a_resumed_run_does_not_report_its_earlier_epochs_again(tmp_path):
+    write_json_atomic(
+        tmp_path / "history.json",
+        [{"epoch": 1, "loss": 1.0, "accuracy": 0.5, "examples_per_s": 9}],
+    )
+    seen: list[dict] = []
+    with EpochWatcher(tmp_path, 2, "test", seen.append, 0.05):
+        pass
+    assert seen == []
