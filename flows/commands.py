@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+from collections.abc import Iterator
 from typing import Any
 
 from tasks.config import Config
@@ -57,7 +60,8 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 def train(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tasks.cluster import EVALUATOR, SERVER, role_of
+    from tasks.cluster import CHIEF, EVALUATOR, SERVER, role_of
+    from tasks.config import config_to_dict
     from tasks.diagnosis import format_diagnosis
     from tasks.hardware import detect_hardware
     from tasks.manifest import verify_shards
@@ -65,6 +69,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     from tasks.process import set_up_devices
     from tasks.runs import train_and_diagnose
     from tasks.strategy import baseline_choice, select_strategy
+    from tasks.tracking import EpochLog, pipeline_params
 
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
@@ -97,9 +102,23 @@ def train(config: Config, args: argparse.Namespace) -> int:
         flush=True,
     )
     probe_steps = 0 if args.no_diagnose else 30
-    result, diagnosis = train_and_diagnose(
-        config, manifest, str(data_dir), choice, report, probe_steps
+    name = f"{'baseline' if args.baseline else 'train'}-{manifest.dataset}-{choice.kind}"
+    tracker, tags = (  # a cluster's chief records the run
+        _command_tracker(config, strategy=choice.kind, precision=choice.precision)
+        if role == CHIEF
+        else (None, {})
     )
+    with tracker.run(name, tags) if tracker else _no_run() as run_id:
+        live = EpochLog(tracker, run_id) if tracker else None
+        result, diagnosis = train_and_diagnose(
+            config, manifest, str(data_dir), choice, report, probe_steps, live, name
+        )
+        if tracker:
+            context = {"config": config_to_dict(config), "manifest": json.loads(manifest.to_json())}
+            tracker.log_training(run_id, result, pipeline_params(context))
+            if diagnosis is not None:
+                tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
+                tracker.log(run_id, tags={"bottleneck": diagnosis.bottleneck})
     for h in result.history:
         print(
             f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
@@ -118,6 +137,21 @@ def train(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_tracker(config: Config, **tags: str) -> tuple[Any, dict]:
+    """The tracker a training or evaluating command logs to, checked before any work, and
+    its run's tags (the DVC stage among them)."""
+    from tasks.tracking import Tracker, run_tags
+
+    tracker = Tracker.for_config(config.track)
+    tracker.check_reachable()
+    return tracker, run_tags(**tags)
+
+
+@contextlib.contextmanager
+def _no_run() -> Iterator[str]:
+    yield ""
+
+
 def evaluate(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -134,27 +168,34 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     )
     if not Path(model_path).exists():
         raise MissingInput(f"No model at {model_path}", "train one with 'tfscale train'.")
-    result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
-    path = write_evaluation(result, Path(model_path).parent, manifest.feature["class_names"])
-    print(
-        f"test accuracy {result.test_accuracy:.4f}  loss {result.test_loss:.4f}  "
-        f"({result.examples} examples); written to {path}"
-    )
-    if args.baseline:
-        from tasks.summary import compare_exported
-
+    tracker, tags = _command_tracker(config, dataset=manifest.dataset)
+    with tracker.run(f"evaluate-{manifest.dataset}", tags) as run_id:
+        result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
         model_dir = Path(model_path).parent
-        summary = compare_exported(
-            Path(args.baseline),
-            model_dir,
-            result,
-            config.train.scaling,
-            config.evaluate.target_accuracy,
-        )
+        path = write_evaluation(result, model_dir, manifest.feature["class_names"])
+        tracker.log_result(run_id, result)
+        tracker.log_artifacts(run_id, [path])
         print(
-            f"speedup {summary.speedup:.2f}x over the single-device baseline, scaling "
-            f"efficiency {summary.scaling_efficiency:.2f}; written to {model_dir / 'scaling.json'}"
+            f"test accuracy {result.test_accuracy:.4f}  loss {result.test_loss:.4f}  "
+            f"({result.examples} examples); written to {path}"
         )
+        if args.baseline:
+            from tasks.summary import compare_exported
+
+            summary = compare_exported(
+                Path(args.baseline),
+                model_dir,
+                result,
+                config.train.scaling,
+                config.evaluate.target_accuracy,
+            )
+            tracker.log_result(run_id, summary)
+            tracker.log(run_id, tags={"bottleneck": summary.bottleneck})
+            print(
+                f"speedup {summary.speedup:.2f}x over the single-device baseline, scaling "
+                f"efficiency {summary.scaling_efficiency:.2f}; written to "
+                f"{model_dir / 'scaling.json'}"
+            )
     return 0
 
 

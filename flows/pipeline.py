@@ -166,7 +166,8 @@ def summarize_task(context, baseline, distributed, result, diagnosis, config, ma
 
 @task(name="close child run", retries=2, retry_delay_seconds=2)
 def close_child_task(live: tracking.EpochLog, result, context: dict):
-    live.tracker.log_training(live.run_id, result, context)
+    live.tracker.log_training(live.run_id, result, tracking.pipeline_params(context))
+    live.tracker.finish(live.run_id)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)

@@ -93,7 +93,7 @@ class EpochWatcher:
             self._bar = tqdm(
                 total=self.epochs,
                 initial=self.seen,
-                desc=f"{self.label:<12}",
+                desc=self.label,
                 unit="epoch",
                 leave=False,
                 file=sys.stderr,

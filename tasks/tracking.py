@@ -21,12 +21,14 @@ rounded to `SIGNIFICANT` digits; the JSON artifacts keep every digit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -337,21 +339,32 @@ class Tracker:
         self.log(run_id, tags={"error": error[:4000]})
         self.finish(run_id, status="FAILED")
 
-    def log_training(self, run_id: str, result: Any, context: dict[str, Any]) -> None:
-        """Closes a child run opened when its training started: the result, the shared
-        params, the epochs if they were not logged live (a cached result) and metrics.json."""
+    def log_training(self, run_id: str, result: Any, params: dict[str, Any]) -> None:
+        """A training's result in the run opened when it started: its fields, `params`, the
+        epochs if they were not logged live (a cached result) and metrics.json."""
         self.log_result(run_id, result)
-        self.log(run_id, params=_pipeline_params(context))
+        self.log(run_id, params=params)
         if not self.client.get_metric_history(run_id, "loss"):
             self.log_history(run_id, result.history)
         self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
+
+    @contextlib.contextmanager
+    def run(self, name: str, tags: dict[str, str]) -> Iterator[str]:
+        """A top-level run around a command's work: FINISHED when the block ends, FAILED
+        (with the error) when it raises."""
+        run_id = self.start_run(name, tags)
+        try:
+            yield run_id
+        except BaseException as exc:
+            self.fail(run_id, repr(exc))
+            raise
         self.finish(run_id)
 
     def log_pipeline(self, parent_id: str, record: PipelineRecord) -> None:
         """Logs a whole pipeline run on its parent (its children were closed as their
         training ended): the summary, diagnosis, artifacts, and the registered model."""
         context = record.context
-        common = _pipeline_params(context)
+        common = pipeline_params(context)
         _, distributed_params, _ = fields_by_type(record.distributed)
         self.log_result(parent_id, record.summary)
         self.log_result(parent_id, record.diagnosis, prefix="diagnosis_")
@@ -456,8 +469,9 @@ def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
     )
 
 
-def _pipeline_params(context: dict[str, Any]) -> dict[str, Any]:
-    """What both runs of a pipeline share: the data and the training config."""
+def pipeline_params(context: dict[str, Any]) -> dict[str, Any]:
+    """What every training run of a config shares: the data and the training settings
+    (`context`: `summary.pipeline_record`, or any dict with its `config` and `manifest`)."""
     train, manifest = context["config"]["train"], context["manifest"]
     return {
         "dataset": manifest["dataset"],

@@ -149,6 +149,25 @@ def test_metrics_show_the_speedup_efficiency_and_accuracy(clone, repro_runs):
     assert baseline["strategy"] == "one_device" and baseline["replicas"] == 1
 
 
+def test_every_stage_that_trains_or_evaluates_logs_an_mlflow_run(clone, repro_runs):
+    from mlflow import MlflowClient
+
+    repo = clone
+    client = MlflowClient(f"sqlite:///{repo.path}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    runs = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'")
+    by_stage: dict[str, list] = {}
+    for run in runs:
+        by_stage.setdefault(run.data.tags.get("dvc_stage"), []).append(run)
+    assert {"baseline", "train", "evaluate", "sweep"} <= set(by_stage)
+    commits = {r.data.tags["git_commit"] for stage in STAGES[1:] for r in by_stage[stage]}
+    assert commits == {repo.run("git", "rev-parse", "HEAD").strip()}
+    (train, *_) = sorted(by_stage["train"], key=lambda r: r.info.start_time)
+    assert [m.step for m in client.get_metric_history(train.info.run_id, "loss")] == [1, 2]
+    evaluate = by_stage["evaluate"][0].data
+    assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(evaluate.metrics)
+
+
 def test_plots_show_renders_the_curves(clone, repro_runs):
     repo = clone
     plots = json.loads(repo.dvc("plots", "show", "--json"))["data"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 
 from tasks.files import write_json_atomic
 from tasks.progress import EpochWatcher
@@ -120,3 +121,52 @@ def test_a_resumed_run_does_not_report_its_earlier_epochs_again(tmp_path):
     with EpochWatcher(tmp_path, 2, "test", seen.append, 0.05):
         pass
     assert seen == []
+
+
+BAR_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from tasks.progress import EpochWatcher
+run_dir = Path(sys.argv[1])
+history = []
+with EpochWatcher(run_dir, 3, "baseline", interval_s=0.05):
+    for epoch in (1, 2, 3):
+        history.append({"epoch": epoch, "loss": 0.5, "accuracy": 0.75, "examples_per_s": 9})
+        (run_dir / "history.json").write_text(json.dumps(history))
+        time.sleep(0.3)
+"""
+
+
+def test_a_terminal_shows_a_progress_bar_per_training(tmp_path):
+    """On a real pseudo-terminal, as a user's shell runs it."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BAR_SCRIPT, str(tmp_path)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )
+    os.close(slave)
+    out = b""
+    while select.select([master], [], [], 30)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=30) == 0
+    text = out.decode(errors="replace")
+    assert "baseline" in text and "0/3" in text and "3/3" in text
+    assert "acc 0.7500" in text
