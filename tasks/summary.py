@@ -218,7 +218,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
         f"({summary.strategy}, {summary.precision}, {summary.scaling} scaling)"
     )
     table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)
-    return f"{head}\n\n| | |\n|---|---|\n{table}\n"
+    return f"{head}\n\n| figure | value |\n|---|---|\n{table}\n"
 
 
 def _split(summary: ScalingSummary) -> str:

@@ -178,6 +178,33 @@ def test_experiment_opens_on_the_result_columns(flow_run):
     )
 
 
+def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        TaskRunFilter,
+    )
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["scaling-summary"])),
+            flow_run_filter=FlowRunFilter(),
+            task_run_filter=TaskRunFilter(),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=50,
+            offset=0,
+        )
+    first = flow_run["summaries"][0]
+    assert len({a.flow_run_id for a in found if a.flow_run_id}) >= 3  # one per flow run
+    mine = next(a for a in found if f"**{first.speedup:.2f}x**" in a.data)
+    assert mine.type == "markdown"
+    assert f"| test accuracy | **{first.test_accuracy:.4f}**" in mine.data
+    assert "| MLflow run | http://127.0.0.1:5000/#/experiments/" in mine.data
+
+
 def test_summary_speedup_matches_logged_throughputs(flow_run):
     summary = flow_run["summaries"][0]
     assert summary.speedup == pytest.approx(
