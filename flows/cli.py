@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 # flag -> (dotted config key, type, help)
 PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     set_up_process(args.verbose or None)
     from flows import commands
-    from tasks.errors import UserError
+    from tasks.errors import UserError, system_error
 
     try:
         config = _load(args)
@@ -113,23 +113,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             raise
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.fix:
-            print(f"fix: {exc.fix}", file=sys.stderr)
-        return exc.exit_code
+        return _report(exc)
     except KeyboardInterrupt:
         print("interrupted; finished shards are kept and the next run resumes", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.debug:
             raise
+        known = system_error(exc)
+        if known is not None:
+            return _report(known)
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("this is a bug in tfscale: run again with --debug for the traceback", file=sys.stderr)
         return 1
 
 
+def _report(exc: Any) -> int:
+    """A `UserError` as the user sees it: `error:` and `fix:` lines, its exit code."""
+    print(f"error: {exc.message}", file=sys.stderr)
+    if exc.fix:
+        print(f"fix: {exc.fix}", file=sys.stderr)
+    return exc.exit_code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with tfscale's error lines (`error:`, `fix:`) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\nfix: see '{self.prog} --help'.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tfscale",
         description="Distributed Keras training that measures whether more devices make it "
         "faster, by how much, and why not.",

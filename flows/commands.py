@@ -267,8 +267,9 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
 
 def forecast(config: Config, args: argparse.Namespace) -> int:
-    from tasks.forecast import forecast_run, format_forecast, probed_run
+    from tasks.forecast import check_request, forecast_run, format_forecast, probed_run
 
+    check_request(args.workers, args.link_gbit, args.preset)  # usage errors first
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
     result, written = forecast_run(
         run_dir, args.workers, args.link_gbit, args.preset, args.scaling, args.out_dir

@@ -161,9 +161,20 @@ def load_config(
     raw: dict[str, Any] = {}
     if path is not None and Path(path).exists():
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or "unreadable"
+            raise ConfigError(
+                f"{path}: not valid YAML{where}: {problem}",
+                "correct that line: 'key: value', nested keys indented under their section.",
+            ) from None
+        if raw is None:
+            raise ConfigError(
+                f"{path} is empty",
+                f"restore it (git checkout -- {path}), or delete it to run on the defaults.",
+            )
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of stage sections, got {_kind(raw)}")
     for dotted, value in (overrides or {}).items():

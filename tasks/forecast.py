@@ -201,23 +201,35 @@ def fit_cost_model(probes: dict[str, Any]) -> CostModel:
     )
 
 
-def links_from(gbits: list[float], presets: list[str], model: CostModel) -> dict[str, float]:
-    """Link name -> Gbit/s: the measured link first, then the named rates and presets.
+def check_request(workers: list[int], gbits: list[float], presets: list[str]) -> None:
+    """What a forecast is asked for, checked before any run is read.
 
     Raises:
-        ForecastError: an unknown preset (listing the known ones) or a rate not above 0.
+        ForecastError: a worker count below 1, a rate not above 0, or an unknown preset
+            (listing the known ones).
     """
-    links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
+    if any(n < 1 for n in workers):
+        raise ForecastError(f"worker counts must be 1 or more: {workers}", "use e.g. 1,2,4,8.")
     for rate in gbits:
         if rate <= 0:
             raise ForecastError(f"link rate {rate} Gbit/s: a rate must be above 0")
-        links[f"{rate:g} Gbit/s"] = rate
     for name in presets:
         if name not in LINK_PRESETS:
             raise ForecastError(
                 f"unknown link preset {name!r}", f"use one of: {', '.join(LINK_PRESETS)}."
             )
-        links[name] = LINK_PRESETS[name]
+
+
+def links_from(gbits: list[float], presets: list[str], model: CostModel) -> dict[str, float]:
+    """Link name -> Gbit/s: the measured link first, then the named rates and presets.
+
+    Raises:
+        ForecastError: see `check_request`.
+    """
+    check_request([], gbits, presets)
+    links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
+    links.update({f"{rate:g} Gbit/s": rate for rate in gbits})
+    links.update({name: LINK_PRESETS[name] for name in presets})
     return links
 
 
@@ -228,8 +240,7 @@ def forecast(
     scaling: str = "weak",
     global_batch: int | None = None,
 ) -> Forecast:
-    if any(n < 1 for n in workers):
-        raise ForecastError(f"worker counts must be 1 or more: {workers}", "use e.g. 1,2,4,8.")
+    check_request(workers, [], [])
     result = Forecast(scaling, model, dict(links_gbit))
     for name, gbit in links_gbit.items():
         link = None if name == MEASURED else gbit * 1e9 / 8

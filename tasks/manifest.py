@@ -11,6 +11,7 @@ from typing import Any
 from tasks.errors import UserError
 
 MANIFEST_NAME = "manifest.json"
+CHECKSUM = "checksum"  # manifest.json's own sha256, over everything else in it
 
 
 class ShardError(UserError, RuntimeError):
@@ -56,11 +57,30 @@ class Manifest:
         """A short content hash: the same shards give the same digest."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
+    def file_text(self) -> str:
+        """`manifest.json`: the content and its own sha256 (`checksum`), so a hand edit is
+        caught on load."""
+        raw = asdict(self)
+        raw[CHECKSUM] = hashlib.sha256(self.to_json().encode()).hexdigest()
+        return json.dumps(raw, indent=2, sort_keys=True) + "\n"
+
     @classmethod
     def from_json(cls, text: str) -> Manifest:
+        """Raises `EditedManifest` when the content no longer matches its checksum."""
         raw = json.loads(text)
+        checksum = raw.pop(CHECKSUM, None)
         raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
-        return cls(**raw)
+        manifest = cls(**raw)
+        if (
+            checksum is not None
+            and checksum != hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        ):
+            raise EditedManifest("its content no longer matches the checksum prepare wrote")
+        return manifest
+
+
+class EditedManifest(ValueError):
+    """A manifest changed after `prepare` wrote it."""
 
 
 def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
@@ -78,6 +98,12 @@ def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
         )
     try:
         return Manifest.from_json(path.read_text())
+    except EditedManifest as exc:
+        raise ShardError(
+            f"{path} was edited after prepare wrote it ({exc}); its shards cannot be trusted. "
+            f"Re-create them with 'tfscale prepare --dataset {dataset or Path(data_dir).name} "
+            "--force'."
+        ) from None
     except (ValueError, TypeError, KeyError) as exc:
         raise ShardError(
             f"{path} is not a valid manifest ({exc}); re-run 'tfscale prepare'."

@@ -101,17 +101,16 @@ def write_shards(
     done = _read_journal(out_dir, params)
     _remove_strays(out_dir, {p.file for p in plan})
     total = sum(p.stop - p.start for p in plan)
-    bar = _progress_bar(total, source.name, progress)
     written = 0
-    for shard in plan:
-        info = done.get(shard.file)
-        path = out_dir / shard.file
-        if info is None or not path.exists() or path.stat().st_size != info.bytes:
-            done[shard.file] = _write_one(source, shard, path)
-            written += 1
-            write_text_atomic(out_dir / JOURNAL_NAME, _journal_text(params, done))
-        bar.update(shard.stop - shard.start)
-    bar.close()
+    with _progress_bar(total, source.name, progress) as bar:  # closed before any error shows
+        for shard in plan:
+            info = done.get(shard.file)
+            path = out_dir / shard.file
+            if info is None or not path.exists() or path.stat().st_size != info.bytes:
+                done[shard.file] = _write_one(source, shard, path)
+                written += 1
+                write_text_atomic(out_dir / JOURNAL_NAME, _journal_text(params, done))
+            bar.update(shard.stop - shard.start)
     manifest = Manifest(
         dataset=source.name,
         version=source.version,
@@ -123,7 +122,7 @@ def write_shards(
         shards=[done[p.file] for p in plan],
         params=params,
     )
-    write_text_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+    write_text_atomic(out_dir / MANIFEST_NAME, manifest.file_text())
     (out_dir / JOURNAL_NAME).unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     return PrepareResult(manifest, str(out_dir), written, len(plan) - written, seconds)
@@ -201,7 +200,7 @@ def _progress_bar(total: int, name: str, enabled: bool) -> Any:
         desc=f"writing {name}",
         unit="ex",
         unit_scale=True,
-        disable=not enabled,
+        disable=None if enabled else True,  # None: only on a terminal
         mininterval=0.5,
         dynamic_ncols=True,
     )
