@@ -102,7 +102,8 @@ def train(config: Config, args: argparse.Namespace) -> int:
         flush=True,
     )
     probe_steps = 0 if args.no_diagnose else 30
-    name = f"{'baseline' if args.baseline else 'train'}-{manifest.dataset}-{choice.kind}"
+    kind = "baseline" if args.baseline else "train"
+    name = f"{kind}-{manifest.dataset}-{choice.kind}"
     tracker, tags = (  # a cluster's chief records the run
         _command_tracker(config, strategy=choice.kind, precision=choice.precision)
         if role == CHIEF
@@ -111,7 +112,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     with tracker.run(name, tags) if tracker else _no_run() as run_id:
         live = EpochLog(tracker, run_id) if tracker else None
         result, diagnosis = train_and_diagnose(
-            config, manifest, str(data_dir), choice, report, probe_steps, live, name
+            config, manifest, str(data_dir), choice, report, probe_steps, live, kind, True
         )
         if tracker:
             context = {"config": config_to_dict(config), "manifest": json.loads(manifest.to_json())}
@@ -119,11 +120,6 @@ def train(config: Config, args: argparse.Namespace) -> int:
             if diagnosis is not None:
                 tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
                 tracker.log(run_id, tags={"bottleneck": diagnosis.bottleneck})
-    for h in result.history:
-        print(
-            f"epoch {h['epoch']:>3}  loss {h['loss']:.4f}  accuracy {h['accuracy']:.4f}  "
-            f"{h['seconds']:.2f} s  {h['examples_per_s']:,.0f} ex/s"
-        )
     if diagnosis is not None:
         print(format_diagnosis(diagnosis))
     if args.export_dir:

@@ -26,7 +26,7 @@ log = logging.getLogger("tfscale")
 
 def stage(name: str, text: str) -> None:
     """`name  text` on the console, and in the current Prefect run's log if there is one."""
-    line = f"{name:<12}{text}"
+    line = f"{name:<11} {text}"
     run_logger = _prefect_run_logger()
     if run_logger is None:
         log.info(line, extra={STAGE: True})
@@ -74,9 +74,11 @@ class EpochWatcher:
         label: str,
         on_epoch: Callable[[dict[str, float]], None] | None = None,
         interval_s: float = 0.5,
+        lines: bool = False,
     ):
         self.path = Path(run_dir) / "history.json"
         self.epochs, self.label, self.on_epoch = epochs, label, on_epoch
+        self.lines = lines  # off a terminal: a console line per epoch (a lone training)
         self.interval_s = interval_s
         self.seen = 0
         self._stamp: tuple[int, int] | None = None
@@ -127,8 +129,10 @@ class EpochWatcher:
                     f"loss {epoch['loss']:.4f} acc {epoch['accuracy']:.4f}", refresh=False
                 )
                 self._bar.update(1)
+            elif self.lines:
+                stage(self.label, format_epoch(epoch, self.epochs))
             else:  # not a terminal: the Prefect run's log (the console with --verbose)
-                _epoch_log(f"{self.label:<12}{format_epoch(epoch, self.epochs)}")
+                _epoch_log(f"{self.label:<11} {format_epoch(epoch, self.epochs)}")
 
     def _read(self) -> list[dict[str, float]]:
         try:

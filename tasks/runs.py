@@ -54,19 +54,23 @@ def run_training(
     probe_steps: int = 0,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
+    epoch_lines: bool = False,
 ) -> TrainResult:
     """Trains where the choice says: in this process, N local workers, a local PS cluster,
     or, when a cluster manager described a cluster, as this task's role in it (chief or
     training worker; `tasks.cluster`). With `probe_steps` the processes that trained then
     measure its steps in place (`tasks.inplace`). Each epoch, as the chief writes it, goes
-    to the progress display (`label`) and to `on_epoch`."""
+    to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
+    to `on_epoch`."""
     run_dir = run_dir_for(config, manifest, choice)
     cluster = report.cluster
     chief = cluster is None or cluster.is_chief
     if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    watch = EpochWatcher(run_dir, config.train.epochs, label or choice.kind, on_epoch)
+    watch = EpochWatcher(
+        run_dir, config.train.epochs, label or choice.kind, on_epoch, lines=epoch_lines
+    )
     with watch if chief else contextlib.nullcontext():
         result = _train_where_chosen(
             config, manifest, data_dir, choice, run_dir, report, probe_steps
@@ -172,6 +176,7 @@ def train_and_diagnose(
     probe_steps: int = 30,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
+    epoch_lines: bool = False,
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
     written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` 0 skips the
@@ -182,8 +187,9 @@ def train_and_diagnose(
     is probed in place by the processes that trained; a run in this process, here.
     """
     in_place = report.cluster is not None or not choice.spec.runs_here
+    probes = probe_steps if in_place else 0
     result = run_training(
-        config, manifest, data_dir, choice, report, probe_steps if in_place else 0, on_epoch, label
+        config, manifest, data_dir, choice, report, probes, on_epoch, label, epoch_lines
     )
     if not probe_steps or (report.cluster is not None and not report.cluster.is_chief):
         return result, None

@@ -113,6 +113,9 @@ def repro_runs(clone):
 
 def test_first_repro_runs_every_stage_and_leaves_only_dvc_lock_changed(repro_runs):
     assert ran(repro_runs["outputs"][0]) == set(STAGES)
+    # each epoch as it ends, not a table after training (here no terminal: a line each)
+    assert "train       epoch 1/2" in repro_runs["outputs"][0]
+    assert "baseline    epoch 2/2" in repro_runs["outputs"][0]
     # outputs are ignored: the only change git sees is the lock file DVC rewrote
     changed = [line[3:] for line in repro_runs["status"].splitlines()]
     assert set(changed) <= {"dvc.lock"}, repro_runs["status"]
