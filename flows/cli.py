@@ -88,12 +88,9 @@ EVALUATE_FLAGS = {
 }
 
 
-TENSORFLOW_COMMANDS = {
-    "prepare",
-    "hardware",
-    "train",
-    "evaluate",
-}  # run, sweep: while Prefect starts
+# imported quietly up front; run and sweep import it while Prefect starts, prepare only
+# when it writes a shard
+TENSORFLOW_COMMANDS = {"hardware", "train", "evaluate"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -129,6 +129,9 @@ def write_shards(
 
 
 def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
+    from tasks.process import import_tensorflow
+
+    import_tensorflow()  # only when a shard is written: an up-to-date prepare needs none
     import tensorflow as tf
 
     count = 0
