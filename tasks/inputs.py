@@ -106,4 +106,40 @@ def build_dataset(
     )
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # no autotuning thread (see `distributed_iterator`): the parallel steps run one call
+    # per core, and the prefetch buffer still grows as the consumer needs
+    options.autotune.enabled = False
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def distributed_iterator(strategy, dataset_fn):
+    """`iter(strategy.distribute_datasets_from_function(dataset_fn))`, whose deletion does
+    not stall.
+
+    The distributed iterator puts each replica's batches on its device through small
+    per-device datasets (`tf.data`'s MultiDeviceIterator). They are built with default
+    options, so each runs tf.data's autotuning thread, which sleeps for a period that
+    doubles up to 60 s, and deleting the iterator waits for that sleep to end: 0-60 s at
+    0% CPU, measured 14-38 s after a one-minute training. The input pipeline that feeds
+    them stalls its deletion the same way, so `build_dataset` turns autotuning off, and
+    here it is turned off for the per-device datasets, whose only knob is a one-element
+    prefetch.
+    """
+    _device_datasets_without_autotune()
+    return iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+
+def _device_datasets_without_autotune() -> None:
+    from tensorflow.python.data.ops import multi_device_iterator_ops as ops
+
+    create = ops._create_device_dataset
+    if getattr(create, "tfscale_no_autotune", False):
+        return
+
+    def create_without_autotune(*args, **kwargs):
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return create(*args, **kwargs).with_options(options)
+
+    create_without_autotune.tfscale_no_autotune = True
+    ops._create_device_dataset = create_without_autotune

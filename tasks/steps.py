@@ -10,6 +10,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
+from tasks.inputs import distributed_iterator
+
 EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (loss, correct)
 
 
@@ -88,7 +90,7 @@ def make_epoch_runner(
     collective (the gradients' all-reduce, which the optimizer packs into one) instead of
     three.
     """
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = distributed_iterator(strategy, dataset_fn)
     with strategy.scope():
         sums = [
             tf.Variable(

@@ -63,6 +63,29 @@ def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path)
     assert result.history[-1]["accuracy"] > 0.5
 
 
+def test_distributed_input_runs_no_autotuning_thread(digits, tmp_path):
+    """Deleting a distributed iterator waits for tf.data's autotuning thread to end its
+    sleep (up to 60 s; `tasks.inputs.distributed_iterator`): neither the input pipeline
+    nor the per-device datasets behind the iterator may run one."""
+    import tensorflow as tf
+
+    from tasks.inputs import build_dataset, distributed_iterator
+
+    _, manifest, data_dir = digits
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    iterator = distributed_iterator(
+        strategy, lambda ctx: build_dataset(manifest, data_dir, "train", 16, training=True)
+    )
+    images, labels = next(iterator)
+    assert [t.shape[0] for t in strategy.experimental_local_results(labels)] == [16, 16]
+    # the distributed iterator's host iterator and its per-device iterators
+    device_iterators = iterator._iterators[0]._iterator._device_iterators
+    assert len(device_iterators) == 2
+    datasets = [it._dataset for it in device_iterators]
+    datasets.append(build_dataset(manifest, data_dir, "train", 16, training=True))
+    assert [d.options().autotune.enabled for d in datasets] == [False, False, False]
+
+
 def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tmp_path):
     """One update of 2 replicas x 32 against 2 replicas x 2 micro-batches of 16: the same 64
     examples give the same weights. One step: Adam's sign-like early updates would turn
