@@ -125,6 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def entry() -> NoReturn:
+    """The `tfscale` command: `main`, then the exit without teardown (`exit_now`)."""
+    from tasks.process import exit_now
+
+    exit_now(main())
+
+
 def _report(exc: Any) -> int:
     """A `UserError` as the user sees it: `error:` and `fix:` lines, its exit code."""
     print(f"error: {exc.message}", file=sys.stderr)

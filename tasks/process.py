@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import NoReturn
 
 QUIET_ENVIRONMENT = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # TensorFlow's C++ notices (and cuInit on a GPU-less host)
@@ -113,6 +114,27 @@ def import_tensorflow() -> None:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Ends the process as Python's own exit would (other threads joined, `atexit` handlers
+    run, which shut logging down, and the standard streams flushed) but without freeing
+    every object first: after a training that takes 2-3 s of TensorFlow teardown, with
+    nothing left to save (every file is written and closed by then)."""
+    import atexit
+    import sys
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader is gone
+            pass
+    os._exit(code)
 
 
 def set_up_devices(logical_cpus: int = 0) -> None:

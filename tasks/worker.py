@@ -45,4 +45,6 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from tasks.process import exit_now
+
+    exit_now(main(sys.argv[1]))
