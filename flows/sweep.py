@@ -73,20 +73,21 @@ def start_sweep_tracking_task(tracker: tracking.Tracker, report, config):
 
 @task(name="tabulate and chart")
 def tabulate_task(cells, results, config):
-    rows = sweep.tabulate(cells, results)
-    return rows, sweep.write_outputs(rows, Path(config.sweep.out_dir))
+    forecasts = sweep.forecast_groups(cells, results)
+    rows = sweep.tabulate(cells, results, forecasts)
+    return rows, sweep.write_outputs(rows, Path(config.sweep.out_dir), forecasts)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files):
     tracker.log_sweep(parent_id, rows, results, files)
     shown = ("size", "batch", "scaling", "precision", "replicas", "strategy")
-    figures = ("examples_per_s", "speedup", "scaling_efficiency")
+    figures = ("examples_per_s", "speedup", "scaling_efficiency", "forecast_speedup")
     create_table_artifact(
         [
             {
                 **{k: r[k] for k in shown},
-                **{k: round(r[k], 3) for k in figures},
+                **{k: None if r[k] is None else round(r[k], 3) for k in figures},
                 "bottleneck": r["bottleneck"],
             }
             for r in rows

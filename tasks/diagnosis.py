@@ -21,6 +21,7 @@ from tasks.inplace import InPlaceProbes
 from tasks.manifest import Manifest
 from tasks.probes import Transform, probe_rates
 from tasks.strategy import StrategyChoice, baseline_choice
+from tasks.training import batch_sizes
 
 OVERHEAD_STEP_S = 0.004  # below this per step, dispatch and sync costs dominate
 INPUT_SLACK = 0.85  # end-to-end below this share of compute-only: something else holds it
@@ -51,6 +52,9 @@ class Diagnosis:
     sync_share: float | None = None  # of a step: neither the local step nor the communication
     gradient_bytes: int | None = None
     input_examples_per_s_by_worker: list[float] = field(default_factory=list)
+    # what the forecast's cost model is fitted to (`tasks.forecast.fit_cost_model`), for a
+    # run of several replicas in this process: the shape of `InPlaceProbes.to_dict()`
+    cost_probes: dict = field(default_factory=dict)
 
     @property
     def batch_effect(self) -> float | None:
@@ -273,24 +277,27 @@ def diagnose_run(
     """Measures the three throughputs of a run in this process and classifies it (a run
     across processes is probed in place: `diagnose_in_place`)."""
     started = time.perf_counter()
-    rates = probe_rates(cfg, manifest, data_dir, choice, steps, input_transform)
-    compute_1 = global_batch_1 = None
-    if choice.replicas > 1 and cfg.scaling == "weak":  # the global batch on one device
-        global_batch = cfg.batch_size_per_replica * choice.replicas
-        whole = dataclasses.replace(cfg, batch_size_per_replica=global_batch)
-        global_batch_1 = probe_rates(
-            whole, manifest, data_dir, baseline_choice(choice), steps, input_transform, True
-        )["compute"]
-    if choice.replicas > 1:
-        compute_1 = probe_rates(
-            cfg,
-            manifest,
-            data_dir,
-            baseline_choice(choice),
-            steps,
-            input_transform,
-            compute_only=True,
-        )["compute"]
+    several = choice.replicas > 1
+    rates = probe_rates(cfg, manifest, data_dir, choice, steps, input_transform, comm_sizes=several)
+    compute_1 = global_batch_1 = one_1 = whole_1 = None
+    if several:  # one device, compute-only, at the per-replica and at the global batch
+        per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+        one_1, whole_1 = (
+            probe_rates(
+                dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak"),
+                manifest,
+                data_dir,
+                baseline_choice(choice),
+                steps,
+                input_transform,
+                compute_only=True,
+            )["compute"]
+            for batch in (per_replica, global_batch)
+        )
+        # the speedup's own baseline: the per-replica batch under weak scaling, the global
+        # batch under strong; the global batch under weak is what the batch alone is worth
+        compute_1 = one_1 if cfg.scaling == "weak" else whole_1
+        global_batch_1 = whole_1 if cfg.scaling == "weak" else None
     bottleneck, evidence = classify(
         rates["input"],
         rates["compute"],
@@ -311,4 +318,33 @@ def diagnose_run(
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
         seconds=time.perf_counter() - started,
         compute_1_device_global_batch_examples_per_s=global_batch_1,
+        cost_probes=_cost_probes(cfg, choice, rates, one_1, whole_1) if several else {},
     )
+
+
+def _cost_probes(
+    cfg: TrainConfig, choice: StrategyChoice, rates: dict, one_1: float, whole_1: float
+) -> dict:
+    """The in-process probes in the form the forecast fits (`InPlaceProbes.to_dict()`):
+    one device's step at the per-replica and the global batch, the replicas' all-reduce at
+    a few message sizes, the strategy's step and the input pipeline's rate."""
+    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+    local_s = per_replica / one_1
+    return {
+        "where": f"{choice.replicas} replicas in this process",
+        "comm": "all-reduce",
+        "replicas": choice.replicas,
+        "workers": 1,
+        "step_examples": global_batch,
+        "replica_examples": per_replica,
+        "gradient_bytes": rates["gradient_bytes"],
+        "step_s": rates["step_s"],
+        "local_step_s": local_s,
+        "end_to_end_s": global_batch / rates["e2e"],
+        "input_examples_per_s": [rates["input"]],
+        "local_step_s_by_batch": [
+            [float(per_replica), local_s],
+            [float(global_batch), global_batch / whole_1],
+        ],
+        "comm_s_by_bytes": rates["comm_s_by_bytes"],
+    }

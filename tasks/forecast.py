@@ -19,16 +19,28 @@ all-reduce at about 1 / (1 / 0.83 + 1 / 1) Gbit/s when the hosts alone managed 0
 A single device (the speedup's baseline) takes compute(b') for its batch b' (the
 per-replica batch under weak scaling, the global batch under strong).
 
+Dataset size does not change a step; it changes how many steps an epoch has. An epoch also
+pays a fixed cost `e0` (its input iterator, the step counter, the first call's dispatch):
+
+    epoch(N, D)  = e0 + D / throughput(N)
+    D*(N)        = e0 * throughput(N)                        (steps and e0 equal)
+
+Below D* examples an epoch is bound by its fixed cost, not by input, compute or
+communication; above it, by the step's own bottleneck. More workers raise throughput and so
+raise D*: a small dataset stops scaling first.
+
 The constants are fitted to in-place measurements (`tasks.inplace`): c0 and c1 to the
 local step at a few batch sizes; alpha and `host` to the all-reduce at a few message sizes
 (the measured link is taken to be faster than the hosts, as a virtual or local one is);
 `sync` is what a measured step had beyond the local step and the fitted all-reduce of its
-gradient bytes; `r_in` the slowest worker's input pipeline. Each fit reports its largest
-relative error.
+gradient bytes; `r_in` the slowest worker's input pipeline; `e0` the median over the run's
+timed epochs (after the first) of the epoch's time beyond its steps at the measured
+end-to-end step time. Each fit reports its largest relative error.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,6 +112,7 @@ class CostModel:
     gradient_bytes: int
     per_replica_batch: int
     measured_workers: int
+    epoch_overhead_s: float = 0.0  # e0: an epoch's fixed cost beside its steps
 
     def compute_s(self, batch: float) -> float:
         return self.compute_fixed_s + self.compute_per_example_s * batch
@@ -139,6 +152,7 @@ class CostModel:
             speedup=rate / baseline,
             efficiency=rate / baseline / workers,
             bottleneck="input" if input_s > step else max(parts, key=parts.get),
+            epoch_bound_below=self.epoch_overhead_s * rate,
         )
 
 
@@ -150,6 +164,8 @@ class Prediction:
     speedup: float
     efficiency: float
     bottleneck: str  # the largest part of a step: input, compute, communication or sync
+    # examples per epoch below which the epoch's fixed cost outweighs its steps (D*)
+    epoch_bound_below: float = 0.0
 
 
 @dataclass
@@ -165,8 +181,21 @@ class Forecast:
         return asdict(self)
 
 
-def fit_cost_model(probes: dict[str, Any]) -> CostModel:
-    """The cost model from a run's in-place probes (`InPlaceProbes.to_dict()`).
+def epoch_overhead(history: list[dict[str, float]], step_examples: int, step_s: float) -> float:
+    """e0: the median over the timed epochs (the first traces, and is left out when there
+    are more) of an epoch's seconds beyond its steps at `step_s` each; 0 when unknown."""
+    timed = history[1:] or history
+    if not timed or not step_examples or step_s <= 0:
+        return 0.0
+    extra = sorted(h["seconds"] - h["examples"] / step_examples * step_s for h in timed)
+    return max(extra[len(extra) // 2], 0.0)
+
+
+def fit_cost_model(
+    probes: dict[str, Any], history: list[dict[str, float]] | None = None
+) -> CostModel:
+    """The cost model from a run's probes (`InPlaceProbes.to_dict()`, or the in-process
+    diagnosis's `cost_probes`) and, for the epoch's fixed cost, its history.
 
     Raises:
         ForecastError: the probes lack the all-reduce sizes (a parameter-server run).
@@ -179,7 +208,9 @@ def fit_cost_model(probes: dict[str, Any]) -> CostModel:
         )
     compute = fit_line(probes["local_step_s_by_batch"])
     comm = fit_line(probes["comm_s_by_bytes"])
-    workers = probes["workers"]
+    # the ring's members are the replicas (one per worker process across processes, the
+    # logical or physical devices of one process under Mirrored)
+    workers = probes.get("replicas") or probes["workers"]
     hops = 2 * max(workers - 1, 1)
     # measured on `workers`: intercept = hops * alpha, slope = hops / workers / bandwidth
     per_byte = comm.slope * workers / hops
@@ -198,6 +229,9 @@ def fit_cost_model(probes: dict[str, Any]) -> CostModel:
         gradient_bytes=probes["gradient_bytes"],
         per_replica_batch=probes["replica_examples"],
         measured_workers=workers,
+        epoch_overhead_s=epoch_overhead(
+            history or [], probes.get("step_examples", 0), probes.get("end_to_end_s", 0.0)
+        ),
     )
 
 
@@ -259,17 +293,18 @@ def format_forecast(f: Forecast) -> str:
         f"{m.bandwidth_bytes_per_s * 8 / 1e9:.2f} Gbit/s (fit error {m.comm_fit_error:.1%}); a "
         f"named link adds its wire time",
         f"  sync     {m.sync_s * 1000:.2f} ms per step; input {m.input_examples_per_s:,.0f} "
-        f"ex/s per worker",
+        f"ex/s per worker; an epoch's fixed cost {m.epoch_overhead_s * 1000:.0f} ms",
         "",
         f"{'link':<24}{'workers':>8}{'step ms':>10}{'ex/s':>12}{'speedup':>9}"
-        f"{'efficiency':>12}  bottleneck",
+        f"{'efficiency':>12}  {'bottleneck':<14}epoch-bound below",
     ]
     for name, points in f.predictions.items():
         label = f"{name} ({f.links_gbit[name]:.3g} Gbit/s)" if name == MEASURED else name
         for p in points:
             lines.append(
                 f"{label:<24}{p.workers:>8}{p.step_s * 1000:>10.2f}{p.examples_per_s:>12,.0f}"
-                f"{p.speedup:>8.2f}x{p.efficiency:>12.2f}  {p.bottleneck}"
+                f"{p.speedup:>8.2f}x{p.efficiency:>12.2f}  {p.bottleneck:<14}"
+                f"{p.epoch_bound_below:,.0f} examples"
             )
             label = ""
     return "\n".join(lines)
@@ -361,7 +396,7 @@ def forecast_run(
     from tasks.files import write_json_atomic
 
     metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
-    model = fit_cost_model(metrics.get("probes") or {})
+    model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     links = links_from(gbits, presets, model)
     result = forecast(model, links, workers, scaling, metrics.get("global_batch"))
     out = Path(out_dir or run_dir)
@@ -376,7 +411,7 @@ def forecast_metrics(f: Forecast) -> dict[str, float]:
     metrics = {
         f"forecast_{name}": value
         for name, value in asdict(f.model).items()
-        if isinstance(value, int | float)
+        if isinstance(value, int | float) and math.isfinite(value)
     }
     for link, points in f.predictions.items():
         key = "".join(c if c.isalnum() else "_" for c in link).strip("_")

@@ -97,7 +97,7 @@ def probe_in_place(
     step_s = min(seconds_per_call(lambda: compute(per_call), calls) for _ in range(3)) / per_call
     end_to_end_s = seconds_per_call(lambda: end_to_end(per_call), calls) / per_call
     variables = setup.model.trainable_variables
-    gradient_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    grad_bytes = gradient_bytes(setup.model)
     ps = choice.spec.one_worker_per_step
     if ps:
         comm_s = _push_pull_seconds(strategy, variables, per_call, calls)
@@ -115,7 +115,7 @@ def probe_in_place(
         )
         by_batch.append([float(size), seconds])
     local_s = dict((int(b), s) for b, s in by_batch)[batch]
-    by_bytes = [] if ps else _all_reduce_by_size(strategy, gradient_bytes, per_call, calls)
+    by_bytes = [] if ps else all_reduce_by_size(strategy, grad_bytes, per_call, calls)
     global_s = 0.0
     if cfg.scaling == "weak" and setup.replicas > 1 and not ps:  # (a PS step is one worker's)
         whole = train_dataset_fn(cfg, manifest, data_dir, setup.global_batch * setup.accum_steps)
@@ -139,7 +139,7 @@ def probe_in_place(
         step_examples=setup.step_examples,
         replica_examples=batch,
         worker_examples=setup.step_examples if ps else setup.step_examples // setup.workers,
-        gradient_bytes=int(gradient_bytes),
+        gradient_bytes=grad_bytes,
         step_s=step_s,
         local_step_s=max(row[0] for row in per_worker),
         comm_s=comm_s,
@@ -173,14 +173,21 @@ def _all_reduce_seconds(strategy: Any, variables: list, per_call: int, calls: in
     return min(seconds_per_call(reduce_calls, calls) for _ in range(3)) / per_call
 
 
-def _all_reduce_by_size(
-    strategy: Any, gradient_bytes: int, per_call: int, calls: int
+def gradient_bytes(model: keras.Model) -> int:
+    """Bytes of the model's gradients: one per trainable variable, of its dtype."""
+    return int(
+        sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
+    )
+
+
+def all_reduce_by_size(
+    strategy: Any, grad_bytes: int, per_call: int, calls: int
 ) -> list[list[float]]:
     """[bytes, seconds per all-reduce] of one float32 message at a quarter, one and four
     times the gradients' bytes: the points a latency and bandwidth are fitted to."""
     points = []
     for scale in (0.25, 1.0, 4.0):
-        elements = max(int(gradient_bytes * scale) // 4, 1)
+        elements = max(int(grad_bytes * scale) // 4, 1)
         seconds = _all_reduce_seconds(strategy, [_Shape((elements,), "float32")], per_call, calls)
         points.append([float(elements * 4), seconds])
     return points

@@ -50,7 +50,12 @@ def probe_rates(
     steps: int,
     transform: Transform | None,
     compute_only: bool = False,
+    comm_sizes: bool = False,
 ) -> dict:
+    """Examples/s compute-only (`compute`, and `step_s`), end to end (`e2e`) and input-only
+    (`input`) of `cfg` under `choice`; with `comm_sizes`, also the model's `gradient_bytes`
+    and its replicas' all-reduce at a few message sizes (`comm_s_by_bytes`, for the
+    forecast's cost model)."""
     setup = set_up_training(cfg, manifest, choice)
     batch = setup.per_replica * setup.accum_steps
 
@@ -77,5 +82,12 @@ def probe_rates(
         rates["e2e"] = measure_rate(runner(pipeline), call_examples, max(steps // per_call, 1))
         rates["input"] = input_only_rate(
             pipeline(None), batch, steps * setup.strategy.num_replicas_in_sync
+        )
+    if comm_sizes:
+        from tasks.inplace import all_reduce_by_size, gradient_bytes
+
+        rates["gradient_bytes"] = gradient_bytes(setup.model)
+        rates["comm_s_by_bytes"] = all_reduce_by_size(
+            setup.strategy, rates["gradient_bytes"], per_call, block_calls
         )
     return rates

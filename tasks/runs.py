@@ -9,6 +9,7 @@ resumes from its last checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -201,6 +202,9 @@ def train_and_diagnose(
         diagnosis = diagnose_run(
             config.train, manifest, data_dir, choice, report.cpu_flags, steps=probe_steps
         )
+        if diagnosis.cost_probes:  # what a forecast of this run fits (`tfscale forecast`)
+            result = dataclasses.replace(result, probes=diagnosis.cost_probes)
+            write_metrics(result, manifest, report)
     run_dir = Path(result.run_dir)
     (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
     write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())

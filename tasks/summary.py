@@ -255,6 +255,8 @@ class PipelineRecord:
     diagnosis: Diagnosis
     summary: ScalingSummary
     files: dict[str, Path]
+    # the forecast's fitted constants and predictions (`tasks.forecast.forecast_metrics`)
+    forecast: dict[str, float] = field(default_factory=dict)
 
 
 def summarize_pipeline(
@@ -281,12 +283,18 @@ def summarize_pipeline(
         "distributed_metrics": out_dir / "metrics.json",
         "diagnosis": out_dir / "diagnosis.txt",
     }
-    if distributed.probes.get("comm_s_by_bytes"):  # a multi-worker run: how it would scale
-        from tasks.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_run
+    forecast = {}
+    if distributed.probes.get("comm_s_by_bytes"):  # all-reduce measured: how it would scale
+        from tasks.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics, forecast_run
 
-        _, written = forecast_run(out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling)
+        predicted, written = forecast_run(
+            out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling
+        )
+        forecast = forecast_metrics(predicted)
         files.update(
             zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True)
         )
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    return PipelineRecord(context, baseline, distributed, evaluation, diagnosis, summary, files)
+    return PipelineRecord(
+        context, baseline, distributed, evaluation, diagnosis, summary, files, forecast
+    )

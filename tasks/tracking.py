@@ -368,7 +368,11 @@ class Tracker:
         _, distributed_params, _ = fields_by_type(record.distributed)
         self.log_result(parent_id, record.summary)
         self.log_result(parent_id, record.diagnosis, prefix="diagnosis_")
-        self.log(parent_id, params={**common, **distributed_params})
+        self.log(
+            parent_id,
+            metrics={k: rounded(v) for k, v in record.forecast.items()},
+            params={**common, **distributed_params},
+        )
         artifacts = [
             write_json_artifact("hardware.json", context["hardware"]),
             write_json_artifact("manifest.json", context["manifest"]),
@@ -419,9 +423,10 @@ class Tracker:
             child = self.start_run(name, {"bottleneck": row["bottleneck"]}, parent_id=parent_id)
             settings = ("size", "batch", "scaling", "precision", "replicas", "strategy")
             figures = ("examples_per_s", "speedup", "scaling_efficiency")
+            figures += ("forecast_speedup", "forecast_efficiency")
             self.log(
                 child,
-                metrics={k: rounded(row[k]) for k in figures},
+                metrics={k: rounded(row[k]) for k in figures if row.get(k) is not None},
                 params={k: row[k] for k in settings},
             )
             self.log_history(child, result["history"])

@@ -150,6 +150,19 @@ def test_weak_scaling_speedup_splits_into_batch_and_devices(digits):
     assert diagnosis.compute_1_device_global_batch_examples_per_s > 0
     assert diagnosis.batch_effect > 1.0  # 32 at a time beats 16 at a time on one device
     assert "per-replica batch: that part of the speedup" in format_diagnosis(diagnosis)
+    # what the forecast fits: one device at 16 and 32, the replicas' all-reduce at 3 sizes
+    probes = diagnosis.cost_probes
+    assert [b for b, _ in probes["local_step_s_by_batch"]] == [16, 32]
+    assert [int(n) for n, _ in probes["comm_s_by_bytes"]] == [
+        probes["gradient_bytes"] // 4 // 4 * 4,
+        probes["gradient_bytes"],
+        probes["gradient_bytes"] * 4,
+    ]
+    from tasks.forecast import fit_cost_model
+
+    model = fit_cost_model(probes)
+    assert model.measured_workers == 2 and model.per_replica_batch == 16
+    assert model.compute_per_example_s > 0 and model.bandwidth_bytes_per_s > 0
     base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
     dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
     base, dist = (dataclasses.replace(r, examples_per_s=v) for r, v in ((base, 1000), (dist, 1500)))

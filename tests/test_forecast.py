@@ -76,6 +76,27 @@ def test_predictions_follow_the_ring_formula():
     assert fast < slow and fast > model.predict(64, None, "weak").step_s
 
 
+def test_an_epochs_fixed_cost_sets_the_dataset_size_below_which_it_binds():
+    """e0 is fitted from the history (the traced first epoch left out); D* = e0 * rate."""
+    probes = dict(synthetic_probes(), step_examples=2 * BATCH, end_to_end_s=0.002)
+    e0 = 0.25
+    history = [
+        {"seconds": 5.0 + steps * 0.002, "examples": steps * 2 * BATCH} for steps in (100,)
+    ] + [
+        {"seconds": e0 + jitter + steps * 0.002, "examples": steps * 2 * BATCH}
+        for steps, jitter in ((100, 0.01), (50, -0.01), (100, 0.0))
+    ]
+    model = fit_cost_model(probes, history)
+    assert model.epoch_overhead_s == pytest.approx(e0)
+    for n in (1, 8, 64):
+        p = model.predict(n, None, "weak")
+        assert p.epoch_bound_below == pytest.approx(e0 * p.examples_per_s)
+    # more workers, more throughput: a dataset of a given size is epoch-bound sooner
+    points = [model.predict(n, None, "weak").epoch_bound_below for n in (1, 8, 64)]
+    assert points == sorted(points)
+    assert fit_cost_model(probes).epoch_overhead_s == 0.0  # no history: unknown, not guessed
+
+
 def test_a_slow_input_pipeline_caps_the_forecast():
     model = truth()
     starved = CostModel(**{**model.__dict__, "input_examples_per_s": 1000.0})
@@ -121,8 +142,20 @@ def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
     run_dir = tmp_path / "runs" / "digits" / "mw"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
-    code = main(["--params", "none.yaml", "forecast", "--runs-dir", str(tmp_path / "runs"),
-                 "--workers", "1,2,4", "--preset", "ethernet-10g", "--no-track"])  # fmt: skip
+    code = main(
+        [
+            "--params",
+            "none.yaml",
+            "forecast",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--workers",
+            "1,2,4",
+            "--preset",
+            "ethernet-10g",
+            "--no-track",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "ethernet-10g" in out and "measured (1 Gbit/s)" in out

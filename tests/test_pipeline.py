@@ -143,7 +143,15 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         "confusion_matrix.png",
         "eval.json",
         "summary.json",
+        "forecast.json",
+        "forecast_speedup.png",
+        "forecast_efficiency.png",
     } <= artifacts
+    # the Mirrored run's own measurements forecast it: constants with their fit errors,
+    # and each link's speedup at 64 devices, on the parent beside the speedup
+    assert metrics["forecast_gradient_bytes"] > 0 and metrics["forecast_latency_s"] >= 0
+    assert "forecast_comm_fit_error" in metrics and "forecast_epoch_overhead_s" in metrics
+    assert 0 < metrics["forecast_speedup_64w_ethernet_10g"] <= 64
     models = client.search_logged_models([experiment.experiment_id])
     (model,) = [m for m in models if m.source_run_id == parent.info.run_id]
     versions = client.search_model_versions("name = 'tfscale-digits-mlp'")

@@ -110,6 +110,8 @@ def test_table_and_charts_hold_every_cell(swept):
         (512, 2),
     ]
     assert all(float(r["speedup"]) == 1.0 for r in rows if r["replicas"] == "1")
+    # each group forecast from its 2-replica cell's own measurements, drawn over the points
+    assert all(0 < float(r["forecast_speedup"]) <= int(r["replicas"]) for r in rows)
     assert (out / "speedup.png").stat().st_size > 5000
     assert (out / "efficiency.png").stat().st_size > 5000
 
