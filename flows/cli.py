@@ -198,13 +198,14 @@ def _numbers(kind: Callable[[str], Any]) -> Callable[[str], list]:
 def _add_forecast_command(sub: Any) -> None:
     text = (
         "forecast speedup and efficiency for more workers and other links, from a "
-        "multi-worker run's in-place measurements"
+        "run's own measurements (a Mirrored or multi-worker run, as tfscale run makes)"
     )
     forecast = sub.add_parser(
         "forecast",
         help=text,
         description=text + ". Fits a cost model (compute per example, all-reduce latency "
-        "and bandwidth, sync, input) and predicts each worker count on each link.",
+        "and bandwidth, sync, input, an epoch's fixed cost) and predicts each worker count "
+        "on each link, with the dataset size below which an epoch's fixed cost binds.",
     )
     forecast.add_argument(
         "--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]"
@@ -213,7 +214,9 @@ def _add_forecast_command(sub: Any) -> None:
         "--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]"
     )
     forecast.add_argument(
-        "--run-dir", help="the run to forecast from (default: the newest multi-worker run)"
+        "--run-dir",
+        help="the run to forecast from (default: the newest run of several replicas with a "
+        "diagnosis)",
     )
     forecast.add_argument(
         "--workers",

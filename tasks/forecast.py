@@ -178,7 +178,16 @@ class Forecast:
     predictions: dict[str, list[Prediction]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON allows: an infinite rate (no cost per byte measured) is null."""
+
+        def finite(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: finite(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [finite(v) for v in value]
+            return None if isinstance(value, float) and not math.isfinite(value) else value
+
+        return finite(asdict(self))
 
 
 def epoch_overhead(history: list[dict[str, float]], step_examples: int, step_s: float) -> float:
@@ -282,6 +291,12 @@ def forecast(
     return result
 
 
+def gbit_text(gbit: float) -> str:
+    """A rate for people; an infinite one is an all-reduce whose time did not grow with
+    its size (devices in one process): no cost per byte could be measured."""
+    return f"{gbit:.3g} Gbit/s" if math.isfinite(gbit) else "no cost per byte"
+
+
 def format_forecast(f: Forecast) -> str:
     m = f.model
     lines = [
@@ -290,24 +305,40 @@ def format_forecast(f: Forecast) -> str:
         f"  compute  {m.compute_fixed_s * 1000:.2f} ms + {m.compute_per_example_s * 1e6:.2f} "
         f"us/example (fit error {m.compute_fit_error:.1%})",
         f"  link     {m.latency_s * 1e6:.0f} us per hop, the hosts move "
-        f"{m.bandwidth_bytes_per_s * 8 / 1e9:.2f} Gbit/s (fit error {m.comm_fit_error:.1%}); a "
-        f"named link adds its wire time",
+        f"{gbit_text(m.bandwidth_bytes_per_s * 8 / 1e9)} (fit error {m.comm_fit_error:.1%}); "
+        f"a named link adds its wire time",
         f"  sync     {m.sync_s * 1000:.2f} ms per step; input {m.input_examples_per_s:,.0f} "
         f"ex/s per worker; an epoch's fixed cost {m.epoch_overhead_s * 1000:.0f} ms",
         "",
-        f"{'link':<24}{'workers':>8}{'step ms':>10}{'ex/s':>12}{'speedup':>9}"
+        f"{'link':<28}{'workers':>8}{'step ms':>10}{'ex/s':>12}{'speedup':>9}"
         f"{'efficiency':>12}  {'bottleneck':<14}epoch-bound below",
     ]
     for name, points in f.predictions.items():
-        label = f"{name} ({f.links_gbit[name]:.3g} Gbit/s)" if name == MEASURED else name
+        label = f"{name} ({gbit_text(f.links_gbit[name])})" if name == MEASURED else name
         for p in points:
             lines.append(
-                f"{label:<24}{p.workers:>8}{p.step_s * 1000:>10.2f}{p.examples_per_s:>12,.0f}"
+                f"{label:<28}{p.workers:>8}{p.step_s * 1000:>10.2f}{p.examples_per_s:>12,.0f}"
                 f"{p.speedup:>8.2f}x{p.efficiency:>12.2f}  {p.bottleneck:<14}"
                 f"{p.epoch_bound_below:,.0f} examples"
             )
             label = ""
     return "\n".join(lines)
+
+
+def headline(f: Forecast, counts: tuple[int, ...] = (8, 64)) -> str:
+    """One line for the run's summary: the speedup at a few worker counts on each named
+    link, and what bounds the largest."""
+    parts, bound = [], ""
+    for name, points in f.predictions.items():
+        chosen = [p for p in points if p.workers in counts]
+        if name == MEASURED or not chosen:
+            continue
+        parts.append(f"{' / '.join(f'{p.speedup:.1f}x' for p in chosen)} on {name}")
+        bound = bound or f"{chosen[-1].bottleneck} at {chosen[-1].workers}"
+    if not parts:
+        return ""
+    shown = " / ".join(str(n) for n in counts)
+    return f"{shown} devices like these: {', '.join(parts)} ({bound}; tfscale forecast)"
 
 
 def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
@@ -327,7 +358,7 @@ def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
         ax.plot(workers, [ideal(n) for n in workers], "k--", label="ideal")
         for name, points in f.predictions.items():
             gbit = f.links_gbit[name]
-            label_ = f"{name} ({gbit:.3g} Gbit/s)" if name == MEASURED else name
+            label_ = f"{name} ({gbit_text(gbit)})" if name == MEASURED else name
             ax.plot(workers, [getattr(p, key) for p in points], "o-", label=label_)
         ax.set_xscale("log", base=2)
         ax.set_xticks(workers, [str(n) for n in workers])
@@ -349,7 +380,8 @@ def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
 
 def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
     """The run directory to forecast from: `run_dir`, or the newest run of `dataset` whose
-    metrics hold in-place measurements.
+    metrics hold the all-reduce measured at several sizes (a diagnosed run of several
+    replicas: Mirrored, or multi-worker).
 
     Raises:
         MissingInput: no such run, saying which command makes one.
@@ -360,8 +392,9 @@ def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
     from tasks.errors import MissingInput
 
     make = (
-        f"run 'tfscale train --dataset {dataset} --strategy multi_worker --workers 2' "
-        "first (without --no-diagnose), or pass --run-dir."
+        f"run 'tfscale run' (a Mirrored or multi-worker run) or 'tfscale train --dataset "
+        f"{dataset} --strategy multi_worker --workers 2' first (without --no-diagnose), or "
+        "pass --run-dir."
     )
     if run_dir is not None:
         path = Path(run_dir) / "metrics.json"
@@ -374,9 +407,7 @@ def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
     for path in reversed(candidates):
         if json.loads(path.read_text()).get("probes", {}).get("comm_s_by_bytes"):
             return path.parent
-    raise MissingInput(
-        f"no multi-worker run of {dataset!r} with measurements under {runs_dir}", make
-    )
+    raise MissingInput(f"no run of {dataset!r} with all-reduce measurements under {runs_dir}", make)
 
 
 def forecast_run(

@@ -39,6 +39,8 @@ class ScalingSummary:
     # is one device at the global batch over one device at the per-replica batch
     speedup_from_batch: float | None = None
     speedup_from_devices: float | None = None
+    # how it would scale on more devices and other links (`tasks.forecast.headline`)
+    forecast: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,6 +193,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
         *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *([("forecast", summary.forecast)] if summary.forecast else []),
         ("open the MLflow UI", ui_command),
     ]
     width = max(len(k) for k, _ in rows)
@@ -205,6 +208,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
         ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
         *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *([("forecast", summary.forecast)] if summary.forecast else []),
         (
             "throughput",
             f"baseline {summary.baseline_examples_per_s:,.0f} examples/s, distributed "
@@ -285,12 +289,19 @@ def summarize_pipeline(
     }
     forecast = {}
     if distributed.probes.get("comm_s_by_bytes"):  # all-reduce measured: how it would scale
-        from tasks.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics, forecast_run
+        from tasks.forecast import (
+            DEFAULT_WORKERS,
+            RUN_PRESETS,
+            forecast_metrics,
+            forecast_run,
+            headline,
+        )
 
         predicted, written = forecast_run(
             out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling
         )
         forecast = forecast_metrics(predicted)
+        summary = dataclasses.replace(summary, forecast=headline(predicted))
         files.update(
             zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True)
         )

@@ -218,7 +218,7 @@ CASES = [
         ("No model at nowhere/model.keras", "tfscale train"),
     ),
     Case("evaluate before any training", ["evaluate"], 1, ("No trained model for 'digits'",)),
-    Case("forecast with no run", ["forecast"], 1, ("no multi-worker run", "fix:")),
+    Case("forecast with no run", ["forecast"], 1, ("with all-reduce measurements", "fix:")),
     Case("forecast, unknown preset", ["forecast", "--preset", "warp"], 2, ("'warp'", "fix:")),
 ]
 

@@ -118,7 +118,7 @@ def test_links_and_presets():
         (["--workers", "0,2"], "worker counts must be 1 or more", 2),
         (["--link-gbit", "-1"], "a rate must be above 0", 2),
         (["--workers", "two"], "expected a comma-separated list", 2),
-        (["--dataset", "nothing-here"], "no multi-worker run of 'nothing-here'", 1),
+        (["--dataset", "nothing-here"], "no run of 'nothing-here' with all-reduce", 1),
         (["--run-dir", "/nonexistent/run"], "no completed run in /nonexistent/run", 1),
     ],
 )
