@@ -63,6 +63,12 @@ TRAIN_FLAGS = {
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
     "--steps-per-call": ("train.steps_per_call", int, "training steps per graph call (10)"),
     "--runs-dir": ("train.runs_dir", str, "where runs are written (runs)"),
+    "--link-gbit": (
+        "train.link_gbit",
+        float,
+        "multi_worker: each worker on an emulated host of its own (a network namespace; "
+        "needs root), over links of this many Gbit/s (0: full speed)",
+    ),
     "--collective-timeout": (
         "cluster.collective_timeout_s",
         float,

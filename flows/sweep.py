@@ -73,7 +73,7 @@ def start_sweep_tracking_task(tracker: tracking.Tracker, report, config):
 
 @task(name="tabulate and chart")
 def tabulate_task(cells, results, config):
-    forecasts = sweep.forecast_groups(cells, results)
+    forecasts = sweep.forecast_lines(cells, results)
     rows = sweep.tabulate(cells, results, forecasts)
     return rows, sweep.write_outputs(rows, Path(config.sweep.out_dir), forecasts)
 
@@ -81,7 +81,7 @@ def tabulate_task(cells, results, config):
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files):
     tracker.log_sweep(parent_id, rows, results, files)
-    shown = ("size", "batch", "scaling", "precision", "replicas", "strategy")
+    shown = ("size", "batch", "scaling", "precision", "replicas", "link_gbit", "strategy")
     figures = ("examples_per_s", "speedup", "scaling_efficiency", "forecast_speedup")
     create_table_artifact(
         [

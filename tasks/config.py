@@ -31,9 +31,12 @@ def _spec(
     lo: float | None = None,
     hi: float | None = None,
     choices: tuple[str, ...] | None = None,
+    empty: bool = False,
     **kw: Any,
 ):
-    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices}, **kw)
+    """A field with its bounds, choices, and (a list) whether it may be empty."""
+    metadata = {"lo": lo, "hi": hi, "choices": choices, "empty": empty}
+    return field(default=default, metadata=metadata, **kw)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,10 @@ class TrainConfig:
     shuffle_buffer: int = _spec(4096, lo=1)
     seed: int = _spec(42, lo=0)
     runs_dir: str = "runs"
+    # local worker processes (multi_worker): None, they talk over localhost; 0, each runs on
+    # an emulated host of its own (`tasks.netlab`, needs root), links at full speed; > 0,
+    # those links shaped to this many Gbit/s
+    link_gbit: float | None = _spec(None, lo=0.0, hi=100_000.0)
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,7 @@ class SweepConfig:
     """The scaling grid: every combination is one cell (one training run)."""
 
     replicas: tuple[int, ...] = _spec((1, 2), lo=1, hi=1024)
-    dataset_sizes: tuple[int, ...] = _spec((2048, 8192), lo=1)
+    dataset_sizes: tuple[int, ...] = _spec((2048, 8192), lo=0)  # 0: prepare.dataset
     batch_sizes: tuple[int, ...] = _spec((64,), lo=1, hi=1_000_000)
     scaling: tuple[Literal["weak", "strong"], ...] = ("weak",)
     precision: tuple[Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"], ...] = ("auto",)
@@ -105,6 +112,9 @@ class SweepConfig:
     model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
     epochs: int = _spec(2, lo=1, hi=10_000)
     out_dir: str = "sweep"
+    # an interconnect axis for multi_worker cells: each rate (Gbit/s, 0 for full speed) runs
+    # the cells of more than one replica on emulated hosts over links of that rate
+    link_gbit: tuple[float, ...] = _spec((), lo=0.0, hi=100_000.0, empty=True)
 
 
 @dataclass(frozen=True)
@@ -233,8 +243,8 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
             return None
         hint = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is tuple:  # tuple[X, ...]: a non-empty YAML list of X
-        if not isinstance(value, list | tuple) or not value:
+    if origin is tuple:  # tuple[X, ...]: a YAML list of X, non-empty unless marked
+        if not isinstance(value, list | tuple) or not (value or meta.get("empty")):
             raise ConfigError(f"{key}: expected a non-empty list; got {_kind(value)} {value!r}")
         return tuple(_check(f"{key}[{i}]", args[0], v, meta) for i, v in enumerate(value))
     if origin is Literal:

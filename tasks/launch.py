@@ -3,6 +3,11 @@
 Worker 0 is the chief and alone writes outputs. The parent waits; if any worker
 dies, the rest are stopped at once and the error names the worker and its log. On a host
 with GPUs each worker sees its own share of them (`CUDA_VISIBLE_DEVICES`).
+
+With `link_gbit` each worker runs on an emulated host of its own (a network namespace,
+`tasks.netlab`) and the workers talk over its link, at full speed (0) or shaped to that
+many Gbit/s: an interconnect this machine does not have, measured for real. The hosts are
+deleted when the workers end, whichever way they end.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +32,14 @@ class WorkerError(UserError, RuntimeError):
     """A worker process failed or the job ran out of time."""
 
 
-def tf_config(ports: list[int], index: int) -> str:
-    workers = [f"localhost:{p}" for p in ports]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+EMULATED_PORT = 23456  # each emulated host has its own addresses: any port is free there
+
+
+def tf_config(addresses: list[str], index: int) -> str:
+    """A worker's `TF_CONFIG`: every worker's host:port, and which one it is."""
+    return json.dumps(
+        {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    )
 
 
 def launch_workers(
@@ -37,35 +48,67 @@ def launch_workers(
     run_dir: Path,
     timeout_s: float = 3600,
     pin_cores: bool = False,
+    link_gbit: float | None = None,
 ) -> None:
-    """Runs `tasks.worker` in `workers` processes and waits for all of them.
+    """Runs `tasks.worker` in `workers` processes and waits for all of them; with
+    `link_gbit`, each on an emulated host of its own, over links of that rate (0: full
+    speed), each pinned to a core of its own as separate machines' workers would be.
 
     Raises:
         WorkerError: a worker exited non-zero (the others are stopped), or the timeout passed.
+        UsageError: emulated hosts asked for where they cannot be made (not root, no `ip`).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / "worker-spec.json"
     spec_path.write_text(json.dumps(spec))
-    ports = free_ports(workers)
+    if link_gbit is None:
+        addresses = [f"localhost:{p}" for p in free_ports(workers)]
+        _run_workers(spec_path, addresses, run_dir, timeout_s, pin_cores, _popen_here)
+        return
+    from tasks import netlab
+
+    why_not = netlab.available()
+    if why_not:
+        raise UsageError(
+            f"emulated links (train.link_gbit {link_gbit:g}) cannot be made here: {why_not}",
+            "run as root on Linux with iproute2, or set train.link_gbit: null (localhost).",
+        )
+    with netlab.namespace_hosts(workers) as hosts:
+        if link_gbit > 0:
+            for i in range(workers):
+                hosts.shape(i, netlab.rate_text(link_gbit))
+        addresses = [f"{hosts.address(i)}:{EMULATED_PORT}" for i in range(workers)]
+        _run_workers(spec_path, addresses, run_dir, timeout_s, True, hosts.popen)
+
+
+def _popen_here(index: int, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+    """Starts worker `index` on this host (the emulated hosts' `popen` starts it on its)."""
+    return subprocess.Popen(argv, **kwargs)
+
+
+def _run_workers(
+    spec_path: Path,
+    addresses: list[str],
+    run_dir: Path,
+    timeout_s: float,
+    pin_cores: bool,
+    popen: Callable[..., subprocess.Popen],
+) -> None:
+    """Starts worker `i` at `addresses[i]` through `popen(i, argv, ...)` and waits."""
+    workers = len(addresses)
     shares = gpu_shares(workers)
     procs, logs = [], []
     for index in range(workers):
-        env = dict(os.environ, TF_CONFIG=tf_config(ports, index))
+        env = dict(os.environ, TF_CONFIG=tf_config(addresses, index))
         if shares:
             env["CUDA_VISIBLE_DEVICES"] = shares[index]
         if pin_cores:
             env["TFSCALE_PIN_CORE"] = str(index % (os.cpu_count() or 1))
         log_path = run_dir / f"worker-{index}.log"
         logs.append(log_path)
+        argv = [sys.executable, "-m", "tasks.worker", str(spec_path)]
         with open(log_path, "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tasks.worker", str(spec_path)],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            procs.append(popen(index, argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     _wait(procs, logs, timeout_s)
 
 

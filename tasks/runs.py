@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tasks.config import Config, config_to_dict
 from tasks.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
-from tasks.errors import MissingInput
+from tasks.errors import MissingInput, UsageError
 from tasks.files import atomic_path, write_json_atomic
 from tasks.hardware import HardwareReport
 from tasks.inplace import InPlaceProbes
@@ -33,6 +33,8 @@ def run_dir_for(config: Config, manifest: Manifest, choice: StrategyChoice) -> P
     """The run directory: the same config, data and strategy give the same one."""
     train = config_to_dict(config.train)
     train.pop("runs_dir")
+    if train.get("link_gbit") is None or choice.spec.runs != LOCAL_WORKERS:
+        train.pop("link_gbit", None)  # only local workers have links (and older runs none)
     key = json.dumps([train, manifest.digest, choice.to_dict()], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     name = f"{choice.kind}-{choice.replicas}x-{choice.precision}-{digest}"
@@ -63,6 +65,7 @@ def run_training(
     measure its steps in place (`tasks.inplace`). Each epoch, as the chief writes it, goes
     to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
     to `on_epoch`."""
+    _check_link(config, choice, report)
     run_dir = run_dir_for(config, manifest, choice)
     cluster = report.cluster
     chief = cluster is None or cluster.is_chief
@@ -79,6 +82,26 @@ def run_training(
     if chief:
         write_metrics(result, manifest, report)
     return result
+
+
+def _check_link(config: Config, choice: StrategyChoice, report: HardwareReport) -> None:
+    """An emulated link joins local worker processes; one device (a baseline) has no link
+    to emulate, and any other run of several replicas cannot have one.
+
+    Raises:
+        UsageError: `train.link_gbit` set for a run of several replicas that is not local
+            workers, or for a cluster task.
+    """
+    link = config.train.link_gbit
+    several = choice.replicas > 1 or choice.workers > 1
+    other = report.cluster is not None or choice.spec.runs != LOCAL_WORKERS
+    if link is not None and several and other:
+        where = " in a cluster" if report.cluster is not None else ""
+        raise UsageError(
+            f"train.link_gbit ({link:g}) emulates the links between local worker processes, "
+            f"and this run is {choice.kind}{where}",
+            "use --strategy multi_worker --workers 2 (or more), or set train.link_gbit: null.",
+        )
 
 
 def _train_where_chosen(
@@ -268,7 +291,13 @@ def _train_local_workers(
         "threads": max(cores // choice.workers, 1),
         "probe_steps": probe_steps,
     }
-    launch_workers(spec, choice.workers, run_dir, pin_cores=choice.workers <= cores)
+    launch_workers(
+        spec,
+        choice.workers,
+        run_dir,
+        pin_cores=choice.workers <= cores,
+        link_gbit=config.train.link_gbit,
+    )
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
 
 

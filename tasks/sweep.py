@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.config import Config
+from tasks.config import Config, ConfigError
 from tasks.strategy_kinds import BASELINE, kind_of
 
 
@@ -22,28 +22,60 @@ class Cell:
     scaling: str
     precision: str
     replicas: int
+    # the workers' emulated link in Gbit/s (0: full speed); None: localhost, and always for
+    # one replica (it has no link)
+    link_gbit: float | None = None
 
     @property
     def group(self) -> tuple:
-        """Cells that differ only in replicas: one line on the chart."""
+        """Cells that share a 1-replica cell (the baseline their speedup divides by)."""
         return (self.size, self.batch, self.scaling, self.precision)
+
+    @property
+    def line(self) -> tuple:
+        """Cells that differ only in replicas: one line on the chart."""
+        return (*self.group, self.link_gbit)
 
     @property
     def label(self) -> str:
         data = f"{self.size} examples" if self.size else "dataset"
-        return f"{data}, batch {self.batch}, {self.scaling}, {self.precision}"
+        return f"{data}, batch {self.batch}, {self.scaling}, {self.precision}" + link_label(
+            self.link_gbit
+        )
+
+
+CELL_FIELDS = ("size", "batch", "scaling", "precision", "replicas", "link_gbit")
+
+
+def link_label(link_gbit: float | None) -> str:
+    if link_gbit is None:
+        return ""
+    return ", full-speed link" if link_gbit == 0 else f", {link_gbit:g} Gbit/s link"
 
 
 def plan_cells(config: Config) -> list[Cell]:
-    """Every combination, always with 1 replica (the baseline each speedup divides by)."""
+    """Every combination, always with 1 replica (the baseline each speedup divides by); with
+    links, each cell of more replicas once per link rate.
+
+    Raises:
+        ConfigError: links asked for cells that are not worker processes.
+    """
     s = config.sweep
-    replicas = sorted({1, *s.replicas})
-    return [
-        Cell(*combo)
-        for combo in itertools.product(
-            s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas
+    if s.link_gbit and not kind_of(s.strategy).takes_workers:
+        raise ConfigError(
+            f"sweep.link_gbit {list(s.link_gbit)} emulates links between worker processes, "
+            f"and sweep.strategy is {s.strategy}",
+            "set sweep.strategy: multi_worker, or sweep.link_gbit: [].",
         )
-    ]
+    replicas = sorted({1, *s.replicas})
+    links: tuple = tuple(dict.fromkeys(s.link_gbit)) or (None,)
+    cells = []
+    for size, batch, scaling, precision, n in itertools.product(
+        s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas
+    ):
+        for link in (None,) if n == 1 else links:
+            cells.append(Cell(size, batch, scaling, precision, n, link))
+    return cells
 
 
 def cell_config(config: Config, cell: Cell) -> Config:
@@ -64,6 +96,7 @@ def cell_config(config: Config, cell: Cell) -> Config:
         replicas=cell.replicas,
         workers=cell.replicas if multi else 1,
         strategy=BASELINE.name if cell.replicas == 1 else kind.name,
+        link_gbit=cell.link_gbit if multi else None,
     )
     return dataclasses.replace(config, prepare=prepare, train=train)
 
@@ -71,48 +104,72 @@ def cell_config(config: Config, cell: Cell) -> Config:
 FORECAST_UP_TO = 8  # replicas the charts forecast to, beyond the measured ones
 
 
-def forecast_groups(cells: list[Cell], results: list[dict]) -> dict[tuple, Any]:
-    """Each group's forecast (`tasks.forecast`) at the measured link, from the probes of its
-    cell with the most replicas, for 1 to FORECAST_UP_TO replicas and every measured count.
-    A group with no probed multi-replica cell (parameter-server cells) has none."""
+def forecast_lines(cells: list[Cell], results: list[dict]) -> dict[tuple, list[Any]]:
+    """Each chart line's forecast (`tasks.forecast` predictions, 1 to FORECAST_UP_TO
+    replicas and every measured count), keyed by `Cell.line`.
+
+    Every line of a group is forecast from one source: the group's cell with the most
+    replicas measured on localhost or a full-speed link. A line on a shaped link is then
+    predicted from that source and the link's rate alone, so its measured points check the
+    forecast. Speedups are against the group's measured 1-replica cell, as the measured
+    points' are (1 at one replica). A group with no such probed cell (parameter-server
+    cells) has none."""
     from tasks.forecast import MEASURED, fit_cost_model, forecast
 
-    chosen: dict[tuple, tuple[Cell, dict]] = {}
+    base = baselines(cells, results)
+    sources: dict[tuple, tuple[Cell, dict]] = {}
     for cell, result in zip(cells, results, strict=True):
-        probes = result.get("probes") or {}
-        if probes.get("comm_s_by_bytes") and cell.replicas > 1:
-            if cell.group not in chosen or cell.replicas > chosen[cell.group][0].replicas:
-                chosen[cell.group] = (cell, result)
-    forecasts = {}
-    for group, (cell, result) in chosen.items():
-        counts = {c.replicas for c in cells if c.group == group}
+        probed = (result.get("probes") or {}).get("comm_s_by_bytes")
+        if probed and cell.replicas > 1 and not cell.link_gbit:
+            if cell.group not in sources or cell.replicas > sources[cell.group][0].replicas:
+                sources[cell.group] = (cell, result)
+    lines: dict[tuple, list[Any]] = {}
+    for cell in cells:
+        if cell.replicas == 1 or cell.line in lines or cell.group not in sources:
+            continue
+        source, result = sources[cell.group]
+        counts = {c.replicas for c in cells if c.group == cell.group}
         counts |= {n for n in (1, 2, 4, 8, 16) if n <= max(FORECAST_UP_TO, *counts)}
         model = fit_cost_model(result["probes"], result.get("history"))
-        links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
-        forecasts[group] = forecast(
-            model, links, sorted(counts), cell.scaling, result.get("global_batch")
-        )
-    return forecasts
+        if cell.link_gbit:
+            links = {f"{cell.link_gbit:g} Gbit/s": cell.link_gbit}
+        else:
+            links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
+        predicted = forecast(model, links, sorted(counts), source.scaling, result["global_batch"])
+        points = next(iter(predicted.predictions.values()))
+        lines[cell.line] = [_against(p, base[cell.group]) for p in points]
+    return lines
+
+
+def baselines(cells: list[Cell], results: list[dict]) -> dict[tuple, float]:
+    """Each group's 1-replica examples/s: what its speedups divide by."""
+    return {
+        c.group: r["examples_per_s"] for c, r in zip(cells, results, strict=True) if c.replicas == 1
+    }
+
+
+def _against(point: Any, baseline: float) -> Any:
+    """A prediction's speedup and efficiency against a measured baseline (1 at one replica,
+    which is that baseline)."""
+    speedup = 1.0 if point.workers == 1 else point.examples_per_s / baseline
+    return dataclasses.replace(point, speedup=speedup, efficiency=speedup / point.workers)
 
 
 def tabulate(cells: list[Cell], results: list[dict], forecasts: dict | None = None) -> list[dict]:
     """One row per cell, with speedup and efficiency against its group's 1-replica cell,
-    and what the group's forecast (default: `forecast_groups`) predicts for it (None where
+    and what its line's forecast (default: `forecast_lines`) predicts for it (None where
     there is no forecast)."""
-    from tasks.forecast import MEASURED
-
-    base = {
-        c.group: r["examples_per_s"] for c, r in zip(cells, results, strict=True) if c.replicas == 1
-    }
+    base = baselines(cells, results)
     if forecasts is None:
-        forecasts = forecast_groups(cells, results)
+        forecasts = forecast_lines(cells, results)
     rows = []
     for cell, result in zip(cells, results, strict=True):
         speedup = result["examples_per_s"] / base[cell.group]
-        predicted = {}
-        if cell.group in forecasts:
-            predicted = {p.workers: p for p in forecasts[cell.group].predictions[MEASURED]}
-        point = predicted.get(cell.replicas)
+        points = {p.workers: p for p in forecasts.get(cell.line, [])}
+        if cell.replicas == 1:  # the same on every line of its group
+            lines = [line for line in forecasts if line[:4] == cell.group]
+            points = {p.workers: p for p in forecasts[lines[0]]} if lines else {}
+        point = points.get(cell.replicas)
         rows.append(
             dict(
                 asdict(cell),
@@ -133,7 +190,7 @@ def write_outputs(
     rows: list[dict], out_dir: Path, forecasts: dict | None = None
 ) -> dict[str, Path]:
     """`sweep.csv` and `sweep.json` (DVC plots and metrics) and the two charts, with each
-    group's forecast (`forecast_groups`) drawn over its measured points."""
+    line's forecast (`forecast_lines`) drawn over its measured points."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"table": out_dir / "sweep.csv", "json": out_dir / "sweep.json"}
     with open(files["table"], "w", newline="") as handle:
@@ -143,54 +200,92 @@ def write_outputs(
     files["json"].write_text(json.dumps(rows, indent=2))
     files["speedup"] = plot(rows, "speedup", out_dir / "speedup.png", forecasts)
     files["efficiency"] = plot(rows, "scaling_efficiency", out_dir / "efficiency.png", forecasts)
+    if any(r["link_gbit"] is not None for r in rows):
+        files["links"] = plot_links(rows, out_dir / "speedup_by_link.png")
     return files
 
 
+def plot_links(rows: list[dict], path: Path) -> Path:
+    """Speedup against the link rate (slowest left, full speed right): one line per group
+    and replica count, measured (solid) and forecast (dotted)."""
+    from tasks.plots import pyplot
+
+    plt = pyplot()
+    linked = [r for r in rows if r["link_gbit"] is not None]
+    rates = sorted({r["link_gbit"] for r in linked}, key=lambda g: (g == 0, g))
+    ticks = [_link(g) for g in rates]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    lines: dict[tuple, list[dict]] = {}
+    for row in linked:
+        cell = Cell(**{k: row[k] for k in CELL_FIELDS})
+        lines.setdefault((*cell.group, cell.replicas), []).append(row)
+    for members in lines.values():
+        members.sort(key=lambda r: rates.index(r["link_gbit"]))
+        xs = [rates.index(r["link_gbit"]) for r in members]
+        cell = Cell(**{k: members[0][k] for k in CELL_FIELDS})
+        label = f"{cell.replicas} replicas, " + Cell(**{**asdict(cell), "link_gbit": None}).label
+        (drawn,) = ax.plot(xs, [r["speedup"] for r in members], "o-", label=label)
+        known = [(x, r["forecast_speedup"]) for x, r in zip(xs, members, strict=True)]
+        known = [(x, f) for x, f in known if f is not None]
+        if known:
+            ax.plot(*zip(*known, strict=True), "x:", color=drawn.get_color(), label="forecast")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="one replica")
+    ax.set_xticks(range(len(rates)), [f"{t}bit/s" if t.endswith("G") else t for t in ticks])
+    ax.set_xlabel("link between the worker processes (Gbit/s, or full speed)")
+    ax.set_ylabel("speedup")
+    ax.set_title("speedup against interconnect: measured (solid), forecast (dotted)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = None) -> Path:
-    """`metric` against replicas, one line per group, each group's forecast dotted over its
-    measured points (to FORECAST_UP_TO replicas), the ideal dashed."""
-    from tasks.forecast import MEASURED
+    """`metric` against replicas, one line per group and link (each group's 1-replica point
+    on each of its lines), each line's forecast dotted over its measured points (to
+    FORECAST_UP_TO replicas), the ideal dashed."""
     from tasks.plots import pyplot
 
     plt = pyplot()
     forecasts = forecasts or {}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     replicas = sorted({r["replicas"] for r in rows})
-    for f in forecasts.values():
-        replicas = sorted({*replicas, *(p.workers for p in f.predictions[MEASURED])})
+    for points in forecasts.values():
+        replicas = sorted({*replicas, *(p.workers for p in points)})
     ideal = replicas if metric == "speedup" else [1.0] * len(replicas)
     ax.plot(replicas, ideal, "k--", label="ideal (linear)")
-    groups: dict[str, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(
-            Cell(
-                **{k: row[k] for k in ("size", "batch", "scaling", "precision", "replicas")}
-            ).label,
-            [],
-        ).append(row)
-    for label, group in groups.items():
-        group.sort(key=lambda r: r["replicas"])
-        (line,) = ax.plot(
-            [r["replicas"] for r in group], [r[metric] for r in group], marker="o", label=label
+    cells = [Cell(**{k: r[k] for k in CELL_FIELDS}) for r in rows]
+    lines: dict[tuple, list[tuple[Cell, dict]]] = {}
+    for cell, row in zip(cells, rows, strict=True):
+        if cell.replicas > 1:
+            lines.setdefault(cell.line, []).append((cell, row))
+    for cell, row in zip(cells, rows, strict=True):
+        if cell.replicas == 1:
+            owned = [line for line in lines if line[:4] == cell.group] or [cell.line]
+            for line in owned:
+                lines.setdefault(line, []).append((cell, row))
+    for line, members in lines.items():
+        members.sort(key=lambda m: m[0].replicas)
+        label = max(members, key=lambda m: m[0].replicas)[0].label
+        (drawn,) = ax.plot(
+            [c.replicas for c, _ in members], [r[metric] for _, r in members], "o-", label=label
         )
-        key = tuple(group[0][k] for k in ("size", "batch", "scaling", "precision"))  # Cell.group
-        if key in forecasts:
-            points = forecasts[key].predictions[MEASURED]
+        if line in forecasts:
             field = "speedup" if metric == "speedup" else "efficiency"
             ax.plot(
-                [p.workers for p in points],
-                [getattr(p, field) for p in points],
+                [p.workers for p in forecasts[line]],
+                [getattr(p, field) for p in forecasts[line]],
                 ":",
-                color=line.get_color(),
+                color=drawn.get_color(),
                 label=f"{label}: forecast",
             )
     ax.set_xticks(replicas)
     ax.set_xlabel("replicas")
     ax.set_ylabel(metric.replace("_", " "))
-    ax.set_title(
-        f"{metric.replace('_', ' ')} against replica count, one line per dataset size and batch"
-    )
-    ax.legend(fontsize=8)
+    name = metric.replace("_", " ")
+    ax.set_title(f"{name} against replicas: measured (solid), forecast (dotted)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -199,14 +294,15 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
 
 def format_table(rows: list[dict]) -> str:
     header = (
-        f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} "
+        f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} {'link':>6} "
         f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8}  bottleneck"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
             f"{r['size'] or '-':>8} {r['batch']:>6} {r['scaling']:>7} {r['precision']:>15} "
-            f"{r['replicas']:>8} {r['examples_per_s']:>11,.0f} {r['speedup']:>8.2f} "
+            f"{r['replicas']:>8} {_link(r['link_gbit']):>6} {r['examples_per_s']:>11,.0f} "
+            f"{r['speedup']:>8.2f} "
             f"{r['scaling_efficiency']:>10.2f} {_figure(r['forecast_speedup']):>8}"
             f"  {r['bottleneck']}"
         )
@@ -215,3 +311,10 @@ def format_table(rows: list[dict]) -> str:
 
 def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _link(link_gbit: float | None) -> str:
+    """A cell's link for the table: '-' (localhost or one replica), 'full', or Gbit/s."""
+    if link_gbit is None:
+        return "-"
+    return "full" if link_gbit == 0 else f"{link_gbit:g}G"

@@ -420,8 +420,11 @@ class Tracker:
         charts on the parent."""
         for row, result in zip(rows, results, strict=True):
             name = f"cell-{row['size']}-b{row['batch']}-r{row['replicas']}"
+            if row.get("link_gbit") is not None:
+                name += f"-{row['link_gbit']:g}gbit" if row["link_gbit"] else "-fullspeed"
             child = self.start_run(name, {"bottleneck": row["bottleneck"]}, parent_id=parent_id)
             settings = ("size", "batch", "scaling", "precision", "replicas", "strategy")
+            settings += ("link_gbit",) if row.get("link_gbit") is not None else ()
             figures = ("examples_per_s", "speedup", "scaling_efficiency")
             figures += ("forecast_speedup", "forecast_efficiency")
             self.log(
@@ -433,7 +436,8 @@ class Tracker:
             self.finish(child)
         self.log(parent_id, metrics={"cells": len(rows)})
         self.log_artifacts(
-            parent_id, [files[k] for k in ("table", "json", "speedup", "efficiency")]
+            parent_id,
+            [files[k] for k in ("table", "json", "speedup", "efficiency", "links") if k in files],
         )
         self.finish(parent_id)
 

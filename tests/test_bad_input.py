@@ -220,6 +220,19 @@ CASES = [
     Case("evaluate before any training", ["evaluate"], 1, ("No trained model for 'digits'",)),
     Case("forecast with no run", ["forecast"], 1, ("with all-reduce measurements", "fix:")),
     Case("forecast, unknown preset", ["forecast", "--preset", "warp"], 2, ("'warp'", "fix:")),
+    Case(
+        "an emulated link without worker processes",
+        [*TRAIN, "--strategy", "mirrored", "--link-gbit", "1"],
+        2,
+        ("train.link_gbit (1)", "--strategy multi_worker"),
+    ),
+    Case(
+        "a sweep link axis without worker processes",
+        ["sweep"],
+        2,
+        ("sweep.link_gbit [1.0]", "sweep.strategy: multi_worker"),
+        params(sweep={"link_gbit": [1.0], "replicas": [2]}),
+    ),
 ]
 
 

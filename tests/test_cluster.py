@@ -16,14 +16,14 @@ import psutil
 import pytest
 import yaml
 
-from tests import netns
+from tasks import netlab
 from tests.helpers import BIN, ROOT
 
 TRAIN = ["--model", "mlp", "--precision", "float32"]
 QUIET = ["--no-diagnose"]  # the runs that test something else skip the diagnosis probes
 PORTS = iter(range(23000, 24000, 10))  # a fresh port block per cluster: no TIME_WAIT clashes
 
-why_not = netns.available()
+why_not = netlab.available()
 if why_not and os.environ.get("CI"):
     raise RuntimeError(f"CI needs namespace hosts for the cluster tests: {why_not}")
 pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
 @pytest.fixture(scope="module")
 def hosts():
     """Five hosts on one switch for the whole module, deleted at its end."""
-    with netns.namespace_hosts(5) as made:
+    with netlab.namespace_hosts(5) as made:
         yield made
 
 

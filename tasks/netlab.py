@@ -1,15 +1,17 @@
-"""Test hosts with their own addresses: network namespaces on one bridge, made and deleted
-by the test that uses them.
+"""Emulated hosts with their own addresses: network namespaces on one bridge, made and
+deleted by whoever uses them (an emulated-link training run, the sweep's link axis, the
+cluster tests).
 
 Each host is a namespace `tfs<id>-h<i>` holding one end of a veth pair, addressed
 10.<net>.0.<i+1>/24; the other end is on a bridge in a switch namespace. Only these
 namespaces and their private addresses are ever addressed. A link can be cut (`down`)
 and restored (`up`), and shaped to a rate with `tbf` on both ends of the host's veth
-(the kernel here has no `netem`).
+(netem is not needed). Making them needs root and `ip` (iproute2).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -112,11 +114,21 @@ class Hosts:
         self.namespaces.clear()
 
 
+_made = itertools.count()
+
+
+def rate_text(gbit: float) -> str:
+    """A rate for `tc` (its own units: "1gbit", "100mbit")."""
+    return f"{gbit * 1000:g}mbit"
+
+
 @contextmanager
 def namespace_hosts(count: int) -> Iterator[Hosts]:
-    """`count` hosts on one switch, deleted on exit, also when the test fails."""
-    tag = f"tfs{os.getpid() % 100000}"
-    hosts = Hosts(tag, count, net=100 + os.getpid() % 100)
+    """`count` hosts on one switch, deleted on exit, also when what uses them fails. Each
+    set made by a process has its own names (interface names stay within 15 characters)."""
+    n = next(_made)
+    tag = f"tfs{os.getpid() % 100000}" + (f"n{n}" if n else "")
+    hosts = Hosts(tag, count, net=100 + (os.getpid() + n) % 100)
     try:
         hosts.create()
         yield hosts
