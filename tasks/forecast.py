@@ -297,6 +297,13 @@ def gbit_text(gbit: float) -> str:
     return f"{gbit:.3g} Gbit/s" if math.isfinite(gbit) else "no cost per byte"
 
 
+def moved(m: CostModel) -> str:
+    gbit = m.bandwidth_bytes_per_s * 8 / 1e9
+    if math.isfinite(gbit):
+        return f"the hosts move {gbit:.3g} Gbit/s"
+    return "no cost per byte measured (the devices share one process)"
+
+
 def format_forecast(f: Forecast) -> str:
     m = f.model
     lines = [
@@ -304,9 +311,8 @@ def format_forecast(f: Forecast) -> str:
         f"{m.gradient_bytes / 1024:,.0f} KiB of gradients):",
         f"  compute  {m.compute_fixed_s * 1000:.2f} ms + {m.compute_per_example_s * 1e6:.2f} "
         f"us/example (fit error {m.compute_fit_error:.1%})",
-        f"  link     {m.latency_s * 1e6:.0f} us per hop, the hosts move "
-        f"{gbit_text(m.bandwidth_bytes_per_s * 8 / 1e9)} (fit error {m.comm_fit_error:.1%}); "
-        f"a named link adds its wire time",
+        f"  link     {m.latency_s * 1e6:.0f} us per hop, {moved(m)} (fit error "
+        f"{m.comm_fit_error:.1%}); a named link adds its wire time",
         f"  sync     {m.sync_s * 1000:.2f} ms per step; input {m.input_examples_per_s:,.0f} "
         f"ex/s per worker; an epoch's fixed cost {m.epoch_overhead_s * 1000:.0f} ms",
         "",
