@@ -8,7 +8,7 @@ import json
 import pytest
 
 from flows.cli import main
-from tasks.forecast import CostModel, fit_cost_model, forecast, links_from
+from tasks.forecast import CostModel, fit_cost_model, forecast, format_forecast, links_from
 
 C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
 ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s
@@ -159,7 +159,18 @@ def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "ethernet-10g" in out and "measured (1 Gbit/s)" in out
+    assert "epoch-bound below" in out and "an epoch's fixed cost 0 ms" in out  # no history
     saved = json.loads((run_dir / "forecast.json").read_text())
     assert [p["workers"] for p in saved["predictions"]["ethernet-10g"]] == [1, 2, 4]
     assert (run_dir / "forecast_speedup.png").stat().st_size > 10_000
     assert (run_dir / "forecast_efficiency.png").stat().st_size > 10_000
+
+
+def test_a_rate_with_no_cost_per_byte_reads_so_and_is_null_in_json():
+    """Devices in one process: the all-reduce did not grow with its size."""
+    flat = dict(synthetic_probes(), comm_s_by_bytes=[[1e4, 2e-4], [1e5, 2e-4], [1e6, 2e-4]])
+    model = fit_cost_model(flat)
+    result = forecast(model, links_from([], ["ethernet-1g"], model), [1, 2])
+    assert "no cost per byte measured" in format_forecast(result)
+    assert json.loads(json.dumps(result.to_dict()))["links_gbit"]["measured"] is None
+    assert model.predict(2, 1.25e8, "weak").step_s > model.predict(2, None, "weak").step_s
