@@ -147,7 +147,7 @@ def test_links_need_worker_processes():
     assert [(c.replicas, c.link_gbit) for c in cells] == [(1, None), (2, 0.0), (2, 1.0)]
 
 
-def test_sweep_over_emulated_links_checks_the_forecast(digits, tmp_path):
+def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
     """Two worker processes on emulated hosts, over a full-speed link and over one shaped
     to 0.1 Gbit/s: the sweep measures both, and the shaped line's forecast (from the
     full-speed cell's measurements and the rate alone) lands near its measured step. The
@@ -168,8 +168,8 @@ def test_sweep_over_emulated_links_checks_the_forecast(digits, tmp_path):
         pytest.skip(why_not)
     config = load_config(
         None,
-        {
-            **digits[0],
+        {  # its own data: two workers re-shard digits, which the session's copy must not see
+            "prepare.data_dir": str(tmp_path / "data"),
             "train.runs_dir": str(tmp_path / "runs"),
             "sweep.replicas": [2],
             "sweep.dataset_sizes": [0],
