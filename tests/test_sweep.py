@@ -111,7 +111,9 @@ def test_table_and_charts_hold_every_cell(swept):
     ]
     assert all(float(r["speedup"]) == 1.0 for r in rows if r["replicas"] == "1")
     # each group forecast from its 2-replica cell's own measurements, drawn over the points
-    assert all(0 < float(r["forecast_speedup"]) <= int(r["replicas"]) for r in rows)
+    # (against the same measured 1-replica cell: 1 there)
+    assert all(float(r["forecast_speedup"]) > 0 for r in rows)
+    assert all(float(r["forecast_speedup"]) == 1.0 for r in rows if r["replicas"] == "1")
     assert (out / "speedup.png").stat().st_size > 5000
     assert (out / "efficiency.png").stat().st_size > 5000
 
