@@ -17,32 +17,38 @@ Targets: scaling efficiency at least 0.95; tfscale / plain loop at least 1.0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
 from pathlib import Path
 
-from tasks.config import config_to_dict, load_config
+from tasks.config import load_config
+from tasks.hardware import detect_hardware
 from tasks.launch import launch_workers
+from tasks.manifest import load_manifest
 from tasks.preparation import prepare_dataset
+from tasks.run import Run
 from tasks.strategy import StrategyChoice
 
 
 def measure(
-    config, data_dir: str, choice: StrategyChoice, run_dir: Path, threads: int, probe_steps=0
+    config, data_dir: str, choice: StrategyChoice, runs_dir: Path, threads: int, probe_steps=0
 ) -> dict:
-    """The chief's result of one run (`probes` holds its in-place diagnosis probes when
-    `probe_steps` asks for them)."""
-    spec = {
-        "config": config_to_dict(config),
-        "data_dir": data_dir,
-        "choice": choice.to_dict(),
-        "run_dir": str(run_dir),
-        "threads": threads,
-        "probe_steps": probe_steps,
-    }
-    launch_workers(spec, choice.workers, run_dir, pin_cores=True)
-    return json.loads((run_dir / "worker-0-result.json").read_text())
+    """The chief's result of one run under `runs_dir` (`probes` holds its in-place
+    diagnosis probes when `probe_steps` asks for them)."""
+    train = dataclasses.replace(config.train, runs_dir=str(runs_dir))
+    run = Run(
+        dataclasses.replace(config, train=train),
+        load_manifest(data_dir),
+        data_dir,
+        choice,
+        detect_hardware(),
+    )
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"run": run.to_spec(), "threads": threads, "probe_steps": probe_steps}
+    launch_workers(spec, choice.workers, run.run_dir, pin_cores=True)
+    return json.loads((run.run_dir / "worker-0-result.json").read_text())
 
 
 def explain(config, data_dir: str, choice: StrategyChoice, run_dir: Path) -> str:
@@ -50,7 +56,6 @@ def explain(config, data_dir: str, choice: StrategyChoice, run_dir: Path) -> str
     is what it is."""
     from tasks.diagnosis import diagnose_in_place, format_diagnosis
     from tasks.inplace import InPlaceProbes
-    from tasks.manifest import load_manifest
 
     result = measure(config, data_dir, choice, run_dir, threads=1, probe_steps=10)
     probes = InPlaceProbes(**result["probes"])

@@ -67,6 +67,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
     from tasks.process import set_up_devices
+    from tasks.run import Run
     from tasks.runs import train_and_diagnose
     from tasks.strategy import baseline_choice, select_strategy
     from tasks.tracking import EpochLog, pipeline_params
@@ -90,11 +91,12 @@ def train(config: Config, args: argparse.Namespace) -> int:
         serve(report.cluster, config.cluster.chief_wait_s)
         return 0
     set_up_devices(choice.logical_cpus)
+    run = Run(config, manifest, str(data_dir), choice, report)
     if role == EVALUATOR:
         from tasks.runs import evaluate_as_sidecar
 
         print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
-        evaluate_as_sidecar(config, manifest, str(data_dir), choice, report)
+        evaluate_as_sidecar(run)
         return 0
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
@@ -111,9 +113,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     )
     with tracker.run(name, tags) if tracker else _no_run() as run_id:
         live = EpochLog(tracker, run_id) if tracker else None
-        result, diagnosis = train_and_diagnose(
-            config, manifest, str(data_dir), choice, report, probe_steps, live, kind, True
-        )
+        result, diagnosis = train_and_diagnose(run, probe_steps, live, kind, True)
         if tracker:
             context = {"config": config_to_dict(config), "manifest": json.loads(manifest.to_json())}
             tracker.log_training(run_id, result, pipeline_params(context))

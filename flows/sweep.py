@@ -9,30 +9,12 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
-from flows.pipeline import (
-    _key,
-    cached,
-    check_tracking_task,
-    detect_task,
-    prepare_task,
-)
+from flows.caching import RESULTS, cached
+from flows.pipeline import check_tracking_task, detect_task, prepare_task
 from tasks import config as config_mod
 from tasks import process, runs, strategy, sweep, tracking
+from tasks.run import Run
 from tasks.strategy_kinds import kind_of
-
-
-def cell_cache_key(context, parameters: dict) -> str:
-    """Cell config + data manifest hash + hardware fingerprint + the run directory the result
-    points at: a repeated cell is reused."""
-    config, manifest, report = parameters["config"], parameters["manifest"], parameters["report"]
-    choice = strategy.select_strategy(report, config.train)
-    return _key(
-        "cell",
-        config_mod.config_to_dict(config.train),
-        manifest.digest,
-        report.fingerprint,
-        str(runs.run_dir_for(config, manifest, choice).resolve()),
-    )
 
 
 @task(name="plan the grid")
@@ -46,20 +28,16 @@ def devices_task(config, report):
     process.set_up_devices(max(config.sweep.replicas) if here else 0)
 
 
-@task(name="train a cell", cache_key_fn=cell_cache_key, persist_result=True)
-def _cell_task(config, manifest, data_dir: str, report) -> dict:
-    choice = strategy.select_strategy(report, config.train)
-    result, diagnosis = runs.train_and_diagnose(
-        config, manifest, data_dir, choice, report, probe_steps=10
-    )
+@task(name="train a cell", cache_policy=RESULTS, persist_result=True)
+def _cell_task(run: Run) -> dict:
+    result, diagnosis = runs.train_and_diagnose(run, probe_steps=10)
     return dict(result.to_dict(), bottleneck=diagnosis.bottleneck, diagnosis=diagnosis.to_dict())
 
 
 def cell_task(config, manifest, data_dir: str, report) -> dict:
     """One cell, reusing a cached result only while its run directory is intact."""
-    choice = strategy.select_strategy(report, config.train)
-    complete = runs.is_complete(config, manifest, choice)
-    return cached(_cell_task, config, complete)(config, manifest, data_dir, report)
+    run = Run(config, manifest, data_dir, strategy.select_strategy(report, config.train), report)
+    return cached(_cell_task, config, run.is_complete)(run)
 
 
 @task(name="start tracking", retries=2, retry_delay_seconds=2)

@@ -280,8 +280,8 @@ def diagnose_run(
     several = choice.replicas > 1
     rates = probe_rates(cfg, manifest, data_dir, choice, steps, input_transform, comm_sizes=several)
     compute_1 = global_batch_1 = one_1 = whole_1 = None
+    batches = batch_sizes(cfg, choice.replicas)  # (per-replica, global)
     if several:  # one device, compute-only, at the per-replica and at the global batch
-        per_replica, global_batch = batch_sizes(cfg, choice.replicas)
         one_1, whole_1 = (
             probe_rates(
                 dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak"),
@@ -292,7 +292,7 @@ def diagnose_run(
                 input_transform,
                 compute_only=True,
             )["compute"]
-            for batch in (per_replica, global_batch)
+            for batch in batches
         )
         # the speedup's own baseline: the per-replica batch under weak scaling, the global
         # batch under strong; the global batch under weak is what the batch alone is worth
@@ -318,17 +318,21 @@ def diagnose_run(
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
         seconds=time.perf_counter() - started,
         compute_1_device_global_batch_examples_per_s=global_batch_1,
-        cost_probes=_cost_probes(cfg, choice, rates, one_1, whole_1) if several else {},
+        cost_probes=_cost_probes(choice, rates, batches, one_1, whole_1) if several else {},
     )
 
 
 def _cost_probes(
-    cfg: TrainConfig, choice: StrategyChoice, rates: dict, one_1: float, whole_1: float
+    choice: StrategyChoice,
+    rates: dict,
+    batches: tuple[int, int],
+    one_1: float,
+    whole_1: float,
 ) -> dict:
     """The in-process probes in the form the forecast fits (`InPlaceProbes.to_dict()`):
-    one device's step at the per-replica and the global batch, the replicas' all-reduce at
-    a few message sizes, the strategy's step and the input pipeline's rate."""
-    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+    one device's step at the per-replica and the global batch (`batches`), the replicas'
+    all-reduce at a few message sizes, the strategy's step and the input pipeline's rate."""
+    per_replica, global_batch = batches
     local_s = per_replica / one_1
     return {
         "where": f"{choice.replicas} replicas in this process",

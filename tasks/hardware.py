@@ -76,6 +76,21 @@ class HardwareReport:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
+def report_from_dict(values: dict) -> HardwareReport:
+    """The report `HardwareReport.to_dict` gave (as JSON carries it to a worker process)."""
+    cluster = values.get("cluster")
+    return HardwareReport(
+        **{
+            **values,
+            "gpus": [
+                GpuInfo(g["name"], tuple(g["compute_capability"] or ()) or None, g["memory_mb"])
+                for g in values.get("gpus", [])
+            ],
+            "cluster": ClusterInfo(**cluster) if cluster else None,
+        }
+    )
+
+
 def detect_hardware() -> HardwareReport:
     """Reads the CPU, GPUs, TPU and cluster of this process."""
     model, flags = read_cpu()

@@ -31,10 +31,18 @@ import tensorflow as tf
 
 from tasks.config import TrainConfig
 from tasks.manifest import Manifest
-from tasks.probes import input_only_rate, seconds_per_call
-from tasks.strategy import StrategyChoice
-
-SUM = tf.distribute.ReduceOp.SUM
+from tasks.models import build_model
+from tasks.run import Run
+from tasks.steps import replica_step
+from tasks.timing import (
+    SUM,
+    all_reduce_by_size,
+    all_reduce_seconds,
+    gradient_bytes,
+    input_only_rate,
+    seconds_per_call,
+)
+from tasks.training import TrainingSetup, train_dataset_fn
 
 
 @dataclass(frozen=True)
@@ -66,21 +74,13 @@ class InPlaceProbes:
         return asdict(self)
 
 
-def probe_in_place(
-    setup: Any,
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    steps: int,
-) -> InPlaceProbes:
-    """Measures a trained run's steps on its own strategy (`setup`, a `TrainingSetup`).
+def probe_in_place(setup: TrainingSetup, run: Run, steps: int) -> InPlaceProbes:
+    """Measures a trained run's steps on the strategy and model it trained (`setup`).
 
     Every worker of a MultiWorkerMirrored run must call this with the same arguments: its
     probes are collectives.
     """
-    from tasks.training import train_dataset_fn
-
+    cfg, manifest, data_dir, choice = run.train, run.manifest, run.data_dir, run.choice
     started = time.perf_counter()
     strategy = setup.strategy
     batch = setup.per_replica * setup.accum_steps
@@ -104,7 +104,7 @@ def probe_in_place(
         step_s *= setup.workers  # a step's own time: the workers' steps run side by side
         end_to_end_s *= setup.workers
     else:
-        comm_s = _all_reduce_seconds(strategy, variables, per_call, calls)
+        comm_s = all_reduce_seconds(strategy, variables, per_call, calls)
     double = train_dataset_fn(cfg, manifest, data_dir, 2 * batch)
     images2, labels2 = next(iter(double(None)))
     by_batch = []
@@ -155,52 +155,6 @@ def probe_in_place(
     )
 
 
-def _all_reduce_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
-    """Seconds per all-reduce of tensors shaped as the gradients, across every replica."""
-    shapes = [(v.shape, v.dtype) for v in variables]
-
-    def reduce_once():
-        ctx = tf.distribute.get_replica_context()
-        reduced = ctx.all_reduce(SUM, [tf.zeros(shape, dtype) for shape, dtype in shapes])
-        return tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in reduced])
-
-    @tf.function
-    def reduce_calls():
-        total = [strategy.run(reduce_once) for _ in range(per_call)]  # unrolled: each one runs
-        return [strategy.experimental_local_results(t)[0] for t in total]
-
-    # the best of three blocks, as for the step: a collective is sensitive to a busy core
-    return min(seconds_per_call(reduce_calls, calls) for _ in range(3)) / per_call
-
-
-def gradient_bytes(model: keras.Model) -> int:
-    """Bytes of the model's gradients: one per trainable variable, of its dtype."""
-    return int(
-        sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
-    )
-
-
-def all_reduce_by_size(
-    strategy: Any, grad_bytes: int, per_call: int, calls: int
-) -> list[list[float]]:
-    """[bytes, seconds per all-reduce] of one float32 message at a quarter, one and four
-    times the gradients' bytes: the points a latency and bandwidth are fitted to."""
-    points = []
-    for scale in (0.25, 1.0, 4.0):
-        elements = max(int(grad_bytes * scale) // 4, 1)
-        seconds = _all_reduce_seconds(strategy, [_Shape((elements,), "float32")], per_call, calls)
-        points.append([float(elements * 4), seconds])
-    return points
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A tensor's shape and dtype, as a variable gives them."""
-
-    shape: tuple[int, ...]
-    dtype: str
-
-
 def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
     """Seconds per push and pull of every variable between a worker and the ps tasks, one
     scheduled closure at a time (the communication of a ParameterServer step alone)."""
@@ -224,13 +178,16 @@ def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int
 
 
 def _local_step_seconds(
-    cfg: TrainConfig, manifest: Manifest, setup: Any, images, labels, per_call: int, calls: int
+    cfg: TrainConfig,
+    manifest: Manifest,
+    setup: TrainingSetup,
+    images,
+    labels,
+    per_call: int,
+    calls: int,
 ) -> float:
     """Seconds per training step of a copy of the model outside the strategy on `images`:
     the step with no communication, on this process's devices."""
-    from tasks.models import build_model
-    from tasks.steps import replica_step
-
     with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
         model = build_model(cfg.model, manifest.shape, manifest.num_classes)
         optimizer = keras.optimizers.Adam(1e-3)

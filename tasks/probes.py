@@ -3,7 +3,6 @@ same model, batch and devices as a run."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -11,35 +10,10 @@ import tensorflow as tf
 from tasks.config import TrainConfig
 from tasks.manifest import Manifest
 from tasks.strategy import StrategyChoice
+from tasks.timing import all_reduce_by_size, gradient_bytes, input_only_rate, measure_rate
 from tasks.training import set_up_training, train_dataset_fn
 
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
-
-
-def seconds_per_call(call: Callable[[], object], calls: int) -> float:
-    """Wall seconds per call of `call` after two warm-up calls (tracing); what `call`
-    returns is read back (`.numpy()`), so the time includes the work, not its dispatch."""
-    for _ in range(2):
-        _wait(call())
-    started = time.perf_counter()
-    for _ in range(calls):
-        result = call()
-    _wait(result)
-    return (time.perf_counter() - started) / calls
-
-
-def _wait(value: object) -> None:
-    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, value)
-
-
-def measure_rate(step: Callable[[], object], examples_per_step: int, steps: int) -> float:
-    """Examples/s of `step` after two warm-up calls (tracing)."""
-    return examples_per_step / seconds_per_call(step, steps)
-
-
-def input_only_rate(dataset: tf.data.Dataset, batch: int, steps: int) -> float:
-    iterator = iter(dataset)
-    return measure_rate(lambda: next(iterator)[1], batch, steps)
 
 
 def probe_rates(
@@ -84,8 +58,6 @@ def probe_rates(
             pipeline(None), batch, steps * setup.strategy.num_replicas_in_sync
         )
     if comm_sizes:
-        from tasks.inplace import all_reduce_by_size, gradient_bytes
-
         rates["gradient_bytes"] = gradient_bytes(setup.model)
         rates["comm_s_by_bytes"] = all_reduce_by_size(
             setup.strategy, rates["gradient_bytes"], per_call, block_calls

@@ -1,59 +1,48 @@
-"""A training run end to end: its directory, where it executes, and its outputs.
+"""A training run end to end: where it executes, what is measured after it, and its outputs.
 
-`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>/` holds checkpoints,
-`history.json`, `model.keras` and `metrics.json`; `runs/<dataset>/latest.json`
-points at the newest completed run. A run with the same key that did not complete
-resumes from its last checkpoint.
+`Run.run_dir` (`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>/`) holds
+checkpoints, `history.json`, `model.keras` and `metrics.json`; `runs/<dataset>/latest.json`
+points at the newest completed run. A run with the same key that did not complete resumes
+from its last checkpoint.
+
+Training trains (`tasks.training`); measuring is the step after it, in the processes that
+trained (`train_and_probe`): a worker process, the coordinator of a parameter-server
+cluster, a cluster task, or this process for a run on its own devices (`tasks.diagnosis`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from tasks.config import Config, config_to_dict
 from tasks.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
 from tasks.errors import MissingInput, UsageError
 from tasks.files import atomic_path, write_json_atomic
-from tasks.hardware import HardwareReport
-from tasks.inplace import InPlaceProbes
-from tasks.manifest import Manifest
+from tasks.inplace import InPlaceProbes, probe_in_place
 from tasks.progress import EpochWatcher
-from tasks.strategy import StrategyChoice
+from tasks.run import Role, Run
 from tasks.strategy_kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.training import TrainResult, train_model
 
 
-def run_dir_for(config: Config, manifest: Manifest, choice: StrategyChoice) -> Path:
-    """The run directory: the same config, data and strategy give the same one."""
-    train = config_to_dict(config.train)
-    train.pop("runs_dir")
-    if train.get("link_gbit") is None or choice.spec.runs != LOCAL_WORKERS:
-        train.pop("link_gbit", None)  # only local workers have links (and older runs none)
-    key = json.dumps([train, manifest.digest, choice.to_dict()], sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    name = f"{choice.kind}-{choice.replicas}x-{choice.precision}-{digest}"
-    return Path(config.train.runs_dir) / manifest.dataset / name
-
-
-def is_complete(config: Config, manifest: Manifest, choice: StrategyChoice) -> bool:
-    """Whether this run's directory still holds its metrics and model (a cached result
-    whose files were deleted must train again)."""
-    run_dir = run_dir_for(config, manifest, choice)
-    return (run_dir / "metrics.json").exists() and (run_dir / "model.keras").exists()
+def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:
+    """Trains `run`, then, with `probe_steps`, measures its steps in place on the strategy
+    and model it trained (`tasks.inplace`): every process of a multi-process run calls this
+    with the same `probe_steps`, since the probes are collectives."""
+    trained = train_model(run, resolver=resolver)
+    if not probe_steps:
+        return trained.result
+    probes = probe_in_place(trained.setup, run, probe_steps)
+    return dataclasses.replace(trained.result, probes=probes.to_dict())
 
 
 def run_training(
-    config: Config,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    report: HardwareReport,
+    run: Run,
     probe_steps: int = 0,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
@@ -62,29 +51,27 @@ def run_training(
     """Trains where the choice says: in this process, N local workers, a local PS cluster,
     or, when a cluster manager described a cluster, as this task's role in it (chief or
     training worker; `tasks.cluster`). With `probe_steps` the processes that trained then
-    measure its steps in place (`tasks.inplace`). Each epoch, as the chief writes it, goes
+    measure its steps in place (`train_and_probe`). Each epoch, as the chief writes it, goes
     to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
     to `on_epoch`."""
-    _check_link(config, choice, report)
-    run_dir = run_dir_for(config, manifest, choice)
-    cluster = report.cluster
+    _check_link(run)
+    run_dir = run.run_dir
+    cluster = run.report.cluster
     chief = cluster is None or cluster.is_chief
     if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     watch = EpochWatcher(
-        run_dir, config.train.epochs, label or choice.kind, on_epoch, lines=epoch_lines
+        run_dir, run.train.epochs, label or run.choice.kind, on_epoch, lines=epoch_lines
     )
     with watch if chief else contextlib.nullcontext():
-        result = _train_where_chosen(
-            config, manifest, data_dir, choice, run_dir, report, probe_steps
-        )
+        result = _train_where_chosen(run, probe_steps)
     if chief:
-        write_metrics(result, manifest, report)
+        write_metrics(result, run)
     return result
 
 
-def _check_link(config: Config, choice: StrategyChoice, report: HardwareReport) -> None:
+def _check_link(run: Run) -> None:
     """An emulated link joins local worker processes; one device (a baseline) has no link
     to emulate, and any other run of several replicas cannot have one.
 
@@ -92,11 +79,11 @@ def _check_link(config: Config, choice: StrategyChoice, report: HardwareReport) 
         UsageError: `train.link_gbit` set for a run of several replicas that is not local
             workers, or for a cluster task.
     """
-    link = config.train.link_gbit
+    link, choice, cluster = run.train.link_gbit, run.choice, run.report.cluster
     several = choice.replicas > 1 or choice.workers > 1
-    other = report.cluster is not None or choice.spec.runs != LOCAL_WORKERS
+    other = cluster is not None or choice.spec.runs != LOCAL_WORKERS
     if link is not None and several and other:
-        where = " in a cluster" if report.cluster is not None else ""
+        where = " in a cluster" if cluster is not None else ""
         raise UsageError(
             f"train.link_gbit ({link:g}) emulates the links between local worker processes, "
             f"and this run is {choice.kind}{where}",
@@ -104,71 +91,38 @@ def _check_link(config: Config, choice: StrategyChoice, report: HardwareReport) 
         )
 
 
-def _train_where_chosen(
-    config: Config,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    run_dir: Path,
-    report: HardwareReport,
-    probe_steps: int,
-) -> TrainResult:
-    if report.cluster is not None:
-        return _train_as_task(config, manifest, data_dir, choice, run_dir, report, probe_steps)
-    if choice.spec.runs == LOCAL_WORKERS:
-        return _train_local_workers(config, data_dir, choice, run_dir, probe_steps)
-    if choice.spec.runs == COORDINATOR:
+def _train_where_chosen(run: Run, probe_steps: int) -> TrainResult:
+    if run.report.cluster is not None:
+        return _train_as_task(run, probe_steps)
+    if run.choice.spec.runs == LOCAL_WORKERS:
+        return _train_local_workers(run, probe_steps)
+    if run.choice.spec.runs == COORDINATOR:
         from tasks.ps_cluster import in_process_cluster
 
-        with in_process_cluster(choice.workers) as resolver:
-            return train_model(
-                config.train, manifest, data_dir, choice, run_dir, resolver, probe_steps=probe_steps
-            )
-    return train_model(config.train, manifest, data_dir, choice, run_dir)
+        with in_process_cluster(run.choice.workers) as resolver:
+            return train_and_probe(run, probe_steps, resolver)
+    return train_model(run).result
 
 
-def _train_as_task(
-    config: Config,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    run_dir: Path,
-    report: HardwareReport,
-    probe_steps: int = 0,
-) -> TrainResult:
+def _train_as_task(run: Run, probe_steps: int = 0) -> TrainResult:
     """This task's part of a cluster's training: preemptible, and a lost peer is named."""
     from tasks.cluster import lost_task
 
-    cluster = report.cluster
+    cluster = run.report.cluster
+    run = run.with_role(Role(chief=cluster.is_chief, preemptible=True))
     try:
-        result = train_model(
-            config.train,
-            manifest,
-            data_dir,
-            choice,
-            run_dir,
-            is_chief=cluster.is_chief,
-            preemptible=True,
-            collective_timeout_s=config.cluster.collective_timeout_s,
-            probe_steps=probe_steps,
-        )
+        result = train_and_probe(run, probe_steps)
     except Exception as exc:
-        lost = lost_task(exc, cluster, f"it resumes from the last checkpoint in {run_dir}")
+        lost = lost_task(exc, cluster, f"it resumes from the last checkpoint in {run.run_dir}")
         if lost is None:
             raise
         raise lost from exc
     task_file = f"task-{cluster.task_type}-{cluster.task_index}.json"
-    write_json_atomic(run_dir / task_file, result.to_dict())  # each task's own figures
+    write_json_atomic(run.run_dir / task_file, result.to_dict())  # each task's own figures
     return result
 
 
-def evaluate_as_sidecar(
-    config: Config,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    report: HardwareReport,
-) -> list[dict[str, float]]:
+def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     """The evaluator task: each new checkpoint of the chief's run, evaluated on the test
     split as it appears (`evaluator.json` in the run directory)."""
     from tasks.cluster import evaluate_checkpoints
@@ -176,27 +130,25 @@ def evaluate_as_sidecar(
     from tasks.models import build_model
     from tasks.process import use_precision
 
-    use_precision(choice.precision)
+    use_precision(run.choice.precision)
+    manifest = run.manifest
 
     def evaluate(model) -> dict[str, float]:
-        result = evaluate_keras_model(model, manifest, data_dir, config.evaluate.batch_size)
+        result = evaluate_keras_model(model, manifest, run.data_dir, run.config.evaluate.batch_size)
         return {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy}
 
-    ps_tasks = len(report.cluster.ps) if report.cluster else 0
+    cluster = run.report.cluster
+    ps_tasks = len(cluster.ps) if cluster else 0
     return evaluate_checkpoints(
-        lambda: build_model(config.train.model, manifest.shape, manifest.num_classes, ps_tasks),
+        lambda: build_model(run.train.model, manifest.shape, manifest.num_classes, ps_tasks),
         evaluate,
-        run_dir_for(config, manifest, choice),
-        config.cluster.chief_wait_s,
+        run.run_dir,
+        run.config.cluster.chief_wait_s,
     )
 
 
 def train_and_diagnose(
-    config: Config,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    report: HardwareReport,
+    run: Run,
     probe_steps: int = 30,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
@@ -210,24 +162,24 @@ def train_and_diagnose(
     A run across processes (local workers, a parameter-server cluster, any cluster task)
     is probed in place by the processes that trained; a run in this process, here.
     """
-    in_place = report.cluster is not None or not choice.spec.runs_here
+    cluster, choice = run.report.cluster, run.choice
+    in_place = cluster is not None or not choice.spec.runs_here
     probes = probe_steps if in_place else 0
-    result = run_training(
-        config, manifest, data_dir, choice, report, probes, on_epoch, label, epoch_lines
-    )
-    if not probe_steps or (report.cluster is not None and not report.cluster.is_chief):
+    result = run_training(run, probes, on_epoch, label, epoch_lines)
+    if not probe_steps or (cluster is not None and not cluster.is_chief):
         return result, None
+    cpu_flags = run.report.cpu_flags
     if in_place:
         diagnosis = diagnose_in_place(
-            InPlaceProbes(**result.probes), config.train, manifest, choice, report.cpu_flags
+            InPlaceProbes(**result.probes), run.train, run.manifest, choice, cpu_flags
         )
     else:
         diagnosis = diagnose_run(
-            config.train, manifest, data_dir, choice, report.cpu_flags, steps=probe_steps
+            run.train, run.manifest, run.data_dir, choice, cpu_flags, steps=probe_steps
         )
         if diagnosis.cost_probes:  # what a forecast of this run fits (`tfscale forecast`)
             result = dataclasses.replace(result, probes=diagnosis.cost_probes)
-            write_metrics(result, manifest, report)
+            write_metrics(result, run)
     run_dir = Path(result.run_dir)
     (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
     write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
@@ -245,13 +197,13 @@ def format_line(result: TrainResult) -> str:
     )
 
 
-def write_metrics(result: TrainResult, manifest: Manifest, report: HardwareReport) -> Path:
+def write_metrics(result: TrainResult, run: Run) -> Path:
     run_dir = Path(result.run_dir)
     metrics = dict(
         result.to_dict(),
-        dataset=manifest.dataset,
-        manifest_digest=manifest.digest,
-        hardware_fingerprint=report.fingerprint,
+        dataset=run.manifest.dataset,
+        manifest_digest=run.manifest.digest,
+        hardware_fingerprint=run.report.fingerprint,
     )
     path = write_json_atomic(run_dir / "metrics.json", metrics)
     latest = {"run_dir": str(run_dir), "model_path": result.model_path}
@@ -274,29 +226,21 @@ def latest_run(runs_dir: str, dataset: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _train_local_workers(
-    config: Config, data_dir: str, choice: StrategyChoice, run_dir: Path, probe_steps: int = 0
-) -> TrainResult:
+def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
     import os
 
     from tasks.launch import launch_workers
 
     cores = os.cpu_count() or 1
+    workers, run_dir = run.choice.workers, run.run_dir
     spec = {
-        "config": config_to_dict(config),
-        "data_dir": data_dir,
-        "choice": choice.to_dict(),
-        "run_dir": str(run_dir),
+        "run": run.to_spec(),
         # each worker gets its share of the cores: more threads than cores slow every step
-        "threads": max(cores // choice.workers, 1),
+        "threads": max(cores // workers, 1),
         "probe_steps": probe_steps,
     }
     launch_workers(
-        spec,
-        choice.workers,
-        run_dir,
-        pin_cores=choice.workers <= cores,
-        link_gbit=config.train.link_gbit,
+        spec, workers, run_dir, pin_cores=workers <= cores, link_gbit=run.train.link_gbit
     )
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
 

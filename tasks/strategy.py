@@ -18,6 +18,7 @@ mixed_float16 on GPUs of compute capability 7.0+, float32 otherwise.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from tasks.config import TrainConfig
 from tasks.hardware import HardwareReport
@@ -111,3 +112,15 @@ def baseline_choice(choice: StrategyChoice) -> StrategyChoice:
         f"single-device baseline for {choice.kind}",
         choice.devices,
     )
+
+
+def build_strategy(choice: StrategyChoice, resolver: Any = None, timeout_s: float = 60.0) -> Any:
+    """The tf.distribute strategy `choice` names, over the devices `tasks.process` set up.
+
+    Args:
+        choice: what `select_strategy` decided.
+        resolver: a cluster resolver for `parameter_server` or `tpu` (default: from the
+            environment: `TF_CONFIG`, or the TPU resolver).
+        timeout_s: how long a cross-process collective waits on a lost peer.
+    """
+    return choice.spec.build(choice, resolver, timeout_s)

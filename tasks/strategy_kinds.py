@@ -102,17 +102,35 @@ def build_one_device(choice: Any, resolver: Any = None, timeout_s: float = 60.0)
 def build_mirrored(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
-    from tasks.distribute import mirrored_on_gpus
     from tasks.process import logical_cpus
 
     if tf.config.list_physical_devices("GPU"):
-        return mirrored_on_gpus()
+        return _mirrored_on_gpus()
     # Reduction to one device: collective all-reduce (the CPU default) keys its
     # instances per process, so a second strategy in the same process can collide.
     return tf.distribute.MirroredStrategy(
         devices=logical_cpus(choice.replicas),
         cross_device_ops=tf.distribute.ReductionToOneDevice(),
     )
+
+
+def _mirrored_on_gpus() -> Any:
+    """Mirrored over every local GPU with NCCL, or hierarchical copy where NCCL fails."""
+    import logging
+
+    import tensorflow as tf
+
+    try:
+        strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())
+        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+        return strategy
+    except (tf.errors.OpError, RuntimeError, ValueError) as exc:
+        logging.getLogger(__name__).warning(
+            "NCCL all-reduce unavailable (%s); using hierarchical copy", exc
+        )
+        return tf.distribute.MirroredStrategy(
+            cross_device_ops=tf.distribute.HierarchicalCopyAllReduce()
+        )
 
 
 def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:

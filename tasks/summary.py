@@ -6,13 +6,14 @@ import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tasks.diagnosis import Diagnosis
 from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
+from tasks.fields import PARAM
 from tasks.files import write_json_atomic
-from tasks.tracking import PARAM
+from tasks.provenance import code_version
+from tasks.run import Run
 from tasks.training import TrainResult
 
 
@@ -234,17 +235,18 @@ def _split(summary: ScalingSummary) -> str:
     )
 
 
-def pipeline_record(config: Any, report: Any, choice: Any, manifest: Any) -> dict:
+def pipeline_record(run: Run) -> dict:
     """What a pipeline run is about, as JSON-ready dicts, before any training."""
     from tasks.config import config_to_dict
 
     return {
-        "config": config_to_dict(config),
-        "hardware": report.to_dict(),
-        "hardware_fingerprint": report.fingerprint,
-        "choice": choice.to_dict(),
-        "manifest": json.loads(manifest.to_json()),
-        "manifest_digest": manifest.digest,
+        "config": config_to_dict(run.config),
+        "hardware": run.report.to_dict(),
+        "hardware_fingerprint": run.report.fingerprint,
+        "choice": run.choice.to_dict(),
+        "manifest": json.loads(run.manifest.to_json()),
+        "manifest_digest": run.manifest.digest,
+        "code_version": code_version(),
     }
 
 

@@ -33,8 +33,13 @@ class Cell:
 
     @property
     def line(self) -> tuple:
-        """Cells that differ only in replicas: one line on the chart."""
-        return (*self.group, self.link_gbit)
+        """Cells that differ only in replicas: one line on the chart (its group first)."""
+        return (self.group, self.link_gbit)
+
+    @classmethod
+    def of(cls, row: dict) -> Cell:
+        """The cell a table row (`tabulate`) describes."""
+        return cls(**{k: row[k] for k in CELL_FIELDS})
 
     @property
     def label(self) -> str:
@@ -167,7 +172,7 @@ def tabulate(cells: list[Cell], results: list[dict], forecasts: dict | None = No
         speedup = result["examples_per_s"] / base[cell.group]
         points = {p.workers: p for p in forecasts.get(cell.line, [])}
         if cell.replicas == 1:  # the same on every line of its group
-            lines = [line for line in forecasts if line[:4] == cell.group]
+            lines = [line for line in forecasts if line[0] == cell.group]
             points = {p.workers: p for p in forecasts[lines[0]]} if lines else {}
         point = points.get(cell.replicas)
         rows.append(
@@ -217,13 +222,13 @@ def plot_links(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     lines: dict[tuple, list[dict]] = {}
     for row in linked:
-        cell = Cell(**{k: row[k] for k in CELL_FIELDS})
+        cell = Cell.of(row)
         lines.setdefault((*cell.group, cell.replicas), []).append(row)
     for members in lines.values():
         members.sort(key=lambda r: rates.index(r["link_gbit"]))
         xs = [rates.index(r["link_gbit"]) for r in members]
-        cell = Cell(**{k: members[0][k] for k in CELL_FIELDS})
-        label = f"{cell.replicas} replicas, " + Cell(**{**asdict(cell), "link_gbit": None}).label
+        cell = Cell.of(members[0])
+        label = f"{cell.replicas} replicas, " + dataclasses.replace(cell, link_gbit=None).label
         (drawn,) = ax.plot(xs, [r["speedup"] for r in members], "o-", label=label)
         known = [(x, r["forecast_speedup"]) for x, r in zip(xs, members, strict=True)]
         known = [(x, f) for x, f in known if f is not None]
@@ -255,14 +260,14 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
         replicas = sorted({*replicas, *(p.workers for p in points)})
     ideal = replicas if metric == "speedup" else [1.0] * len(replicas)
     ax.plot(replicas, ideal, "k--", label="ideal (linear)")
-    cells = [Cell(**{k: r[k] for k in CELL_FIELDS}) for r in rows]
+    cells = [Cell.of(r) for r in rows]
     lines: dict[tuple, list[tuple[Cell, dict]]] = {}
     for cell, row in zip(cells, rows, strict=True):
         if cell.replicas > 1:
             lines.setdefault(cell.line, []).append((cell, row))
     for cell, row in zip(cells, rows, strict=True):
         if cell.replicas == 1:
-            owned = [line for line in lines if line[:4] == cell.group] or [cell.line]
+            owned = [line for line in lines if line[0] == cell.group] or [cell.line]
             for line in owned:
                 lines.setdefault(line, []).append((cell, row))
     for line, members in lines.items():

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import UserError
+from tasks.fields import fields_by_type
 
 if TYPE_CHECKING:
     from tasks.config import TrackConfig
     from tasks.summary import PipelineRecord
 
-PARAM = {"track": "param"}  # metadata of a result field that says how the run was set up
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
 SIGNIFICANT = 4
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -61,32 +61,6 @@ RESULT_COLUMNS = (
 
 class TrackingError(UserError, RuntimeError):
     """The tracking server cannot be reached or refused what was logged."""
-
-
-def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
-    """(metrics, params, tags) of a result dataclass, each keyed `prefix + field name`.
-
-    Numbers are metrics, strings and flags tags, fields whose metadata is `PARAM` params.
-    None, lists and mappings are left out; a nested dataclass adds its own fields.
-    """
-    metrics: dict[str, float] = {}
-    params: dict[str, str] = {}
-    tags: dict[str, str] = {}
-    for field in dataclasses.fields(result):
-        value, key = getattr(result, field.name), prefix + field.name
-        if dataclasses.is_dataclass(value):
-            nested = fields_by_type(value, f"{key}_")
-            for into, part in zip((metrics, params, tags), nested, strict=True):
-                into.update(part)
-        elif value is None or isinstance(value, list | tuple | dict):
-            continue
-        elif field.metadata.get("track") == "param":
-            params[key] = str(value)
-        elif isinstance(value, bool | str):
-            tags[key] = str(value)
-        elif isinstance(value, int | float):
-            metrics[key] = float(value)
-    return metrics, params, tags
 
 
 def rounded(value: float) -> float:

@@ -8,7 +8,6 @@ mixed_float16, checkpoints every epoch and resumes from the last completed one.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -23,17 +22,17 @@ import keras
 import tensorflow as tf
 
 from tasks.config import TrainConfig
-from tasks.distribute import build_strategy
 from tasks.errors import UsageError
+from tasks.fields import PARAM
 from tasks.files import write_json_atomic
 from tasks.inputs import build_dataset
 from tasks.manifest import Manifest
 from tasks.models import build_model
 from tasks.process import use_precision
+from tasks.run import Run
 from tasks.steps import make_warmup_schedule
-from tasks.strategy import StrategyChoice
+from tasks.strategy import StrategyChoice, build_strategy
 from tasks.strategy_kinds import cluster_spec_of
-from tasks.tracking import PARAM
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ class TrainResult:
     resumed_from_epoch: int = 0
     resumed_from_step: int = 0
     weights_digest: str = ""
-    # the diagnosis probes measured in place after training (`tasks.inplace`), when asked
+    # the probes measured after training (`tasks.inplace`, `tasks.diagnosis`), when asked
     probes: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,29 +74,27 @@ def batch_sizes(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
     return per_replica, per_replica * replicas
 
 
-def train_model(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    run_dir: Path,
-    resolver: Any = None,
-    is_chief: bool = True,
-    preemptible: bool = False,
-    collective_timeout_s: float = 60.0,
-    probe_steps: int = 0,
-) -> TrainResult:
-    """Trains `cfg.model` on the manifest's train split under the chosen strategy, resuming
-    from the run directory's last checkpoint (mid-epoch when a preemption saved it there).
+@dataclass
+class Trained:
+    """What training leaves for the steps after it (measuring, in the same process): the
+    strategy, model and optimizer it trained (`setup`) and its figures (`result`)."""
 
-    With `probe_steps`, the trained run's steps are then measured in place on its own
-    strategy (`tasks.inplace`; every worker of a run must pass the same value).
+    setup: TrainingSetup
+    result: TrainResult
 
-    With `preemptible` (a worker process's main thread), SIGTERM saves a checkpoint at the
-    current step on every worker and exits with `EXIT_PREEMPTED` (TensorFlow's
-    `PreemptionCheckpointHandler`).
+
+def train_model(run: Run, *, resolver: Any = None) -> Trained:
+    """Trains `run.train.model` on the manifest's train split under the run's strategy,
+    resuming from its run directory's last checkpoint (mid-epoch when a preemption saved
+    it there). Only the chief (`run.role`) writes the model and history.
+
+    A preemptible role (a worker process's main thread) saves a checkpoint at the current
+    step on every worker on SIGTERM and exits with `EXIT_PREEMPTED` (TensorFlow's
+    `PreemptionCheckpointHandler`). `resolver` is an in-process cluster's, when there is one.
     """
-    setup = set_up_training(cfg, manifest, choice, resolver, collective_timeout_s)
+    cfg, choice, run_dir, chief = run.train, run.choice, run.run_dir, run.role.chief
+    timeout_s = run.config.cluster.collective_timeout_s
+    setup = set_up_training(cfg, run.manifest, choice, resolver, timeout_s)
     with setup.strategy.scope():
         step = tf.Variable(
             0,
@@ -106,37 +103,33 @@ def train_model(
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
         checkpoint = tf.train.Checkpoint(model=setup.model, optimizer=setup.optimizer, step=step)
-    manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, is_chief)
+    manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, chief)
     latest = _latest_checkpoint(run_dir, manager)
     if latest:
         checkpoint.restore(latest)
     resumed_step = int(step.numpy())
-    check_preemption = _preemption_hook(setup.strategy, manager, step) if preemptible else None
-    after_steps = _StepCounter(step, resumed_step, check_preemption)
+    preemption = _preemption_hook(setup.strategy, manager, step) if run.role.preemptible else None
+    after_steps = _StepCounter(step, resumed_step, preemption)
     start_epoch, done_in_epoch = divmod(resumed_step, setup.steps)
     history = _read_history(run_dir)[:start_epoch]
-    dataset_fn = train_dataset_fn(cfg, manifest, data_dir, setup.per_replica * setup.accum_steps)
+    dataset_fn = train_dataset_fn(
+        cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
+    )
     run_epoch = setup.epoch_runner(choice, dataset_fn)
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
         after_steps.epoch_ends_at = after_steps.count + steps
         history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps))
         manager.save(checkpoint_number=after_steps.count)
-        if is_chief:
+        if chief:
             _write_json(run_dir / "history.json", history)
         after_steps.check_preemption()  # at an epoch's end: after its record is written
     model_path = run_dir / "model.keras"
-    if is_chief:
+    if chief:
         setup.model.save(model_path)
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
-    result = _result(setup, choice, run_dir, model_path, history, resumed_step)
-    if probe_steps:
-        from tasks.inplace import probe_in_place
-
-        probes = probe_in_place(setup, cfg, manifest, data_dir, choice, probe_steps)
-        result = dataclasses.replace(result, probes=probes.to_dict())
-    return result
+    return Trained(setup, _result(setup, choice, run_dir, model_path, history, resumed_step))
 
 
 class _StepCounter:

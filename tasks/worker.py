@@ -20,27 +20,14 @@ def main(spec_path: str) -> int:
     if spec.get("threads"):
         tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
         tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
-    from tasks.config import config_from_dict
-    from tasks.manifest import load_manifest
-    from tasks.strategy import StrategyChoice
-    from tasks.training import train_model
+    from tasks.run import Role, Run
+    from tasks.runs import train_and_probe
 
-    config = config_from_dict(spec["config"])
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     print(f"worker {index}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
-    run_dir = Path(spec["run_dir"])
-    result = train_model(
-        config.train,
-        load_manifest(spec["data_dir"]),
-        spec["data_dir"],
-        StrategyChoice(**spec["choice"]),
-        run_dir,
-        is_chief=index == 0,
-        preemptible=True,
-        collective_timeout_s=config.cluster.collective_timeout_s,
-        probe_steps=spec.get("probe_steps", 0),
-    )
-    (run_dir / f"worker-{index}-result.json").write_text(json.dumps(result.to_dict()))
+    run = Run.from_spec(spec["run"], Role(chief=index == 0, preemptible=True))
+    result = train_and_probe(run, spec.get("probe_steps", 0))
+    (run.run_dir / f"worker-{index}-result.json").write_text(json.dumps(result.to_dict()))
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from pathlib import Path
 
 from tasks.config import load_config
 from tasks.manifest import load_manifest
@@ -19,19 +18,27 @@ from tasks.strategy import StrategyChoice
 
 
 def main(data_dir: str) -> dict:
+    from tasks.hardware import detect_hardware
     from tasks.ps_cluster import in_process_cluster
+    from tasks.run import Run
     from tasks.training import set_up_training, train_model
 
-    overrides = {"train.model": "embedding", "train.precision": "float32", "train.epochs": 2}
-    cfg = load_config(None, overrides).train
     manifest = load_manifest(data_dir)
     choice = StrategyChoice("parameter_server", 2, 2, "float32", "partition check")
     found = {}
     for ps in (2, 1):
         with in_process_cluster(2, ps=ps) as resolver, tempfile.TemporaryDirectory() as tmp:
-            setup = set_up_training(cfg, manifest, choice, resolver)
+            overrides = {
+                "train.model": "embedding",
+                "train.precision": "float32",
+                "train.epochs": 2,
+                "train.runs_dir": tmp,
+            }
+            config = load_config(None, overrides)
+            setup = set_up_training(config.train, manifest, choice, resolver)
             parts = setup.model.get_layer("table").parts
-            result = train_model(cfg, manifest, data_dir, choice, Path(tmp), resolver)
+            run = Run(config, manifest, data_dir, choice, detect_hardware())
+            result = train_model(run, resolver=resolver).result
         found[ps] = {
             "devices": sorted(part.value.device for part in parts),
             "rows": [int(part.shape[0]) for part in parts],

@@ -178,7 +178,7 @@ def test_tpu_detection_with_tpu_resolver_faked(monkeypatch):
 def test_tpu_training_setup_with_tpu_resolver_faked(monkeypatch):
     import tensorflow as tf
 
-    from tasks.distribute import build_strategy
+    from tasks.strategy import build_strategy
 
     calls = []
     monkeypatch.setattr(
@@ -235,8 +235,7 @@ def test_a_new_in_process_kind_needs_only_its_row(monkeypatch):
     import dataclasses
 
     from tasks import strategy_kinds
-    from tasks.distribute import build_strategy
-    from tasks.strategy import StrategyChoice
+    from tasks.strategy import StrategyChoice, build_strategy
 
     built = []
     row = dataclasses.replace(

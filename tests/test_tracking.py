@@ -8,9 +8,10 @@ import os
 import time
 from pathlib import Path
 
+from tasks.fields import PARAM, fields_by_type
 from tasks.files import write_json_atomic
 from tasks.progress import EpochWatcher
-from tasks.tracking import PARAM, EpochLog, Tracker, fields_by_type, rounded
+from tasks.tracking import EpochLog, Tracker, rounded
 from tasks.training import TrainResult
 
 

@@ -19,6 +19,7 @@ import pytest
 from tasks.config import load_config
 from tasks.hardware import detect_hardware
 from tasks.launch import WorkerError
+from tasks.run import Run
 from tasks.runs import run_training, train_and_diagnose
 from tasks.strategy import select_strategy
 from tasks.training import batch_sizes, train_model
@@ -32,7 +33,7 @@ def configure(digits, tmp_path, **train):
     values.update({f"train.{k}": v for k, v in train.items()})
     config = load_config(None, values)
     report = detect_hardware()
-    return config, manifest, data_dir, select_strategy(report, config.train), report
+    return Run(config, manifest, data_dir, select_strategy(report, config.train), report)
 
 
 def test_batch_sizes_for_weak_and_strong_scaling():
@@ -43,10 +44,10 @@ def test_batch_sizes_for_weak_and_strong_scaling():
 
 
 def test_one_device_learns(digits, tmp_path):
-    config, manifest, data_dir, choice, _ = configure(
+    run = configure(
         digits, tmp_path, strategy="one_device", epochs=3
     )
-    result = train_model(config.train, manifest, data_dir, choice, tmp_path / "run")
+    result = train_model(run).result
     losses = [h["loss"] for h in result.history]
     assert result.replicas == 1 and result.global_batch == 32
     assert losses[-1] < losses[0] * 0.5
@@ -55,10 +56,10 @@ def test_one_device_learns(digits, tmp_path):
 
 
 def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path):
-    config, manifest, data_dir, choice, _ = configure(
+    run = configure(
         digits, tmp_path, strategy="mirrored", replicas=2
     )
-    result = train_model(config.train, manifest, data_dir, choice, tmp_path / "run")
+    result = train_model(run).result
     assert (result.strategy, result.replicas, result.global_batch) == ("mirrored", 2, 64)
     assert result.history[-1]["accuracy"] > 0.5
 
@@ -94,7 +95,7 @@ def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tm
 
     weights = []
     for batch, accum in ((32, 1), (16, 2)):
-        config, manifest, data_dir, choice, _ = configure(
+        run = configure(
             digits,
             tmp_path,
             strategy="mirrored",
@@ -103,8 +104,8 @@ def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tm
             batch_size_per_replica=batch,
             grad_accum_steps=accum,
         )
-        one_step = dataclasses.replace(manifest, splits=dict(manifest.splits, train=64))
-        result = train_model(config.train, one_step, data_dir, choice, tmp_path / f"r{accum}")
+        one_step = dataclasses.replace(run.manifest, splits=dict(run.manifest.splits, train=64))
+        result = train_model(dataclasses.replace(run, manifest=one_step)).result
         assert result.steps_per_epoch == 1
         assert result.learning_rate == pytest.approx(0.002)
         from tasks.models import load_trained_model
@@ -118,11 +119,11 @@ def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tm
 def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
     import keras
 
-    config, manifest, data_dir, choice, _ = configure(
+    run = configure(
         digits, tmp_path, strategy="mirrored", precision="mixed_float16", epochs=1
     )
     try:
-        result = train_model(config.train, manifest, data_dir, choice, tmp_path / "run")
+        result = train_model(run).result
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert result.precision == "mixed_float16"
@@ -130,10 +131,10 @@ def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
 
 
 def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path):
-    config, manifest, data_dir, choice, report = configure(
+    run = configure(
         digits, tmp_path, strategy="multi_worker", workers=2
     )
-    result, diagnosis = train_and_diagnose(config, manifest, data_dir, choice, report, 20)
+    result, diagnosis = train_and_diagnose(run, 20)
     run_dir = Path(result.run_dir)
     results = [json.loads((run_dir / f"worker-{i}-result.json").read_text()) for i in range(2)]
     digests = [r["weights_digest"] for r in results]
@@ -233,14 +234,14 @@ def test_killed_run_resumes_from_its_last_epoch(digits, tmp_path):
 
 
 def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
-    config, manifest, data_dir, choice, report = configure(
+    run = configure(
         digits, tmp_path, strategy="multi_worker", workers=2, epochs=500
     )
     outcome = {}
 
     def train():
         try:
-            run_training(config, manifest, data_dir, choice, report)
+            run_training(run)
         except WorkerError as exc:
             outcome["error"] = str(exc)
 
@@ -305,7 +306,7 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
 
     from tasks.errors import UsageError
 
-    config, manifest, data_dir, choice, report = configure(
+    run = configure(
         digits, tmp_path, strategy="multi_worker", workers=2, epochs=1
     )
     real = tf.config.list_physical_devices
@@ -316,7 +317,7 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
         lambda kind=None: fake if kind == "GPU" else real(kind),
     )
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    result = run_training(config, manifest, data_dir, choice, report)
+    result = run_training(run)
     logs = [(Path(result.run_dir) / f"worker-{i}.log").read_text() for i in range(2)]
     assert "worker 0: CUDA_VISIBLE_DEVICES=0,1" in logs[0]
     assert "worker 1: CUDA_VISIBLE_DEVICES=2,3" in logs[1]
