@@ -1,0 +1,73 @@
+"""Cached results know the code that made them: in a clone of the repository, `tfscale run`
+reuses its baseline while nothing changed, and trains it afresh once a model module changed
+(`flows/caching.py`, `tasks/provenance.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, tiny_params
+
+pytestmark = pytest.mark.integration
+
+
+def tfscale_run(clone: Path, params: Path) -> str:
+    """`tfscale run` with the clone's own code (its directory first on the path)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "--params", str(params), "run"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(clone), TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def baseline_line(output: str) -> str:
+    (line,) = [line for line in output.splitlines() if line.startswith("baseline ")]
+    return line
+
+
+def hidden_widths(model_path: Path) -> list[int]:
+    """The units of the model's hidden Dense layers, read from the saved file's config."""
+    with zipfile.ZipFile(model_path) as archive:
+        config = json.loads(archive.read("config.json"))
+    layers = config["config"]["layers"]
+    return [
+        layer["config"]["units"]
+        for layer in layers
+        if layer["class_name"] == "Dense" and layer["config"]["name"] != "logits"
+    ]
+
+
+def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    params = tiny_params(tmp_path, **{"train.epochs": 1, "track.store_dir": str(tmp_path / "ml")})
+    runs = tmp_path / "runs" / "digits"
+
+    first = baseline_line(tfscale_run(clone, params))
+    again = baseline_line(tfscale_run(clone, params))
+    assert "(reused)" not in first and "(reused)" in again
+
+    models = clone / "tasks" / "models.py"
+    source = models.read_text()
+    assert "for width in (256, 128):" in source
+    models.write_text(source.replace("for width in (256, 128):", "for width in (64, 32):"))
+    changed = baseline_line(tfscale_run(clone, params))
+    assert "(reused)" not in changed
+
+    baselines = sorted(runs.glob("one_device-*/model.keras"), key=lambda p: p.stat().st_mtime)
+    assert len(baselines) == 2  # the old code's run directory is kept, not resumed
+    assert hidden_widths(baselines[0]) == [256, 128]
+    assert hidden_widths(baselines[-1]) == [64, 32]
+    distributed = sorted(runs.glob("mirrored-*/model.keras"), key=lambda p: p.stat().st_mtime)
+    assert hidden_widths(distributed[-1]) == [64, 32]  # both sides of the speedup agree
