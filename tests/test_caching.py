@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -32,7 +33,8 @@ def tfscale_run(clone: Path, params: Path) -> str:
 
 
 def baseline_line(output: str) -> str:
-    (line,) = [line for line in output.splitlines() if line.startswith("baseline ")]
+    """The baseline's stage line (`baseline    2,590 examples/s, 1 replica, ...`)."""
+    (line,) = [line for line in output.splitlines() if re.match(r"baseline +[\d,]+ ex", line)]
     return line
 
 
