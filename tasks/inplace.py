@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.config import TrainConfig
+from tasks.internals import input_pipelines_of
 from tasks.manifest import Manifest
 from tasks.models import build_model
 from tasks.run import Run
@@ -210,7 +211,7 @@ def _local_step_seconds(
 def _input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> float:
     """Examples/s of this worker's own input pipeline alone (its share of the input)."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    workers = strategy.extended._num_workers if hasattr(strategy.extended, "_num_workers") else 1
+    workers = input_pipelines_of(strategy)
     ctx = tf.distribute.InputContext(
         num_input_pipelines=workers,
         input_pipeline_id=resolver.task_id if resolver is not None and workers > 1 else 0,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from tasks.internals import device_datasets_without_autotune
 from tasks.manifest import Manifest, ShardError
 
 log = logging.getLogger(__name__)
@@ -122,24 +123,7 @@ def distributed_iterator(strategy, dataset_fn):
     doubles up to 60 s, and deleting the iterator waits for that sleep to end: 0-60 s at
     0% CPU, measured 14-38 s after a one-minute training. The input pipeline that feeds
     them stalls its deletion the same way, so `build_dataset` turns autotuning off, and
-    here it is turned off for the per-device datasets, whose only knob is a one-element
-    prefetch.
+    here it is turned off for the per-device datasets (`tasks.internals`).
     """
-    _device_datasets_without_autotune()
+    device_datasets_without_autotune()
     return iter(strategy.distribute_datasets_from_function(dataset_fn))
-
-
-def _device_datasets_without_autotune() -> None:
-    from tensorflow.python.data.ops import multi_device_iterator_ops as ops
-
-    create = ops._create_device_dataset
-    if getattr(create, "tfscale_no_autotune", False):
-        return
-
-    def create_without_autotune(*args, **kwargs):
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        return create(*args, **kwargs).with_options(options)
-
-    create_without_autotune.tfscale_no_autotune = True
-    ops._create_device_dataset = create_without_autotune

@@ -121,14 +121,15 @@ def exit_now(code: int) -> NoReturn:
     run, which shut logging down, and the standard streams flushed) but without freeing
     every object first: after a training that takes 2-3 s of TensorFlow teardown, with
     nothing left to save (every file is written and closed by then)."""
-    import atexit
     import sys
     import threading
+
+    from tasks.internals import run_exit_handlers
 
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
+    run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

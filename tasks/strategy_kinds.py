@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import UsageError
+from tasks.internals import cluster_resolver_of
 
 HERE = "this process"
 LOCAL_WORKERS = "local worker processes"
@@ -81,10 +82,7 @@ class StrategyKind:
 
 def cluster_spec_of(strategy: Any) -> dict[str, list[str]]:
     """The cluster a built strategy spans ({} for one process)."""
-    # ParameterServerStrategy keeps its resolver without exposing it as `cluster_resolver`
-    resolver = getattr(strategy, "cluster_resolver", None) or getattr(
-        strategy, "_cluster_resolver", None
-    )
+    resolver = cluster_resolver_of(strategy)
     return resolver.cluster_spec().as_dict() if resolver is not None else {}
 
 
