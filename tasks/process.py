@@ -12,6 +12,9 @@ here and nowhere else:
   off the console;
 - `set_up_devices(choice.logical_cpus)` once the strategy is chosen, before TensorFlow
   starts;
+- `set_up_worker(core, threads)` at a worker process's entry: its core and its share of
+  threads;
+- `fail_fast_rpcs()` before a parameter-server coordinator starts;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells).
 """
@@ -190,6 +193,24 @@ def logical_cpus(n: int) -> list[str]:
             "start a fresh process (as 'tfscale train' does).",
         )
     return [d.name for d in devices[:n]]
+
+
+def set_up_worker(core: int | None, threads: int) -> None:
+    """A worker process pinned to `core` (when given), with `threads` for TensorFlow's
+    intra- and inter-op pools (its share of the cores: more threads than cores slow every
+    step), before TensorFlow starts."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    import tensorflow as tf
+
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def fail_fast_rpcs() -> None:
+    """A coordinator's RPCs fail fast on a lost worker, so its steps go to the others."""
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
 
 
 def use_precision(policy: str) -> None:

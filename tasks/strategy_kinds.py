@@ -147,12 +147,11 @@ def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.
 
 
 def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    import os
-
     import tensorflow as tf
 
-    # the coordinator's RPCs fail fast on a lost worker, so its steps go to the others
-    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    from tasks.process import fail_fast_rpcs
+
+    fail_fast_rpcs()
     resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.ParameterServerStrategy(resolver)
 

@@ -10,16 +10,13 @@ import os
 import sys
 from pathlib import Path
 
+from tasks.process import set_up_worker
+
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    if "TFSCALE_PIN_CORE" in os.environ:
-        os.sched_setaffinity(0, {int(os.environ["TFSCALE_PIN_CORE"])})
-    import tensorflow as tf
-
-    if spec.get("threads"):
-        tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
-        tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
+    core = os.environ.get("TFSCALE_PIN_CORE")
+    set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
     from tasks.run import Role, Run
     from tasks.runs import train_and_probe
 
