@@ -9,6 +9,16 @@ from tasks.process import set_up_process
 
 set_up_process()  # the test session is a process entry too
 
+TIERS = ("unit", "integration", "cluster")
+
+
+def pytest_collection_modifyitems(items):
+    """A test marked neither `integration` nor `cluster` is `unit`: the fast tier
+    (`pytest -m unit`) is everything that stays in this process."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
+
 
 @pytest.fixture
 def make_config(tmp_path):

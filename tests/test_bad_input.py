@@ -26,6 +26,8 @@ import pytest
 import yaml
 from helpers import BIN, free_port, tiny_params
 
+pytestmark = pytest.mark.integration
+
 Setup = Callable[[Path], None]
 
 

@@ -26,7 +26,7 @@ PORTS = iter(range(23000, 24000, 10))  # a fresh port block per cluster: no TIME
 why_not = netlab.available()
 if why_not and os.environ.get("CI"):
     raise RuntimeError(f"CI needs namespace hosts for the cluster tests: {why_not}")
-pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(why_not is not None, reason=why_not or "")]
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +60,14 @@ class Cluster:
         pinned: bool = False,
     ) -> None:
         """Starts the tasks (all by default); those in `slow_input` with their input
-        pipeline slowed (`tests/slow_input.py`). `pinned` gives each host a core of its own
+        pipeline slowed (`tests/support/slow_input.py`). `pinned` gives each host a core of its own
         (as separate machines have), so timings are not two hosts fighting over both cores."""
         for task in only or tuple(self.placement):
             job, index = task
             tf_config = {"cluster": self.spec, "task": {"type": job, "index": index}}
             env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), PYTHONPATH=str(ROOT))
             entry = (
-                [str(BIN / "python"), str(ROOT / "tests" / "slow_input.py")]
+                [str(BIN / "python"), str(ROOT / "tests" / "support" / "slow_input.py")]
                 if task in slow_input
                 else [str(BIN / "tfscale")]
             )
@@ -374,7 +374,7 @@ def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
     other by node name and train MultiWorkerMirrored; task 0 writes the outputs."""
     env = dict(
         os.environ,
-        PATH=f"{ROOT / 'tests' / 'standin'}:{os.environ['PATH']}",
+        PATH=f"{ROOT / 'tests' / 'support' / 'standin'}:{os.environ['PATH']}",
         SLURM_JOB_NODELIST=f"{hosts.tag}-h[0-1]",
         SLURM_NNODES="2",
         SLURM_NTASKS="2",

@@ -19,9 +19,11 @@ import pytest
 import yaml
 from helpers import tiny_params
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-IMPORT_LOG_SITE = Path(__file__).resolve().parent / "import_log"
+IMPORT_LOG_SITE = Path(__file__).resolve().parent / "support" / "import_log"
 STAGES = ("prepare", "baseline", "train", "evaluate", "sweep")
 
 

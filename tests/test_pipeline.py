@@ -17,6 +17,8 @@ from helpers import free_port, tiny_params, wait_until_healthy
 
 from tasks.config import load_config
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

@@ -11,6 +11,8 @@ import requests
 from flows import prefect_api
 from flows.errors import ServerUnavailable
 
+pytestmark = pytest.mark.integration
+
 
 def test_temporary_api_answers_points_prefect_at_itself_and_stops():
     from prefect.settings import PREFECT_API_URL

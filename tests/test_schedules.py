@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import free_port, tiny_params, wait_until_healthy
 
+pytestmark = pytest.mark.integration
+
 BIN = Path(sys.executable).parent
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 

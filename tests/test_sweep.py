@@ -81,6 +81,7 @@ def swept(tmp_path_factory):
     }
 
 
+@pytest.mark.integration
 def test_every_cell_has_a_child_run_with_metrics(swept):
     from mlflow import MlflowClient
 
@@ -100,6 +101,7 @@ def test_every_cell_has_a_child_run_with_metrics(swept):
     assert {"sweep.csv", "sweep.json", "speedup.png", "efficiency.png"} <= artifacts
 
 
+@pytest.mark.integration
 def test_table_and_charts_hold_every_cell(swept):
     out = swept["tmp"] / "out"
     rows = list(csv.DictReader(open(out / "sweep.csv")))
@@ -118,12 +120,14 @@ def test_table_and_charts_hold_every_cell(swept):
     assert (out / "efficiency.png").stat().st_size > 5000
 
 
+@pytest.mark.integration
 def test_repeated_cells_are_reused(swept):
     first, second = swept["rows"]
     assert swept["reused"]
     assert [r["examples_per_s"] for r in first] == [r["examples_per_s"] for r in second]
 
 
+@pytest.mark.integration
 def test_a_cell_whose_run_directory_is_gone_is_trained_again(swept):
     after = swept["after_delete"]
     assert swept["deleted"] in after  # made again
@@ -131,6 +135,7 @@ def test_a_cell_whose_run_directory_is_gone_is_trained_again(swept):
     assert {p: after[p] for p in untouched} == untouched  # the others reused
 
 
+@pytest.mark.integration
 def test_cached_results_live_in_the_project_and_do_not_cross_checkouts(swept):
     tmp = swept["tmp"]
     assert list((tmp / "runs" / ".prefect-results").iterdir())
@@ -149,6 +154,7 @@ def test_links_need_worker_processes():
     assert [(c.replicas, c.link_gbit) for c in cells] == [(1, None), (2, 0.0), (2, 1.0)]
 
 
+@pytest.mark.cluster
 def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
     """Two worker processes on emulated hosts, over a full-speed link and over one shaped
     to 0.1 Gbit/s: the sweep measures both, and the shaped line's forecast (from the

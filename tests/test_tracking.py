@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from tasks.fields import PARAM, fields_by_type
 from tasks.files import write_json_atomic
 from tasks.progress import EpochWatcher
@@ -138,6 +140,7 @@ with EpochWatcher(run_dir, 3, "baseline", interval_s=0.05):
 """
 
 
+@pytest.mark.integration
 def test_a_terminal_shows_a_progress_bar_per_training(tmp_path):
     """On a real pseudo-terminal, as a user's shell runs it."""
     import fcntl

@@ -44,9 +44,7 @@ def test_batch_sizes_for_weak_and_strong_scaling():
 
 
 def test_one_device_learns(digits, tmp_path):
-    run = configure(
-        digits, tmp_path, strategy="one_device", epochs=3
-    )
+    run = configure(digits, tmp_path, strategy="one_device", epochs=3)
     result = train_model(run).result
     losses = [h["loss"] for h in result.history]
     assert result.replicas == 1 and result.global_batch == 32
@@ -56,9 +54,7 @@ def test_one_device_learns(digits, tmp_path):
 
 
 def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path):
-    run = configure(
-        digits, tmp_path, strategy="mirrored", replicas=2
-    )
+    run = configure(digits, tmp_path, strategy="mirrored", replicas=2)
     result = train_model(run).result
     assert (result.strategy, result.replicas, result.global_batch) == ("mirrored", 2, 64)
     assert result.history[-1]["accuracy"] > 0.5
@@ -119,9 +115,7 @@ def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tm
 def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
     import keras
 
-    run = configure(
-        digits, tmp_path, strategy="mirrored", precision="mixed_float16", epochs=1
-    )
+    run = configure(digits, tmp_path, strategy="mirrored", precision="mixed_float16", epochs=1)
     try:
         result = train_model(run).result
     finally:
@@ -130,10 +124,9 @@ def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
     assert np.isfinite(result.history[0]["loss"]) and result.history[0]["accuracy"] > 0.2
 
 
+@pytest.mark.cluster
 def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path):
-    run = configure(
-        digits, tmp_path, strategy="multi_worker", workers=2
-    )
+    run = configure(digits, tmp_path, strategy="multi_worker", workers=2)
     result, diagnosis = train_and_diagnose(run, 20)
     run_dir = Path(result.run_dir)
     results = [json.loads((run_dir / f"worker-{i}-result.json").read_text()) for i in range(2)]
@@ -164,6 +157,7 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     assert len(written) == 3 and all(path.exists() for path in written)
 
 
+@pytest.mark.cluster
 def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):
     overrides, _, _ = digits
     out = run_cli(
@@ -192,6 +186,7 @@ def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):
     assert len(history) == 2 and history[1]["loss"] < history[0]["loss"]
 
 
+@pytest.mark.integration
 def test_killed_run_resumes_from_its_last_epoch(digits, tmp_path):
     overrides, _, _ = digits
     argv = [
@@ -233,10 +228,9 @@ def test_killed_run_resumes_from_its_last_epoch(digits, tmp_path):
     assert [h["epoch"] for h in metrics["history"]] == list(range(1, 61))
 
 
+@pytest.mark.cluster
 def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
-    run = configure(
-        digits, tmp_path, strategy="multi_worker", workers=2, epochs=500
-    )
+    run = configure(digits, tmp_path, strategy="multi_worker", workers=2, epochs=500)
     outcome = {}
 
     def train():
@@ -274,6 +268,7 @@ def wait_for_worker(index: int, tmp_path: Path) -> psutil.Process:
     raise AssertionError("workers never finished an epoch")
 
 
+@pytest.mark.integration
 def test_default_config_reaches_95_percent_on_digits(digits, tmp_path):
     overrides, _, _ = digits
     common = ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
@@ -299,6 +294,7 @@ def run_cli(args: list[str]) -> str:
     return proc.stdout
 
 
+@pytest.mark.cluster
 def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch):
     """On a host with 4 GPUs (faked: this machine has none), 2 local workers see 2 each
     through CUDA_VISIBLE_DEVICES; more workers than GPUs is a usage error."""
@@ -306,9 +302,7 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
 
     from tasks.errors import UsageError
 
-    run = configure(
-        digits, tmp_path, strategy="multi_worker", workers=2, epochs=1
-    )
+    run = configure(digits, tmp_path, strategy="multi_worker", workers=2, epochs=1)
     real = tf.config.list_physical_devices
     fake = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
     monkeypatch.setattr(
@@ -329,12 +323,13 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
         gpu_shares(5)
 
 
+@pytest.mark.cluster
 def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
     """The embedding model's 4 MiB table on a cluster with two ps tasks: each ps holds a
     part, and the loss falls as it does with the table whole on one ps."""
     _, _, data_dir = digits
     proc = subprocess.run(
-        [sys.executable, "tests/partition_check.py", str(data_dir)],
+        [sys.executable, "tests/support/partition_check.py", str(data_dir)],
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),

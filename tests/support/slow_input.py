@@ -1,5 +1,5 @@
 """`tfscale` whose input pipeline is slowed in this process only: 20 ms more per batch, as
-on a worker whose host reads or decodes slowly. `python tests/slow_input.py ARGS...`."""
+on a worker whose host reads or decodes slowly. `python tests/support/slow_input.py ARGS...`."""
 
 from __future__ import annotations
 

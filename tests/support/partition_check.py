@@ -2,7 +2,7 @@
 process's TensorFlow context): the embedding model on parameter-server clusters with two
 ps tasks and with one. Prints, as JSON, where each part of the table lives and the losses.
 
-    python tests/partition_check.py DATA_DIR
+    python tests/support/partition_check.py DATA_DIR
 """
 
 from __future__ import annotations
