@@ -58,19 +58,13 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 
 
 def train(config: Config, args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tasks.cluster import CHIEF, EVALUATOR, SERVER, role_of
-    from tasks.config import config_to_dict
-    from tasks.diagnosis import format_diagnosis
     from tasks.hardware import detect_hardware
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
     from tasks.process import set_up_devices
     from tasks.run import Run
-    from tasks.runs import train_and_diagnose
     from tasks.strategy import baseline_choice, select_strategy
-    from tasks.tracking import EpochLog, pipeline_params
 
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
@@ -103,19 +97,40 @@ def train(config: Config, args: argparse.Namespace) -> int:
         f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",
         flush=True,
     )
-    probe_steps = 0 if args.no_diagnose else 30
+    _train_tracked(run, args, tracked=role == CHIEF)
+    return 0
+
+
+def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:
+    """Trains and diagnoses `run`, logged as an MLflow run of its own when `tracked` (a
+    cluster's chief, or a run of one process), then exports and reports it."""
+    from pathlib import Path
+
+    from tasks.config import config_to_dict
+    from tasks.diagnosis import format_diagnosis
+    from tasks.runs import train_and_diagnose
+    from tasks.tracking import EpochLog, pipeline_params
+
+    choice, manifest = run.choice, run.manifest
     kind = "baseline" if args.baseline else "train"
-    name = f"{kind}-{manifest.dataset}-{choice.kind}"
-    tracker, tags = (  # a cluster's chief records the run
-        _command_tracker(config, strategy=choice.kind, precision=choice.precision)
-        if role == CHIEF
+    tracker, tags = (
+        _command_tracker(run.config, strategy=choice.kind, precision=choice.precision)
+        if tracked
         else (None, {})
     )
-    with tracker.run(name, tags) if tracker else _no_run() as run_id:
+    with (
+        tracker.run(f"{kind}-{manifest.dataset}-{choice.kind}", tags)
+        if tracker
+        else _no_run() as run_id
+    ):
         live = EpochLog(tracker, run_id) if tracker else None
+        probe_steps = 0 if args.no_diagnose else 30
         result, diagnosis = train_and_diagnose(run, probe_steps, live, kind, True)
         if tracker:
-            context = {"config": config_to_dict(config), "manifest": json.loads(manifest.to_json())}
+            context = {
+                "config": config_to_dict(run.config),
+                "manifest": json.loads(manifest.to_json()),
+            }
             tracker.log_training(run_id, result, pipeline_params(context))
             if diagnosis is not None:
                 tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
@@ -130,7 +145,6 @@ def train(config: Config, args: argparse.Namespace) -> int:
         f"{result.examples_per_s:,.0f} examples/s (after the first epoch), global batch "
         f"{result.global_batch}; outputs in {result.run_dir}"
     )
-    return 0
 
 
 def _command_tracker(config: Config, **tags: str) -> tuple[Any, dict]:

@@ -20,6 +20,7 @@ a measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,9 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tasks.config import TrainConfig
 from tasks.internals import input_pipelines_of
-from tasks.manifest import Manifest
 from tasks.models import build_model
 from tasks.run import Run
 from tasks.steps import replica_step
@@ -75,63 +74,60 @@ class InPlaceProbes:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _WorkerFigures:
+    """One worker's own measurements; `_gather` carries them to every worker as a row."""
+
+    local_step_s: float  # at the per-replica batch
+    local_global_batch_step_s: float  # at the global batch (0: not measured)
+    local_step_s_by_batch: tuple[float, ...]  # at each of the probed batch sizes
+    input_examples_per_s: float
+
+    def row(self) -> list[float]:
+        return [
+            self.local_step_s,
+            self.local_global_batch_step_s,
+            *self.local_step_s_by_batch,
+            self.input_examples_per_s,
+        ]
+
+    @classmethod
+    def of_row(cls, row: list[float]) -> _WorkerFigures:
+        return cls(row[0], row[1], tuple(row[2:-1]), row[-1])
+
+
 def probe_in_place(setup: TrainingSetup, run: Run, steps: int) -> InPlaceProbes:
     """Measures a trained run's steps on the strategy and model it trained (`setup`).
 
     Every worker of a MultiWorkerMirrored run must call this with the same arguments: its
     probes are collectives.
     """
-    cfg, manifest, data_dir, choice = run.train, run.manifest, run.data_dir, run.choice
     started = time.perf_counter()
-    strategy = setup.strategy
+    strategy, ps = setup.strategy, run.choice.spec.one_worker_per_step
     batch = setup.per_replica * setup.accum_steps
-    pipeline = train_dataset_fn(cfg, manifest, data_dir, batch)
+    pipeline = train_dataset_fn(run.train, run.manifest, run.data_dir, batch)
     per_call = min(setup.steps_per_call, max(steps // 3, 1))
     calls = max(steps // per_call, 1)
-
-    def one_batch(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
-        return pipeline(ctx).take(1).cache().repeat()
-
-    compute = setup.epoch_runner(choice, one_batch)
-    end_to_end = setup.epoch_runner(choice, pipeline)
-    # the best of three blocks: a slow spell on a shared machine does not pull it off
-    step_s = min(seconds_per_call(lambda: compute(per_call), calls) for _ in range(3)) / per_call
-    end_to_end_s = seconds_per_call(lambda: end_to_end(per_call), calls) / per_call
+    step_s, end_to_end_s = _strategy_step_seconds(setup, run, pipeline, per_call, calls)
     variables = setup.model.trainable_variables
     grad_bytes = gradient_bytes(setup.model)
-    ps = choice.spec.one_worker_per_step
     if ps:
         comm_s = _push_pull_seconds(strategy, variables, per_call, calls)
         step_s *= setup.workers  # a step's own time: the workers' steps run side by side
         end_to_end_s *= setup.workers
     else:
         comm_s = all_reduce_seconds(strategy, variables, per_call, calls)
-    double = train_dataset_fn(cfg, manifest, data_dir, 2 * batch)
-    images2, labels2 = next(iter(double(None)))
-    by_batch = []
-    for size in sorted({max(batch // 2, setup.accum_steps), batch, 2 * batch}):
-        size -= size % setup.accum_steps  # micro-batches split evenly
-        seconds = _local_step_seconds(
-            cfg, manifest, setup, images2[:size], labels2[:size], per_call, calls
-        )
-        by_batch.append([float(size), seconds])
-    local_s = dict((int(b), s) for b, s in by_batch)[batch]
-    by_bytes = [] if ps else all_reduce_by_size(strategy, grad_bytes, per_call, calls)
+    sizes, local = _local_step_seconds_by_batch(setup, run, batch, per_call, calls)
     global_s = 0.0
-    if cfg.scaling == "weak" and setup.replicas > 1 and not ps:  # (a PS step is one worker's)
-        whole = train_dataset_fn(cfg, manifest, data_dir, setup.global_batch * setup.accum_steps)
-        images_g, labels_g = next(iter(whole(None)))
-        global_s = _local_step_seconds(cfg, manifest, setup, images_g, labels_g, per_call, calls)
-    if ps:  # the coordinator's view: every worker's input through its scheduled closures
-        inputs = [_ps_input_rate(strategy, pipeline, batch, steps) / setup.workers] * setup.workers
-        where = f"the coordinator and {setup.workers} workers"
-        mine = [local_s, global_s] + [s for _, s in by_batch]
-        per_worker = [mine] * setup.workers
-    else:
-        rate = _input_rate(strategy, pipeline, batch, steps)
-        per_worker = _gather(strategy, [local_s, global_s, *(s for _, s in by_batch), rate])
-        inputs = [row[-1] for row in per_worker]
-        where = f"{setup.workers} worker processes"
+    if run.train.scaling == "weak" and setup.replicas > 1 and not ps:  # a PS step: one worker
+        global_s = _local_step_seconds_at(setup, run, setup.global_batch, per_call, calls)
+    mine = _WorkerFigures(local[sizes.index(batch)], global_s, local, 0.0)
+    workers = _every_workers_figures(setup, ps, mine, pipeline, batch, steps)
+    where = (
+        f"the coordinator and {setup.workers} workers"
+        if ps
+        else f"{setup.workers} worker processes"
+    )
     return InPlaceProbes(
         where=where,
         comm="push and pull" if ps else "all-reduce",
@@ -142,18 +138,76 @@ def probe_in_place(setup: TrainingSetup, run: Run, steps: int) -> InPlaceProbes:
         worker_examples=setup.step_examples if ps else setup.step_examples // setup.workers,
         gradient_bytes=grad_bytes,
         step_s=step_s,
-        local_step_s=max(row[0] for row in per_worker),
+        # the slowest worker's, as for the step itself
+        local_step_s=max(w.local_step_s for w in workers),
         comm_s=comm_s,
         end_to_end_s=end_to_end_s,
-        input_examples_per_s=inputs,
-        local_global_batch_step_s=max(row[1] for row in per_worker),
+        input_examples_per_s=[w.input_examples_per_s for w in workers],
+        local_global_batch_step_s=max(w.local_global_batch_step_s for w in workers),
         seconds=time.perf_counter() - started,
-        # the slowest worker's, as for the step itself
         local_step_s_by_batch=[
-            [b, max(row[2 + i] for row in per_worker)] for i, (b, _) in enumerate(by_batch)
+            [float(size), max(w.local_step_s_by_batch[i] for w in workers)]
+            for i, size in enumerate(sizes)
         ],
-        comm_s_by_bytes=by_bytes,
+        comm_s_by_bytes=[] if ps else all_reduce_by_size(strategy, grad_bytes, per_call, calls),
     )
+
+
+def _every_workers_figures(
+    setup: TrainingSetup, ps: bool, mine: _WorkerFigures, pipeline: Callable, batch: int, steps: int
+) -> list[_WorkerFigures]:
+    """Every worker's figures, with its input pipeline's rate: gathered from every worker
+    process of a MultiWorkerMirrored run; under ParameterServer, the coordinator's own
+    (every worker's input read through its scheduled closures) for each worker."""
+    strategy = setup.strategy
+    if ps:
+        rate = _ps_input_rate(strategy, pipeline, batch, steps) / setup.workers
+        return [dataclasses.replace(mine, input_examples_per_s=rate)] * setup.workers
+    rate = _input_rate(strategy, pipeline, batch, steps)
+    row = dataclasses.replace(mine, input_examples_per_s=rate).row()
+    return [_WorkerFigures.of_row(values) for values in _gather(strategy, row)]
+
+
+def _strategy_step_seconds(
+    setup: TrainingSetup, run: Run, pipeline: Callable, per_call: int, calls: int
+) -> tuple[float, float]:
+    """Seconds per step on the run's strategy: compute-only (one cached batch, the best of
+    three blocks, so a slow spell on a shared machine does not pull it off) and fed by the
+    real input pipeline."""
+
+    def one_batch(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+        return pipeline(ctx).take(1).cache().repeat()
+
+    compute = setup.epoch_runner(run.choice, one_batch)
+    end_to_end = setup.epoch_runner(run.choice, pipeline)
+    step_s = min(seconds_per_call(lambda: compute(per_call), calls) for _ in range(3))
+    end_to_end_s = seconds_per_call(lambda: end_to_end(per_call), calls)
+    return step_s / per_call, end_to_end_s / per_call
+
+
+def _local_step_seconds_by_batch(
+    setup: TrainingSetup, run: Run, batch: int, per_call: int, calls: int
+) -> tuple[list[int], tuple[float, ...]]:
+    """(sizes, seconds) of the local step at half, one and two times `batch` (rounded to
+    whole micro-batches): the points the cost model's per-example compute is fitted to."""
+    double = train_dataset_fn(run.train, run.manifest, run.data_dir, 2 * batch)
+    images, labels = next(iter(double(None)))
+    accum = setup.accum_steps
+    sizes = sorted({size - size % accum for size in (max(batch // 2, accum), batch, 2 * batch)})
+    seconds = tuple(
+        _local_step_seconds(run, setup, images[:size], labels[:size], per_call, calls)
+        for size in sizes
+    )
+    return sizes, seconds
+
+
+def _local_step_seconds_at(
+    setup: TrainingSetup, run: Run, batch: int, per_call: int, calls: int
+) -> float:
+    """The local step at `batch` examples per micro-batch group."""
+    whole = train_dataset_fn(run.train, run.manifest, run.data_dir, batch * setup.accum_steps)
+    images, labels = next(iter(whole(None)))
+    return _local_step_seconds(run, setup, images, labels, per_call, calls)
 
 
 def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
@@ -179,8 +233,7 @@ def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int
 
 
 def _local_step_seconds(
-    cfg: TrainConfig,
-    manifest: Manifest,
+    run: Run,
     setup: TrainingSetup,
     images,
     labels,
@@ -190,7 +243,8 @@ def _local_step_seconds(
     """Seconds per training step of a copy of the model outside the strategy on `images`:
     the step with no communication, on this process's devices."""
     with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
-        model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+        manifest = run.manifest
+        model = build_model(run.train.model, manifest.shape, manifest.num_classes)
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
     effective = int(images.shape[0])
