@@ -277,7 +277,8 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
 
 def forecast(config: Config, args: argparse.Namespace) -> int:
-    from tasks.forecast import check_request, forecast_run, format_forecast, probed_run
+    from tasks.forecast import check_request
+    from tasks.forecast_report import forecast_run, format_forecast, probed_run
 
     check_request(args.workers, args.link_gbit, args.preset)  # usage errors first
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)

@@ -59,17 +59,8 @@ def tabulate_task(cells, results, config):
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files):
     tracker.log_sweep(parent_id, rows, results, files)
-    shown = ("size", "batch", "scaling", "precision", "replicas", "link_gbit", "strategy")
-    figures = ("examples_per_s", "speedup", "scaling_efficiency", "forecast_speedup")
     create_table_artifact(
-        [
-            {
-                **{k: r[k] for k in shown},
-                **{k: None if r[k] is None else round(r[k], 3) for k in figures},
-                "bottleneck": r["bottleneck"],
-            }
-            for r in rows
-        ],
+        [row.shown() for row in rows],
         key="scaling-sweep",
         description=f"speedup and scaling efficiency per cell; MLflow run "
         f"{tracker.run_url(tracker.ui_base, parent_id)}",
@@ -77,7 +68,7 @@ def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files)
 
 
 @flow(name="tfscale-sweep", log_prints=True)
-def sweep_flow(config: config_mod.Config) -> list[dict]:
+def sweep_flow(config: config_mod.Config) -> list[sweep.SweepRow]:
     """Every cell of the grid in `config.sweep`, reusing cells seen before."""
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)

@@ -40,7 +40,7 @@ class ScalingSummary:
     # is one device at the global batch over one device at the per-replica batch
     speedup_from_batch: float | None = None
     speedup_from_devices: float | None = None
-    # how it would scale on more devices and other links (`tasks.forecast.headline`)
+    # how it would scale on more devices and other links (`tasks.forecast_report.headline`)
     forecast: str = ""
 
     def to_dict(self) -> dict:
@@ -291,13 +291,8 @@ def summarize_pipeline(
     }
     forecast = {}
     if distributed.probes.get("comm_s_by_bytes"):  # all-reduce measured: how it would scale
-        from tasks.forecast import (
-            DEFAULT_WORKERS,
-            RUN_PRESETS,
-            forecast_metrics,
-            forecast_run,
-            headline,
-        )
+        from tasks.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics
+        from tasks.forecast_report import forecast_run, headline
 
         predicted, written = forecast_run(
             out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling

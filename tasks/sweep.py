@@ -7,11 +7,12 @@ import csv
 import dataclasses
 import itertools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tasks.config import Config, ConfigError
+from tasks.fields import PARAM
 from tasks.strategy_kinds import BASELINE, kind_of
 
 
@@ -50,6 +51,44 @@ class Cell:
 
 
 CELL_FIELDS = ("size", "batch", "scaling", "precision", "replicas", "link_gbit")
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One cell's row of the table. Its fields say how it is tracked (`tasks.fields`): the
+    settings are params, the figures metrics, the bottleneck and run directory tags; a
+    figure with no value (no forecast, no link) is left out."""
+
+    size: int = field(metadata=PARAM)
+    batch: int = field(metadata=PARAM)
+    scaling: str = field(metadata=PARAM)
+    precision: str = field(metadata=PARAM)
+    replicas: int = field(metadata=PARAM)
+    link_gbit: float | None = field(metadata=PARAM)
+    examples_per_s: float
+    speedup: float
+    scaling_efficiency: float
+    forecast_speedup: float | None
+    forecast_efficiency: float | None
+    strategy: str = field(metadata=PARAM)
+    bottleneck: str
+    run_dir: str
+
+    @property
+    def run_name(self) -> str:
+        """The cell's run name: `cell-<size>-b<batch>-r<replicas>[-<link>]`."""
+        name = f"cell-{self.size}-b{self.batch}-r{self.replicas}"
+        if self.link_gbit is not None:
+            name += f"-{self.link_gbit:g}gbit" if self.link_gbit else "-fullspeed"
+        return name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def shown(self) -> dict[str, Any]:
+        """The row as a table shows it: figures to three decimals, no run directory."""
+        values = {k: v for k, v in self.to_dict().items() if k != "run_dir"}
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in values.items()}
 
 
 def link_label(link_gbit: float | None) -> str:
@@ -160,7 +199,9 @@ def _against(point: Any, baseline: float) -> Any:
     return dataclasses.replace(point, speedup=speedup, efficiency=speedup / point.workers)
 
 
-def tabulate(cells: list[Cell], results: list[dict], forecasts: dict | None = None) -> list[dict]:
+def tabulate(
+    cells: list[Cell], results: list[dict], forecasts: dict | None = None
+) -> list[SweepRow]:
     """One row per cell, with speedup and efficiency against its group's 1-replica cell,
     and what its line's forecast (default: `forecast_lines`) predicts for it (None where
     there is no forecast)."""
@@ -176,8 +217,8 @@ def tabulate(cells: list[Cell], results: list[dict], forecasts: dict | None = No
             points = {p.workers: p for p in forecasts[lines[0]]} if lines else {}
         point = points.get(cell.replicas)
         rows.append(
-            dict(
-                asdict(cell),
+            SweepRow(
+                **asdict(cell),
                 examples_per_s=result["examples_per_s"],
                 speedup=speedup,
                 scaling_efficiency=speedup / cell.replicas,
@@ -192,10 +233,11 @@ def tabulate(cells: list[Cell], results: list[dict], forecasts: dict | None = No
 
 
 def write_outputs(
-    rows: list[dict], out_dir: Path, forecasts: dict | None = None
+    table: list[SweepRow], out_dir: Path, forecasts: dict | None = None
 ) -> dict[str, Path]:
     """`sweep.csv` and `sweep.json` (DVC plots and metrics) and the two charts, with each
     line's forecast (`forecast_lines`) drawn over its measured points."""
+    rows = [row.to_dict() for row in table]
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"table": out_dir / "sweep.csv", "json": out_dir / "sweep.json"}
     with open(files["table"], "w", newline="") as handle:
@@ -297,13 +339,13 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
     return path
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(table: list[SweepRow]) -> str:
     header = (
         f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} {'link':>6} "
         f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8}  bottleneck"
     )
     lines = [header, "-" * len(header)]
-    for r in rows:
+    for r in (row.to_dict() for row in table):
         lines.append(
             f"{r['size'] or '-':>8} {r['batch']:>6} {r['scaling']:>7} {r['precision']:>15} "
             f"{r['replicas']:>8} {_link(r['link_gbit']):>6} {r['examples_per_s']:>11,.0f} "

@@ -388,31 +388,17 @@ class Tracker:
         return run_id
 
     def log_sweep(
-        self, parent_id: str, rows: list[dict], results: list[dict], files: dict[str, Path]
+        self, parent_id: str, rows: list[Any], results: list[dict], files: dict[str, Path]
     ) -> None:
-        """A child run per cell (params, per-epoch metrics, speedup), then the table and
-        charts on the parent."""
+        """A child run per cell (each `SweepRow`'s fields by type, per-epoch metrics), then
+        the table and charts on the parent."""
         for row, result in zip(rows, results, strict=True):
-            name = f"cell-{row['size']}-b{row['batch']}-r{row['replicas']}"
-            if row.get("link_gbit") is not None:
-                name += f"-{row['link_gbit']:g}gbit" if row["link_gbit"] else "-fullspeed"
-            child = self.start_run(name, {"bottleneck": row["bottleneck"]}, parent_id=parent_id)
-            settings = ("size", "batch", "scaling", "precision", "replicas", "strategy")
-            settings += ("link_gbit",) if row.get("link_gbit") is not None else ()
-            figures = ("examples_per_s", "speedup", "scaling_efficiency")
-            figures += ("forecast_speedup", "forecast_efficiency")
-            self.log(
-                child,
-                metrics={k: rounded(row[k]) for k in figures if row.get(k) is not None},
-                params={k: row[k] for k in settings},
-            )
+            child = self.start_run(row.run_name, {}, parent_id=parent_id)
+            self.log_result(child, row)
             self.log_history(child, result["history"])
             self.finish(child)
         self.log(parent_id, metrics={"cells": len(rows)})
-        self.log_artifacts(
-            parent_id,
-            [files[k] for k in ("table", "json", "speedup", "efficiency", "links") if k in files],
-        )
+        self.log_artifacts(parent_id, list(files.values()))
         self.finish(parent_id)
 
     def _log_batch(self, run_id: str, metrics: list, params: list, tags: list) -> None:

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from flows.cli import main
-from tasks.forecast import CostModel, fit_cost_model, forecast, format_forecast, links_from
+from tasks.forecast import CostModel, fit_cost_model, forecast, links_from
+from tasks.forecast_report import format_forecast
 
 C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
 ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s

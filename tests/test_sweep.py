@@ -34,8 +34,8 @@ def test_speedup_divides_by_the_groups_one_replica_cell():
         for v in (100.0, 150.0, 200.0, 400.0)
     ]
     rows = tabulate(cells, results)
-    assert [r["speedup"] for r in rows] == [1.0, 1.5, 1.0, 2.0]
-    assert [r["scaling_efficiency"] for r in rows] == [1.0, 0.75, 1.0, 1.0]
+    assert [r.speedup for r in rows] == [1.0, 1.5, 1.0, 2.0]
+    assert [r.scaling_efficiency for r in rows] == [1.0, 0.75, 1.0, 1.0]
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_table_and_charts_hold_every_cell(swept):
 def test_repeated_cells_are_reused(swept):
     first, second = swept["rows"]
     assert swept["reused"]
-    assert [r["examples_per_s"] for r in first] == [r["examples_per_s"] for r in second]
+    assert [r.examples_per_s for r in first] == [r.examples_per_s for r in second]
 
 
 @pytest.mark.integration
@@ -194,14 +194,14 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
     rows = sweep_flow(config)
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"tfs{os.getpid() % 100000}n" not in names  # every emulated host deleted
-    by_link = {r["link_gbit"]: r for r in rows}
+    by_link = {r.link_gbit: r for r in rows}
     assert set(by_link) == {None, 0.0, 0.1}
     full, slow = by_link[0.0], by_link[0.1]
-    assert slow["speedup"] < full["speedup"]
-    assert full["forecast_speedup"] and slow["forecast_speedup"] < full["forecast_speedup"]
+    assert slow.speedup < full.speedup
+    assert full.forecast_speedup and slow.forecast_speedup < full.forecast_speedup
     cells = plan_cells(config)
     results = [
-        {**json.loads((Path(r["run_dir"]) / "metrics.json").read_text()), "bottleneck": ""}
+        {**json.loads((Path(r.run_dir) / "metrics.json").read_text()), "bottleneck": ""}
         for r in rows
     ]
     (slow_cell,) = [c for c in cells if c.link_gbit == 0.1]

@@ -149,7 +149,8 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
         json.loads((run_dir / "diagnosis.json").read_text())["bottleneck"] == diagnosis.bottleneck
     )
     # the forecast's cost model, fitted to these measurements, gives back the measured step
-    from tasks.forecast import MEASURED, forecast_run
+    from tasks.forecast import MEASURED
+    from tasks.forecast_report import forecast_run
 
     forecast, written = forecast_run(run_dir, [1, 2, 4], [10.0], [], "weak")
     two = forecast.predictions[MEASURED][1]
