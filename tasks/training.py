@@ -234,8 +234,7 @@ def _result(
     history: list[dict[str, float]],
     resumed_step: int,
 ) -> TrainResult:
-    """The run's figures; throughput leaves out the first epoch (tracing) when there are more."""
-    timed = history[1:] or history
+    """The run's figures (throughput: `examples_per_s`)."""
     return TrainResult(
         run_dir=str(run_dir),
         model_path=str(model_path),
@@ -250,12 +249,19 @@ def _result(
         learning_rate=setup.learning_rate,
         steps_per_epoch=setup.steps,
         history=history,
-        examples_per_s=sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed),
+        examples_per_s=examples_per_s(history),
         train_seconds=sum(h["seconds"] for h in history),
         resumed_from_epoch=resumed_step // setup.steps,
         resumed_from_step=resumed_step,
         weights_digest=weights_digest(setup.model),
     )
+
+
+def examples_per_s(history: list[dict[str, float]]) -> float:
+    """A run's throughput: its examples over its seconds, leaving out the first epoch (which
+    traces the step) when there are more."""
+    timed = history[1:] or history
+    return sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed)
 
 
 def weights_digest(model: keras.Model) -> str:

@@ -54,6 +54,17 @@ def test_the_fit_recovers_known_constants_within_one_percent():
     assert fitted.input_examples_per_s == 50_000.0  # the slowest worker's
 
 
+def test_a_model_fitted_on_two_workers_predicts_steps_it_never_saw():
+    """Fitted on a two-worker run's probes, the model gives the step of 4, 16 and 64
+    workers, and of a batch it never timed, as the true constants make them."""
+    fitted = fit_cost_model(synthetic_probes())
+    for n, batch in ((4, 32), (16, 32), (64, 128)):
+        hops = 2 * (n - 1)
+        truth_step = C0 + C1 * batch + hops * ALPHA + hops / n * GRADIENTS / BANDWIDTH + SYNC
+        predicted = fitted.predict(n, None, "strong", global_batch=batch * n).step_s
+        assert predicted == pytest.approx(truth_step, rel=0.01), n
+
+
 def test_predictions_follow_the_ring_formula():
     """On the measured link a byte costs the hosts' time (1 / BANDWIDTH); on a named link
     of L bytes/s, that plus its wire time (1 / L)."""

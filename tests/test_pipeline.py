@@ -215,12 +215,24 @@ def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
     assert "| MLflow run | http://127.0.0.1:5000/#/experiments/" in mine.data
 
 
-def test_summary_speedup_matches_logged_throughputs(flow_run):
-    summary = flow_run["summaries"][0]
-    assert summary.speedup == pytest.approx(
-        summary.distributed_examples_per_s / summary.baseline_examples_per_s
+def test_the_speedup_divides_the_runs_own_throughputs(flow_run):
+    """The summary's figures are traced to each run's own metrics.json (written by the
+    training that measured them), not to the summary itself."""
+    import json
+
+    first = flow_run["summaries"][0]
+    runs = flow_run["tmp"] / "runs" / "digits"
+    (distributed,) = (json.loads(p.read_text()) for p in runs.glob("mirrored-*/metrics.json"))
+    (baseline,) = (json.loads(p.read_text()) for p in runs.glob("one_device-*/metrics.json"))
+    third = flow_run["summaries"][2]  # the last run wrote the files read here
+    assert third.baseline_examples_per_s == baseline["examples_per_s"]
+    assert third.distributed_examples_per_s == distributed["examples_per_s"]
+    assert third.speedup == pytest.approx(
+        distributed["examples_per_s"] / baseline["examples_per_s"]
     )
-    assert summary.replicas == 2 and 0 <= summary.test_accuracy <= 1
+    assert third.scaling_efficiency == pytest.approx(third.speedup / 2)
+    assert (baseline["replicas"], distributed["replicas"]) == (1, 2)
+    assert first.replicas == 2 and first.test_accuracy > 0.5  # 2 epochs of an MLP on digits
 
 
 def test_second_flow_run_reuses_the_cached_baseline(flow_run):

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tasks.config import load_config
+from tasks.forecast import fit_cost_model
 from tasks.sweep import Cell, plan_cells, tabulate
 
 
@@ -111,11 +114,23 @@ def test_table_and_charts_hold_every_cell(swept):
         (512, 1),
         (512, 2),
     ]
-    assert all(float(r["speedup"]) == 1.0 for r in rows if r["replicas"] == "1")
-    # each group forecast from its 2-replica cell's own measurements, drawn over the points
-    # (against the same measured 1-replica cell: 1 there)
-    assert all(float(r["forecast_speedup"]) > 0 for r in rows)
-    assert all(float(r["forecast_speedup"]) == 1.0 for r in rows if r["replicas"] == "1")
+    for size in (256, 512):
+        one, two = (
+            next(r for r in rows if int(r["size"]) == size and r["replicas"] == n)
+            for n in ("1", "2")
+        )
+        base, cell = (
+            json.loads((Path(r["run_dir"]) / "metrics.json").read_text()) for r in (one, two)
+        )
+        # the speedup is the 2-replica run's own examples/s over the 1-replica run's
+        assert float(two["speedup"]) == pytest.approx(
+            cell["examples_per_s"] / base["examples_per_s"]
+        )
+        # the forecast column: the 2-replica cell's own probes, against that same baseline
+        predicted = fit_cost_model(cell["probes"], cell["history"]).predict(2, None, "weak")
+        assert float(two["forecast_speedup"]) == pytest.approx(
+            predicted.examples_per_s / base["examples_per_s"]
+        )
     assert (out / "speedup.png").stat().st_size > 5000
     assert (out / "efficiency.png").stat().st_size > 5000
 
