@@ -1,11 +1,28 @@
-"""Shared fixtures: small, seeded configs whose outputs live under a temporary directory."""
+"""Shared fixtures: small, seeded configs whose outputs live under a temporary directory.
+
+The session owns its state: Prefect's home (its temporary server's database), Keras's and
+matplotlib's configuration live in a temporary folder, every test runs in a temporary
+working directory, and the session checks at its end that the repository and the home
+directory are as it found them.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
 import pytest
 
-from tasks.config import load_config
-from tasks.process import set_up_process
+ROOT = Path(__file__).resolve().parents[1]
+_STATE = Path(tempfile.mkdtemp(prefix="tfscale-tests-"))
+# before Prefect, Keras or matplotlib is imported: they read these when they start
+for _name, _dir in (("PREFECT_HOME", "prefect"), ("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "mpl")):
+    os.environ[_name] = str(_STATE / _dir)
+
+from tasks.config import load_config  # noqa: E402
+from tasks.process import set_up_process  # noqa: E402
 
 set_up_process()  # the test session is a process entry too
 
@@ -18,6 +35,51 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+
+
+HOME_SKIPPED = {".claude", ".pyenv", ".rustup", ".cargo", ".m2", ".npm", ".cache"}
+OUTPUTS = ("mlflow", "runs", "data", "models", "sweep")  # the repository's ignored outputs
+
+
+def footprint() -> dict:
+    """What a test must not change: the repository's git status and its output folders,
+    and the files under the home directory (but for tool caches)."""
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    home = Path.home()
+    places = [ROOT / name for name in OUTPUTS]
+    places += [p for p in home.iterdir() if p.name not in HOME_SKIPPED]
+    files = {
+        str(path): path.stat().st_mtime_ns
+        for place in places
+        for path in ([place] if place.is_file() else place.rglob("*"))
+        if path.is_file()
+    }
+    return {"git status": status.splitlines(), "files": files}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_repository_and_home_as_found(tmp_path_factory):
+    """Tests run in a temporary working directory (a command's default `mlflow/`, `runs/`
+    and `data/` land there); at the end, the repository and the home directory are
+    unchanged."""
+    before = footprint()
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(here)
+    after = footprint()
+    assert after["git status"] == before["git status"]
+    changed = {
+        path
+        for path in before["files"].keys() | after["files"].keys()
+        if before["files"].get(path) != after["files"].get(path)
+    }
+    assert changed == set(), "the tests changed files outside their temporary folders"
 
 
 @pytest.fixture

@@ -17,11 +17,14 @@ import pytest
 import yaml
 
 from tasks import netlab
+from tasks.network import free_ports
 from tests.helpers import BIN, ROOT
 
 TRAIN = ["--model", "mlp", "--precision", "float32"]
 QUIET = ["--no-diagnose"]  # the runs that test something else skip the diagnosis probes
-PORTS = iter(range(23000, 24000, 10))  # a fresh port block per cluster: no TIME_WAIT clashes
+
+COLLECTIVE_TIMEOUT_S = 20  # a lost peer fails the others after this long
+MARGIN_S = 15  # for the processes to notice, name the peer and exit, on a busy machine
 
 why_not = netlab.available()
 if why_not and os.environ.get("CI"):
@@ -36,14 +39,39 @@ def hosts():
         yield made
 
 
+def _free_block(n: int) -> int:
+    """The first of `n` consecutive ports that are free here (Slurm's tasks take base + rank)."""
+    import socket
+
+    for _ in range(100):
+        base = free_ports(1)[0]
+        sockets = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
 class Cluster:
     """The tasks of one cluster, each `tfscale train` on its own namespace host."""
 
     def __init__(self, hosts, jobs: dict[str, list[int]], digits, tmp: Path, epochs: int):
-        port = next(PORTS)
         self.hosts, self.tmp, self.epochs = hosts, tmp, epochs
+        # ports the OS hands out, fresh for each cluster: no clash with another test's or
+        # with a port still in TIME_WAIT on a host a cluster before used
         self.spec = {
-            job: [f"{hosts.address(h)}:{port + n}" for n, h in enumerate(on)]
+            job: [
+                f"{hosts.address(h)}:{port}"
+                for h, port in zip(on, free_ports(len(on)), strict=True)
+            ]
             for job, on in jobs.items()
             if job != "evaluator"
         }
@@ -73,7 +101,13 @@ class Cluster:
             )
             argv = [*entry, "--params", "none.yaml", "train", *TRAIN, *([] if diagnose else QUIET)]
             argv += ["--epochs", str(self.epochs), "--data-dir", self.data_dir]
-            argv += ["--runs-dir", str(self.tmp / "runs"), "--collective-timeout", "20", *extra]
+            argv += [
+                "--runs-dir",
+                str(self.tmp / "runs"),
+                "--collective-timeout",
+                str(COLLECTIVE_TIMEOUT_S),
+                *extra,
+            ]
             if pinned:
                 core = self.placement[task] % (os.cpu_count() or 1)
                 argv = ["taskset", "-c", str(core), *argv]
@@ -160,15 +194,6 @@ def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
     evaluated = json.loads((run_dir / "evaluator.json").read_text())
     assert evaluated[-1]["step"] == 3 * metrics["steps_per_epoch"]
     assert evaluated[-1]["test_accuracy"] > 0.8
-    across = sum(t["examples_per_s"] for t in tasks) / 2
-    same = cluster({"worker": [3, 3]}, epochs=3)  # the same two workers on one host
-    same.start()
-    assert [same.wait(("worker", i)) for i in range(2)] == [0, 0], same.chief_log()
-    local = json.loads((same.run_dir() / "metrics.json").read_text())["examples_per_s"]
-    print(
-        f"\ntwo workers across namespace hosts: {across:,.0f} examples/s; on one host "
-        f"{local:,.0f}; ratio {across / local:.2f}"
-    )
 
 
 def diagnosis_of(job: Cluster) -> dict:
@@ -270,6 +295,7 @@ def test_preempted_worker_saves_its_step_and_the_rerun_resumes_there(cluster):
     codes = [job.wait(("worker", i), timeout=120) for i in range(2)]
     stopped_s = time.monotonic() - sent
     assert codes == [42, 42], job.chief_log()
+    assert stopped_s < COLLECTIVE_TIMEOUT_S + MARGIN_S  # within a step and a save
     (line,) = [x for x in job.output(("worker", 0)).splitlines() if x.startswith("preempted")]
     saved = int(line.split("checkpoint at step ")[1].split()[0])
     job.start()
@@ -295,6 +321,7 @@ def test_killed_worker_fails_the_other_naming_it_and_the_rerun_resumes(cluster):
     job.signal(("worker", 1), signal.SIGKILL)
     assert job.wait(("worker", 0), timeout=60) == 3, job.chief_log()
     failed_s = time.monotonic() - killed
+    assert failed_s < COLLECTIVE_TIMEOUT_S + MARGIN_S
     output = job.output(("worker", 0))
     assert f"task worker:1 ({job.spec['worker'][1]})" in output, output[-2000:]
     assert "fix:" in output and "Traceback" not in output
@@ -321,6 +348,7 @@ def test_cut_link_fails_both_sides_naming_the_peer_and_the_rerun_resumes(cluster
     finally:
         job.hosts.restore(4)
     assert codes == [3, 3], job.chief_log()
+    assert failed_s < COLLECTIVE_TIMEOUT_S + MARGIN_S
     assert f"task worker:1 ({job.spec['worker'][1]})" in job.output(("worker", 0))
     assert f"task worker:0 ({job.spec['worker'][0]})" in job.output(("worker", 1))
     assert not no_half_written(job.run_dir())
@@ -356,6 +384,7 @@ def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
     job.signal(("ps", 0), signal.SIGKILL)
     code = job.wait(("chief", 0), timeout=120)
     failed_s = time.monotonic() - killed
+    assert failed_s < COLLECTIVE_TIMEOUT_S + MARGIN_S
     output = job.output(("chief", 0))
     assert code == 3 and f"task ps:0 ({job.spec['ps'][0]})" in output, output[-2000:]
     for task in (("worker", 0), ("worker", 1)):
@@ -379,7 +408,7 @@ def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
         SLURM_NNODES="2",
         SLURM_NTASKS="2",
         SLURM_JOB_ID="1",
-        TFSCALE_PORT_BASE=str(next(PORTS)),
+        TFSCALE_PORT_BASE=str(_free_block(2)),
         DATA_DIR=digits[0]["prepare.data_dir"],
         RUNS_DIR=str(tmp_path / "runs"),
         TFSCALE=str(BIN / "tfscale"),
@@ -387,8 +416,8 @@ def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
     env.pop("TF_CONFIG", None)
     args = [*TRAIN, "--epochs", "2"]
     done = subprocess.run(
-        ["bash", "flows/cluster/train.sbatch", *args],
-        cwd=ROOT,
+        ["bash", str(ROOT / "flows" / "cluster" / "train.sbatch"), *args],
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,

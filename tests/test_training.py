@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from helpers import ROOT
 
 from tasks.config import load_config
 from tasks.hardware import detect_hardware
@@ -304,11 +305,10 @@ def test_default_config_reaches_95_percent_on_digits(digits, tmp_path):
 def run_cli(args: list[str]) -> str:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--params", "params.yaml", *args],
+        [sys.executable, "-m", "flows.cli", "--params", str(ROOT / "params.yaml"), *args],
         capture_output=True,
         text=True,
         env=env,
-        cwd=Path(__file__).resolve().parents[1],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -349,11 +349,10 @@ def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
     part, and the loss falls as it does with the table whole on one ps."""
     _, _, data_dir = digits
     proc = subprocess.run(
-        [sys.executable, "tests/support/partition_check.py", str(data_dir)],
+        [sys.executable, str(ROOT / "tests" / "support" / "partition_check.py"), str(data_dir)],
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        cwd=Path(__file__).resolve().parents[1],
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
