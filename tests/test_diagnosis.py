@@ -135,17 +135,30 @@ def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
     assert diagnosis.step_seconds > 0.004
 
 
-def test_weak_scaling_diagnosis_times_one_device_at_both_batches(digits):
+def test_weak_scaling_diagnosis_times_one_device_at_both_batches(digits, monkeypatch):
     """Under weak scaling the global batch grows with the replicas; the diagnosis times one
-    device at the per-replica batch (16) and at that global batch (32), and hands the
-    forecast those very timings."""
+    device at the per-replica batch (16) and at that global batch (32), reports each as
+    what it is, and hands the forecast those very timings."""
     import dataclasses
 
+    from tasks import diagnosis as module
     from tasks.diagnosis import format_diagnosis
 
+    one_device = {}  # per-replica batch -> the compute-only rate measured for it
+
+    def recorded(cfg, manifest, data_dir, choice, *args, **kwargs):
+        rates = probe_rates(cfg, manifest, data_dir, choice, *args, **kwargs)
+        if choice.replicas == 1:
+            one_device[cfg.batch_size_per_replica] = rates["compute"]
+        return rates
+
+    probe_rates = module.probe_rates
+    monkeypatch.setattr(module, "probe_rates", recorded)
     cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=16)
     mirrored = StrategyChoice("mirrored", 2, 1, "float32", "test")
     diagnosis = diagnose_run(cfg, manifest, data_dir, mirrored, [], steps=20)
+    assert diagnosis.compute_1_replica_examples_per_s == one_device[16]
+    assert diagnosis.compute_1_device_global_batch_examples_per_s == one_device[32]
     assert "per-replica batch: that part of the speedup" in format_diagnosis(diagnosis)
     # what the forecast fits: one device at 16 and 32 (the rates the diagnosis reports, as
     # seconds per step), the replicas' all-reduce at 3 sizes
