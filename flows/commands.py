@@ -202,7 +202,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
             tracker.log_result(run_id, summary)
             tracker.log(run_id, tags={"bottleneck": summary.bottleneck})
             print(
-                f"speedup {summary.speedup:.2f}x over the single-device baseline, scaling "
+                f"speedup {summary.speedup_text} over the single-device baseline, scaling "
                 f"efficiency {summary.scaling_efficiency:.2f}; written to "
                 f"{model_dir / 'scaling.json'}"
             )

@@ -12,15 +12,16 @@ communication alone and the rest (synchronisation and dispatch), each measured.
 
 from __future__ import annotations
 
-import dataclasses
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 from tasks.config import TrainConfig
 from tasks.inplace import InPlaceProbes
 from tasks.manifest import Manifest
-from tasks.probes import Transform, probe_rates
-from tasks.strategy import StrategyChoice, baseline_choice
+from tasks.probes import RoundRates, Transform, measure_rounds
+from tasks.rounds import Spread
+from tasks.strategy import StrategyChoice
 from tasks.training import batch_sizes
 
 OVERHEAD_STEP_S = 0.004  # below this per step, dispatch and sync costs dominate
@@ -55,11 +56,22 @@ class Diagnosis:
     # what the forecast's cost model is fitted to (`tasks.forecast.fit_cost_model`), for a
     # run of several replicas in this process: the shape of `InPlaceProbes.to_dict()`
     cost_probes: dict = field(default_factory=dict)
+    # a run in this process: every configuration's examples/s per alternating round
+    # (`tasks.probes.RoundRates.to_dict()`), which every figure above is the median of
+    rounds: dict = field(default_factory=dict)
+
+    @property
+    def round_rates(self) -> RoundRates | None:
+        return RoundRates(**self.rounds) if self.rounds else None
 
     @property
     def batch_effect(self) -> float | None:
-        """How much faster one device computes at the global batch than at the per-replica
-        batch: the part of a weak-scaling speedup more devices did not bring."""
+        """How much faster one device trains at the global batch than at the per-replica
+        batch: the part of a weak-scaling speedup more devices did not bring (from the
+        rounds, end to end, when the run was measured in rounds)."""
+        r = self.round_rates
+        if r is not None:
+            return r.from_batch.median if r.from_batch else None
         one, whole = (
             self.compute_1_replica_examples_per_s,
             self.compute_1_device_global_batch_examples_per_s,
@@ -75,38 +87,50 @@ class Diagnosis:
         return self.compute_examples_per_s / (one * self.replicas) if one else None
 
 
-def classify(
-    input_rate: float,
-    compute_rate: float,
-    e2e_rate: float,
-    step_s: float,
-    replicas: int,
-    compute_1: float | None,
-) -> tuple[str, str]:
-    """The bottleneck class of a run in this process, and the numbers that show it, in one
-    sentence."""
-    ratio = e2e_rate / compute_rate
-    if ratio < INPUT_SLACK and input_rate < compute_rate:
+def classify(r: RoundRates) -> tuple[str, str]:
+    """The bottleneck class of a run in this process, and the measured numbers that show it,
+    from its alternating rounds. A class is named only when every round agrees; where the
+    rounds fall on both sides of a threshold the class is `undetermined`, saying which."""
+    n = len(r.rates["compute"])
+    share, inputs, compute = r.input_share, r.spread("input"), r.spread("compute")
+    step = Spread.of([r.step_examples / c for c in r.rates["compute"]])
+    efficiency = r.compute_efficiency
+    starved = inputs.median < compute.median
+    if share.below(INPUT_SLACK) and starved:
         return "input-bound", (
-            f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of compute-only "
-            f"{compute_rate:,.0f} ex/s, and the input pipeline alone gives {input_rate:,.0f}"
+            f"end-to-end is {share.text('', 2)} of compute-only over {n} rounds, and the input "
+            f"pipeline alone gives {inputs.text(' ex/s', 0)} against {compute.text(' ex/s', 0)}"
         )
-    if step_s < OVERHEAD_STEP_S:
+    if step.below(OVERHEAD_STEP_S):
         return "overhead-bound", (
-            f"a training step takes {step_s * 1000:.1f} ms, under {OVERHEAD_STEP_S * 1000:.0f} ms"
-            f": per-step dispatch and synchronisation dominate the arithmetic"
+            f"a training step takes {_ms(step)}, under {OVERHEAD_STEP_S * 1000:.0f} ms in every "
+            f"round: per-step dispatch and synchronisation dominate the arithmetic"
         )
-    if replicas > 1 and compute_1:
-        efficiency = compute_rate / (compute_1 * replicas)
-        if efficiency < COMM_EFFICIENCY:
-            return "communication-bound", (
-                f"compute-only throughput grows from {compute_1:,.0f} ex/s on 1 replica to "
-                f"{compute_rate:,.0f} on {replicas} (efficiency {efficiency:.2f})"
-            )
+    if efficiency is not None and efficiency.below(COMM_EFFICIENCY):
+        one = r.spread(r.baseline + "_compute")
+        moves = "grows" if compute.median > one.median else "falls"
+        return "communication-bound", (
+            f"compute-only throughput {moves} from {one.text(' ex/s', 0)} on 1 replica to "
+            f"{compute.text(' ex/s', 0)} on {r.replicas} (efficiency {efficiency.text('', 2)})"
+        )
+    unsure = []
+    if share.holds(INPUT_SLACK) and starved:
+        unsure.append(f"end-to-end over compute-only {share.text('', 2)} spans {INPUT_SLACK}")
+    if step.holds(OVERHEAD_STEP_S):
+        unsure.append(f"the step {_ms(step)} spans {OVERHEAD_STEP_S * 1000:.0f} ms")
+    if efficiency is not None and efficiency.holds(COMM_EFFICIENCY):
+        unsure.append(f"compute-only efficiency {efficiency.text('', 2)} spans {COMM_EFFICIENCY}")
+    if unsure:
+        return "undetermined", f"the {n} rounds disagree: " + "; ".join(unsure)
     return "compute-bound", (
-        f"end-to-end {e2e_rate:,.0f} ex/s is {ratio:.0%} of compute-only {compute_rate:,.0f} "
-        f"ex/s, with {step_s * 1000:.0f} ms steps"
+        f"end-to-end is {share.text('', 2)} of compute-only {compute.text(' ex/s', 0)} over "
+        f"{n} rounds, with {_ms(step)} steps"
     )
+
+
+def _ms(step: Spread) -> str:
+    """A step's spread in milliseconds."""
+    return Spread(step.median * 1000, step.low * 1000, step.high * 1000).text(" ms", 1)
 
 
 def recommend(
@@ -140,6 +164,11 @@ def recommend(
             f"{cfg.batch_size_per_replica * 4} or more so each step does more work",
             "use fewer replicas: each adds synchronisation to a step this small",
         ] + more_calls
+    if bottleneck == "undetermined":
+        return [
+            "measure again on a quieter machine: the rounds disagree about the class (each "
+            "figure above gives its range over the rounds)"
+        ]
     if bottleneck == "communication-bound":
         return [
             f"use fewer replicas than {choice.replicas}, or a larger per-replica batch to "
@@ -256,7 +285,18 @@ def format_diagnosis(d: Diagnosis) -> str:
             f"measured:   in {d.measured_in}, with their own communication; input-only per "
             f"worker {workers} ex/s",
         )
-    if d.batch_effect is not None:
+    r = d.round_rates
+    if r is not None:
+        rounds = len(r.rates["compute"])
+        lines.insert(2, f"measured:   in this process, {rounds} alternating rounds (median, range)")
+        if r.from_batch is not None:
+            one = r.spread("one_device_global_batch")
+            lines.append(
+                f"batch:      one device trains {r.from_batch.text()} as fast at the global batch "
+                f"({one.text(' ex/s', 0)}) as at the per-replica batch: that part of the "
+                "speedup needs no more devices"
+            )
+    elif d.batch_effect is not None:
         lines.append(
             f"batch:      one device computes {d.batch_effect:.2f}x as fast at the global batch "
             f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
@@ -274,81 +314,55 @@ def diagnose_run(
     steps: int = 30,
     input_transform: Transform | None = None,
 ) -> Diagnosis:
-    """Measures the three throughputs of a run in this process and classifies it (a run
-    across processes is probed in place: `diagnose_in_place`)."""
+    """Measures a run in this process in alternating rounds (`tasks.probes`) and classifies
+    it; every figure is the median over the rounds, which the diagnosis keeps (`rounds`).
+    A run across processes is probed in place: `diagnose_in_place`."""
     started = time.perf_counter()
+    r = measure_rounds(cfg, manifest, data_dir, choice, steps, input_transform)
+    bottleneck, evidence = classify(r)
+    median = {name: statistics.median(values) for name, values in r.rates.items()}
     several = choice.replicas > 1
-    rates = probe_rates(cfg, manifest, data_dir, choice, steps, input_transform, comm_sizes=several)
-    compute_1 = global_batch_1 = one_1 = whole_1 = None
-    batches = batch_sizes(cfg, choice.replicas)  # (per-replica, global)
-    if several:  # one device, compute-only, at the per-replica and at the global batch
-        one_1, whole_1 = (
-            probe_rates(
-                dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak"),
-                manifest,
-                data_dir,
-                baseline_choice(choice),
-                steps,
-                input_transform,
-                compute_only=True,
-            )["compute"]
-            for batch in batches
-        )
-        # the speedup's own baseline: the per-replica batch under weak scaling, the global
-        # batch under strong; the global batch under weak is what the batch alone is worth
-        compute_1 = one_1 if cfg.scaling == "weak" else whole_1
-        global_batch_1 = whole_1 if cfg.scaling == "weak" else None
-    bottleneck, evidence = classify(
-        rates["input"],
-        rates["compute"],
-        rates["e2e"],
-        rates["step_s"],
-        choice.replicas,
-        compute_1,
-    )
     return Diagnosis(
         bottleneck=bottleneck,
-        input_examples_per_s=rates["input"],
-        compute_examples_per_s=rates["compute"],
-        end_to_end_examples_per_s=rates["e2e"],
-        compute_1_replica_examples_per_s=compute_1,
+        input_examples_per_s=median["input"],
+        compute_examples_per_s=median["compute"],
+        end_to_end_examples_per_s=median["end_to_end"],
+        compute_1_replica_examples_per_s=median[r.baseline + "_compute"] if several else None,
         replicas=choice.replicas,
-        step_seconds=rates["step_s"],
+        step_seconds=r.step_examples / median["compute"],
         evidence=evidence,
         advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
         seconds=time.perf_counter() - started,
-        compute_1_device_global_batch_examples_per_s=global_batch_1,
-        cost_probes=_cost_probes(choice, rates, batches, one_1, whole_1) if several else {},
+        compute_1_device_global_batch_examples_per_s=(
+            median["one_device_global_batch_compute"] if several and cfg.scaling == "weak" else None
+        ),
+        cost_probes=_cost_probes(choice, r, batch_sizes(cfg, choice.replicas)) if several else {},
+        rounds=r.to_dict(),
     )
 
 
-def _cost_probes(
-    choice: StrategyChoice,
-    rates: dict,
-    batches: tuple[int, int],
-    one_1: float,
-    whole_1: float,
-) -> dict:
-    """The in-process probes in the form the forecast fits (`InPlaceProbes.to_dict()`):
-    one device's step at the per-replica and the global batch (`batches`), the replicas'
-    all-reduce at a few message sizes, the strategy's step and the input pipeline's rate."""
+def _cost_probes(choice: StrategyChoice, r: RoundRates, batches: tuple[int, int]) -> dict:
+    """The rounds' medians in the form the forecast fits (`InPlaceProbes.to_dict()`): one
+    device's compute-only step at the per-replica and the global batch (`batches`), the
+    replicas' all-reduce at a few message sizes, the run's step and its input's rate."""
     per_replica, global_batch = batches
-    local_s = per_replica / one_1
+    median = {name: statistics.median(values) for name, values in r.rates.items()}
+    local_s = per_replica / median["one_device_replica_batch_compute"]
     return {
         "where": f"{choice.replicas} replicas in this process",
         "comm": "all-reduce",
         "replicas": choice.replicas,
         "workers": 1,
-        "step_examples": global_batch,
+        "step_examples": r.step_examples,
         "replica_examples": per_replica,
-        "gradient_bytes": rates["gradient_bytes"],
-        "step_s": rates["step_s"],
+        "gradient_bytes": r.gradient_bytes,
+        "step_s": r.step_examples / median["compute"],
         "local_step_s": local_s,
-        "end_to_end_s": global_batch / rates["e2e"],
-        "input_examples_per_s": [rates["input"]],
+        "end_to_end_s": r.step_examples / median["end_to_end"],
+        "input_examples_per_s": [median["input"]],
         "local_step_s_by_batch": [
             [float(per_replica), local_s],
-            [float(global_batch), global_batch / whole_1],
+            [float(global_batch), global_batch / median["one_device_global_batch_compute"]],
         ],
-        "comm_s_by_bytes": rates["comm_s_by_bytes"],
+        "comm_s_by_bytes": r.comm_s_by_bytes,
     }

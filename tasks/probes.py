@@ -1,65 +1,188 @@
-"""Running the diagnosis probes: input-only, compute-only and end-to-end throughput on the
-same model, batch and devices as a run."""
+"""Measuring a run in this process: every configuration its figures need, timed in one
+set of alternating rounds (`tasks.rounds`), so the speedup, its split and the bottleneck
+all come from the same moments of the machine.
+
+Per round, each a block of `steps` training steps (or input batches):
+
+- `end_to_end` and `compute`: the run's own strategy, fed by the real input pipeline and
+  by one cached batch;
+- `input`: the run's input pipeline alone;
+- with several replicas, one device at the per-replica batch and at the global batch
+  (`one_device_replica_batch`, `one_device_global_batch`), each end to end and compute-only
+  (`..._compute`): the speedup's baseline is the first under weak scaling and the second
+  under strong; the other splits a weak-scaling speedup into the batch's part and the
+  devices' part.
+
+Every figure is examples/s, one value per timed round (the warm-up round is left out).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import tensorflow as tf
 
 from tasks.config import TrainConfig
 from tasks.manifest import Manifest
-from tasks.strategy import StrategyChoice
-from tasks.timing import all_reduce_by_size, gradient_bytes, input_only_rate, measure_rate
-from tasks.training import set_up_training, train_dataset_fn
+from tasks.rounds import Spread, alternate, ratio
+from tasks.strategy import StrategyChoice, baseline_choice
+from tasks.timing import all_reduce_by_size, gradient_bytes
+from tasks.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
 
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
+ROUNDS = 5  # timed rounds (after one warm-up round)
 
 
-def probe_rates(
+@dataclass(frozen=True)
+class RoundRates:
+    """Examples/s of each measured configuration, one value per round, in round order."""
+
+    replicas: int
+    scaling: str
+    step_examples: int  # examples one step of the run consumes (all replicas)
+    rates: dict[str, list[float]]
+    # the model's gradient bytes and [bytes, seconds] of an all-reduce at a few sizes (for
+    # the forecast's cost model; several replicas only)
+    gradient_bytes: int = 0
+    comm_s_by_bytes: list[list[float]] = field(default_factory=list)
+
+    def spread(self, name: str) -> Spread:
+        return Spread.of(self.rates[name])
+
+    @property
+    def baseline(self) -> str:
+        """The one-device configuration the speedup divides by."""
+        return "one_device_replica_batch" if self.scaling == "weak" else "one_device_global_batch"
+
+    @property
+    def speedup(self) -> Spread | None:
+        """The run end to end over one device end to end, round by round."""
+        if self.replicas == 1:
+            return None
+        return ratio(self.rates["end_to_end"], self.rates[self.baseline])
+
+    @property
+    def from_batch(self) -> Spread | None:
+        """Weak scaling: one device at the global batch over one device at the per-replica
+        batch, the part of the speedup the larger batch brings without more devices."""
+        if self.replicas == 1 or self.scaling != "weak":
+            return None
+        return ratio(self.rates["one_device_global_batch"], self.rates["one_device_replica_batch"])
+
+    @property
+    def from_devices(self) -> Spread | None:
+        """Weak scaling: the run over one device at the same global batch."""
+        if self.replicas == 1 or self.scaling != "weak":
+            return None
+        return ratio(self.rates["end_to_end"], self.rates["one_device_global_batch"])
+
+    @property
+    def compute_efficiency(self) -> Spread | None:
+        """Compute-only throughput over `replicas` x one device's, round by round."""
+        if self.replicas == 1:
+            return None
+        one = [r * self.replicas for r in self.rates[self.baseline + "_compute"]]
+        return ratio(self.rates["compute"], one)
+
+    @property
+    def input_share(self) -> Spread:
+        """End to end over compute-only, round by round: 1 when the input keeps up."""
+        return ratio(self.rates["end_to_end"], self.rates["compute"])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def measure_rounds(
     cfg: TrainConfig,
     manifest: Manifest,
     data_dir: str,
     choice: StrategyChoice,
     steps: int,
+    transform: Transform | None = None,
+    rounds: int = ROUNDS,
+) -> RoundRates:
+    """Times every configuration of `cfg` under `choice` the figures need (module
+    docstring) in `rounds` alternating rounds of `steps` steps each."""
+    run = set_up_training(cfg, manifest, choice)
+    feed = _feed(cfg, manifest, data_dir, run, transform)
+    calls = {
+        "end_to_end": _steps_block(run, choice, feed, steps),
+        "compute": _steps_block(run, choice, _one_batch(feed), steps),
+        "input": _input_block(feed, run, steps),
+    }
+    if choice.replicas > 1:
+        one = baseline_choice(choice)
+        per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+        for name, batch in (
+            ("one_device_replica_batch", per_replica),
+            ("one_device_global_batch", global_batch),
+        ):
+            config = dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak")
+            setup = set_up_training(config, manifest, one)
+            one_feed = _feed(config, manifest, data_dir, setup, transform)
+            calls[name] = _steps_block(setup, one, one_feed, steps)
+            calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
+    rates = alternate(calls, rounds)
+    grad_bytes, by_bytes = 0, []
+    if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
+        grad_bytes = gradient_bytes(run.model)
+        by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
+    return RoundRates(choice.replicas, cfg.scaling, run.step_examples, rates, grad_bytes, by_bytes)
+
+
+def _feed(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    setup: TrainingSetup,
     transform: Transform | None,
-    compute_only: bool = False,
-    comm_sizes: bool = False,
-) -> dict:
-    """Examples/s compute-only (`compute`, and `step_s`), end to end (`e2e`) and input-only
-    (`input`) of `cfg` under `choice`; with `comm_sizes`, also the model's `gradient_bytes`
-    and its replicas' all-reduce at a few message sizes (`comm_s_by_bytes`, for the
-    forecast's cost model)."""
-    setup = set_up_training(cfg, manifest, choice)
-    batch = setup.per_replica * setup.accum_steps
+) -> Callable:
+    """The training input of `setup` (micro-batch groups per replica), as training reads it."""
+    return train_dataset_fn(
+        cfg, manifest, data_dir, setup.per_replica * setup.accum_steps, transform
+    )
 
-    pipeline = train_dataset_fn(cfg, manifest, data_dir, batch, transform)
 
-    def one_batch(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+def _one_batch(pipeline: Callable) -> Callable:
+    """The pipeline's first batch, cached and repeated: the step with no input cost."""
+
+    def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
         return pipeline(ctx).take(1).cache().repeat()
 
-    # a probe call runs steps as training does: `steps_per_call` per graph call
-    per_call = min(setup.steps_per_call, max(steps // 3, 1))
-    call_examples = setup.step_examples * per_call
+    return dataset_fn
 
-    def runner(dataset_fn):
-        run_epoch = setup.epoch_runner(choice, dataset_fn)
-        return lambda: run_epoch(per_call)
 
-    compute_step = runner(one_batch)
-    # compute-only is the ceiling the devices allow: the best of three blocks, so a slow
-    # spell on a shared machine does not pull it (and the step time) off
-    block_calls = max(steps // (3 * per_call), 1)
-    compute = max(measure_rate(compute_step, call_examples, block_calls) for _ in range(3))
-    rates = {"compute": compute, "step_s": setup.step_examples / compute}
-    if not compute_only:
-        rates["e2e"] = measure_rate(runner(pipeline), call_examples, max(steps // per_call, 1))
-        rates["input"] = input_only_rate(
-            pipeline(None), batch, steps * setup.strategy.num_replicas_in_sync
-        )
-    if comm_sizes:
-        rates["gradient_bytes"] = gradient_bytes(setup.model)
-        rates["comm_s_by_bytes"] = all_reduce_by_size(
-            setup.strategy, rates["gradient_bytes"], per_call, block_calls
-        )
-    return rates
+def _steps_block(
+    setup: TrainingSetup, choice: StrategyChoice, dataset_fn: Callable, steps: int
+) -> Callable[[], float]:
+    """A call that runs `steps` training steps and returns their examples/s (the epoch
+    runner reads its sums back, so the time includes the work, not only its dispatch)."""
+    run_epoch = setup.epoch_runner(choice, dataset_fn)
+
+    def block() -> float:
+        started = time.perf_counter()
+        run_epoch(steps)
+        return steps * setup.step_examples / (time.perf_counter() - started)
+
+    return block
+
+
+def _input_block(pipeline: Callable, setup: TrainingSetup, steps: int) -> Callable[[], float]:
+    """A call that reads as many batches as `steps` steps consume (one per replica and
+    micro-batch group) from the run's input pipeline alone; their examples/s."""
+    iterator = iter(pipeline(None))
+    batches = steps * setup.strategy.num_replicas_in_sync
+    batch = setup.per_replica * setup.accum_steps
+
+    def block() -> float:
+        started = time.perf_counter()
+        for _ in range(batches):
+            labels = next(iterator)[1]
+        labels.numpy()
+        return batches * batch / (time.perf_counter() - started)
+
+    return block

@@ -13,6 +13,7 @@ from tasks.evaluation import EvalResult
 from tasks.fields import PARAM
 from tasks.files import write_json_atomic
 from tasks.provenance import code_version
+from tasks.rounds import Spread
 from tasks.run import Run
 from tasks.training import TrainResult
 
@@ -42,9 +43,21 @@ class ScalingSummary:
     speedup_from_devices: float | None = None
     # how it would scale on more devices and other links (`tasks.forecast_report.headline`)
     forecast: str = ""
+    # where the throughputs come from: alternating rounds of both configurations in one
+    # process (with the speedup's lowest and highest round), or the two trainings' epochs
+    measured_over: str = "the two trainings"
+    speedup_low: float | None = None
+    speedup_high: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def speedup_text(self) -> str:
+        """`1.21x (1.15-1.27)` with the rounds' range, `1.21x` without."""
+        if self.speedup_low is None or self.speedup_high is None:
+            return f"{self.speedup:.2f}x"
+        return Spread(self.speedup, self.speedup_low, self.speedup_high).text()
 
 
 def time_to_accuracy(result: TrainResult, target: float) -> float | None:
@@ -66,23 +79,47 @@ def compare_runs(
     target_accuracy: float,
 ) -> ScalingSummary:
     """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
-    the replica count (1.0 is linear scaling)."""
-    speedup = distributed.examples_per_s / baseline.examples_per_s
-    batch_effect = diagnosis.batch_effect if diagnosis else None
+    the replica count (1.0 is linear scaling).
+
+    When the diagnosis measured both configurations in alternating rounds (a run in this
+    process), every figure comes from those rounds: the throughputs are their medians, the
+    speedup and its split the medians of the per-round ratios, with the speedup's range.
+    Otherwise (a run across processes) the throughputs are the two trainings' own."""
+    rounds = diagnosis.round_rates if diagnosis else None
     bottleneck = (
         (diagnosis.bottleneck, diagnosis.evidence, list(diagnosis.advice))
         if diagnosis
         else ("", "", [])
     )
+    if rounds is not None and rounds.speedup is not None:
+        speedup = rounds.speedup
+        from_batch, from_devices = rounds.from_batch, rounds.from_devices
+        figures = {
+            "baseline_examples_per_s": rounds.spread(rounds.baseline).median,
+            "distributed_examples_per_s": rounds.spread("end_to_end").median,
+            "speedup": speedup.median,
+            "speedup_low": speedup.low,
+            "speedup_high": speedup.high,
+            "speedup_from_batch": from_batch.median if from_batch else None,
+            "speedup_from_devices": from_devices.median if from_devices else None,
+            "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds",
+        }
+    else:
+        ratio = distributed.examples_per_s / baseline.examples_per_s
+        batch_effect = diagnosis.batch_effect if diagnosis else None
+        figures = {
+            "baseline_examples_per_s": baseline.examples_per_s,
+            "distributed_examples_per_s": distributed.examples_per_s,
+            "speedup": ratio,
+            "speedup_from_batch": batch_effect,
+            "speedup_from_devices": ratio / batch_effect if batch_effect else None,
+        }
     return ScalingSummary(
         strategy=distributed.strategy,
         replicas=distributed.replicas,
         precision=distributed.precision,
         scaling=scaling,
-        baseline_examples_per_s=baseline.examples_per_s,
-        distributed_examples_per_s=distributed.examples_per_s,
-        speedup=speedup,
-        scaling_efficiency=speedup / distributed.replicas,
+        scaling_efficiency=figures["speedup"] / distributed.replicas,
         time_to_accuracy_s_baseline=time_to_accuracy(baseline, target_accuracy),
         time_to_accuracy_s_distributed=time_to_accuracy(distributed, target_accuracy),
         target_accuracy=target_accuracy,
@@ -92,8 +129,7 @@ def compare_runs(
         bottleneck=bottleneck[0],
         bottleneck_evidence=bottleneck[1],
         advice=bottleneck[2],
-        speedup_from_batch=batch_effect,
-        speedup_from_devices=speedup / batch_effect if batch_effect else None,
+        **figures,
     )
 
 
@@ -157,8 +193,8 @@ def plot_speedup(
         linestyle="--",
         label=f"ideal ({summary.replicas}x baseline)",
     )
-    bars.set_ylabel("examples/s (after the first epoch)")
-    bars.set_title(f"speedup {summary.speedup:.2f}, efficiency {summary.scaling_efficiency:.2f}")
+    bars.set_ylabel(f"examples/s (median over {summary.measured_over})")
+    bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")
     bars.legend()
     for result, label in ((baseline, "baseline"), (distributed, summary.strategy)):
         epochs = [h["epoch"] for h in result.history]
@@ -184,7 +220,8 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("scaling", summary.scaling),
         ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
-        ("speedup", f"{summary.speedup:.2f}x" + _split(summary)),
+        ("speedup", summary.speedup_text + _split(summary)),
+        ("measured over", summary.measured_over),
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
         (
             f"time to {summary.target_accuracy:.0%} accuracy",
@@ -204,7 +241,8 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
 def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str:
     """The summary as a Markdown table, headed by the answer (a Prefect artifact)."""
     rows = [
-        ("speedup", f"**{summary.speedup:.2f}x**{_split(summary)}"),
+        ("speedup", f"**{summary.speedup_text}**{_split(summary)}"),
+        ("measured over", summary.measured_over),
         ("scaling efficiency", f"**{summary.scaling_efficiency:.2f}** (1.00 is linear)"),
         ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
@@ -219,7 +257,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
         ("MLflow run", run_link),
     ]
     head = (
-        f"## {dataset}: {summary.speedup:.2f}x on {summary.replicas} replicas "
+        f"## {dataset}: {summary.speedup_text} on {summary.replicas} replicas "
         f"({summary.strategy}, {summary.precision}, {summary.scaling} scaling)"
     )
     table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)

@@ -79,7 +79,7 @@ def leaves_repository_and_home_as_found(tmp_path_factory):
         for path in before["files"].keys() | after["files"].keys()
         if before["files"].get(path) != after["files"].get(path)
     }
-    assert changed == set(), "the tests changed files outside their temporary folders"
+    assert changed == set(), f"changed outside the tests' temporary folders: {sorted(changed)}"
 
 
 @pytest.fixture

@@ -9,23 +9,59 @@ from tasks.config import load_config
 from tasks.diagnosis import classify, classify_in_place, diagnose_run
 from tasks.inplace import InPlaceProbes
 from tasks.preparation import prepare_dataset
+from tasks.probes import RoundRates
 from tasks.strategy import StrategyChoice
 from tests.helpers import slowed
 
 ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")
 
 
+def rounds(input_, compute, e2e, step_s, replicas, compute_1=None, jitter=0.0) -> RoundRates:
+    """Three rounds of a run in this process whose medians are the figures given; each
+    figure moves by `jitter` (a share) from round to round."""
+
+    def three(value: float) -> list[float]:
+        return [value * (1 - jitter), value, value * (1 + jitter)]
+
+    rates = {"input": three(input_), "compute": three(compute), "end_to_end": three(e2e)}
+    if replicas > 1:
+        for name in ("one_device_replica_batch", "one_device_global_batch"):
+            rates[name] = rates[name + "_compute"] = three(compute_1)
+    return RoundRates(replicas, "weak", round(step_s * compute), rates)
+
+
 @pytest.mark.parametrize(
-    ("rates", "expected"),
+    ("figures", "expected"),
     [
-        ((500, 5000, 480, 0.05, 1, None), "input-bound"),
-        ((90000, 5000, 4900, 0.002, 1, None), "overhead-bound"),
+        ((500, 5000, 480, 0.05, 1), "input-bound"),
+        ((90000, 5000, 4900, 0.002, 1), "overhead-bound"),
         ((90000, 5200, 5000, 0.05, 2, 5000), "communication-bound"),
         ((90000, 9000, 8800, 0.05, 2, 5000), "compute-bound"),
     ],
 )
-def test_classify_from_numbers(rates, expected):
-    assert classify(*rates)[0] == expected
+def test_classify_from_rounds_that_agree(figures, expected):
+    assert classify(rounds(*figures))[0] == expected
+
+
+def test_rounds_that_fall_on_both_sides_of_a_threshold_name_no_class():
+    """Compute-only efficiency of 0.52-0.68 over the rounds spans the 0.6 that makes a run
+    communication-bound: the diagnosis says it cannot tell, and why."""
+    unsure = rounds(90000, 6000, 5900, 0.05, 2, 5000, jitter=0.0)
+    unsure.rates["compute"][:] = [5200.0, 6000.0, 6800.0]
+    bottleneck, evidence = classify(unsure)
+    assert bottleneck == "undetermined"
+    assert "efficiency 0.60 (0.52-0.68) spans 0.6" in evidence
+    assert classify(rounds(90000, 5200, 5000, 0.05, 2, 5000, jitter=0.02))[0] == (
+        "communication-bound"
+    )
+
+
+def test_the_words_follow_the_numbers():
+    """Compute-only throughput that is lower on 2 replicas than on 1 falls; higher grows."""
+    falls = classify(rounds(90000, 4000, 3900, 0.05, 2, 5000))[1]
+    assert "falls from 5,000 ex/s (5,000-5,000) on 1 replica to 4,000" in falls
+    grows = classify(rounds(90000, 5200, 5000, 0.05, 2, 5000))[1]
+    assert "grows from 5,000 ex/s" in grows
 
 
 def probes(**figures) -> InPlaceProbes:
@@ -135,37 +171,55 @@ def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
     assert diagnosis.step_seconds > 0.004
 
 
-def test_weak_scaling_diagnosis_times_one_device_at_both_batches(digits, monkeypatch):
-    """Under weak scaling the global batch grows with the replicas; the diagnosis times one
-    device at the per-replica batch (16) and at that global batch (32), reports each as
-    what it is, and hands the forecast those very timings."""
+def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(digits, monkeypatch):
+    """Under weak scaling the global batch grows with the replicas; the diagnosis times the
+    run, and one device at the per-replica batch (16) and at that global batch (32), in the
+    same alternating rounds; its figures are the rounds' medians, and the forecast gets
+    those very timings."""
     import dataclasses
+    import statistics
 
-    from tasks import diagnosis as module
+    from tasks import probes as module
     from tasks.diagnosis import format_diagnosis
 
-    one_device = {}  # per-replica batch -> the compute-only rate measured for it
+    built = []  # (replicas, per-replica batch) of every configuration set up, in order
 
-    def recorded(cfg, manifest, data_dir, choice, *args, **kwargs):
-        rates = probe_rates(cfg, manifest, data_dir, choice, *args, **kwargs)
-        if choice.replicas == 1:
-            one_device[cfg.batch_size_per_replica] = rates["compute"]
-        return rates
+    def recorded(cfg, manifest, choice, *args, **kwargs):
+        built.append((choice.replicas, cfg.batch_size_per_replica))
+        return set_up(cfg, manifest, choice, *args, **kwargs)
 
-    probe_rates = module.probe_rates
-    monkeypatch.setattr(module, "probe_rates", recorded)
+    set_up = module.set_up_training
+    monkeypatch.setattr(module, "set_up_training", recorded)
     cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=16)
     mirrored = StrategyChoice("mirrored", 2, 1, "float32", "test")
-    diagnosis = diagnose_run(cfg, manifest, data_dir, mirrored, [], steps=20)
-    assert diagnosis.compute_1_replica_examples_per_s == one_device[16]
-    assert diagnosis.compute_1_device_global_batch_examples_per_s == one_device[32]
-    assert "per-replica batch: that part of the speedup" in format_diagnosis(diagnosis)
-    # what the forecast fits: one device at 16 and 32 (the rates the diagnosis reports, as
-    # seconds per step), the replicas' all-reduce at 3 sizes
+    diagnosis = diagnose_run(cfg, manifest, data_dir, mirrored, [], steps=9)
+    assert built == [(2, 16), (1, 16), (1, 32)]
+    r = diagnosis.round_rates
+    assert {len(values) for values in r.rates.values()} == {module.ROUNDS}
+    median = {name: statistics.median(values) for name, values in r.rates.items()}
+    assert diagnosis.compute_1_replica_examples_per_s == median["one_device_replica_batch_compute"]
+    assert (
+        diagnosis.compute_1_device_global_batch_examples_per_s
+        == (median["one_device_global_batch_compute"])
+    )
+    assert diagnosis.end_to_end_examples_per_s == median["end_to_end"]
+    # round by round, the speedup is exactly the batch's part times the devices' part
+    for base, whole, run in zip(
+        r.rates["one_device_replica_batch"],
+        r.rates["one_device_global_batch"],
+        r.rates["end_to_end"],
+        strict=True,
+    ):
+        assert run / base == pytest.approx((whole / base) * (run / whole))
+    assert r.speedup.low <= r.speedup.median <= r.speedup.high
+    text = format_diagnosis(diagnosis)
+    assert f"{module.ROUNDS} alternating rounds" in text
+    assert "per-replica batch: that part of the speedup" in text
+    # what the forecast fits: one device at 16 and 32, the replicas' all-reduce at 3 sizes
     probes = diagnosis.cost_probes
     assert probes["local_step_s_by_batch"] == [
-        [16, pytest.approx(16 / diagnosis.compute_1_replica_examples_per_s)],
-        [32, pytest.approx(32 / diagnosis.compute_1_device_global_batch_examples_per_s)],
+        [16, pytest.approx(16 / median["one_device_replica_batch_compute"])],
+        [32, pytest.approx(32 / median["one_device_global_batch_compute"])],
     ]
     assert [int(n) for n, _ in probes["comm_s_by_bytes"]] == [
         probes["gradient_bytes"] // 4 // 4 * 4,
@@ -174,7 +228,9 @@ def test_weak_scaling_diagnosis_times_one_device_at_both_batches(digits, monkeyp
     ]
     assert probes["replica_examples"] == 16 and probes["step_examples"] == 32
     strong = dataclasses.replace(cfg, scaling="strong")
-    assert diagnose_run(strong, manifest, data_dir, mirrored, [], steps=6).batch_effect is None
+    strong_rounds = diagnose_run(strong, manifest, data_dir, mirrored, [], steps=6).round_rates
+    assert strong_rounds.baseline == "one_device_global_batch"
+    assert strong_rounds.from_batch is None and strong_rounds.speedup is not None
 
 
 def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
@@ -206,3 +262,43 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     assert strong.speedup_from_batch is None and "from more devices" not in format_summary(
         strong, "ui"
     )
+
+
+def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
+    """Three rounds: one device makes 1,000, 800 and 1,000 ex/s at the per-replica batch
+    (a slow spell in round 2), 1,200, 960 and 1,200 at the global batch, and the run
+    1,500, 1,200 and 1,600. The speedup is 1.50x (1.50-1.60) round by round, 1.20x of it
+    the batch's and 1.25x (1.25-1.33) the devices'; the throughputs are the medians, and
+    the two trainings' own figures do not enter."""
+    import dataclasses
+
+    from tasks.diagnosis import Diagnosis
+    from tasks.summary import compare_runs, format_summary
+    from tasks.training import TrainResult
+
+    rates = {
+        "one_device_replica_batch": [1000.0, 800.0, 1000.0],
+        "one_device_global_batch": [1200.0, 960.0, 1200.0],
+        "end_to_end": [1500.0, 1200.0, 1600.0],
+    }
+    rates.update({f"{k}_compute": v for k, v in rates.items()})
+    rates.update(compute=rates["end_to_end"], input=[9e9] * 3)
+    r = RoundRates(2, "weak", 32, rates)
+    diagnosis = Diagnosis(
+        "compute-bound", 9e9, 1500.0, 1500.0, 1000.0, 2, 0.02, "e", rounds=r.to_dict()
+    )
+    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
+    base, dist = (dataclasses.replace(x, examples_per_s=v) for x, v in ((base, 1), (dist, 9)))
+    evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
+    summary = compare_runs(base, dist, evaluation, diagnosis, "weak", 0.9)
+    assert (summary.baseline_examples_per_s, summary.distributed_examples_per_s) == (1000, 1500)
+    assert (summary.speedup, summary.speedup_low, summary.speedup_high) == pytest.approx(
+        (1.5, 1.5, 1.6)
+    )
+    assert summary.scaling_efficiency == pytest.approx(0.75)
+    assert summary.speedup_from_batch == pytest.approx(1.2)
+    assert summary.speedup_from_devices == pytest.approx(1.25)
+    text = format_summary(summary, "ui")
+    assert "1.50x (1.50-1.60) = 1.20x from the larger global batch" in text
+    assert "3 alternating rounds" in text

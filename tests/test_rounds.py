@@ -1,0 +1,52 @@
+"""Alternating rounds and their spreads, on synthetic timings: a slow spell falls on every
+configuration alike, and a ratio taken round by round cancels it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.rounds import Spread, alternate, ratio
+
+pytestmark = pytest.mark.unit
+
+
+def test_calls_alternate_after_a_warm_up_round_that_is_dropped():
+    order = []
+
+    def call(name: str, value: float):
+        return lambda: order.append(name) or value
+
+    values = alternate({"a": call("a", 1.0), "b": call("b", 2.0)}, rounds=3)
+    assert order == ["a", "b"] * 4  # one warm-up round, then three
+    assert values == {"a": [1.0] * 3, "b": [2.0] * 3}
+
+
+def test_a_slow_spell_moves_both_configurations_and_not_their_ratio():
+    """The machine runs at 100%, 70% and 100% speed over three rounds: each figure
+    spreads by 30%, the speedup taken round by round not at all."""
+    speed = iter([1.0, 1.0, 1.0, 1.0, 0.7, 0.7, 1.0, 1.0])  # warm-up round first
+    values = alternate({"one": lambda: 1000 * next(speed), "two": lambda: 1500 * next(speed)}, 3)
+    assert Spread.of(values["one"]) == Spread(1000.0, 700.0, 1000.0)
+    assert ratio(values["two"], values["one"]) == Spread(pytest.approx(1.5), 1.5, 1.5)
+
+
+def test_a_ratio_is_of_the_medians_and_spreads_as_its_rounds():
+    """1,500, 1,200 and 1,600 over 1,000, 800 and 1,000: 1,500 / 1,000 = 1.5 (what the
+    figures beside it give), between the rounds' own 1.5, 1.5 and 1.6."""
+    assert ratio([1500.0, 1200.0, 1600.0], [1000.0, 800.0, 1000.0]) == Spread(1.5, 1.5, 1.6)
+    # a ratio of medians always lies within the rounds' ratios
+    spread = ratio([3.0, 1.0, 2.0, 9.0], [1.0, 2.0, 4.0, 3.0])
+    assert spread.low <= spread.median <= spread.high
+
+
+def test_a_spread_reads_as_median_and_range_and_says_what_it_supports():
+    spread = Spread.of([1.15, 1.27, 1.21, 1.19, 1.24])
+    assert spread.text() == "1.21x (1.15-1.27)"
+    assert Spread.of([1290.0, 1340.0, 1380.0]).text(" ex/s", 0) == "1,340 ex/s (1,290-1,380)"
+    assert spread.above(1.1) and not spread.above(1.2)
+    assert spread.below(1.3) and not spread.below(1.2)
+    assert spread.holds(1.2) and not spread.holds(1.3)
+    with pytest.raises(ValueError):
+        Spread.of([])
+    with pytest.raises(ValueError):
+        alternate({"a": lambda: 1.0}, rounds=0)
