@@ -289,6 +289,8 @@ def format_diagnosis(d: Diagnosis) -> str:
     if r is not None:
         rounds = len(r.rates["compute"])
         lines.insert(2, f"measured:   in this process, {rounds} alternating rounds (median, range)")
+        if r.interfered:
+            lines.insert(3, f"note:       {r.interfered}")
         if r.from_batch is not None:
             one = r.spread("one_device_global_batch")
             lines.append(

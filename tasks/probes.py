@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from tasks.config import TrainConfig
+from tasks.machine_load import Interference, LoadWatch
 from tasks.manifest import Manifest
 from tasks.rounds import Spread, alternate, ratio
 from tasks.strategy import StrategyChoice, baseline_choice
@@ -48,6 +49,13 @@ class RoundRates:
     # the forecast's cost model; several replicas only)
     gradient_bytes: int = 0
     comm_s_by_bytes: list[list[float]] = field(default_factory=list)
+    # what else used the machine during the rounds (`tasks.machine_load.Interference`)
+    interference: dict = field(default_factory=dict)
+
+    @property
+    def interfered(self) -> str:
+        """A sentence when other load was material during the rounds, else ''."""
+        return Interference(**self.interference).text() if self.interference else ""
 
     def spread(self, name: str) -> Spread:
         return Spread.of(self.rates[name])
@@ -126,12 +134,21 @@ def measure_rounds(
             one_feed = _feed(config, manifest, data_dir, setup, transform)
             calls[name] = _steps_block(setup, one, one_feed, steps)
             calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
-    rates = alternate(calls, rounds)
+    with LoadWatch() as watch:
+        rates = alternate(calls, rounds)
     grad_bytes, by_bytes = 0, []
     if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
         grad_bytes = gradient_bytes(run.model)
         by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
-    return RoundRates(choice.replicas, cfg.scaling, run.step_examples, rates, grad_bytes, by_bytes)
+    return RoundRates(
+        choice.replicas,
+        cfg.scaling,
+        run.step_examples,
+        rates,
+        grad_bytes,
+        by_bytes,
+        watch.result.to_dict(),
+    )
 
 
 def _feed(

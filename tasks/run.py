@@ -52,6 +52,12 @@ class Run:
         return self.config.train
 
     @property
+    def writes_outputs(self) -> bool:
+        """This process writes the run's outputs: a run of its own, or a cluster's chief."""
+        cluster = self.report.cluster
+        return cluster is None or cluster.is_chief
+
+    @property
     def run_dir(self) -> Path:
         """`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>`: the same config, data,
         strategy and code give the same directory."""

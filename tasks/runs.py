@@ -26,6 +26,7 @@ from tasks.files import atomic_path, write_json_atomic
 from tasks.inplace import InPlaceProbes, probe_in_place
 from tasks.progress import EpochWatcher
 from tasks.run import Role, Run
+from tasks.run_lock import hold
 from tasks.strategy_kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.training import TrainResult, train_model
 
@@ -56,18 +57,18 @@ def run_training(
     to `on_epoch`."""
     _check_link(run)
     run_dir = run.run_dir
-    cluster = run.report.cluster
-    chief = cluster is None or cluster.is_chief
-    if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    watch = EpochWatcher(
-        run_dir, run.train.epochs, label or run.choice.kind, on_epoch, lines=epoch_lines
-    )
-    with watch if chief else contextlib.nullcontext():
-        result = _train_where_chosen(run, probe_steps)
-    if chief:
-        write_metrics(result, run)
+    chief = run.writes_outputs
+    with hold(run_dir) if chief else contextlib.nullcontext():  # a cluster's tasks share it
+        if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        watch = EpochWatcher(
+            run_dir, run.train.epochs, label or run.choice.kind, on_epoch, lines=epoch_lines
+        )
+        with watch if chief else contextlib.nullcontext():
+            result = _train_where_chosen(run, probe_steps)
+        if chief:
+            write_metrics(result, run)
     return result
 
 
@@ -164,26 +165,26 @@ def train_and_diagnose(
     """
     cluster, choice = run.report.cluster, run.choice
     in_place = cluster is not None or not choice.spec.runs_here
-    probes = probe_steps if in_place else 0
-    result = run_training(run, probes, on_epoch, label, epoch_lines)
-    if not probe_steps or (cluster is not None and not cluster.is_chief):
-        return result, None
-    cpu_flags = run.report.cpu_flags
-    if in_place:
-        diagnosis = diagnose_in_place(
-            InPlaceProbes(**result.probes), run.train, run.manifest, choice, cpu_flags
-        )
-    else:
-        diagnosis = diagnose_run(
-            run.train, run.manifest, run.data_dir, choice, cpu_flags, steps=probe_steps
-        )
-        if diagnosis.cost_probes:  # what a forecast of this run fits (`tfscale forecast`)
-            result = dataclasses.replace(result, probes=diagnosis.cost_probes)
-            write_metrics(result, run)
-    run_dir = Path(result.run_dir)
-    (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
-    write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
-    return result, diagnosis
+    with hold(run.run_dir) if run.writes_outputs else contextlib.nullcontext():
+        result = run_training(run, probe_steps if in_place else 0, on_epoch, label, epoch_lines)
+        if not probe_steps or (cluster is not None and not cluster.is_chief):
+            return result, None
+        cpu_flags = run.report.cpu_flags
+        if in_place:
+            diagnosis = diagnose_in_place(
+                InPlaceProbes(**result.probes), run.train, run.manifest, choice, cpu_flags
+            )
+        else:
+            diagnosis = diagnose_run(
+                run.train, run.manifest, run.data_dir, choice, cpu_flags, steps=probe_steps
+            )
+            if diagnosis.cost_probes:  # what a forecast of this run fits (`tfscale forecast`)
+                result = dataclasses.replace(result, probes=diagnosis.cost_probes)
+                write_metrics(result, run)
+        run_dir = Path(result.run_dir)
+        (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
+        write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
+        return result, diagnosis
 
 
 def format_line(result: TrainResult) -> str:

@@ -48,6 +48,8 @@ class ScalingSummary:
     measured_over: str = "the two trainings"
     speedup_low: float | None = None
     speedup_high: float | None = None
+    # what else used the machine while the rounds ran, when it was material ('' otherwise)
+    interference: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +105,7 @@ def compare_runs(
             "speedup_from_batch": from_batch.median if from_batch else None,
             "speedup_from_devices": from_devices.median if from_devices else None,
             "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds",
+            "interference": rounds.interfered,
         }
     else:
         ratio = distributed.examples_per_s / baseline.examples_per_s
@@ -222,6 +225,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
         ("speedup", summary.speedup_text + _split(summary)),
         ("measured over", summary.measured_over),
+        *([("interference", summary.interference)] if summary.interference else []),
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
         (
             f"time to {summary.target_accuracy:.0%} accuracy",
@@ -243,6 +247,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
     rows = [
         ("speedup", f"**{summary.speedup_text}**{_split(summary)}"),
         ("measured over", summary.measured_over),
+        *([("interference", summary.interference)] if summary.interference else []),
         ("scaling efficiency", f"**{summary.scaling_efficiency:.2f}** (1.00 is linear)"),
         ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),

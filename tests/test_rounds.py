@@ -50,3 +50,35 @@ def test_a_spread_reads_as_median_and_range_and_says_what_it_supports():
         Spread.of([])
     with pytest.raises(ValueError):
         alternate({"a": lambda: 1.0}, rounds=0)
+
+
+def test_a_busy_process_beside_a_measurement_is_seen():
+    """A second process spinning on a core while this one measures: the watch reports
+    other processes' CPU, and the page says so; a quiet stretch says nothing."""
+    import subprocess
+    import sys
+    import time
+
+    from tasks.machine_load import LoadWatch
+
+    spin = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)  # the spinner is running
+        with LoadWatch() as watch:
+            time.sleep(1.5)  # this process idles: the busy core is another's
+    finally:
+        busy.wait()
+    seen = watch.result
+    assert seen.known and seen.other_cores > 0.5, seen
+    assert seen.material and "other processes kept" in seen.text()
+
+
+def test_interference_below_the_thresholds_is_not_material():
+    from tasks.machine_load import Interference
+
+    quiet = Interference(other_cores=0.1, steal_share=0.01, cores=2, seconds=10, known=True)
+    assert not quiet.material and quiet.text() == ""
+    stolen = Interference(other_cores=0.0, steal_share=0.2, cores=2, seconds=10, known=True)
+    assert "the hypervisor took 20% of the CPU time" in stolen.text()
+    assert not Interference(other_cores=5.0).material  # unknown: no claim either way

@@ -383,3 +383,25 @@ def test_preemption_is_checked_inside_an_epoch_and_after_its_record_not_in_its_l
     assert checked == [10, 20] and int(step.numpy()) == 22
     counter.check_preemption()  # the loop, once the epoch is recorded
     assert checked == [10, 20, 22]
+
+
+def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
+    """While this process holds a run directory, another process asking for it gets a
+    clear error naming this one; once released, it gets the directory."""
+    from tasks.run_lock import hold
+
+    run_dir = tmp_path / "runs" / "digits" / "mirrored-2x-float32-abc"
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom tasks.run_lock import hold, RunInUse\n"
+        "try:\n    with hold(Path(sys.argv[1])):\n        print('held')\n"
+        "except RunInUse as exc:\n    print(exc)\n"
+    )
+
+    def other() -> str:
+        argv = [sys.executable, "-c", script, str(run_dir)]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+    with hold(run_dir), hold(run_dir):  # this process may take it again (train, then measure)
+        refused = other()
+    assert f"is in use by pid {os.getpid()}" in refused, refused
+    assert other().strip() == "held"
