@@ -68,6 +68,9 @@ class SweepRow:
     examples_per_s: float
     speedup: float
     scaling_efficiency: float
+    # the speedup's lowest and highest round, where it was measured in alternating rounds
+    speedup_low: float | None
+    speedup_high: float | None
     forecast_speedup: float | None
     forecast_efficiency: float | None
     strategy: str = field(metadata=PARAM)
@@ -210,7 +213,8 @@ def tabulate(
         forecasts = forecast_lines(cells, results)
     rows = []
     for cell, result in zip(cells, results, strict=True):
-        speedup = result["examples_per_s"] / base[cell.group]
+        measured = _rounds_speedup(result)
+        speedup = measured.median if measured else result["examples_per_s"] / base[cell.group]
         points = {p.workers: p for p in forecasts.get(cell.line, [])}
         if cell.replicas == 1:  # the same on every line of its group
             lines = [line for line in forecasts if line[0] == cell.group]
@@ -222,6 +226,8 @@ def tabulate(
                 examples_per_s=result["examples_per_s"],
                 speedup=speedup,
                 scaling_efficiency=speedup / cell.replicas,
+                speedup_low=measured.low if measured else None,
+                speedup_high=measured.high if measured else None,
                 forecast_speedup=point.speedup if point else None,
                 forecast_efficiency=point.efficiency if point else None,
                 strategy=result["strategy"],
@@ -230,6 +236,16 @@ def tabulate(
             )
         )
     return rows
+
+
+def _rounds_speedup(result: dict) -> Any:
+    """A cell's speedup over one device measured in alternating rounds by its diagnosis (a
+    cell of several replicas in this process), or None (its speedup then divides its
+    training's examples/s by its group's 1-replica cell's)."""
+    from tasks.probes import RoundRates
+
+    rounds = (result.get("diagnosis") or {}).get("rounds")
+    return RoundRates(**rounds).speedup if rounds else None
 
 
 def write_outputs(
@@ -315,9 +331,22 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
     for line, members in lines.items():
         members.sort(key=lambda m: m[0].replicas)
         label = max(members, key=lambda m: m[0].replicas)[0].label
-        (drawn,) = ax.plot(
-            [c.replicas for c, _ in members], [r[metric] for _, r in members], "o-", label=label
-        )
+        xs, ys = [c.replicas for c, _ in members], [r[metric] for _, r in members]
+        (drawn,) = ax.plot(xs, ys, "o-", label=label)
+        ranged = [(x, y, r) for x, y, (_, r) in zip(xs, ys, members, strict=True)]
+        ranged = [(x, y, r) for x, y, r in ranged if r.get("speedup_low") is not None]
+        if ranged:  # the rounds' range of each speedup measured in alternating rounds
+            scale = [1.0 if metric == "speedup" else 1.0 / x for x, _, _ in ranged]
+            low = [y - r["speedup_low"] * k for (_, y, r), k in zip(ranged, scale, strict=True)]
+            high = [r["speedup_high"] * k - y for (_, y, r), k in zip(ranged, scale, strict=True)]
+            ax.errorbar(
+                [x for x, _, _ in ranged],
+                [y for _, y, _ in ranged],
+                yerr=[low, high],
+                fmt="none",
+                ecolor=drawn.get_color(),
+                capsize=3,
+            )
         if line in forecasts:
             field = "speedup" if metric == "speedup" else "efficiency"
             ax.plot(
