@@ -30,10 +30,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tasks.internals import input_pipelines_of
 from tasks.models import build_model
 from tasks.run import Run
-from tasks.steps import replica_step
+from tasks.steps import input_context_of, replica_step
 from tasks.timing import (
     SUM,
     all_reduce_by_size,
@@ -264,15 +263,8 @@ def _local_step_seconds(
 
 def _input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> float:
     """Examples/s of this worker's own input pipeline alone (its share of the input)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    workers = input_pipelines_of(strategy)
-    ctx = tf.distribute.InputContext(
-        num_input_pipelines=workers,
-        input_pipeline_id=resolver.task_id if resolver is not None and workers > 1 else 0,
-        num_replicas_in_sync=strategy.num_replicas_in_sync,
-    )
     local = len(strategy.extended.worker_devices)  # each local replica reads a batch
-    return input_only_rate(pipeline(ctx), batch, steps * local)
+    return input_only_rate(pipeline(input_context_of(strategy)), batch, steps * local)
 
 
 def _ps_input_rate(strategy: Any, pipeline: Callable, batch: int, steps: int) -> float:
