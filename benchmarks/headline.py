@@ -52,29 +52,6 @@ print(json.dumps({"history": history, "examples": len(y)}))
 """
 
 
-PROBE_SCRIPT = """
-import json, sys
-from pathlib import Path
-from tasks.config import load_config
-from tasks.hardware import detect_hardware
-from tasks.manifest import load_manifest
-from tasks.diagnosis import diagnose_run
-from tasks.process import set_up_devices
-from tasks.strategy import select_strategy
-params, data_dir, steps, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-config = load_config(Path(params))
-report = detect_hardware()
-choice = select_strategy(report, config.train)
-set_up_devices(choice.logical_cpus)
-manifest = load_manifest(data_dir)
-pairs = []
-for _ in range(repeats):
-    d = diagnose_run(config.train, manifest, data_dir, choice, report.cpu_flags, steps=steps)
-    pairs.append([d.end_to_end_examples_per_s, d.compute_examples_per_s])
-print(json.dumps(pairs))
-"""
-
-
 def best_epoch_rate(history: list[dict], examples: int) -> float:
     """The fastest epoch after the first (tracing): a shared machine's slow spells
     lower the mean, never the best."""
@@ -105,7 +82,6 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--probe-steps", type=int, default=120)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tfscale-headline-"))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -164,22 +140,13 @@ def main() -> None:
         print(
             f"   time to {args.target:.0%}: tfscale {t_tta}, Keras fit {k_tta} (None: not reached)"
         )
-    probe = [
-        sys.executable,
-        "-c",
-        PROBE_SCRIPT,
-        str(tmp / "params.yaml"),
-        str(data_dir),
-        str(args.probe_steps),
-        "3",
-    ]
-    pairs = json.loads(run(probe, cwd=tmp).strip().splitlines()[-1])
-    ratios = sorted(e2e / compute for e2e, compute in pairs)
-    e2e, compute = diagnosis["end_to_end_examples_per_s"], diagnosis["compute_examples_per_s"]
+    from tasks.probes import RoundRates
+
+    rounds = RoundRates(**diagnosis["rounds"])
     print(
-        f"3. end-to-end / compute-only, {args.probe_steps} steps each, 3 repeats: "
-        f"median {ratios[1]:.2f} (repeats {', '.join(f'{r:.2f}' for r in ratios)}); "
-        f"the run's own 30-step diagnosis: {e2e:,.0f} / {compute:,.0f} = {e2e / compute:.2f}"
+        f"3. end-to-end / compute-only in the run's own {len(rounds.rates['compute'])} "
+        f"alternating rounds: {rounds.input_share.text('', 2)}; speedup "
+        f"{rounds.speedup.text()} (median, range over the rounds)"
     )
     print(
         f"4. tfscale run {wall:.1f} s wall; training {metrics['train_seconds'] + base_seconds:.1f}"
