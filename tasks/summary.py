@@ -45,7 +45,7 @@ class ScalingSummary:
     forecast: str = ""
     # where the throughputs come from: alternating rounds of both configurations in one
     # process (with the speedup's lowest and highest round), or the two trainings' epochs
-    measured_over: str = "the two trainings"
+    measured_over: str = "the two trainings' epochs"
     speedup_low: float | None = None
     speedup_high: float | None = None
     # what else used the machine while the rounds ran, when it was material ('' otherwise)
@@ -104,7 +104,8 @@ def compare_runs(
             "speedup_high": speedup.high,
             "speedup_from_batch": from_batch.median if from_batch else None,
             "speedup_from_devices": from_devices.median if from_devices else None,
-            "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds",
+            "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
+            "trainings' own examples/s are on their stage lines and MLflow child runs)",
             "interference": rounds.interfered,
         }
     else:
@@ -221,11 +222,11 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("replicas", str(summary.replicas)),
         ("precision", summary.precision),
         ("scaling", summary.scaling),
+        ("measured over", summary.measured_over),
+        *([("interference", summary.interference)] if summary.interference else []),
         ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
         ("speedup", summary.speedup_text + _split(summary)),
-        ("measured over", summary.measured_over),
-        *([("interference", summary.interference)] if summary.interference else []),
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
         (
             f"time to {summary.target_accuracy:.0%} accuracy",

@@ -245,7 +245,7 @@ def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_ru
     )
     assert third.speedup_from_batch * third.speedup_from_devices == pytest.approx(third.speedup)
     assert third.scaling_efficiency == pytest.approx(third.speedup / 2)
-    assert third.measured_over == f"{len(run)} alternating rounds"
+    assert third.measured_over.startswith(f"{len(run)} alternating rounds")
     first = flow_run["summaries"][0]
     assert first.replicas == 2 and first.test_accuracy > 0.5  # 2 epochs of an MLP on digits
 

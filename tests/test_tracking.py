@@ -174,3 +174,20 @@ def test_a_terminal_shows_a_progress_bar_per_training(tmp_path):
     text = out.decode(errors="replace")
     assert "baseline" in text and "0/3" in text and "3/3" in text
     assert "acc 0.7500" in text
+
+
+def test_the_quiet_console_drops_only_the_expected_warnings():
+    """TensorFlow's retracing warning (the diagnosis builds a runner per configuration on
+    purpose) stays off the console; any other warning reaches it."""
+    import logging
+
+    from tasks.process import _quiet_console
+
+    def record(level: int, message: str, name: str = "tensorflow") -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+    retraced = "5 out of the last 14 calls to <function f> triggered tf.function retracing."
+    assert not _quiet_console(record(logging.WARNING, retraced))
+    assert _quiet_console(record(logging.WARNING, "a real problem"))
+    assert not _quiet_console(record(logging.INFO, "a library notice"))
+    assert _quiet_console(record(logging.INFO, "a stage line", name="tasks.progress"))
