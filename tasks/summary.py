@@ -6,12 +6,14 @@ import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tasks.diagnosis import Diagnosis
 from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
 from tasks.fields import PARAM
 from tasks.files import write_json_atomic
+from tasks.probes import RoundRates
 from tasks.provenance import code_version
 from tasks.rounds import Spread
 from tasks.run import Run
@@ -94,30 +96,9 @@ def compare_runs(
         else ("", "", [])
     )
     if rounds is not None and rounds.speedup is not None:
-        speedup = rounds.speedup
-        from_batch, from_devices = rounds.from_batch, rounds.from_devices
-        figures = {
-            "baseline_examples_per_s": rounds.spread(rounds.baseline).median,
-            "distributed_examples_per_s": rounds.spread("end_to_end").median,
-            "speedup": speedup.median,
-            "speedup_low": speedup.low,
-            "speedup_high": speedup.high,
-            "speedup_from_batch": from_batch.median if from_batch else None,
-            "speedup_from_devices": from_devices.median if from_devices else None,
-            "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
-            "trainings' own examples/s are on their stage lines and MLflow child runs)",
-            "interference": rounds.interfered,
-        }
+        figures = _figures_of_rounds(rounds)
     else:
-        ratio = distributed.examples_per_s / baseline.examples_per_s
-        batch_effect = diagnosis.batch_effect if diagnosis else None
-        figures = {
-            "baseline_examples_per_s": baseline.examples_per_s,
-            "distributed_examples_per_s": distributed.examples_per_s,
-            "speedup": ratio,
-            "speedup_from_batch": batch_effect,
-            "speedup_from_devices": ratio / batch_effect if batch_effect else None,
-        }
+        figures = _figures_of_trainings(baseline, distributed, diagnosis)
     return ScalingSummary(
         strategy=distributed.strategy,
         replicas=distributed.replicas,
@@ -135,6 +116,39 @@ def compare_runs(
         advice=bottleneck[2],
         **figures,
     )
+
+
+def _figures_of_rounds(rounds: RoundRates) -> dict[str, Any]:
+    """The throughputs, the speedup with its range and its split, from alternating rounds."""
+    speedup, from_batch, from_devices = rounds.speedup, rounds.from_batch, rounds.from_devices
+    return {
+        "baseline_examples_per_s": rounds.spread(rounds.baseline).median,
+        "distributed_examples_per_s": rounds.spread("end_to_end").median,
+        "speedup": speedup.median,
+        "speedup_low": speedup.low,
+        "speedup_high": speedup.high,
+        "speedup_from_batch": from_batch.median if from_batch else None,
+        "speedup_from_devices": from_devices.median if from_devices else None,
+        "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
+        "trainings' own examples/s are on their stage lines and MLflow child runs)",
+        "interference": rounds.interfered,
+    }
+
+
+def _figures_of_trainings(
+    baseline: TrainResult, distributed: TrainResult, diagnosis: Diagnosis | None
+) -> dict[str, Any]:
+    """The throughputs and speedup of the two trainings themselves (a run across processes,
+    whose configurations cannot alternate in one process)."""
+    ratio = distributed.examples_per_s / baseline.examples_per_s
+    batch_effect = diagnosis.batch_effect if diagnosis else None
+    return {
+        "baseline_examples_per_s": baseline.examples_per_s,
+        "distributed_examples_per_s": distributed.examples_per_s,
+        "speedup": ratio,
+        "speedup_from_batch": batch_effect,
+        "speedup_from_devices": ratio / batch_effect if batch_effect else None,
+    }
 
 
 def load_exported(export_dir: Path) -> TrainResult:

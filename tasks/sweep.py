@@ -304,6 +304,19 @@ def plot_links(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def _draw_ranges(ax: Any, metric: str, rows: list[dict], color: str) -> None:
+    """Error bars: each speedup's range over the alternating rounds it was measured in (an
+    efficiency's, divided by the replicas)."""
+    ranged = [r for r in rows if r.get("speedup_low") is not None]
+    if not ranged:
+        return
+    scale = [1.0 if metric == "speedup" else 1.0 / r["replicas"] for r in ranged]
+    low = [r[metric] - r["speedup_low"] * k for r, k in zip(ranged, scale, strict=True)]
+    high = [r["speedup_high"] * k - r[metric] for r, k in zip(ranged, scale, strict=True)]
+    xs, ys = [r["replicas"] for r in ranged], [r[metric] for r in ranged]
+    ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=color, capsize=3)
+
+
 def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = None) -> Path:
     """`metric` against replicas, one line per group and link (each group's 1-replica point
     on each of its lines), each line's forecast dotted over its measured points (to
@@ -333,20 +346,7 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
         label = max(members, key=lambda m: m[0].replicas)[0].label
         xs, ys = [c.replicas for c, _ in members], [r[metric] for _, r in members]
         (drawn,) = ax.plot(xs, ys, "o-", label=label)
-        ranged = [(x, y, r) for x, y, (_, r) in zip(xs, ys, members, strict=True)]
-        ranged = [(x, y, r) for x, y, r in ranged if r.get("speedup_low") is not None]
-        if ranged:  # the rounds' range of each speedup measured in alternating rounds
-            scale = [1.0 if metric == "speedup" else 1.0 / x for x, _, _ in ranged]
-            low = [y - r["speedup_low"] * k for (_, y, r), k in zip(ranged, scale, strict=True)]
-            high = [r["speedup_high"] * k - y for (_, y, r), k in zip(ranged, scale, strict=True)]
-            ax.errorbar(
-                [x for x, _, _ in ranged],
-                [y for _, y, _ in ranged],
-                yerr=[low, high],
-                fmt="none",
-                ecolor=drawn.get_color(),
-                capsize=3,
-            )
+        _draw_ranges(ax, metric, [r for _, r in members], drawn.get_color())
         if line in forecasts:
             field = "speedup" if metric == "speedup" else "efficiency"
             ax.plot(
@@ -360,7 +360,10 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
     ax.set_xlabel("replicas")
     ax.set_ylabel(metric.replace("_", " "))
     name = metric.replace("_", " ")
-    ax.set_title(f"{name} against replicas: measured (solid), forecast (dotted)")
+    ax.set_title(
+        f"{name} against replicas: measured (solid; bars: its rounds' range), forecast (dotted)",
+        fontsize=10,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
