@@ -52,6 +52,8 @@ class ScalingSummary:
     speedup_high: float | None = None
     # what else used the machine while the rounds ran, when it was material ('' otherwise)
     interference: str = ""
+    # what to train with on this hardware, from the speedup's range over the rounds
+    recommendation: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,7 +134,23 @@ def _figures_of_rounds(rounds: RoundRates) -> dict[str, Any]:
         "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
         "trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
+        "recommendation": recommend_devices(speedup, rounds.replicas),
     }
+
+
+def recommend_devices(speedup: Spread, replicas: int) -> str:
+    """One device or several, where every round agrees; neither where the rounds differ."""
+    if speedup.below(1.0):
+        return (
+            f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas} replicas, "
+            "faster in every round (--strategy one_device)"
+        )
+    if speedup.above(1.0):
+        return f"{replicas} replicas: {speedup.text()} one device's speed, faster in every round"
+    return (
+        f"either: {replicas} replicas ran at {speedup.text()} one device's speed, on both "
+        "sides of 1 over the rounds"
+    )
 
 
 def _figures_of_trainings(
@@ -250,6 +268,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
         *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *([("use", summary.recommendation)] if summary.recommendation else []),
         *([("forecast", summary.forecast)] if summary.forecast else []),
         ("open the MLflow UI", ui_command),
     ]
@@ -267,6 +286,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
         ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
         *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *([("use", summary.recommendation)] if summary.recommendation else []),
         *([("forecast", summary.forecast)] if summary.forecast else []),
         (
             "throughput",

@@ -302,3 +302,18 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     text = format_summary(summary, "ui")
     assert "1.50x (1.50-1.60) = 1.20x from the larger global batch" in text
     assert "3 alternating rounds" in text
+
+
+@pytest.mark.parametrize(
+    ("ratios", "says"),
+    [
+        ([0.8, 0.85, 0.9], "one device: it trained 1.18x as fast as 2 replicas"),
+        ([1.1, 1.2, 1.3], "2 replicas: 1.20x (1.10-1.30) one device's speed"),
+        ([0.95, 1.0, 1.1], "either: 2 replicas ran at 1.00x (0.95-1.10)"),
+    ],
+)
+def test_the_summary_recommends_what_every_round_agrees_on(ratios, says):
+    from tasks.rounds import Spread
+    from tasks.summary import recommend_devices
+
+    assert recommend_devices(Spread.of(ratios), 2).startswith(says)
