@@ -77,25 +77,25 @@ def replica_batches(strategy, dataset_fn) -> Callable[[], tuple]:
     """`next_batches()`, for use inside the training step's `tf.function`: the next batch of
     every local replica, as the strategy's per-replica values.
 
-    Replicas on CPUs (OneDevice, Mirrored over logical CPU devices, CPU workers) read a plain
-    iterator of this worker's input pipeline, one batch per local replica: the device
-    iterator of `distribute_datasets_from_function` costs as much as the step itself there
-    (a 3-conv CNN at batch 32: 600-650 ex/s through it against 1,080-1,320 without, on one
-    device and on two logical CPUs alike). On GPUs and TPUs the distributed iterator fetches
-    each replica's batch to its device ahead of the step.
+    Replicas of one process on CPUs (OneDevice, Mirrored over logical CPU devices) read a
+    plain iterator of the input pipeline, one batch per replica: the device iterator of
+    `distribute_datasets_from_function` costs as much as the step itself there (a 3-conv
+    CNN at batch 32: 600-650 ex/s through it against 1,080-1,320 without, on one device and
+    on two logical CPUs alike). On GPUs and TPUs the distributed iterator fetches each
+    replica's batch to its device ahead of the step; across worker processes it is kept too
+    (not measured without it).
     """
     devices = strategy.extended.worker_devices
-    if not all("CPU" in device.upper() for device in devices):
+    on_cpus = all("CPU" in device.upper() for device in devices)
+    if not on_cpus or input_pipelines_of(strategy) > 1:
         iterator = distributed_iterator(strategy, dataset_fn)
         return lambda: next(iterator)
     iterator = iter(dataset_fn(input_context_of(strategy)))
-    local = len(devices)
 
     def next_batches() -> tuple:
-        batches = [next(iterator) for _ in range(local)]
-        # a replica's id counts across workers, whose replicas are numbered in turn
+        batches = [next(iterator) for _ in devices]
         return strategy.experimental_distribute_values_from_function(
-            lambda ctx: batches[ctx.replica_id_in_sync_group % local]
+            lambda ctx: batches[ctx.replica_id_in_sync_group]
         )
 
     return next_batches
