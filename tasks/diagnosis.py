@@ -12,7 +12,6 @@ communication alone and the rest (synchronisation and dispatch), each measured.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -322,7 +321,7 @@ def diagnose_run(
     started = time.perf_counter()
     r = measure_rounds(cfg, manifest, data_dir, choice, steps, input_transform)
     bottleneck, evidence = classify(r)
-    median = {name: statistics.median(values) for name, values in r.rates.items()}
+    median = r.medians
     several = choice.replicas > 1
     return Diagnosis(
         bottleneck=bottleneck,
@@ -348,7 +347,7 @@ def _cost_probes(choice: StrategyChoice, r: RoundRates, batches: tuple[int, int]
     device's compute-only step at the per-replica and the global batch (`batches`), the
     replicas' all-reduce at a few message sizes, the run's step and its input's rate."""
     per_replica, global_batch = batches
-    median = {name: statistics.median(values) for name, values in r.rates.items()}
+    median = r.medians
     local_s = per_replica / median["one_device_replica_batch_compute"]
     return {
         "where": f"{choice.replicas} replicas in this process",

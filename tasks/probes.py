@@ -19,6 +19,7 @@ Every figure is examples/s, one value per timed round (the warm-up round is left
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ class RoundRates:
 
     def spread(self, name: str) -> Spread:
         return Spread.of(self.rates[name])
+
+    @property
+    def medians(self) -> dict[str, float]:
+        """Each configuration's median examples/s over the rounds."""
+        return {name: statistics.median(values) for name, values in self.rates.items()}
 
     @property
     def baseline(self) -> str:

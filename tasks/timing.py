@@ -32,14 +32,10 @@ def _wait(value: object) -> None:
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, value)
 
 
-def measure_rate(step: Callable[[], object], examples_per_step: int, steps: int) -> float:
-    """Examples/s of `step` after two warm-up calls (tracing)."""
-    return examples_per_step / seconds_per_call(step, steps)
-
-
 def input_only_rate(dataset: tf.data.Dataset, batch: int, steps: int) -> float:
+    """Examples/s of `dataset` alone, `steps` batches of `batch` after two warm-up reads."""
     iterator = iter(dataset)
-    return measure_rate(lambda: next(iterator)[1], batch, steps)
+    return batch / seconds_per_call(lambda: next(iterator)[1], steps)
 
 
 def all_reduce_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
