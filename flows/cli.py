@@ -33,6 +33,18 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--classes": ("prepare.synthetic.classes", int, "synthetic: number of classes"),
 }
 DATASET_FLAGS = {k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir")}
+
+
+def _auto_or_bool(text: str) -> str | bool:
+    """`auto`, `true` or `false` as the config takes them."""
+    value = {"auto": "auto", "true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected auto, true or false; got {text!r}")
+    return value
+
+
+_auto_or_bool.__name__ = "auto|true|false"
+
 STRATEGY_FLAGS = {
     "--strategy": (
         "train.strategy",
@@ -42,6 +54,12 @@ STRATEGY_FLAGS = {
     "--replicas": ("train.replicas", int, "replicas (logical CPU devices when there is no GPU)"),
     "--workers": ("train.workers", int, "worker processes (multi_worker, parameter_server)"),
     "--precision": ("train.precision", str, "auto | float32 | mixed_float16 | mixed_bfloat16"),
+    "--jit-compile": (
+        "train.jit_compile",
+        _auto_or_bool,
+        "XLA: auto (the faster of off and on, measured once per hardware, model and batch) "
+        "| true | false",
+    ),
 }
 TRAIN_FLAGS = {
     **DATASET_FLAGS,
@@ -276,7 +294,14 @@ def _add_training_commands(sub: Any) -> None:
         "--baseline",
         action="store_true",
         help="train the single-device baseline the chosen strategy is measured against "
-        "(same model, data and precision; same per-replica batch for weak scaling)",
+        "(same model, data, precision and XLA; same per-replica batch for weak scaling)",
+    )
+    train.add_argument(
+        "--against-baseline",
+        action="store_true",
+        help="this run is compared with a --baseline run (as in dvc.yaml): with --strategy "
+        "auto it keeps the replicas rather than measuring them against one device, and "
+        "settles precision and XLA as the baseline does",
     )
     evaluate = _add(
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS

@@ -69,9 +69,8 @@ def train(config: Config, args: argparse.Namespace) -> int:
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
     report = detect_hardware()
-    choice = select_strategy(report, config.train)
-    if args.baseline:
-        choice = baseline_choice(choice)
+    proposed = select_strategy(report, config.train)
+    choice = baseline_choice(proposed) if args.baseline else proposed
     role = role_of(report.cluster, choice.spec)
     if report.cluster is not None:
         import os
@@ -84,8 +83,11 @@ def train(config: Config, args: argparse.Namespace) -> int:
 
         serve(report.cluster, config.cluster.chief_wait_s)
         return 0
-    set_up_devices(choice.logical_cpus)
+    set_up_devices(proposed.logical_cpus)
     run = Run(config, manifest, str(data_dir), choice, report)
+    if role == CHIEF and report.cluster is None:
+        run = _settle(run.with_choice(proposed), args)
+        choice = run.choice
     if role == EVALUATOR:
         from tasks.runs import evaluate_as_sidecar
 
@@ -99,6 +101,20 @@ def train(config: Config, args: argparse.Namespace) -> int:
     )
     _train_tracked(run, args, tracked=role == CHIEF)
     return 0
+
+
+def _settle(run: Any, args: argparse.Namespace) -> Any:
+    """What `auto` left open, measured (`tasks.autotune`). A baseline, or a run compared
+    with one (`--against-baseline`, as the DVC stages are), keeps the proposed replicas and
+    settles precision and XLA for them, so that both sides share them and one measurement."""
+    from tasks.autotune import format_line
+    from tasks.runs import settle_auto
+    from tasks.strategy import baseline_choice
+
+    run, settled = settle_auto(run, for_pipeline=args.baseline or args.against_baseline)
+    if settled.timed:
+        print(f"auto: {format_line(settled)}", flush=True)
+    return run.with_choice(baseline_choice(run.choice)) if args.baseline else run
 
 
 def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:

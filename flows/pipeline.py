@@ -8,8 +8,8 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.caching import RESULTS, cached
-from tasks import config as config_mod
 from tasks import (
+    autotune,
     evaluation,
     hardware,
     preparation,
@@ -19,6 +19,7 @@ from tasks import (
     summary,
     tracking,
 )
+from tasks import config as config_mod
 from tasks.manifest import shards_present
 from tasks.progress import stage
 from tasks.run import Run
@@ -55,6 +56,16 @@ def select_task(report, config: config_mod.Config):
     process.set_up_devices(choice.logical_cpus)
     stage("strategy", f"{choice.kind}, {choice.replicas} replicas, {choice.precision}")
     return choice
+
+
+@task(name="settle auto by measuring")
+def settle_task(run: Run) -> Run:
+    """What `auto` left open (precision, XLA) timed on the run's model and data; the
+    strategy stays: the pipeline measures the replicas against one device."""
+    run, settled = runs.settle_auto(run, for_pipeline=True)
+    if settled.timed:
+        stage("auto", autotune.format_line(settled))
+    return run
 
 
 @task(name="start tracking", retries=2, retry_delay_seconds=2)
@@ -145,7 +156,8 @@ def pipeline(config: config_mod.Config) -> summary.ScalingSummary:
     prepared = prepare_task(config)
     report = detect_task()
     choice = select_task(report, config)
-    run = Run(config, prepared.manifest, prepared.data_dir, choice, report)
+    run = settle_task(Run(config, prepared.manifest, prepared.data_dir, choice, report))
+    choice = run.choice
     context = summary.pipeline_record(run)
     tags = tracking.pipeline_tags(context)
     name = f"{run.manifest.dataset}-{choice.kind}-{choice.replicas}x"

@@ -73,6 +73,8 @@ class TrainConfig:
     replicas: int = _spec(2, lo=1, hi=1024)
     workers: int = _spec(1, lo=1, hi=1024)
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    # XLA: auto, the faster of off and on as measured (`tasks.autotune`); true; false
+    jit_compile: Literal["auto", True, False] = "auto"
     model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
     epochs: int = _spec(10, lo=1, hi=100_000)
     batch_size_per_replica: int = _spec(32, lo=1, hi=1_000_000)
@@ -247,9 +249,10 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
         if not isinstance(value, list | tuple) or not (value or meta.get("empty")):
             raise ConfigError(f"{key}: expected a non-empty list; got {_kind(value)} {value!r}")
         return tuple(_check(f"{key}[{i}]", args[0], v, meta) for i, v in enumerate(value))
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}; got {value!r}")
+    if origin is Literal:  # of strings, and of true / false (never 1 or 0 for them)
+        if not any(type(value) is type(a) and value == a for a in args):
+            shown = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)
+            raise ConfigError(f"{key}: expected one of {shown}; got {value!r}")
         return value
     value = _coerce(key, hint, value, optional)
     choices = meta.get("choices")

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from tasks import autotune
+from tasks.autotune import Candidate, Timed
 from tasks.config import TrainConfig
 from tasks.machine_load import Interference, LoadWatch
 from tasks.manifest import Manifest
@@ -155,6 +157,28 @@ def measure_rounds(
         by_bytes,
         watch.result.to_dict(),
     )
+
+
+def time_candidates(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    options: list[Candidate],
+    steps: int = autotune.STEPS,
+    rounds: int = autotune.ROUNDS,
+) -> list[Timed]:
+    """Each of `options` (`choice` with its strategy, precision and XLA replaced) trained
+    end to end on the real model and input for `steps` steps a round, in `rounds`
+    alternating rounds: what `tasks.autotune` chooses among."""
+    calls = {}
+    for option in options:
+        candidate = option.applied_to(choice)
+        setup = set_up_training(cfg, manifest, candidate)
+        feed = _feed(cfg, manifest, data_dir, setup, None)
+        calls[option.label] = _steps_block(setup, candidate, feed, steps)
+    rates = alternate(calls, rounds)
+    return [Timed(option, tuple(rates[option.label])) for option in options]
 
 
 def _feed(

@@ -60,14 +60,14 @@ class Run:
     @property
     def run_dir(self) -> Path:
         """`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>`: the same config, data,
-        strategy and code give the same directory."""
+        strategy (its precision and XLA too) and code give the same directory."""
         train = config_to_dict(self.config.train)
         train.pop("runs_dir")
         if train.get("link_gbit") is None or self.choice.spec.runs != LOCAL_WORKERS:
             train.pop("link_gbit", None)  # only local workers have links
-        key = json.dumps(
-            [train, self.manifest.digest, self.choice.to_dict(), code_version()], sort_keys=True
-        )
+        choice = self.choice.to_dict()
+        choice.pop("reason")  # words, which may quote measured figures
+        key = json.dumps([train, self.manifest.digest, choice, code_version()], sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         name = f"{self.choice.kind}-{self.choice.replicas}x-{self.choice.precision}-{digest}"
         return Path(self.config.train.runs_dir) / self.manifest.dataset / name

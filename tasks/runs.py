@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tasks.autotune import Settled, settle
 from tasks.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
 from tasks.errors import MissingInput, UsageError
 from tasks.files import atomic_path, write_json_atomic
@@ -146,6 +147,18 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
         run.run_dir,
         run.config.cluster.chief_wait_s,
     )
+
+
+def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
+    """`run` with what its config left to `auto` chosen by measuring the candidates on its
+    own model and data (`tasks.autotune`), or as proposed when there is one candidate."""
+    from tasks.probes import time_candidates
+
+    def measure(options: list) -> list:
+        return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)
+
+    settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_pipeline)
+    return run.with_choice(settled.choice), settled
 
 
 def train_and_diagnose(

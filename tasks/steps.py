@@ -120,6 +120,7 @@ def make_epoch_runner(
     accum_steps: int,
     effective_batch: int,
     steps_per_call: int = 1,
+    jit_compile: bool = False,
 ) -> EpochRunner:
     """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies.
 
@@ -128,7 +129,8 @@ def make_epoch_runner(
     replica sums its loss and correct count into its own copy of a sync-on-read variable;
     they are reduced across replicas once per epoch when read, so a step makes one
     collective (the gradients' all-reduce, which the optimizer packs into one) instead of
-    three.
+    three. With `jit_compile` (one device only: `tasks.strategy`), XLA compiles the step
+    (the input and the loop stay outside it).
     """
     next_batches = replica_batches(strategy, dataset_fn)
     with strategy.scope():
@@ -147,11 +149,16 @@ def make_epoch_runner(
         sums[0].assign_add(loss)
         sums[1].assign_add(tf.cast(correct, tf.float32))
 
+    def one_step(images, labels):
+        strategy.run(step_and_count, args=(images, labels))
+
+    step = tf.function(one_step, jit_compile=True) if jit_compile else one_step
+
     @tf.function
     def train_steps(n):
         for _ in tf.range(n):
             images, labels = next_batches()
-            strategy.run(step_and_count, args=(images, labels))
+            step(images, labels)
 
     @tf.function
     def reset():
@@ -178,6 +185,7 @@ def make_ps_epoch_runner(
     accum_steps: int,
     worker_batch: int,
     steps_per_call: int = 1,
+    jit_compile: bool = False,  # refused for this strategy by `select_strategy`
 ) -> EpochRunner:
     """An epoch runner for ParameterServerStrategy: steps scheduled on workers as they free
     up, one per closure (`steps_per_call` does not apply: the coordinator schedules)."""

@@ -12,7 +12,10 @@ The policy, in order (every choice can be overridden with --strategy / --precisi
 | one GPU, or CPU only                   | one_device                       |
 
 Precision: mixed_bfloat16 on TPUs and on CPUs with AMX or avx512_bf16,
-mixed_float16 on GPUs of compute capability 7.0+, float32 otherwise.
+mixed_float16 on GPUs of compute capability 7.0+, float32 otherwise. XLA: off.
+
+This is a proposal from the hardware alone: where the config says `auto` and the run trains
+in this process, `tasks.autotune` times the candidates and keeps the fastest.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.config import TrainConfig
+from tasks.errors import UsageError
 from tasks.hardware import HardwareReport
 from tasks.strategy_kinds import BASELINE, StrategyKind, kind_of
 
@@ -34,6 +38,7 @@ class StrategyChoice:
     reason: str
     devices: str = "cpu"
     communication: str = "auto"
+    jit_compile: bool = False  # XLA compiles each replica's step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +59,7 @@ def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
     kind, reason = _pick_kind(report, cfg)
     precision, why = _pick_precision(report, cfg)
     spec = kind_of(kind)
+    jit_compile, why_jit = _pick_jit(cfg, spec)
     gpus = len(report.gpus)
     devices = spec.devices or ("gpu" if gpus else "cpu")
     cluster_workers = report.cluster.num_workers if report.cluster else 0
@@ -61,7 +67,14 @@ def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
     replicas = spec.count_replicas(cfg.replicas, gpus, workers)
     communication = spec.communication(devices)
     return StrategyChoice(
-        kind, replicas, workers, precision, f"{reason}; {why}", devices, communication
+        kind,
+        replicas,
+        workers,
+        precision,
+        f"{reason}; {why}; {why_jit}",
+        devices,
+        communication,
+        jit_compile,
     )
 
 
@@ -102,8 +115,28 @@ def _pick_precision(report: HardwareReport, cfg: TrainConfig) -> tuple[str, str]
     return "float32", "float32 because mixed precision is slower on a CPU without AMX/avx512_bf16"
 
 
+def _pick_jit(cfg: TrainConfig, spec: StrategyKind) -> tuple[bool, str]:
+    """XLA as requested, else off until `tasks.autotune` measures it faster, on one device
+    only (Keras's own `auto` keeps it off on CPUs and under any tf.distribute strategy).
+
+    Raises:
+        UsageError: XLA asked for under a strategy of several replicas.
+    """
+    if cfg.jit_compile == "auto":
+        return False, "XLA off unless measured faster (on one device)"
+    if cfg.jit_compile and spec is not BASELINE:
+        raise UsageError(
+            f"train.jit_compile: true is not supported with {spec.name}: XLA compiles a "
+            "step for one device, and its replicas' variables live on several (XLA's known "
+            "issue 'tf.Variable on a different device')",
+            "set train.jit_compile: auto (or false), or train with --strategy one_device.",
+        )
+    return cfg.jit_compile, f"XLA {'on' if cfg.jit_compile else 'off'} as requested"
+
+
 def baseline_choice(choice: StrategyChoice) -> StrategyChoice:
-    """The single-device run the distributed one is measured against (same precision)."""
+    """The single-device run the distributed one is measured against (same precision and
+    XLA)."""
     return StrategyChoice(
         BASELINE.name,
         1,
@@ -111,6 +144,7 @@ def baseline_choice(choice: StrategyChoice) -> StrategyChoice:
         choice.precision,
         f"single-device baseline for {choice.kind}",
         choice.devices,
+        jit_compile=choice.jit_compile,
     )
 
 

@@ -53,6 +53,7 @@ class TrainResult:
     grad_accum_steps: int = field(metadata=PARAM)
     learning_rate: float = field(metadata=PARAM)
     steps_per_epoch: int = field(metadata=PARAM)
+    jit_compile: bool = field(default=False, metadata=PARAM)
     history: list[dict[str, float]] = field(default_factory=list)
     examples_per_s: float = 0.0
     train_seconds: float = 0.0
@@ -248,6 +249,7 @@ def _result(
         grad_accum_steps=setup.accum_steps,
         learning_rate=setup.learning_rate,
         steps_per_epoch=setup.steps,
+        jit_compile=choice.jit_compile,
         history=history,
         examples_per_s=examples_per_s(history),
         train_seconds=sum(h["seconds"] for h in history),
@@ -299,6 +301,7 @@ class TrainingSetup:
             self.accum_steps,
             self.step_examples,
             self.steps_per_call,
+            choice.jit_compile,
         )
 
 

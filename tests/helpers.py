@@ -15,6 +15,7 @@ TINY = {
     "train.model": "mlp",
     "train.epochs": 2,
     "train.precision": "float32",
+    "train.jit_compile": False,  # nothing for `auto` to measure (test_autotune measures)
     "train.replicas": 2,
     "train.strategy": "auto",
 }

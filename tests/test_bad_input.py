@@ -147,6 +147,13 @@ CASES = [
     Case("unknown precision", [*TRAIN, "--precision", "fp8"], 2, ("train.precision", "'fp8'")),
     Case("zero replicas", ["train", "--replicas", "0"], 2, ("train.replicas", "got 0")),
     Case(
+        "XLA over several replicas",
+        [*TRAIN, "--strategy", "mirrored", "--jit-compile", "true"],
+        2,
+        ("jit_compile: true is not supported with mirrored", "fix:"),
+    ),
+    Case("XLA neither on nor off", [*TRAIN, "--jit-compile", "maybe"], 2, ("'maybe'", "auto")),
+    Case(
         "flag of the wrong type", ["prepare", "--num-shards", "two"], 2, ("--num-shards", "'two'")
     ),
     Case(

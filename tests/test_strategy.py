@@ -87,7 +87,7 @@ def test_policy_table(hw, train, kind, replicas, precision, communication):
         precision,
         communication,
     )
-    assert choice.reason.count(";") == 1  # strategy reason; precision reason
+    assert choice.reason.count(";") == 2  # strategy reason; precision reason; XLA reason
 
 
 def test_reason_says_why():

@@ -1,0 +1,213 @@
+"""`auto`, settled by measuring: what the config left to tfscale (the strategy, the
+precision, XLA) is chosen by timing the candidates this hardware allows for a few steps on
+the real model and data, in alternating rounds (`tasks.rounds`), and keeping the fastest.
+
+`select_strategy` (`tasks.strategy`) proposes from the hardware alone; `settle` then
+measures where the proposal leaves a choice open and the run trains in this process:
+
+- strategy `auto` on several local replicas (`for_pipeline=False`, as `tfscale train`):
+  one device against the replicas. The pipeline keeps the replicas, since its question is
+  how they compare with one device; its summary recommends what to use.
+- precision `auto`: float32 against the mixed policy the hardware was proposed (none on a
+  CPU without AMX or avx512_bf16: nothing to measure).
+- `jit_compile: auto`: XLA off against on, for one device (XLA compiles a step for one
+  device; replicas' variables live on several).
+
+The decision is kept in `<runs_dir>/autotune/<key>.json`, keyed by the hardware
+fingerprint, the model, the batch, the input shape, the candidates and the code version,
+so a second run on the same machine does not pay for it again.
+
+Ownership: `candidates` and `fastest` are pure; `measure` times; `settle` reads and writes
+the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.config import TrainConfig
+from tasks.files import write_json_atomic
+from tasks.hardware import HardwareReport
+from tasks.manifest import Manifest
+from tasks.provenance import code_version
+from tasks.rounds import Spread
+from tasks.strategy import StrategyChoice
+from tasks.strategy_kinds import BASELINE
+
+log = logging.getLogger(__name__)
+ROUNDS, STEPS = 3, 20  # timed rounds (after a warm-up round) of this many steps each
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration `auto` may choose."""
+
+    kind: str
+    replicas: int
+    precision: str
+    jit_compile: bool
+
+    @property
+    def label(self) -> str:
+        """`one device, float32, XLA off`; `2 replicas, mixed_bfloat16, XLA on`."""
+        devices = "one device" if self.replicas == 1 else f"{self.replicas} replicas"
+        return f"{devices}, {self.precision}, XLA {'on' if self.jit_compile else 'off'}"
+
+    def applied_to(self, choice: StrategyChoice) -> StrategyChoice:
+        return dataclasses.replace(
+            choice,
+            kind=self.kind,
+            replicas=self.replicas,
+            precision=self.precision,
+            jit_compile=self.jit_compile,
+        )
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A candidate's examples/s, one value per timed round."""
+
+    candidate: Candidate
+    examples_per_s: tuple[float, ...]
+
+    @property
+    def rate(self) -> Spread:
+        return Spread.of(list(self.examples_per_s))
+
+
+def candidates(
+    choice: StrategyChoice, cfg: TrainConfig, report: HardwareReport, for_pipeline: bool
+) -> list[Candidate]:
+    """The configurations `auto` chooses among (one: nothing to measure). Only runs in this
+    process are measured; a cluster, local worker processes or a TPU keep the proposal."""
+    proposed = Candidate(choice.kind, choice.replicas, choice.precision, choice.jit_compile)
+    if not choice.spec.runs_here or report.cluster is not None or report.tpu:
+        return [proposed]
+    shapes = [(choice.kind, choice.replicas)]
+    if cfg.strategy == "auto" and not for_pipeline and choice.replicas > 1:
+        shapes.insert(0, (BASELINE.name, 1))
+    precisions = [choice.precision]
+    if cfg.precision == "auto" and choice.precision != "float32":
+        precisions.insert(0, "float32")
+
+    def jits(kind: str) -> list[bool]:  # XLA compiles one device's step (`tasks.strategy`)
+        return (
+            [False, True]
+            if cfg.jit_compile == "auto" and kind == BASELINE.name
+            else [choice.jit_compile]
+        )
+
+    return [
+        Candidate(kind, replicas, precision, jit)
+        for kind, replicas in shapes
+        for precision in precisions
+        for jit in jits(kind)
+    ]
+
+
+def fastest(timed: list[Timed]) -> Timed:
+    """The candidate of the highest median examples/s; on a tie, the first (the simpler:
+    one device before replicas, float32 before mixed, XLA off before on)."""
+    return max(timed, key=lambda t: t.rate.median)
+
+
+def reason(timed: list[Timed]) -> str:
+    """`fastest measured (3 rounds of 20 steps): 2 replicas, float32, XLA off: 1,136 ex/s
+    (1,100-1,150); 2 replicas, float32, XLA on: 864 ex/s (...)`, the chosen one first (the
+    same words whether measured now or read from the cache: a run's directory and cached
+    results do not depend on which)."""
+    best = fastest(timed)
+    ordered = [best, *(t for t in timed if t is not best)]
+    figures = "; ".join(f"{t.candidate.label}: {t.rate.text(' ex/s', 0)}" for t in ordered)
+    return f"fastest measured ({ROUNDS} rounds of {STEPS} steps): {figures}"
+
+
+Measure = Callable[[list[Candidate]], list[Timed]]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The choice `auto` settled on, with what it measured (nothing when one candidate)."""
+
+    choice: StrategyChoice
+    timed: tuple[Timed, ...] = ()
+    cached: bool = False
+
+
+def settle(
+    choice: StrategyChoice,
+    cfg: TrainConfig,
+    report: HardwareReport,
+    manifest: Manifest,
+    measure: Measure,
+    for_pipeline: bool = False,
+) -> Settled:
+    """`choice` with what `auto` left open chosen by `measure` (`measure_in_process`, or a
+    stand-in given speeds), from the cache when this hardware, model and batch were measured
+    by this code before."""
+    options = candidates(choice, cfg, report, for_pipeline)
+    if len(options) == 1:
+        return Settled(options[0].applied_to(choice))
+    path = _cache_path(cfg, report, manifest, options)
+    timed, cached = _read(path, options), True
+    if timed is None:
+        timed, cached = measure(options), False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, [dataclasses.asdict(t) for t in timed])
+    best = fastest(timed)
+    chosen = best.candidate.applied_to(choice)
+    why = f"{reason(timed)} (proposed from the hardware: {choice.reason})"
+    settled = dataclasses.replace(chosen, reason=why)
+    return Settled(settled, tuple(timed), cached)
+
+
+def _cache_path(
+    cfg: TrainConfig, report: HardwareReport, manifest: Manifest, options: list[Candidate]
+) -> Path:
+    key = json.dumps(
+        [
+            report.fingerprint,
+            cfg.model,
+            cfg.batch_size_per_replica,
+            cfg.scaling,
+            cfg.grad_accum_steps,
+            list(manifest.shape),
+            manifest.num_classes,
+            [dataclasses.astuple(c) for c in options],
+            code_version(),
+        ]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return Path(cfg.runs_dir) / "autotune" / f"{digest}.json"
+
+
+def _read(path: Path, options: list[Candidate]) -> list[Timed] | None:
+    """The cached measurements of exactly `options`, or None (absent or unreadable: an
+    unreadable cache is measured again, never trusted)."""
+    try:
+        rows = json.loads(path.read_text())
+        timed = [Timed(Candidate(**r["candidate"]), tuple(r["examples_per_s"])) for r in rows]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        if path.exists():
+            log.warning("ignoring the unreadable autotune cache %s (%s)", path, exc)
+        return None
+    return timed if [t.candidate for t in timed] == options else None
+
+
+def format_line(settled: Settled) -> str:
+    """`2 replicas, float32, XLA off: 1,136 ex/s, the fastest of 2 (XLA on 864)`."""
+    best = fastest(list(settled.timed))
+    others = ", ".join(
+        f"{t.candidate.label} {t.rate.median:,.0f}" for t in settled.timed if t is not best
+    )
+    again = "; measured before" if settled.cached else ""
+    return (
+        f"{best.candidate.label}: {best.rate.median:,.0f} ex/s, the fastest of "
+        f"{len(settled.timed)} ({others}{again})"
+    )

@@ -1,0 +1,181 @@
+"""`auto` settled by measuring (`tasks.autotune`): the candidates each config leaves open,
+the fastest chosen from given speeds, its cache, and `tfscale train` measuring for real."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tasks.autotune import Candidate, Timed, candidates, fastest, settle
+from tasks.config import ConfigError, load_config
+from tasks.errors import UsageError
+from tasks.hardware import ClusterInfo
+from tasks.manifest import Manifest
+from tasks.strategy import select_strategy
+from tests.test_strategy import PLAIN_CPU, report
+
+AMX = [*PLAIN_CPU, "amx_bf16"]
+
+
+def config(tmp_path=None, **train):
+    values = {f"train.{k}": v for k, v in train.items()}
+    if tmp_path is not None:
+        values["train.runs_dir"] = str(tmp_path / "runs")
+    return load_config(None, values).train
+
+
+def options(hw, for_pipeline=False, **train):
+    cfg = config(**train)
+    return candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline)
+
+
+def labels(found: list[Candidate]) -> list[str]:
+    return [c.label for c in found]
+
+
+def test_a_cpu_without_bf16_measures_devices_and_xla_on_one_device():
+    """XLA compiles one device's step: replicas are measured without it."""
+    assert labels(options(report())) == [
+        "one device, float32, XLA off",
+        "one device, float32, XLA on",
+        "2 replicas, float32, XLA off",
+    ]
+
+
+def test_the_pipeline_keeps_its_replicas_and_amx_adds_bfloat16():
+    assert labels(options(report(flags=AMX), for_pipeline=True)) == [
+        "2 replicas, float32, XLA off",
+        "2 replicas, mixed_bfloat16, XLA off",
+    ]
+    assert labels(options(report(flags=AMX), replicas=1)) == [
+        "one device, float32, XLA off",
+        "one device, float32, XLA on",
+        "one device, mixed_bfloat16, XLA off",
+        "one device, mixed_bfloat16, XLA on",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("hw", "train"),
+    [
+        (report(), {"strategy": "mirrored", "precision": "float32", "jit_compile": False}),
+        (report(), {"replicas": 1, "jit_compile": True}),
+        (report(), {"workers": 2}),  # worker processes: not measured here
+        (report(tpu="grpc://10.0.0.2:8470"), {}),
+        (report(cluster=ClusterInfo("TF_CONFIG", ["a:1", "b:1"])), {}),
+    ],
+)
+def test_nothing_to_measure_keeps_the_proposal(hw, train):
+    cfg = config(**train)
+    choice = select_strategy(hw, cfg)
+    found = candidates(choice, cfg, hw, for_pipeline=False)
+    assert found == [Candidate(choice.kind, choice.replicas, choice.precision, choice.jit_compile)]
+
+
+def timed(label_rates: dict[Candidate, list[float]]) -> list[Timed]:
+    return [Timed(c, tuple(r)) for c, r in label_rates.items()]
+
+
+ONE = Candidate("one_device", 1, "float32", False)
+ONE_XLA = Candidate("one_device", 1, "float32", True)
+TWO = Candidate("mirrored", 2, "float32", False)
+TWO_XLA = Candidate("mirrored", 2, "float32", True)
+
+
+def test_the_fastest_is_the_highest_median_not_the_best_round():
+    found = timed({ONE: [1000, 1010, 990], TWO: [1600, 900, 950]})  # TWO: one lucky round
+    assert fastest(found).candidate == ONE
+    assert fastest(timed({ONE: [1000] * 3, TWO: [1200] * 3})).candidate == TWO
+
+
+@pytest.fixture
+def manifest():
+    return Manifest(
+        dataset="digits",
+        version="1",
+        feature={"shape": [8, 8, 1], "num_classes": 10},
+        splits={"train": 1437, "test": 360},
+        shards=[],
+    )
+
+
+def test_settle_chooses_from_given_speeds_names_them_and_caches(tmp_path, manifest):
+    hw, cfg = report(), config(tmp_path)
+    speeds = {ONE: 2410, ONE_XLA: 1200, TWO: 1730, TWO_XLA: 900}
+    calls = []
+
+    def measure(found):
+        calls.append(found)
+        return [Timed(c, (speeds[c] * 0.98, speeds[c], speeds[c] * 1.03)) for c in found]
+
+    first = settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
+    assert (first.choice.kind, first.choice.replicas, first.choice.jit_compile) == (
+        "one_device",
+        1,
+        False,
+    )
+    # the reason names each figure, the chosen first
+    assert first.choice.reason.startswith(
+        "fastest measured (3 rounds of 20 steps): one device, float32, XLA off: 2,410 ex/s "
+        "(2,362-2,482); one device, float32, XLA on: 1,200 ex/s"
+    )
+    assert re.search(
+        r"2 replicas, float32, XLA off: 1,730 ex/s \(1,695-1,782\) \(proposed from",
+        first.choice.reason,
+    )
+    assert not first.cached and len(calls) == 1
+    second = settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
+    assert second.cached and len(calls) == 1 and second.choice == first.choice
+    # another batch is another measurement
+    other = config(tmp_path, batch_size_per_replica=64)
+    assert not settle(select_strategy(hw, other), other, hw, manifest, measure).cached
+    assert len(calls) == 2
+
+
+def test_an_unreadable_cache_is_measured_again(tmp_path, manifest):
+    hw, cfg = report(), config(tmp_path, precision="float32")
+    measure = lambda found: [Timed(c, (100.0 + c.jit_compile,)) for c in found]  # noqa: E731
+    settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
+    (path,) = (tmp_path / "runs" / "autotune").glob("*.json")
+    path.write_text("{not json")
+    again = settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
+    assert not again.cached and again.choice.kind == "one_device" and again.choice.jit_compile
+    assert json.loads(path.read_text())[0]["examples_per_s"] == [100.0]
+
+
+def test_jit_compile_takes_auto_true_or_false_only():
+    assert config(jit_compile=True).jit_compile is True
+    assert config().jit_compile == "auto"
+    with pytest.raises(ConfigError, match="train.jit_compile: expected one of auto, true, false"):
+        config(jit_compile=1)
+    for strategy in ("mirrored", "parameter_server", "multi_worker"):
+        with pytest.raises(UsageError, match=f"jit_compile: true is not supported with {strategy}"):
+            select_strategy(report(), config(strategy=strategy, workers=2, jit_compile=True))
+    assert select_strategy(report(), config(strategy="one_device", jit_compile=True)).jit_compile
+
+
+@pytest.mark.integration
+def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_path):
+    """A real `tfscale train --strategy auto` on digits: it times one device with XLA off
+    and on, and two replicas, trains the fastest as measured, and a second run
+    reuses the measurement."""
+    from tests.helpers import tiny_params
+    from tests.test_pipeline import tfscale
+
+    params = tiny_params(tmp_path, **{"train.jit_compile": "auto", "train.epochs": 1})
+    tfscale(["--params", str(params), "prepare"], cwd=tmp_path)
+    train = ["--params", str(params), "train", "--no-diagnose"]
+    first = tfscale(train, cwd=tmp_path).stdout
+    (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
+    rows = json.loads(cache.read_text())
+    assert len(rows) == 3 and all(len(r["examples_per_s"]) == 3 for r in rows)
+    assert all(min(r["examples_per_s"]) > 0 for r in rows)  # XLA's steps ran too
+    best = max(rows, key=lambda r: sorted(r["examples_per_s"])[1])["candidate"]
+    assert "auto: " in first and "the fastest of 3" in first
+    (metrics,) = (tmp_path / "runs" / "digits").glob("*/metrics.json")
+    trained = json.loads(metrics.read_text())
+    assert (trained["strategy"], trained["replicas"]) == (best["kind"], best["replicas"])
+    second = tfscale(train, cwd=tmp_path).stdout
+    assert "measured before" in second and cache.read_text() == json.dumps(rows, indent=2)
