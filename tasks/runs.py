@@ -161,9 +161,14 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
     return run.with_choice(settled.choice), settled
 
 
+# steps per block of the pipeline's rounds: five default runs' speedups spread 1.49 (largest
+# over smallest) at 30 steps, 1.12 at 100 (benchmarks/repeatability.py, docs/benchmarks.md)
+PIPELINE_PROBE_STEPS = 100
+
+
 def train_and_diagnose(
     run: Run,
-    probe_steps: int = 30,
+    probe_steps: int = PIPELINE_PROBE_STEPS,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
     epoch_lines: bool = False,
