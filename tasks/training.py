@@ -121,9 +121,12 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
         after_steps.epoch_ends_at = after_steps.count + steps
         history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps))
-        manager.save(checkpoint_number=after_steps.count)
+        # the epoch's record before its checkpoint: a run killed between the two resumes from
+        # the previous checkpoint and cuts the history to it (`[:start_epoch]` above), where
+        # the other order lost the epoch's record (seen once in a whole-suite run)
         if chief:
             _write_json(run_dir / "history.json", history)
+        manager.save(checkpoint_number=after_steps.count)
         after_steps.check_preemption()  # at an epoch's end: after its record is written
     model_path = run_dir / "model.keras"
     if chief:
