@@ -387,4 +387,5 @@ def _read_history(run_dir: Path) -> list[dict[str, float]]:
 
 
 def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # the first epoch's record may come first
     write_json_atomic(path, value)
