@@ -17,8 +17,8 @@ The decision is kept in `<runs_dir>/autotune/<key>.json`, keyed by the hardware
 fingerprint, the model, the batch, the input shape, the candidates and the code version,
 so a second run on the same machine does not pay for it again.
 
-Ownership: `candidates` and `fastest` are pure; `measure` times; `settle` reads and writes
-the cache.
+Ownership: `candidates` and `fastest` are pure; `settle` calls the `measure` it is given
+(`tasks.probes.time_candidates` times) and reads and writes the cache.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def settle(
     measure: Measure,
     for_pipeline: bool = False,
 ) -> Settled:
-    """`choice` with what `auto` left open chosen by `measure` (`measure_in_process`, or a
+    """`choice` with what `auto` left open chosen by `measure` (`probes.time_candidates`, or a
     stand-in given speeds), from the cache when this hardware, model and batch were measured
     by this code before."""
     options = candidates(choice, cfg, report, for_pipeline)
