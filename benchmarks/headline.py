@@ -1,11 +1,12 @@
 """Benchmarks of tfscale against what its users do today, ratios from one run:
 
 1. tfscale against a hand-written Keras script in the seeds' style (in-memory arrays,
-   `model.fit(x, y, batch_size=32)`), same model and data: examples/s and time to accuracy.
+   `model.fit(x, y, batch_size=32)`), same model and data: examples/s and time to accuracy;
+   and against the same script at tfscale's own global batch.
 3. End-to-end throughput from TFRecord shards against compute-only throughput.
 4. Orchestration overhead: `tfscale run` wall time minus training, diagnosis and evaluation.
 
-    uv run python benchmarks/headline.py [--examples 8192] [--epochs 4]
+    uv run python benchmarks/headline.py [--examples 8192] [--epochs 4] [--batch-size-per-replica N]
 
 (Benchmark 2, scaling efficiency of 2 worker processes, is benchmarks/scaling.py.)
 """
@@ -34,6 +35,7 @@ from tasks.manifest import load_manifest
 from tasks.inputs import build_dataset
 from tasks.models import build_model
 data_dir, epochs, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+batch = int(sys.argv[4])
 manifest = load_manifest(data_dir)
 x, y = zip(*[(a.numpy(), b.numpy()) for a, b in
              build_dataset(manifest, data_dir, "train", 512, training=False)])
@@ -47,7 +49,7 @@ class Timer(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         history.append({"seconds": time.perf_counter() - self.t, "accuracy": logs["accuracy"]})
 history = []
-model.fit(x, y, batch_size=32, epochs=epochs, callbacks=[Timer()], verbose=0)
+model.fit(x, y, batch_size=batch, epochs=epochs, callbacks=[Timer()], verbose=0)
 print(json.dumps({"history": history, "examples": len(y)}))
 """
 
@@ -82,26 +84,31 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument(
+        "--batch-size-per-replica",
+        type=int,
+        help="tfscale's per-replica batch (default: params.yaml's)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tfscale-headline-"))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["prepare"].update(dataset="synthetic", data_dir=str(tmp / "data"))
     params["prepare"]["synthetic"]["train_examples"] = args.examples
     params["train"].update(model="cnn", epochs=args.epochs, runs_dir=str(tmp / "runs"))
+    if args.batch_size_per_replica:
+        params["train"]["batch_size_per_replica"] = args.batch_size_per_replica
     (tmp / "params.yaml").write_text(yaml.safe_dump(params))
     tfscale = [str(Path(sys.executable).parent / "tfscale"), "--params", str(tmp / "params.yaml")]
 
     run([*tfscale, "prepare"], cwd=tmp)  # for the Keras script before the run
     data_dir = next((tmp / "data").iterdir())
-    keras_command = [
-        sys.executable,
-        "-c",
-        KERAS_SCRIPT,
-        str(data_dir),
-        str(args.epochs),
-        str(args.target),
-    ]
-    keras_before = json.loads(run(keras_command, cwd=ROOT).strip().splitlines()[-1])
+
+    def keras(batch_size: int) -> dict:
+        command = [sys.executable, "-c", KERAS_SCRIPT, str(data_dir), str(args.epochs)]
+        command += [str(args.target), str(batch_size)]
+        return json.loads(run(command, cwd=ROOT).strip().splitlines()[-1])
+
+    keras_before = keras(32)
     started = time.perf_counter()
     run([*tfscale, "run"], cwd=tmp)
     wall = time.perf_counter() - started
@@ -117,7 +124,8 @@ def main() -> None:
     base_seconds = json.loads((baseline / "metrics.json").read_text())["train_seconds"]
     work = metrics["train_seconds"] + base_seconds + diagnosis["seconds"] + evaluation["seconds"]
 
-    keras_after = json.loads(run(keras_command, cwd=ROOT).strip().splitlines()[-1])
+    keras_after = keras(32)
+    keras_same = keras(metrics["global_batch"])  # the library at tfscale's own global batch
     keras_out = max(  # the better of the runs before and after tfscale's
         (keras_before, keras_after),
         key=lambda out: best_epoch_rate(out["history"], out["examples"]),
@@ -126,9 +134,12 @@ def main() -> None:
     k_tta = rate_and_tta(keras_out["history"], keras_out["examples"], args.target)[1]
     t_rate = best_epoch_rate(metrics["history"], metrics["history"][-1]["examples"])
     t_tta = rate_and_tta(metrics["history"], 1, args.target)[1]
+    s_rate = best_epoch_rate(keras_same["history"], keras_same["examples"])
+    s_tta = rate_and_tta(keras_same["history"], keras_same["examples"], args.target)[1]
     print(
         f"1. tfscale ({metrics['strategy']}, {metrics['replicas']} replicas, "
-        f"{metrics['precision']}) {t_rate:,.0f} ex/s vs Keras fit {k_rate:,.0f} ex/s "
+        f"{metrics['precision']}, global batch {metrics['global_batch']}) {t_rate:,.0f} ex/s vs "
+        f"Keras fit(batch_size=32) {k_rate:,.0f} ex/s "
         f"(best epoch each): {t_rate / k_rate:.2f}x"
     )
     if t_tta and k_tta:
@@ -140,6 +151,12 @@ def main() -> None:
         print(
             f"   time to {args.target:.0%}: tfscale {t_tta}, Keras fit {k_tta} (None: not reached)"
         )
+    print(
+        f"   vs Keras fit at tfscale's global batch ({metrics['global_batch']}): "
+        f"{s_rate:,.0f} ex/s: {t_rate / s_rate:.2f}x; time to {args.target:.0%}: "
+        f"{s_tta if s_tta is None else round(s_tta, 1)} s"
+        + (f": {s_tta / t_tta:.2f}x" if s_tta and t_tta else "")
+    )
     from tasks.probes import RoundRates
 
     rounds = RoundRates(**diagnosis["rounds"])

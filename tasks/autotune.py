@@ -118,14 +118,14 @@ def fastest(timed: list[Timed]) -> Timed:
 
 
 def reason(timed: list[Timed]) -> str:
-    """`fastest measured (3 rounds of 20 steps): 2 replicas, float32, XLA off: 1,136 ex/s
+    """`fastest measured (3 rounds of up to 20 steps): 2 replicas, float32, XLA off: 1,136 ex/s
     (1,100-1,150); 2 replicas, float32, XLA on: 864 ex/s (...)`, the chosen one first (the
     same words whether measured now or read from the cache: a run's directory and cached
     results do not depend on which)."""
     best = fastest(timed)
     ordered = [best, *(t for t in timed if t is not best)]
     figures = "; ".join(f"{t.candidate.label}: {t.rate.text(' ex/s', 0)}" for t in ordered)
-    return f"fastest measured ({ROUNDS} rounds of {STEPS} steps): {figures}"
+    return f"fastest measured ({ROUNDS} rounds of up to {STEPS} steps): {figures}"
 
 
 Measure = Callable[[list[Candidate]], list[Timed]]

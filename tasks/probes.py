@@ -2,7 +2,8 @@
 set of alternating rounds (`tasks.rounds`), so the speedup, its split and the bottleneck
 all come from the same moments of the machine.
 
-Per round, each a block of `steps` training steps (or input batches):
+Per round, each a block of up to `steps` training steps (or input batches), sized in the
+warm-up round to last about `rounds.BLOCK_SECONDS`:
 
 - `end_to_end` and `compute`: the run's own strategy, fed by the real input pipeline and
   by one cached batch;
@@ -31,7 +32,7 @@ from tasks.autotune import Candidate, Timed
 from tasks.config import TrainConfig
 from tasks.machine_load import Interference, LoadWatch
 from tasks.manifest import Manifest
-from tasks.rounds import Spread, alternate, ratio
+from tasks.rounds import MIN_BLOCK_STEPS, Spread, alternate, block_steps, ratio
 from tasks.strategy import StrategyChoice, baseline_choice
 from tasks.timing import all_reduce_by_size, gradient_bytes
 from tasks.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
@@ -122,7 +123,8 @@ def measure_rounds(
     rounds: int = ROUNDS,
 ) -> RoundRates:
     """Times every configuration of `cfg` under `choice` the figures need (module
-    docstring) in `rounds` alternating rounds of `steps` steps each."""
+    docstring) in `rounds` alternating rounds of up to `steps` steps each (about
+    `rounds.BLOCK_SECONDS` a block)."""
     run = set_up_training(cfg, manifest, choice)
     feed = _feed(cfg, manifest, data_dir, run, transform)
     calls = {
@@ -206,30 +208,49 @@ def _one_batch(pipeline: Callable) -> Callable:
 def _steps_block(
     setup: TrainingSetup, choice: StrategyChoice, dataset_fn: Callable, steps: int
 ) -> Callable[[], float]:
-    """A call that runs `steps` training steps and returns their examples/s (the epoch
-    runner reads its sums back, so the time includes the work, not only its dispatch)."""
+    """A call that runs up to `steps` training steps and returns their examples/s (the
+    epoch runner reads its sums back, so the time includes the work, not only its
+    dispatch). Its first call is the warm-up: it traces, then times a few steps to size
+    the blocks that follow (`rounds.block_steps`)."""
     run_epoch = setup.epoch_runner(choice, dataset_fn)
 
-    def block() -> float:
+    def timed(n: int) -> float:
         started = time.perf_counter()
-        run_epoch(steps)
-        return steps * setup.step_examples / (time.perf_counter() - started)
+        run_epoch(n)
+        return n * setup.step_examples / (time.perf_counter() - started)
+
+    return _sized(timed, steps, setup.step_examples)
+
+
+def _sized(timed: Callable[[int], float], most: int, examples: int) -> Callable[[], float]:
+    """`timed(n)` (examples/s of n steps) as a block whose first call warms up and sizes
+    the later ones to about `rounds.BLOCK_SECONDS`, at most `most` steps."""
+    size: list[int] = []
+
+    def block() -> float:
+        if size:
+            return timed(size[0])
+        first = min(most, MIN_BLOCK_STEPS)
+        timed(first)  # tracing, the first allocations
+        rate = timed(first)
+        size.append(block_steps(examples / rate, most))
+        return rate
 
     return block
 
 
 def _input_block(pipeline: Callable, setup: TrainingSetup, steps: int) -> Callable[[], float]:
-    """A call that reads as many batches as `steps` steps consume (one per replica and
-    micro-batch group) from the run's input pipeline alone; their examples/s."""
+    """A call that reads as many batches as up to `steps` steps consume (one per replica
+    and micro-batch group) from the run's input pipeline alone; their examples/s."""
     iterator = iter(pipeline(None))
-    batches = steps * setup.strategy.num_replicas_in_sync
+    replicas = setup.strategy.num_replicas_in_sync
     batch = setup.per_replica * setup.accum_steps
 
-    def block() -> float:
+    def timed(n: int) -> float:
         started = time.perf_counter()
-        for _ in range(batches):
+        for _ in range(n * replicas):
             labels = next(iterator)[1]
         labels.numpy()
-        return batches * batch / (time.perf_counter() - started)
+        return n * replicas * batch / (time.perf_counter() - started)
 
-    return block
+    return _sized(timed, steps, replicas * batch)

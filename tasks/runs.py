@@ -161,8 +161,9 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
     return run.with_choice(settled.choice), settled
 
 
-# steps per block of the pipeline's rounds: five default runs' speedups spread 1.49 (largest
-# over smallest) at 30 steps, 1.12 at 100 (benchmarks/repeatability.py, docs/benchmarks.md)
+# most steps per block of the pipeline's rounds (each block is sized to about a second,
+# `rounds.block_steps`): five default runs' speedups spread 1.49 (largest over smallest) at
+# 30 steps, 1.12 at 100 (benchmarks/repeatability.py, docs/benchmarks.md)
 PIPELINE_PROBE_STEPS = 100
 
 

@@ -118,7 +118,7 @@ def test_settle_chooses_from_given_speeds_names_them_and_caches(tmp_path, manife
     )
     # the reason names each figure, the chosen first
     assert first.choice.reason.startswith(
-        "fastest measured (3 rounds of 20 steps): one device, float32, XLA off: 2,410 ex/s "
+        "fastest measured (3 rounds of up to 20 steps): one device, float32, XLA off: 2,410 ex/s "
         "(2,362-2,482); one device, float32, XLA on: 1,200 ex/s"
     )
     assert re.search(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.rounds import Spread, alternate, ratio
+from tasks.rounds import BLOCK_SECONDS, Spread, alternate, block_steps, ratio
 
 pytestmark = pytest.mark.unit
 
@@ -82,3 +82,36 @@ def test_interference_below_the_thresholds_is_not_material():
     stolen = Interference(other_cores=0.0, steal_share=0.2, cores=2, seconds=10, known=True)
     assert "the hypervisor took 20% of the CPU time" in stolen.text()
     assert not Interference(other_cores=5.0).material  # unknown: no claim either way
+
+
+@pytest.mark.parametrize(
+    ("seconds_per_step", "most", "steps"),
+    [
+        (0.005, 100, 100),  # the default digits CNN: 0.5 s in 100 steps, the cap holds
+        (0.02, 100, 50),  # 50 steps make the block's second
+        (0.26, 100, 10),  # a CNN at batch 256: never fewer than 10 steps (2.6 s)
+        (0.26, 3, 3),  # a cap below the floor: the cap
+        (0.0, 100, 100),  # no time measured: the cap
+    ],
+)
+def test_a_block_lasts_about_a_second_between_its_floor_and_its_cap(seconds_per_step, most, steps):
+    assert BLOCK_SECONDS == 1.0
+    assert block_steps(seconds_per_step, most) == steps
+
+
+def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
+    """The probes' blocks (`tasks.probes._sized`): the warm-up call traces and times a few
+    steps, and every later call times the number that makes about a second."""
+    from tasks.probes import _sized
+
+    calls = []
+
+    def timed(n: int) -> float:  # 64 examples a step at 20 ms: 3,200 examples/s
+        calls.append(n)
+        return 3200.0
+
+    block = _sized(timed, most=100, examples=64)
+    block()
+    assert calls == [10, 10]  # tracing, then the timed sizing steps
+    assert [block(), block()] == [3200.0, 3200.0]
+    assert calls[2:] == [50, 50]
