@@ -169,7 +169,7 @@ def _command_tracker(config: Config, **tags: str) -> tuple[Any, dict]:
     from tasks.tracking import Tracker, run_tags
 
     tracker = Tracker.for_config(config.track)
-    tracker.check_reachable()
+    tracker.check()
     return tracker, run_tags(**tags)
 
 

@@ -27,7 +27,7 @@ from tasks.run import Run
 
 @task(name="check tracking store")
 def check_tracking_task(tracker: tracking.Tracker):
-    tracker.check_reachable()
+    tracker.check()
 
 
 @task(name="prepare data", cache_policy=RESULTS, persist_result=True)
@@ -160,13 +160,17 @@ def pipeline(config: config_mod.Config) -> summary.ScalingSummary:
     choice = run.choice
     context = summary.pipeline_record(run)
     tags = tracking.pipeline_tags(context)
-    name = f"{run.manifest.dataset}-{choice.kind}-{choice.replicas}x"
-    parent_id = start_tracking_task(tracker, name, tags)
+    parent_id = start_tracking_task(tracker, tracking.pipeline_run_name(run), tags)
     try:
-        live = start_child_task(tracker, parent_id, "baseline", tags)
-        baseline = baseline_task(run.with_choice(strategy.baseline_choice(choice)), live)
+        base = run.with_choice(strategy.baseline_choice(choice))
+        live = start_child_task(
+            tracker, parent_id, "baseline", tracking.child_tags(tags, base.choice)
+        )
+        baseline = baseline_task(base, live)
         close_child_task(live, baseline, context)
-        live = start_child_task(tracker, parent_id, "distributed", tags)
+        live = start_child_task(
+            tracker, parent_id, "distributed", tracking.child_tags(tags, choice)
+        )
         distributed, diagnosis = distributed_task(run, live)
         close_child_task(live, distributed, context)
         result = evaluate_task(distributed.model_path, run)

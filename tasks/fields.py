@@ -13,6 +13,12 @@ from typing import Any
 PARAM = {"track": "param"}  # metadata of a result field that says how the run was set up
 
 
+def tracked_as(name: str) -> dict[str, str]:
+    """Metadata of a result field tracked under another name: a run-level figure whose
+    field name a per-epoch curve also uses (one name would draw both on one chart)."""
+    return {"name": name}
+
+
 def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
     """(metrics, params, tags) of a result dataclass, each keyed `prefix + field name`.
 
@@ -23,7 +29,8 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
     params: dict[str, str] = {}
     tags: dict[str, str] = {}
     for field in dataclasses.fields(result):
-        value, key = getattr(result, field.name), prefix + field.name
+        value = getattr(result, field.name)
+        key = prefix + field.metadata.get("name", field.name)
         if dataclasses.is_dataclass(value):
             nested = fields_by_type(value, f"{key}_")
             for into, part in zip((metrics, params, tags), nested, strict=True):

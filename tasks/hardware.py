@@ -9,6 +9,8 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tasks.errors import UsageError
+
 CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
 TPU_HINTS = ("TPU_NAME", "TPU_WORKER_ID", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_ACCELERATOR_TYPE")
 
@@ -145,16 +147,7 @@ def detect_tpu() -> str | None:
 def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
     """The cluster from `TF_CONFIG` (Kubeflow TFJob and others) or Slurm's variables."""
     if env.get("TF_CONFIG"):
-        config = json.loads(env["TF_CONFIG"])
-        spec, task = config.get("cluster", {}), config.get("task", {})
-        return ClusterInfo(
-            source="TF_CONFIG",
-            workers=spec.get("worker", []),
-            ps=spec.get("ps", []),
-            chief=spec.get("chief", []),
-            task_type=task.get("type", "worker"),
-            task_index=int(task.get("index", 0)),
-        )
+        return _from_tf_config(env["TF_CONFIG"])
     if int(env.get("SLURM_NTASKS", "1")) > 1 and env.get("SLURM_JOB_NODELIST"):
         import tensorflow as tf
 
@@ -173,6 +166,50 @@ def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
             task_index=resolver.task_id,
         )
     return None
+
+
+_TF_CONFIG_FIX = (
+    'set TF_CONFIG to {"cluster": {"worker": ["host:port", ...]}, "task": {"type": '
+    '"worker", "index": i}} with i below the number of that job\'s tasks (as a TFJob '
+    "sets it), or unset it to train on this machine alone"
+)
+
+
+def _from_tf_config(text: str) -> ClusterInfo:
+    """The cluster `TF_CONFIG` describes, this task's place in it checked: a replica whose
+    task is not in its cluster would otherwise train the whole job alone.
+
+    Raises:
+        UsageError: `TF_CONFIG` is not JSON, has no tasks, or names a task outside them.
+    """
+    try:
+        config = json.loads(text)
+        spec, task = config.get("cluster") or {}, config.get("task") or {}
+        task_type, index = task.get("type", "worker"), int(task.get("index", 0))
+        jobs = {job: list(spec.get(job) or []) for job in ("chief", "worker", "ps")}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UsageError(
+            f"TF_CONFIG is not a valid cluster description ({exc})", _TF_CONFIG_FIX
+        ) from exc
+    if not any(jobs.values()):
+        raise UsageError("TF_CONFIG names no chief, worker or ps tasks", _TF_CONFIG_FIX)
+    tasks = jobs.get(task_type)
+    if task_type == "evaluator":  # a sidecar beside the cluster's jobs, as TensorFlow has it
+        tasks = list(spec.get("evaluator") or ["beside the cluster"])
+    if tasks is None or not 0 <= index < len(tasks):
+        held = ", ".join(f"{len(t)} {job}" for job, t in jobs.items() if t)
+        raise UsageError(
+            f"TF_CONFIG's task {task_type}:{index} is not in its cluster ({held})",
+            _TF_CONFIG_FIX,
+        )
+    return ClusterInfo(
+        source="TF_CONFIG",
+        workers=jobs["worker"],
+        ps=jobs["ps"],
+        chief=jobs["chief"],
+        task_type=task_type,
+        task_index=index,
+    )
 
 
 def format_line(report: HardwareReport) -> str:

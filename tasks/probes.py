@@ -38,7 +38,7 @@ from tasks.timing import all_reduce_by_size, gradient_bytes
 from tasks.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
 
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
-ROUNDS = 5  # timed rounds (after one warm-up round)
+ROUNDS = 7  # timed rounds (after one warm-up round)
 
 
 @dataclass(frozen=True)

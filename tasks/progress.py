@@ -45,14 +45,6 @@ def _prefect_run_logger() -> Any:
     return get_run_logger()
 
 
-def _epoch_log(line: str) -> None:
-    run_logger = _prefect_run_logger()
-    if run_logger is not None:
-        run_logger.info(line)  # the server's log; the console only with --verbose
-    else:
-        log.debug(line)
-
-
 def format_epoch(epoch: dict[str, float], epochs: int) -> str:
     return (
         f"epoch {int(epoch['epoch'])}/{epochs}  loss {epoch['loss']:.4f}  "
@@ -85,8 +77,12 @@ class EpochWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True, name="epochs")
         self._bar: Any = None
+        # the Prefect run this training belongs to, taken here: the thread that follows
+        # the epochs has no run context of its own, and its lines would miss the run's log
+        self._run_logger: Any = None
 
     def __enter__(self) -> EpochWatcher:
+        self._run_logger = _prefect_run_logger()
         if self.path.exists():  # a resumed run: its earlier epochs are not news
             self.seen = len(self._read())
         if sys.stderr.isatty():
@@ -132,7 +128,13 @@ class EpochWatcher:
             elif self.lines:
                 stage(self.label, format_epoch(epoch, self.epochs))
             else:  # not a terminal: the Prefect run's log (the console with --verbose)
-                _epoch_log(f"{self.label:<11} {format_epoch(epoch, self.epochs)}")
+                self._log(f"{self.label:<11} {format_epoch(epoch, self.epochs)}")
+
+    def _log(self, line: str) -> None:
+        if self._run_logger is not None:
+            self._run_logger.info(line)  # the server's log; the console only with --verbose
+        else:
+            log.debug(line)
 
     def _read(self) -> list[dict[str, float]]:
         try:

@@ -11,7 +11,7 @@ from typing import Any
 from tasks.diagnosis import Diagnosis
 from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
-from tasks.fields import PARAM
+from tasks.fields import PARAM, tracked_as
 from tasks.files import write_json_atomic
 from tasks.probes import RoundRates
 from tasks.provenance import code_version
@@ -35,7 +35,7 @@ class ScalingSummary:
     target_accuracy: float
     test_accuracy: float
     test_loss: float
-    reason: str
+    reason: str = field(metadata=tracked_as("strategy_reason"))  # the parent's tag of it
     bottleneck: str = ""
     bottleneck_evidence: str = ""
     advice: list[str] = field(default_factory=list)

@@ -152,6 +152,37 @@ class Tracker:
                 f"{self.store_dir}/.",
             )
 
+    def check(self) -> None:
+        """The store can be used, checked before any work: a server answers, or the
+        embedded store's file is a database (`check_reachable`, `check_store`)."""
+        self.check_reachable()
+        self.check_store()
+
+    def check_store(self) -> None:
+        """Fails when the embedded store's file exists and is not an SQLite database (a
+        stray file, or a store copied in half): MLflow would fail deep in its migrations.
+
+        Raises:
+            TrackingError: naming the file and how to fix it.
+        """
+        if not self.local:
+            return
+        path = Path(self.uri.removeprefix("sqlite:///"))
+        if path.is_dir():
+            kind = "a directory, not an SQLite database"
+        elif path.is_file() and path.stat().st_size:
+            with path.open("rb") as file:
+                if file.read(16) == b"SQLite format 3\x00":
+                    return
+            kind = "not an SQLite database"
+        else:
+            return
+        raise TrackingError(
+            f"The MLflow store {path} is {kind}",
+            "move it aside (a new store is made in its place), point track.store_dir at "
+            "another directory, or set MLFLOW_TRACKING_URI to a tracking server.",
+        )
+
     @property
     def client(self) -> Any:
         """The MlflowClient, made once, with the experiment created if it is new."""
@@ -160,7 +191,7 @@ class Tracker:
 
             if self.local:
                 self.store_dir.mkdir(parents=True, exist_ok=True)
-            self.check_reachable()
+            self.check()
             client = MlflowClient(self.uri)
             experiment = client.get_experiment_by_name(self.experiment)
             if experiment is None:
@@ -341,7 +372,11 @@ class Tracker:
         common = pipeline_params(context)
         _, distributed_params, _ = fields_by_type(record.distributed)
         self.log_result(parent_id, record.summary)
-        self.log_result(parent_id, record.diagnosis, prefix="diagnosis_")
+        # the diagnosis's figures; its words are the summary's bottleneck tags already
+        metrics, params, tags = fields_by_type(record.diagnosis, "diagnosis_")
+        shown = set(fields_by_type(record.summary)[2].values())
+        tags = {k: v for k, v in tags.items() if v not in shown}
+        self.log(parent_id, {k: rounded(v) for k, v in metrics.items()}, params, tags)
         self.log(
             parent_id,
             metrics={k: rounded(v) for k, v in record.forecast.items()},
@@ -436,6 +471,20 @@ def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
         precision=context["choice"]["precision"],
         manifest_hash=context["manifest_digest"],
     )
+
+
+def pipeline_run_name(run: Any) -> str:
+    """What tells a pipeline's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
+    choice, train = run.choice, run.train
+    return f"{run.manifest.dataset}-{train.model}-{choice.kind}-{choice.replicas}x-{train.epochs}ep"
+
+
+def child_tags(tags: dict[str, str], choice: Any) -> dict[str, str]:
+    """A pipeline child's tags: the parent's, with the strategy and precision of the
+    training the child holds (`choice`: the baseline's are one device's), and its own
+    `reason` (logged with its result) instead of the parent's `strategy_reason`."""
+    own = {k: v for k, v in tags.items() if k != "strategy_reason"}
+    return {**own, "strategy": choice.kind, "precision": choice.precision}
 
 
 def pipeline_params(context: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tasks.config import TrainConfig
 from tasks.errors import UsageError
-from tasks.fields import PARAM
+from tasks.fields import PARAM, tracked_as
 from tasks.files import write_json_atomic
 from tasks.inputs import build_dataset
 from tasks.manifest import Manifest
@@ -55,7 +55,8 @@ class TrainResult:
     steps_per_epoch: int = field(metadata=PARAM)
     jit_compile: bool = field(default=False, metadata=PARAM)
     history: list[dict[str, float]] = field(default_factory=list)
-    examples_per_s: float = 0.0
+    # over the epochs after the first (tracing); `examples_per_s` is each epoch's own curve
+    examples_per_s: float = field(default=0.0, metadata=tracked_as("examples_per_s_after_epoch_1"))
     train_seconds: float = 0.0
     resumed_from_epoch: int = 0
     resumed_from_step: int = 0

@@ -196,6 +196,14 @@ CASES = [
         env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{port}"},
     ),
     Case(
+        "a tracking store that is not a database",
+        [*TRAIN, "--epochs", "1"],
+        1,
+        ("The MLflow store notes.db is not an SQLite database", "move it aside"),
+        setup=lambda project: (project / "notes.db").write_text("results, by hand\n"),
+        env={"MLFLOW_TRACKING_URI": "sqlite:///notes.db"},
+    ),
+    Case(
         "no Prefect server for serve",
         ["serve"],
         1,
@@ -218,6 +226,20 @@ CASES = [
         1,
         ("worker 1 exited with code -9", "worker-1.log"),
         during=kill_worker_one,
+    ),
+    Case(
+        "a TF_CONFIG task outside its cluster",
+        ["train", "--no-diagnose"],
+        2,
+        ("TF_CONFIG's task worker:5 is not in its cluster (1 worker)", "fix:"),
+        env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"index": 5}}'},
+    ),
+    Case(
+        "a TF_CONFIG that is not JSON",
+        ["train", "--no-diagnose"],
+        2,
+        ("TF_CONFIG is not a valid cluster description", "unset it"),
+        env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]'},
     ),
     # models and runs
     Case(

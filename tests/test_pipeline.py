@@ -4,6 +4,7 @@ deployments, and `tfscale ui` serving the store."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -81,6 +82,14 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     }
     assert set(children) == {"baseline", "distributed"}
+    assert parent.info.run_name == "digits-mlp-mirrored-2x-2ep"  # what differs between runs
+    for name, strategy in (("baseline", "one_device"), ("distributed", "mirrored")):
+        child = children[name].data  # its tags and params agree, each tag once
+        assert child.tags["strategy"] == child.params["strategy"] == strategy
+        assert "strategy_reason" not in child.tags and child.tags["reason"]
+    assert parent.data.tags["strategy_reason"] and "reason" not in parent.data.tags
+    assert not {"diagnosis_bottleneck", "diagnosis_evidence"} & set(parent.data.tags)
+    assert parent.data.tags["bottleneck"] and parent.data.tags["bottleneck_evidence"]
     for key in (
         "dataset",
         "shards",
@@ -106,8 +115,16 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         "manifest_hash",
     ):
         assert parent.data.tags[key]
-    history = client.get_metric_history(children["distributed"].info.run_id, "loss")
-    assert [m.step for m in history] == [1, 2]
+    for name, child in children.items():
+        run_id = child.info.run_id
+        for key in ("loss", "examples_per_s"):  # curves start at epoch 1, no step-0 point
+            history = client.get_metric_history(run_id, key)
+            assert [m.step for m in history] == [1, 2], (name, key)
+        # the run-level figure, named for what it is: the training's, after its first epoch
+        trained = json.loads((Path(child.data.tags["run_dir"]) / "metrics.json").read_text())
+        assert child.data.metrics["examples_per_s_after_epoch_1"] == pytest.approx(
+            trained["examples_per_s"], rel=1e-3
+        )
     # logged live, epoch by epoch, into a run opened when training started
     assert history[0].timestamp < history[1].timestamp
     for child in children.values():
@@ -221,6 +238,24 @@ def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
     assert "| MLflow run | http://127.0.0.1:5000/#/experiments/" in mine.data
 
 
+def test_every_epoch_line_reaches_the_flow_runs_log_on_the_server(flow_run):
+    """The epochs are followed from a thread of their own, outside the run's context: only
+    the last one, seen after training ended, reached the server before."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    flow_run_id = flow_run["flow_run_ids"][0]  # the run that trained both
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200
+        )
+    messages = [entry.message for entry in logs]
+    for label in ("baseline", "distributed"):
+        for epoch in (1, 2):
+            line = f"{label:<11} epoch {epoch}/2"
+            assert any(m.startswith(line) for m in messages), (line, messages)
+
+
 def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_run):
     """The summary's throughputs are the medians of the alternating rounds the distributed
     run's diagnosis measured (its diagnosis.json), the speedup their ratio with the range
@@ -261,7 +296,7 @@ def test_second_flow_run_reuses_the_cached_baseline(flow_run):
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     parents = [r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags]
     baselines = {
-        r.data.tags["mlflow.parentRunId"]: r.data.metrics["examples_per_s"]
+        r.data.tags["mlflow.parentRunId"]: r.data.metrics["examples_per_s_after_epoch_1"]
         for r in runs
         if r.info.run_name == "baseline"
     }

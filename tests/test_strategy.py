@@ -114,6 +114,28 @@ def test_cluster_from_tf_config():
     assert cluster_from_environment({}) is None
 
 
+@pytest.mark.parametrize(
+    ("tf_config", "says"),
+    [
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 5}}', "worker:5"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "ps:0"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}', "worker:-1"),
+        ('{"cluster": {}, "task": {"type": "worker", "index": 0}}', "no chief, worker or ps"),
+        ('{"cluster": {"worker": ["a:1"]', "not a valid cluster description"),
+        ('["a:1"]', "not a valid cluster description"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"index": "one"}}', "not a valid"),
+    ],
+)
+def test_a_task_outside_its_cluster_is_a_usage_error_naming_tf_config(tf_config, says):
+    """A TFJob replica given an index past its cluster trained the whole job alone, as
+    Mirrored, and exited 0."""
+    from tasks.errors import UsageError
+
+    with pytest.raises(UsageError, match="TF_CONFIG") as raised:
+        cluster_from_environment({"TF_CONFIG": tf_config})
+    assert says in raised.value.message and "TF_CONFIG" in raised.value.fix
+
+
 def test_cluster_from_slurm_variables(monkeypatch):
     slurm = {
         "SLURM_NTASKS": "2",
