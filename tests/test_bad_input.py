@@ -38,7 +38,7 @@ class Case:
     code: int
     says: tuple[str, ...]  # fragments of the error output, in any order
     setup: Setup | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # {port}: a free port; {{ }}: braces
     during: Callable[[subprocess.Popen, Path], None] | None = None  # acts on the running job
     mount: str = ""  # "ro" (read-only runs dir) or "tiny" (a 256 KiB data dir)
     no_manifest: bool = False  # a failed prepare leaves no manifest
@@ -232,14 +232,14 @@ CASES = [
         ["train", "--no-diagnose"],
         2,
         ("TF_CONFIG's task worker:5 is not in its cluster (1 worker)", "fix:"),
-        env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"index": 5}}'},
+        env={"TF_CONFIG": '{{"cluster": {{"worker": ["127.0.0.1:1"]}}, "task": {{"index": 5}}}}'},
     ),
     Case(
         "a TF_CONFIG that is not JSON",
         ["train", "--no-diagnose"],
         2,
         ("TF_CONFIG is not a valid cluster description", "unset it"),
-        env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]'},
+        env={"TF_CONFIG": '{{"cluster": {{"worker": ["127.0.0.1:1"]'},  # cut short
     ),
     # models and runs
     Case(
