@@ -336,8 +336,14 @@ def _add_server_commands(sub: Any) -> None:
         help="serve the MLflow UI on the project's store",
         description="serve the MLflow UI on the project's store",
     )
-    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    ui.add_argument("--port", type=int, default=5000, help="port (5000)")
+    ui.add_argument(
+        "--host", help="address to listen on (track.ui_url's host: 127.0.0.1 by default)"
+    )
+    ui.add_argument(
+        "--port",
+        type=int,
+        help="port (track.ui_url's: 5000 by default; the links tfscale prints point there)",
+    )
     serve = sub.add_parser(
         "serve",
         help="serve the scheduled deployments (needs a Prefect server)",

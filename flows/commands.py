@@ -230,7 +230,8 @@ def run(config: Config, args: argparse.Namespace) -> int:
     from tasks.summary import format_summary
     from tasks.tracking import Tracker
 
-    results = Tracker.for_config(config.track).results_url("http://127.0.0.1:5000")
+    tracker = Tracker.for_config(config.track)
+    results = tracker.results_url(tracker.ui_base)
     print()
     print(format_summary(summary, f"tfscale ui, then {results}"))
     return 0
@@ -256,12 +257,16 @@ def _run_flow(module: str, name: str, config: Config) -> Any:
 def ui(config: Config, args: argparse.Namespace) -> int:
     import os
     import sys
+    from urllib.parse import urlsplit
 
     from tasks.tracking import Tracker
 
     tracker = Tracker.for_config(config.track)
     uri = tracker.uri
-    base = f"http://{args.host}:{args.port}"
+    configured = urlsplit(config.track.ui_url)  # links point there: serve there unless told
+    host = args.host or configured.hostname or "127.0.0.1"
+    port = args.port or configured.port or 5000
+    base = f"http://{host}:{port}"
     print(f"MLflow UI for {uri} at {base} (Ctrl-C stops it)", flush=True)
     print(f"results: {tracker.results_url(base)}", flush=True)
     command = [
@@ -271,16 +276,21 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         "server",
         "--backend-store-uri",
         uri,
+        "--registry-store-uri",  # the same store (MLflow says so at start when not given)
+        uri,
         "--default-artifact-root",
         tracker.artifact_root,
         "--host",
-        args.host,
+        host,
         "--port",
-        str(args.port),
+        str(port),
         "--workers",
         "1",
     ]
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}  # no job workers
+    # MLflow's own use of a deprecated Starlette module warns at every start; not the user's
+    quiet = "ignore:starlette.middleware.wsgi is deprecated"
+    env["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
     os.execve(sys.executable, command, env)  # the server replaces this process: signals reach it
     return 0
 

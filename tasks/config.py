@@ -125,6 +125,9 @@ class TrackConfig:
 
     store_dir: str = "mlflow"
     experiment: str = "tfscale"
+    # where people open the MLflow UI: `tfscale ui` serves there, and the summary, the
+    # Prefect artifact and the console link there (a tracking server's own URI wins)
+    ui_url: str = "http://127.0.0.1:5000"
 
 
 @dataclass(frozen=True)

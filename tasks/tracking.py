@@ -104,10 +104,15 @@ class Tracker:
     """The tracking store, its client, and the monitors of the runs this tracker opened."""
 
     def __init__(
-        self, store_dir: str | Path = "mlflow", experiment: str = "tfscale", uri: str = ""
+        self,
+        store_dir: str | Path = "mlflow",
+        experiment: str = "tfscale",
+        uri: str = "",
+        ui_url: str = "http://127.0.0.1:5000",
     ):
         self.store_dir = Path(store_dir)
         self.experiment = experiment
+        self.ui_url = ui_url
         self.uri = (
             uri
             or os.environ.get("MLFLOW_TRACKING_URI")
@@ -118,10 +123,15 @@ class Tracker:
 
     @classmethod
     def for_config(cls, track: TrackConfig) -> Tracker:
-        return cls(track.store_dir, track.experiment)
+        return cls(track.store_dir, track.experiment, ui_url=track.ui_url)
 
     def __getstate__(self) -> dict:  # the store, not the connection (Prefect hashes inputs)
-        return {"store_dir": self.store_dir, "experiment": self.experiment, "uri": self.uri}
+        return {
+            "store_dir": self.store_dir,
+            "experiment": self.experiment,
+            "uri": self.uri,
+            "ui_url": self.ui_url,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -217,8 +227,9 @@ class Tracker:
 
     @property
     def ui_base(self) -> str:
-        """Where a person opens this store: the server itself, or `tfscale ui`'s default."""
-        return self.uri if self.uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+        """Where a person opens this store: the server itself, or where `tfscale ui` serves
+        it (`track.ui_url`)."""
+        return self.uri if self.uri.startswith(("http://", "https://")) else self.ui_url
 
     def run_url(self, base: str, run_id: str) -> str:
         experiment = self.client.get_run(run_id).info.experiment_id

@@ -359,9 +359,16 @@ def test_cached_results_whose_files_were_deleted_are_made_again(flow_run):
 
 
 def test_ui_serves_the_store(flow_run):
+    """`tfscale ui` serves where the configured links point (`track.ui_url`), and starts
+    without MLflow's warnings."""
+    import yaml
+
     port = free_port()
+    params = yaml.safe_load((flow_run["tmp"] / "params.yaml").read_text())
+    params.setdefault("track", {})["ui_url"] = f"http://127.0.0.1:{port}"
+    (flow_run["tmp"] / "ui-params.yaml").write_text(yaml.safe_dump(params))
     proc = subprocess.Popen(
-        [str(BIN / "tfscale"), "ui", "--port", str(port)],
+        [str(BIN / "tfscale"), "--params", "ui-params.yaml", "ui"],
         cwd=flow_run["tmp"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -386,7 +393,8 @@ def test_ui_serves_the_store(flow_run):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=30)[0]
-    assert f"127.0.0.1:{port}" in out
+    assert f"results: http://127.0.0.1:{port}/#/experiments/" in out
+    assert "Warning" not in out and "Registry store URI not provided" not in out, out
 
 
 def test_bad_params_exit_2_and_write_nothing(tmp_path):

@@ -191,3 +191,18 @@ def test_the_quiet_console_drops_only_the_expected_warnings():
     assert _quiet_console(record(logging.WARNING, "a real problem"))
     assert not _quiet_console(record(logging.INFO, "a library notice"))
     assert _quiet_console(record(logging.INFO, "a stage line", name="tasks.progress"))
+
+
+def test_links_point_where_the_ui_is(tmp_path):
+    """The configured UI address (`track.ui_url`, where `tfscale ui` serves), or the
+    tracking server itself; never a port the UI is not on."""
+    from tasks.config import load_config
+
+    (tmp_path / "params.yaml").write_text("track:\n  ui_url: http://10.0.0.7:5123\n")
+    track = load_config(tmp_path / "params.yaml").track
+    assert track.ui_url == "http://10.0.0.7:5123"
+    local = Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/mlflow.db", ui_url=track.ui_url)
+    assert local.ui_base == "http://10.0.0.7:5123"
+    assert Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/m.db").ui_base == "http://127.0.0.1:5000"
+    server = Tracker(tmp_path, uri="http://mlflow.internal:8080", ui_url=track.ui_url)
+    assert server.ui_base == "http://mlflow.internal:8080"
