@@ -118,6 +118,18 @@ def flow_runs_of(client, deployment_id) -> list:
     )
 
 
+def artifacts_of(client, flow_run_id) -> list[dict]:
+    """A flow run's own artifacts, asked for as the UI's run page asks: by the artifacts'
+    flow run alone (the client's filter joins task runs, which drops an artifact that a
+    flow made outside any task)."""
+    found = client._client.post(
+        "/artifacts/filter",
+        json={"artifacts": {"flow_run_id": {"any_": [str(flow_run_id)]}}, "limit": 10},
+    )
+    found.raise_for_status()
+    return found.json()
+
+
 def test_nightly_runs_are_scheduled_on_demand_runs_complete_and_stop_leaves_them_active(
     prefect_server, tmp_path
 ):
@@ -148,7 +160,14 @@ def test_nightly_runs_are_scheduled_on_demand_runs_complete_and_stop_leaves_them
             )
             assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
             assert list((tmp_path / "runs" / "digits").glob("mirrored-*/summary.json"))
+            # the summary is on the deployment run's own page, not only its subflow's
+            shown = artifacts_of(client, on_demand.id)
+            assert len(shown) == 1, (tmp_path / "serve.log").read_text()[-3000:]
+            (shown,) = shown
+            assert shown["key"] == "scaling-summary" and "speedup" in shown["data"]
         assert serve.returncode is not None
+        stopped = (tmp_path / "serve.log").read_text()
+        assert "RuntimeWarning" not in stopped and "Traceback" not in stopped, stopped[-3000:]
         after = client.read_deployment(nightly.id)
         assert not after.paused and after.schedules[0].active  # stopping did not pause it
 
