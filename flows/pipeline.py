@@ -135,8 +135,10 @@ def close_child_task(live: tracking.EpochLog, result, context: dict):
 def track_task(tracker: tracking.Tracker, parent_id: str, record):
     tracker.log_pipeline(parent_id, record)
     url = tracker.run_url(tracker.ui_base, parent_id)
+    markdown = summary.format_markdown(record.summary, record.context["manifest"]["dataset"], url)
+    tracker.describe(parent_id, markdown)
     create_markdown_artifact(
-        summary.format_markdown(record.summary, record.context["manifest"]["dataset"], url),
+        markdown,
         key="scaling-summary",
         description="speedup, scaling efficiency, accuracy and bottleneck of this run",
     )

@@ -303,19 +303,37 @@ class Tracker:
         (given rather than inferred: MLflow's inference reloads the model, about 10 s).
         Returns the logged model's id."""
         import mlflow.keras
+        import numpy as np
+        from mlflow.entities import LoggedModelOutput
+        from mlflow.models import infer_signature
 
         from tasks.models import load_trained_model
 
         experiment = self.client.get_run(run_id).info.experiment_id
         logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
+        model = load_trained_model(model_path)
+        example = np.zeros((1, *model.input_shape[1:]), dtype="float32")  # one input's shape
+        signature = infer_signature(example, np.asarray(model(example)))
         with tempfile.TemporaryDirectory(prefix="tfscale-model-") as tmp:
             local = Path(tmp) / "model"
+            local.mkdir()  # MLflow writes the input example before it makes the directory
             mlflow.keras.save_model(
-                load_trained_model(model_path), str(local), pip_requirements=_model_requirements()
+                model,
+                str(local),
+                signature=signature,
+                input_example=example,
+                pip_requirements=_model_requirements(),
             )
             self.client.log_model_artifacts(logged.model_id, str(local))
         self.client.finalize_logged_model(logged.model_id, "READY")
+        # the run's "Logged models" column and its outputs name the model
+        self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
         return logged.model_id
+
+    def describe(self, run_id: str, markdown: str) -> None:
+        """The run's description on its MLflow page (markdown, within a tag's 8,000
+        characters)."""
+        self.log(run_id, tags={"mlflow.note.content": markdown[:8000]})
 
     def register_model(self, name: str, model_id: str, run_id: str, tags: dict) -> str:
         """A new version of registered model `name` from a logged model; its version."""

@@ -90,6 +90,19 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     assert parent.data.tags["strategy_reason"] and "reason" not in parent.data.tags
     assert not {"diagnosis_bottleneck", "diagnosis_evidence"} & set(parent.data.tags)
     assert parent.data.tags["bottleneck"] and parent.data.tags["bottleneck_evidence"]
+    # the run page: the summary as its description, the model in its outputs, with a
+    # signature and an input example
+    description = parent.data.tags["mlflow.note.content"]
+    assert "| speedup |" in description and "| test accuracy |" in description
+    from urllib.parse import urlparse
+
+    from mlflow.models import Model
+
+    (output,) = client.get_run(parent.info.run_id).outputs.model_outputs
+    stored = urlparse(client.get_logged_model(output.model_id).artifact_location).path
+    info = Model.load(Path(stored) / "MLmodel")
+    assert list(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 8, 8, 1]
+    assert info.saved_input_example_info is not None
     for key in (
         "dataset",
         "shards",
