@@ -124,7 +124,8 @@ def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:
 
     from tasks.config import config_to_dict
     from tasks.diagnosis import format_diagnosis
-    from tasks.runs import train_and_diagnose
+    from tasks.files import write_json_atomic
+    from tasks.runs import TRACKED_AS, train_and_diagnose
     from tasks.tracking import EpochLog, pipeline_params
 
     choice, manifest = run.choice, run.manifest
@@ -148,6 +149,8 @@ def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:
                 "manifest": json.loads(manifest.to_json()),
             }
             tracker.log_training(run_id, result, pipeline_params(context))
+            link = {"run_id": run_id, "url": tracker.run_url(tracker.ui_base, run_id)}
+            write_json_atomic(Path(result.run_dir) / TRACKED_AS, link)  # for `evaluate`
             if diagnosis is not None:
                 tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
                 tracker.log(run_id, tags={"bottleneck": diagnosis.bottleneck})
@@ -185,7 +188,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.evaluation import evaluate_model, write_evaluation
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
-    from tasks.runs import latest_run
+    from tasks.runs import latest_run, trained_by
 
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
@@ -194,8 +197,15 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     )
     if not Path(model_path).exists():
         raise MissingInput(f"No model at {model_path}", "train one with 'tfscale train'.")
-    tracker, tags = _command_tracker(config, dataset=manifest.dataset)
+    trained = trained_by(Path(model_path).parent)
+    tracker, tags = _command_tracker(config, **{**trained, "dataset": manifest.dataset})
     with tracker.run(f"evaluate-{manifest.dataset}", tags) as run_id:
+        if "training_run_url" in trained:
+            tracker.describe(
+                run_id,
+                f"Evaluates the model of training run [{trained['training_run_id']}]"
+                f"({trained['training_run_url']}) on the held-out split of {manifest.dataset}.",
+            )
         result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
         model_dir = Path(model_path).parent
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])

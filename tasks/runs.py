@@ -222,6 +222,7 @@ def write_metrics(result: TrainResult, run: Run) -> Path:
     metrics = dict(
         result.to_dict(),
         dataset=run.manifest.dataset,
+        model=run.train.model,
         manifest_digest=run.manifest.digest,
         hardware_fingerprint=run.report.fingerprint,
     )
@@ -265,6 +266,27 @@ def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
 
 
+TRACKED_AS = "mlflow_run.json"  # beside a trained model: {"run_id", "url"} of its MLflow run
+
+
+def trained_by(model_dir: Path) -> dict[str, str]:
+    """What the files beside a model say about the training that made it, as tags: its
+    dataset, model, strategy, replicas and precision, its run directory, and its MLflow
+    run (id and link) when one logged it."""
+    tags: dict[str, str] = {}
+    for name in ("metrics.json", "train_metrics.json"):  # a run directory, an export
+        if (model_dir / name).exists():
+            metrics = json.loads((model_dir / name).read_text())
+            keys = ("dataset", "model", "strategy", "replicas", "precision")
+            tags.update({k: str(metrics[k]) for k in keys if k in metrics})
+            tags["training_run_dir"] = str(metrics.get("run_dir", model_dir))
+            break
+    if (model_dir / TRACKED_AS).exists():
+        tracked = json.loads((model_dir / TRACKED_AS).read_text())
+        tags.update(training_run_id=tracked["run_id"], training_run_url=tracked["url"])
+    return tags
+
+
 def export_run(result: TrainResult, export_dir: Path) -> None:
     """Copies the model, metrics, diagnosis (when there is one) and per-epoch history (CSV,
     for plots) to a fixed place."""
@@ -275,6 +297,8 @@ def export_run(result: TrainResult, export_dir: Path) -> None:
     with atomic_path(export_dir / "model.keras") as tmp:
         shutil.copyfile(result.model_path, tmp)
     shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
+    if (run_dir / TRACKED_AS).exists():  # the MLflow run that logged the training
+        shutil.copyfile(run_dir / TRACKED_AS, export_dir / TRACKED_AS)
     stale = export_dir / "diagnosis.json"
     if (run_dir / "diagnosis.json").exists():
         shutil.copyfile(run_dir / "diagnosis.json", stale)

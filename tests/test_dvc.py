@@ -178,6 +178,13 @@ def test_every_stage_that_trains_or_evaluates_logs_an_mlflow_run(clone, repro_ru
     assert [m.step for m in client.get_metric_history(train.info.run_id, "loss")] == [1, 2]
     evaluate = by_stage["evaluate"][0].data
     assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(evaluate.metrics)
+    # the evaluate run names and links the training run it evaluated, and shows its setup
+    trained = evaluate.tags["training_run_id"]
+    assert trained in {r.info.run_id for r in by_stage["train"]}
+    assert evaluate.tags["training_run_url"].endswith(f"/runs/{trained}")
+    assert trained in evaluate.tags["mlflow.note.content"]
+    assert (evaluate.tags["dataset"], evaluate.tags["model"]) == ("digits", "mlp")
+    assert evaluate.tags["strategy"] == "mirrored" and evaluate.tags["replicas"] == "2"
 
 
 def test_plots_show_renders_the_curves(clone, repro_runs):

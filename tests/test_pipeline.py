@@ -254,30 +254,10 @@ def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
     assert "| MLflow run | http://127.0.0.1:5000/#/experiments/" in mine.data
 
 
-def test_every_epoch_line_reaches_the_flow_runs_log_on_the_server(flow_run):
-    """Each training's epochs, in the pipeline's own flow run on the server. (Its tiny
-    epochs may all end before the watcher's thread looks; the next test holds that path.)"""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    flow_run_id = flow_run["flow_run_ids"][0]  # the run that trained both
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-            limit=200,
-            offset=0,
-        )
-    messages = [entry.message for entry in logs]
-    for label in ("baseline", "distributed"):
-        for epoch in (1, 2):
-            line = f"{label:<11} epoch {epoch}/2"
-            assert any(m.startswith(line) for m in messages), (line, messages)
-
-
 def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
-    """The same path with epochs that end while training still runs (the pipeline's tiny
-    epochs above can all end before the watcher's first look, which then runs in the
-    flow's own thread): a real flow on the server, a history written an epoch at a time."""
+    """Epoch lines seen by the watcher's own thread, which has no run context: a real flow
+    on the server, a history written an epoch at a time, each epoch seen before the next
+    is written (a pipeline's tiny epochs can all end before the watcher's first look)."""
     import time
 
     from prefect import flow
