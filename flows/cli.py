@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--params",
-        default="params.yaml",
-        help="the config file (default: params.yaml; missing means defaults)",
+        help="the config file (default: params.yaml, or the defaults when it is missing; "
+        "a file named here must exist)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     prepare = _add(
@@ -298,10 +298,13 @@ def _add_training_commands(sub: Any) -> None:
     )
     train.add_argument(
         "--against-baseline",
-        action="store_true",
+        nargs="?",
+        const="",
+        metavar="DIR",
         help="this run is compared with a --baseline run (as in dvc.yaml): with --strategy "
         "auto it keeps the replicas rather than measuring them against one device, and "
-        "settles precision and XLA as the baseline does",
+        "settles precision and XLA as the baseline does; with the baseline's export DIR, "
+        "its MLflow run nests under the baseline's pipeline run",
     )
     evaluate = _add(
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
@@ -368,12 +371,12 @@ def _add(sub: Any, name: str, help_text: str, flags: dict) -> argparse.ArgumentP
 
 
 def _load(args: argparse.Namespace):
-    from tasks.config import load_config
+    from tasks.config import DEFAULT_PARAMS, load_config
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     if overrides.get("prepare.synthetic.height") is not None:
         overrides["prepare.synthetic.width"] = overrides["prepare.synthetic.height"]
-    return load_config(args.params, overrides)
+    return load_config(args.params or DEFAULT_PARAMS, overrides, named=args.params is not None)
 
 
 if __name__ == "__main__":

@@ -66,12 +66,17 @@ def train(config: Config, args: argparse.Namespace) -> int:
     from tasks.run import Run
     from tasks.strategy import baseline_choice, select_strategy
 
+    if args.against_baseline:  # the baseline it joins, named before any work
+        from pathlib import Path
+
+        from tasks.runs import load_exported
+
+        load_exported(Path(args.against_baseline))
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
     report = detect_hardware()
     proposed = select_strategy(report, config.train)
-    choice = baseline_choice(proposed) if args.baseline else proposed
-    role = role_of(report.cluster, choice.spec)
+    role = role_of(report.cluster, (baseline_choice(proposed) if args.baseline else proposed).spec)
     if report.cluster is not None:
         import os
 
@@ -84,10 +89,13 @@ def train(config: Config, args: argparse.Namespace) -> int:
         serve(report.cluster, config.cluster.chief_wait_s)
         return 0
     set_up_devices(proposed.logical_cpus)
-    run = Run(config, manifest, str(data_dir), choice, report)
+    run = Run(config, manifest, str(data_dir), proposed, report)
     if role == CHIEF and report.cluster is None:
-        run = _settle(run.with_choice(proposed), args)
-        choice = run.choice
+        run = _settle(run, args)
+    compared = run  # what a baseline is the baseline of
+    if args.baseline:
+        run = run.with_choice(baseline_choice(run.choice))
+    choice = run.choice
     if role == EVALUATOR:
         from tasks.runs import evaluate_as_sidecar
 
@@ -99,7 +107,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
         f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",
         flush=True,
     )
-    _train_tracked(run, args, tracked=role == CHIEF)
+    _train_tracked(run, args, tracked=role == CHIEF, compared=compared)
     return 0
 
 
@@ -109,17 +117,19 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     settles precision and XLA for them, so that both sides share them and one measurement."""
     from tasks.autotune import format_line
     from tasks.runs import settle_auto
-    from tasks.strategy import baseline_choice
 
-    run, settled = settle_auto(run, for_pipeline=args.baseline or args.against_baseline)
+    compared = args.baseline or args.against_baseline is not None
+    run, settled = settle_auto(run, for_pipeline=compared)
     if settled.timed:
         print(f"auto: {format_line(settled)}", flush=True)
-    return run.with_choice(baseline_choice(run.choice)) if args.baseline else run
+    return run
 
 
-def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:
+def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool, compared: Any) -> None:
     """Trains and diagnoses `run`, logged as an MLflow run of its own when `tracked` (a
-    cluster's chief, or a run of one process), then exports and reports it."""
+    cluster's chief, or a run of one process), then exports and reports it. A baseline
+    opens the pipeline run its comparison nests under (`compared`: what it is the baseline
+    of); a run `--against-baseline DIR` joins the pipeline of the baseline in DIR."""
     from pathlib import Path
 
     from tasks.config import config_to_dict
@@ -135,21 +145,22 @@ def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:
         if tracked
         else (None, {})
     )
-    with (
-        tracker.run(f"{kind}-{manifest.dataset}-{choice.kind}", tags)
-        if tracker
-        else _no_run() as run_id
-    ):
+    context = {"config": config_to_dict(run.config), "manifest": json.loads(manifest.to_json())}
+    pipeline = _pipeline_run(tracker, args, compared, tags, pipeline_params(context))
+    name = (
+        ("baseline" if args.baseline else "distributed")
+        if pipeline
+        else f"{kind}-{manifest.dataset}-{choice.kind}"
+    )
+    with tracker.run(name, tags, stage_of=pipeline) if tracker else _no_run() as run_id:
         live = EpochLog(tracker, run_id) if tracker else None
         probe_steps = 0 if args.no_diagnose else 30
         result, diagnosis = train_and_diagnose(run, probe_steps, live, kind, True)
         if tracker:
-            context = {
-                "config": config_to_dict(run.config),
-                "manifest": json.loads(manifest.to_json()),
-            }
             tracker.log_training(run_id, result, pipeline_params(context))
             link = {"run_id": run_id, "url": tracker.run_url(tracker.ui_base, run_id)}
+            if pipeline:
+                link["pipeline_run_id"] = pipeline
             write_json_atomic(Path(result.run_dir) / TRACKED_AS, link)  # for `evaluate`
             if diagnosis is not None:
                 tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
@@ -164,6 +175,32 @@ def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool) -> None:
         f"{result.examples_per_s:,.0f} examples/s (after the first epoch), global batch "
         f"{result.global_batch}; outputs in {result.run_dir}"
     )
+
+
+def _pipeline_run(
+    tracker: Any, args: argparse.Namespace, compared: Any, tags: dict, params: dict
+) -> str | None:
+    """The MLflow run a compared pipeline's stages nest under: opened by its baseline, found
+    by the run compared with it beside the baseline's model (`--against-baseline DIR`)."""
+    from pathlib import Path
+
+    from tasks.runs import pipeline_of, trained_by
+    from tasks.tracking import pipeline_run_name
+
+    if tracker is None or not (args.baseline or args.against_baseline):
+        return None
+    choice, name = compared.choice, pipeline_run_name(compared)
+    shown = {"strategy": choice.kind, "precision": choice.precision}
+    table = {**shown, "replicas": choice.replicas, **params}  # the runs table's columns
+    if args.baseline:
+        return tracker.open_pipeline(name, {**tags, **shown}, table)
+    baseline = Path(args.against_baseline)
+    link = {
+        k.replace("training_", "baseline_"): v
+        for k, v in trained_by(baseline).items()
+        if k in ("training_run_id", "training_run_url")
+    }
+    return tracker.join_pipeline(pipeline_of(baseline), name, {**tags, **link}, table)
 
 
 def _command_tracker(config: Config, **tags: str) -> tuple[Any, dict]:
@@ -188,8 +225,10 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.evaluation import evaluate_model, write_evaluation
     from tasks.manifest import verify_shards
     from tasks.preparation import dataset_dir
-    from tasks.runs import latest_run, trained_by
+    from tasks.runs import latest_run, load_exported, pipeline_of, trained_by
 
+    if args.baseline:  # the baseline it compares with, named before any work
+        load_exported(Path(args.baseline))
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
     model_path = (
@@ -199,7 +238,9 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         raise MissingInput(f"No model at {model_path}", "train one with 'tfscale train'.")
     trained = trained_by(Path(model_path).parent)
     tracker, tags = _command_tracker(config, **{**trained, "dataset": manifest.dataset})
-    with tracker.run(f"evaluate-{manifest.dataset}", tags) as run_id:
+    pipeline = pipeline_of(Path(model_path).parent)  # the training's pipeline, if a stage
+    name = "evaluate" if pipeline else f"evaluate-{manifest.dataset}"
+    with tracker.run(name, tags, stage_of=pipeline) as run_id:
         if "training_run_url" in trained:
             tracker.describe(
                 run_id,
@@ -225,8 +266,11 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
                 config.train.scaling,
                 config.evaluate.target_accuracy,
             )
-            tracker.log_result(run_id, summary)
-            tracker.log(run_id, tags={"bottleneck": summary.bottleneck})
+            for on in (run_id, pipeline) if pipeline else (run_id,):  # the table's row too
+                tracker.log_result(on, summary)
+                tracker.log(on, tags={"bottleneck": summary.bottleneck})
+            if pipeline:
+                tracker.log_result(pipeline, result)
             print(
                 f"speedup {summary.speedup_text} over the single-device baseline, scaling "
                 f"efficiency {summary.scaling_efficiency:.2f}; written to "
@@ -269,6 +313,8 @@ def ui(config: Config, args: argparse.Namespace) -> int:
     import sys
     from urllib.parse import urlsplit
 
+    from tasks.errors import UserError
+    from tasks.network import port_taken
     from tasks.tracking import Tracker
 
     tracker = Tracker.for_config(config.track)
@@ -277,6 +323,13 @@ def ui(config: Config, args: argparse.Namespace) -> int:
     host = args.host or configured.hostname or "127.0.0.1"
     port = args.port or configured.port or 5000
     base = f"http://{host}:{port}"
+    if port_taken(host, port):  # uvicorn would say so in a log line and exit 0
+        raise UserError(
+            f"{host}:{port} is already in use (another 'tfscale ui' or MLflow server?), so "
+            "the MLflow UI cannot start there",
+            f"open {base} if it is this store's UI, stop what holds the port, or serve on "
+            "another with 'tfscale ui --port N' (track.ui_url sets where links point).",
+        )
     print(f"MLflow UI for {uri} at {base} (Ctrl-C stops it)", flush=True)
     print(f"results: {tracker.results_url(base)}", flush=True)
     command = [
@@ -296,6 +349,8 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         str(port),
         "--workers",
         "1",
+        "--app-name",  # MLflow's app, opening pages on model training (tasks/tracking_ui.py)
+        "tfscale",
     ]
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}  # no job workers
     # MLflow's own use of a deprecated Starlette module warns at every start; not the user's
@@ -308,7 +363,7 @@ def ui(config: Config, args: argparse.Namespace) -> int:
 def serve(config: Config, args: argparse.Namespace) -> int:
     from flows.deployments import serve_deployments
 
-    serve_deployments(args.params, args.cron)
+    serve_deployments(args.params or "params.yaml", args.cron)
     return 0
 
 

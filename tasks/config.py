@@ -32,10 +32,12 @@ def _spec(
     hi: float | None = None,
     choices: tuple[str, ...] | None = None,
     empty: bool = False,
+    url: bool = False,
     **kw: Any,
 ):
-    """A field with its bounds, choices, and (a list) whether it may be empty."""
-    metadata = {"lo": lo, "hi": hi, "choices": choices, "empty": empty}
+    """A field with its bounds, choices, (a list) whether it may be empty, and (a string)
+    whether it is a web address."""
+    metadata = {"lo": lo, "hi": hi, "choices": choices, "empty": empty, "url": url}
     return field(default=default, metadata=metadata, **kw)
 
 
@@ -127,7 +129,7 @@ class TrackConfig:
     experiment: str = "tfscale"
     # where people open the MLflow UI: `tfscale ui` serves there, and the summary, the
     # Prefect artifact and the console link there (a tracking server's own URI wins)
-    ui_url: str = "http://127.0.0.1:5000"
+    ui_url: str = _spec("http://127.0.0.1:5000", url=True)
 
 
 @dataclass(frozen=True)
@@ -159,13 +161,17 @@ class Config:
 
 
 def load_config(
-    path: str | Path | None = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None
+    path: str | Path | None = DEFAULT_PARAMS,
+    overrides: dict[str, Any] | None = None,
+    named: bool = False,
 ) -> Config:
     """Loads `params.yaml` (missing file means defaults) and applies dotted overrides.
 
     Args:
         path: the YAML file, or None for defaults only.
         overrides: values keyed by dotted name (`train.epochs`); None values are ignored.
+        named: the user named `path` (`--params`): a missing file is an error, not the
+            defaults (a mistyped name would otherwise run on settings nobody chose).
 
     Returns:
         A validated, frozen `Config`.
@@ -174,6 +180,12 @@ def load_config(
         ConfigError: naming the key, what was expected and what arrived.
     """
     raw: dict[str, Any] = {}
+    if named and path is not None and not Path(path).is_file():
+        raise ConfigError(
+            f"--params {path}: no such file",
+            f"give the path of a config file, or leave --params out to use {DEFAULT_PARAMS} "
+            "(the defaults when there is none).",
+        )
     if path is not None and Path(path).exists():
         try:
             raw = yaml.safe_load(Path(path).read_text())
@@ -261,11 +273,27 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
     choices = meta.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{key}: expected one of {', '.join(choices)}; got {value!r}")
+    if meta.get("url") and not _web_address(value):
+        raise ConfigError(
+            f"{key}: expected a web address such as http://127.0.0.1:5000; got {value!r}"
+        )
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is not None and value < lo or hi is not None and value > hi:
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
         raise ConfigError(f"{key}: expected a value {bounds}; got {value!r}")
     return value
+
+
+def _web_address(value: str) -> bool:
+    """http(s)://host, with a port if any that is a number."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _coerce(key: str, hint: type, value: Any, optional: bool) -> Any:

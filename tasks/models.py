@@ -8,15 +8,27 @@ from collections.abc import Callable
 import keras
 from keras import layers
 
-from tasks.errors import UsageError
+from tasks.errors import UsageError, UserError, system_error
 
 
 def load_trained_model(path: str) -> keras.Model:
     """A model tfscale saved, without its optimizer (its learning-rate schedule is
     registered with Keras in `tasks.steps`)."""
+    import zipfile
+
     import tasks.steps  # noqa: F401  (registers WarmupSchedule)
 
-    return keras.models.load_model(path, compile=False)
+    try:
+        return keras.models.load_model(path, compile=False)
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:  # not a model, or damaged
+        if isinstance(exc, OSError) and system_error(exc) is not None:
+            raise
+        first = str(exc).split(". ")[0]
+        raise UserError(
+            f"{path} is not a Keras model tfscale can load ({first})",
+            "give the model.keras a 'tfscale train' wrote (its run directory, or "
+            "--export-dir), or train again if that file was damaged.",
+        ) from None
 
 
 def build_model(

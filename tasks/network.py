@@ -13,6 +13,19 @@ def free_ports(n: int = 1) -> list[int]:
     return [portpicker.pick_unused_port() for _ in range(n)]
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on `host:port` (a server cannot bind there)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def wait_healthy(
     url: str,
     timeout_s: float,

@@ -266,7 +266,9 @@ def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
 
 
-TRACKED_AS = "mlflow_run.json"  # beside a trained model: {"run_id", "url"} of its MLflow run
+# beside a trained model: {"run_id", "url"} of its MLflow run, and "pipeline_run_id" when it
+# was a stage of a compared pipeline (`tfscale train --baseline`, `--against-baseline DIR`)
+TRACKED_AS = "mlflow_run.json"
 
 
 def trained_by(model_dir: Path) -> dict[str, str]:
@@ -285,6 +287,30 @@ def trained_by(model_dir: Path) -> dict[str, str]:
         tracked = json.loads((model_dir / TRACKED_AS).read_text())
         tags.update(training_run_id=tracked["run_id"], training_run_url=tracked["url"])
     return tags
+
+
+def load_exported(export_dir: Path) -> TrainResult:
+    """The training result `tfscale train --export-dir` wrote into `export_dir`.
+
+    Raises:
+        MissingInput: no `train_metrics.json` there, naming the command that writes it.
+    """
+    path = export_dir / "train_metrics.json"
+    if not path.exists():
+        raise MissingInput(
+            f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
+            "(add --baseline for the single-device baseline) first."
+        )
+    metrics = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(TrainResult)}
+    return TrainResult(**{k: v for k, v in metrics.items() if k in names})
+
+
+def pipeline_of(model_dir: Path) -> str | None:
+    """The MLflow pipeline run the training beside this model was a stage of, if any."""
+    if not (model_dir / TRACKED_AS).exists():
+        return None
+    return json.loads((model_dir / TRACKED_AS).read_text()).get("pipeline_run_id")
 
 
 def export_run(result: TrainResult, export_dir: Path) -> None:

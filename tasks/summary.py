@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from tasks.diagnosis import Diagnosis
-from tasks.errors import MissingInput
 from tasks.evaluation import EvalResult
 from tasks.fields import PARAM, tracked_as
 from tasks.files import write_json_atomic
@@ -17,6 +16,7 @@ from tasks.probes import RoundRates
 from tasks.provenance import code_version
 from tasks.rounds import Spread
 from tasks.run import Run
+from tasks.runs import load_exported
 from tasks.training import TrainResult
 
 
@@ -167,23 +167,6 @@ def _figures_of_trainings(
         "speedup_from_batch": batch_effect,
         "speedup_from_devices": ratio / batch_effect if batch_effect else None,
     }
-
-
-def load_exported(export_dir: Path) -> TrainResult:
-    """The training result `tfscale train --export-dir` wrote into `export_dir`.
-
-    Raises:
-        MissingInput: no `train_metrics.json` there, naming the command that writes it.
-    """
-    path = export_dir / "train_metrics.json"
-    if not path.exists():
-        raise MissingInput(
-            f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
-            "(add --baseline for the single-device baseline) first."
-        )
-    metrics = json.loads(path.read_text())
-    names = {f.name for f in dataclasses.fields(TrainResult)}
-    return TrainResult(**{k: v for k, v in metrics.items() if k in names})
 
 
 def compare_exported(

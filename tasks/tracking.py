@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -41,7 +42,9 @@ if TYPE_CHECKING:
 
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
 SIGNIFICANT = 4
+SHORT_ID = 6  # a top-level run's name ends in this many characters of its id
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+TRAINING_PAGE = "workflowType=machine_learning"  # MLflow's UI: a page in model-training mode
 VIEW_KEY = "tfscale-results"
 VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
 # the runs table's columns, in order: what a user came for
@@ -66,6 +69,19 @@ class TrackingError(UserError, RuntimeError):
 def rounded(value: float) -> float:
     """`value` to `SIGNIFICANT` significant digits (1.3180673662 -> 1.318)."""
     return float(f"{value:.{SIGNIFICANT}g}")
+
+
+@functools.cache
+def _rounded_monitor() -> type:
+    """MLflow's system-metrics monitor, logging its figures rounded (`rounded`): 0.03264 MB
+    received, not 0.032642000001942506."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    class RoundedMonitor(SystemMetricsMonitor):
+        def aggregate_metrics(self) -> dict[str, float]:
+            return {name: rounded(v) for name, v in super().aggregate_metrics().items()}
+
+    return RoundedMonitor
 
 
 def results_view() -> dict[str, Any]:
@@ -222,7 +238,7 @@ class Tracker:
         """The experiment's runs table at `base` (an MLflow UI), opened on the result
         columns."""
         experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
-        query = f"workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+        query = f"{TRAINING_PAGE}&viewStateShareKey={VIEW_KEY}"
         return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{query}"
 
     @property
@@ -233,7 +249,8 @@ class Tracker:
 
     def run_url(self, base: str, run_id: str) -> str:
         experiment = self.client.get_run(run_id).info.experiment_id
-        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+        # the query opens it on model training in any MLflow UI, `tfscale ui`'s or not
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{TRAINING_PAGE}"
 
     def start_run(
         self,
@@ -242,15 +259,17 @@ class Tracker:
         parent_id: str | None = None,
         system_metrics: bool = False,
     ) -> str:
-        """Opens a run (a child of `parent_id` if given); returns its id."""
+        """Opens a run (a child of `parent_id` if given); returns its id. A top-level run's
+        name ends in the start of its id (`digits-cnn-mirrored-2x-10ep-85d88c`), so two
+        runs of one configuration differ in the table and match the console's run id."""
         experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
         if parent_id:
             tags = {"mlflow.parentRunId": parent_id, **tags}
         run_id = self.client.create_run(experiment, run_name=name, tags=tags).info.run_id
+        if not parent_id:
+            self.client.update_run(run_id, name=f"{name}-{run_id[:SHORT_ID]}")
         if system_metrics:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=self.uri)
+            monitor = _rounded_monitor()(run_id, sampling_interval=2, tracking_uri=self.uri)
             monitor.start()
             self._monitors[run_id] = monitor
         return run_id
@@ -383,16 +402,54 @@ class Tracker:
         self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
 
     @contextlib.contextmanager
-    def run(self, name: str, tags: dict[str, str]) -> Iterator[str]:
-        """A top-level run around a command's work: FINISHED when the block ends, FAILED
-        (with the error) when it raises."""
-        run_id = self.start_run(name, tags)
+    def run(self, name: str, tags: dict[str, str], stage_of: str | None = None) -> Iterator[str]:
+        """A run around a command's work: FINISHED when the block ends, FAILED (with the
+        error) when it raises. With `stage_of` (a pipeline run, `open_pipeline`), a child of
+        it, and the pipeline ends as its latest stage did."""
+        run_id = self.start_run(name, tags, parent_id=stage_of)
         try:
             yield run_id
         except BaseException as exc:
             self.fail(run_id, repr(exc))
+            if stage_of:
+                self.fail(stage_of, f"stage {name}: {exc!r}")
             raise
         self.finish(run_id)
+        if stage_of:
+            if "error" in self.client.get_run(stage_of).data.tags:  # an earlier stage's
+                self.client.delete_tag(stage_of, "error")
+            self.finish(stage_of)
+
+    def join_pipeline(
+        self, baselines: str | None, name: str, tags: dict[str, str], params: dict[str, Any]
+    ) -> str:
+        """The pipeline run a training compared with a baseline nests under: the baseline's
+        own (`baselines`) while it was opened for the same configuration (`params`) and has
+        no compared training yet; otherwise a new one (a baseline DVC kept from an earlier
+        repro serves another configuration), which `tags` link to the baseline."""
+        if baselines:
+            run = self.client.get_run(baselines)
+            same = all(run.data.params.get(k) == str(v) for k, v in params.items())
+            stages = self.client.search_runs(
+                [run.info.experiment_id], f"tags.mlflow.parentRunId = '{baselines}'"
+            )
+            if same and not any(s.info.run_name == "distributed" for s in stages):
+                return baselines
+        return self.open_pipeline(name, tags, params)
+
+    def open_pipeline(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """The parent of a compared pipeline whose stages run as separate commands (`dvc
+        repro`: baseline, train, evaluate): each stage's run nests under it (`run`'s
+        `stage_of`), and the evaluation puts the result on it."""
+        own = {k: v for k, v in tags.items() if k != "dvc_stage"}  # not one stage: all
+        run_id = self.start_run(name, {**own, "kind": "pipeline"})
+        self.log(run_id, params=params)
+        self.describe(
+            run_id,
+            "The stages of one compared pipeline, each a child run: the single-device "
+            "baseline, the training compared with it, and the evaluation that compares them.",
+        )
+        return run_id
 
     def log_pipeline(self, parent_id: str, record: PipelineRecord) -> None:
         """Logs a whole pipeline run on its parent (its children were closed as their

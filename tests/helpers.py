@@ -11,6 +11,7 @@ from tasks.network import free_ports, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+DEFAULTS = str(ROOT / "tests" / "support" / "defaults.yaml")  # --params: the defaults only
 TINY = {
     "train.model": "mlp",
     "train.epochs": 2,

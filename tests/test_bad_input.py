@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import time
@@ -108,6 +109,18 @@ def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
         time.sleep(0.2)
 
 
+_HELD: list[socket.socket] = []  # ports held for the module's cases
+
+
+def ui_port_taken(project: Path) -> None:
+    """Something already listens where the UI is configured to serve."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    _HELD.append(held)
+    params(track={"ui_url": f"http://127.0.0.1:{held.getsockname()[1]}"})(project)
+
+
 def _worker_pids() -> list[int]:
     found = subprocess.run(["pgrep", "-f", "tasks.worker"], capture_output=True, text=True)
     return [int(p) for p in found.stdout.split()]
@@ -126,6 +139,19 @@ CASES = [
         2,
         ("not valid YAML at line", "fix:"),
         params_text("train:\n  epochs: [2\n"),
+    ),
+    Case(
+        "a params file that is not there",
+        ["--params", "nothing.yaml", "run"],
+        2,
+        ("--params nothing.yaml: no such file", "leave --params out"),
+    ),
+    Case(
+        "a UI address that is not a web address",
+        ["ui"],
+        2,
+        ("track.ui_url: expected a web address", "'localhost:5000'"),
+        params(track={"ui_url": "localhost:5000"}),
     ),
     Case(
         "empty sweep grid",
@@ -204,6 +230,13 @@ CASES = [
         env={"MLFLOW_TRACKING_URI": "sqlite:///notes.db"},
     ),
     Case(
+        "the UI's port already taken",
+        ["ui"],
+        1,
+        ("is already in use", "tfscale ui --port N"),
+        ui_port_taken,
+    ),
+    Case(
         "no Prefect server for serve",
         ["serve"],
         1,
@@ -249,6 +282,24 @@ CASES = [
         ("No model at nowhere/model.keras", "tfscale train"),
     ),
     Case("evaluate before any training", ["evaluate"], 1, ("No trained model for 'digits'",)),
+    Case(
+        "a model path that is not a model",
+        ["evaluate", "--model-path", "params.yaml"],
+        1,
+        ("params.yaml is not a Keras model tfscale can load", "model.keras"),
+    ),
+    Case(  # named before any work: here nothing is trained, and that is not what it says
+        "evaluate against a baseline that is not there",
+        ["evaluate", "--baseline", "nowhere"],
+        1,
+        ("No training metrics at nowhere/train_metrics.json", "--baseline"),
+    ),
+    Case(
+        "train against a baseline that is not there",
+        [*TRAIN, "--against-baseline", "nowhere"],
+        1,
+        ("No training metrics at nowhere/train_metrics.json", "--baseline"),
+    ),
     Case("forecast with no run", ["forecast"], 1, ("with all-reduce measurements", "fix:")),
     Case("forecast, unknown preset", ["forecast", "--preset", "warp"], 2, ("'warp'", "fix:")),
     Case(
@@ -377,5 +428,5 @@ def test_a_user_mistake_gets_one_clear_error(case, outcomes):
 
 
 def test_the_table_covers_what_users_get_wrong():
-    assert len(CASES) >= 25
+    assert len(CASES) >= 40
     assert {c.code for c in CASES} == {1, 2}

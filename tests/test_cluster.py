@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from helpers import DEFAULTS
 
 from tasks import netlab
 from tasks.network import free_ports
@@ -99,7 +100,7 @@ class Cluster:
                 if task in slow_input
                 else [str(BIN / "tfscale")]
             )
-            argv = [*entry, "--params", "none.yaml", "train", *TRAIN, *([] if diagnose else QUIET)]
+            argv = [*entry, "--params", DEFAULTS, "train", *TRAIN, *([] if diagnose else QUIET)]
             argv += ["--epochs", str(self.epochs), "--data-dir", self.data_dir]
             argv += [
                 "--runs-dir",

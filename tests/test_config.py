@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import DEFAULTS
 
 from flows.cli import main
 from tasks.config import ConfigError, load_config
@@ -57,7 +58,7 @@ def test_cli_exits_2_on_bad_config_and_writes_nothing(tmp_path, capsys):
 
 def test_cli_flag_type_error_exits_nonzero(tmp_path):
     with pytest.raises(SystemExit) as info:
-        main(["--params", str(tmp_path / "none.yaml"), "prepare", "--num-shards", "two"])
+        main(["--params", DEFAULTS, "prepare", "--num-shards", "two"])
     assert info.value.code == 2
 
 
@@ -80,7 +81,7 @@ def test_an_error_the_user_caused_is_one_line_with_the_fix_and_its_exit_code(
         "--batch-size-per-replica",
         "100000",
     ]
-    params = str(tmp_path / "none.yaml")
+    params = DEFAULTS
     assert main(["--params", params, *args]) == 2
     err = capsys.readouterr().err
     assert "error: train split has 1437 examples" in err
@@ -92,7 +93,7 @@ def test_an_error_the_user_caused_is_one_line_with_the_fix_and_its_exit_code(
 
 
 def test_an_unknown_strategy_lists_the_known_ones(tmp_path, capsys):
-    assert main(["--params", str(tmp_path / "none.yaml"), "hardware", "--strategy", "ring"]) == 2
+    assert main(["--params", DEFAULTS, "hardware", "--strategy", "ring"]) == 2
     err = capsys.readouterr().err
     assert "train.strategy" in err and "'ring'" in err
     assert "multi_worker" in err and "parameter_server" in err

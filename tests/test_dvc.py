@@ -181,10 +181,33 @@ def test_every_stage_that_trains_or_evaluates_logs_an_mlflow_run(clone, repro_ru
     # the evaluate run names and links the training run it evaluated, and shows its setup
     trained = evaluate.tags["training_run_id"]
     assert trained in {r.info.run_id for r in by_stage["train"]}
-    assert evaluate.tags["training_run_url"].endswith(f"/runs/{trained}")
+    link = f"/runs/{trained}?workflowType=machine_learning"  # opens on model training
+    assert evaluate.tags["training_run_url"].endswith(link)
     assert trained in evaluate.tags["mlflow.note.content"]
     assert (evaluate.tags["dataset"], evaluate.tags["model"]) == ("digits", "mlp")
     assert evaluate.tags["strategy"] == "mirrored" and evaluate.tags["replicas"] == "2"
+
+
+def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{clone.path}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale").experiment_id
+    runs = client.search_runs([experiment], f"tags.git_commit = '{repro_runs['commit']}'")
+    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
+    assert len(parents) == 2  # the first repro and the one after the epochs changed
+    for parent in parents:
+        children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        stages = {r.info.run_name: r.data.tags["dvc_stage"] for r in children}
+        assert stages == {"baseline": "baseline", "distributed": "train", "evaluate": "evaluate"}
+        assert all(r.info.status == "FINISHED" for r in [parent, *children])
+        # the pipeline's row in the results table: its setup and its result
+        assert parent.info.run_name.startswith("digits-mlp-mirrored-2x-")
+        params = parent.data.params
+        assert (params["strategy"], params["replicas"]) == ("mirrored", "2")
+        assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(parent.data.metrics)
+        assert "dvc_stage" not in parent.data.tags and parent.data.tags["bottleneck"]
+    assert {p.info.run_name.split("-")[4] for p in parents} == {"2ep", "3ep"}
 
 
 def test_plots_show_renders_the_curves(clone, repro_runs):
@@ -204,6 +227,25 @@ def test_an_experiment_changes_replicas_and_exp_show_compares(clone, repro_runs)
     replicas = {row["train.replicas"] for row in table if row.get("speedup")}
     assert {"1", "2"} <= replicas
     assert all(row.get("scaling_efficiency") for row in table if row.get("speedup"))
+    # the kept baseline served 2 replicas; 1 replica is a pipeline run of its own, linked
+    # to it, not a second compared training under the baseline's
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo.path}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale").experiment_id
+    head = repo.run("git", "rev-parse", "HEAD").strip()
+    runs = client.search_runs([experiment], f"tags.git_commit = '{head}'")
+    (pipeline,) = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
+    assert pipeline.data.params["replicas"] == "1" and "speedup" in pipeline.data.metrics
+    stages = {
+        r.info.run_name
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id
+    }
+    assert stages == {"distributed", "evaluate"}
+    baseline = client.get_run(pipeline.data.tags["baseline_run_id"])
+    assert baseline.info.run_name == "baseline" and baseline.data.params["replicas"] == "1"
+    assert baseline.data.tags["mlflow.parentRunId"] != pipeline.info.run_id
 
 
 def test_every_module_a_stage_imports_is_among_its_deps(clone, repro_runs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import DEFAULTS
 
 from flows.cli import main
 from tasks.forecast import CostModel, fit_cost_model, forecast, links_from
@@ -143,7 +144,7 @@ def test_bad_forecast_input_is_one_line_naming_the_fix(argv, expected, exit_code
     run_dir = tmp_path / "runs" / "digits" / "mw"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
-    args = ["--params", "none.yaml", "forecast", "--runs-dir", str(tmp_path / "runs"), "--no-track"]
+    args = ["--params", DEFAULTS, "forecast", "--runs-dir", str(tmp_path / "runs"), "--no-track"]
     try:
         code = main([*args, *argv])
     except SystemExit as exc:  # argparse's own errors
@@ -162,7 +163,7 @@ def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
     code = main(
         [
             "--params",
-            "none.yaml",
+            DEFAULTS,
             "forecast",
             "--runs-dir",
             str(tmp_path / "runs"),

@@ -82,7 +82,8 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     }
     assert set(children) == {"baseline", "distributed"}
-    assert parent.info.run_name == "digits-mlp-mirrored-2x-2ep"  # what differs between runs
+    # what differs between runs, and the start of the run's id
+    assert parent.info.run_name == f"digits-mlp-mirrored-2x-2ep-{parent.info.run_id[:6]}"
     for name, strategy in (("baseline", "one_device"), ("distributed", "mirrored")):
         child = children[name].data  # its tags and params agree, each tag once
         assert child.tags["strategy"] == child.params["strategy"] == strategy
@@ -383,6 +384,10 @@ def test_ui_serves_the_store(flow_run):
         ).json()
         names = {r["info"]["run_name"] for r in found["runs"]}
         assert {"baseline", "distributed"} <= names
+        # a new browser's pages open on model training, set before MLflow's script runs
+        head = requests.get(f"{url}/", timeout=10).text.split("</head>")[0]
+        defaults = head.index('"mlflow.workflowType_v1": "\\"machine_learning\\""')
+        assert defaults < head.index("static/js/main.")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=30)[0]

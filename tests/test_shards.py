@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import DEFAULTS
 
 from flows.cli import main
 from tasks.inputs import build_dataset
@@ -134,13 +135,13 @@ def test_verify_names_the_damaged_shard(make_config, capsys, damage):
         victim.unlink()
     with pytest.raises(ShardError, match=victim.name):
         verify_shards(result.data_dir)
-    argv = ["--params", "none.yaml", "verify", "--data-dir", config.prepare.data_dir]
+    argv = ["--params", DEFAULTS, "verify", "--data-dir", config.prepare.data_dir]
     assert main(argv) == 1
     assert victim.name in capsys.readouterr().err
 
 
 def test_verify_without_prepare_says_which_command_to_run(tmp_path, capsys):
-    assert main(["--params", "none.yaml", "verify", "--data-dir", str(tmp_path)]) == 1
+    assert main(["--params", DEFAULTS, "verify", "--data-dir", str(tmp_path)]) == 1
     assert "tfscale prepare --dataset digits" in capsys.readouterr().err
 
 
@@ -215,7 +216,7 @@ def test_image_folder_round_trip(tmp_path, make_config):
 def test_unknown_dataset_is_a_clear_error(make_config, capsys):
     argv = [
         "--params",
-        "none.yaml",
+        DEFAULTS,
         "prepare",
         "--dataset",
         "no_such_dataset_xyz",

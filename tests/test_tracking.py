@@ -72,6 +72,9 @@ def test_a_tracker_logs_a_result_into_the_store_it_was_given(tmp_path, monkeypat
     assert run.data.metrics["rate"] == 1234.0 and run.data.params["batch"] == "64"  # rounded
     assert run.data.tags["bottleneck"] == "compute-bound"
     assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.info.run_name == "child"  # a child is named by its role under the parent
+    top = MlflowClient(tracker.uri).get_run(parent).info
+    assert top.run_name == f"parent-{parent[:6]}"  # a top-level run also by its id's start
     history = MlflowClient(tracker.uri).get_metric_history(child, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
 
@@ -80,6 +83,18 @@ def test_figures_are_rounded_to_four_significant_digits():
     assert rounded(1.3180673662313493) == 1.318
     assert rounded(0.0028123) == 0.002812
     assert rounded(62059.4) == 62060.0
+
+
+def test_system_metrics_are_logged_rounded(tmp_path):
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    run = tracker.start_run("run", {}, system_metrics=True)
+    deadline = time.monotonic() + 30
+    while not tracker.client.get_run(run).data.metrics and time.monotonic() < deadline:
+        time.sleep(0.5)
+    tracker.finish(run)
+    metrics = tracker.client.get_run(run).data.metrics
+    assert any(name.startswith("system/") for name in metrics), metrics
+    assert all(value == rounded(value) for value in metrics.values()), metrics
 
 
 def test_a_failed_pipeline_leaves_no_run_running(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from helpers import ROOT
+from helpers import DEFAULTS, ROOT
 
 from tasks.config import load_config
 from tasks.hardware import detect_hardware
@@ -224,7 +224,7 @@ def test_killed_run_resumes_from_its_last_epoch(digits, tmp_path):
         "-m",
         "flows.cli",
         "--params",
-        "none.yaml",
+        DEFAULTS,
         "train",
         "--strategy",
         "one_device",
