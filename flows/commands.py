@@ -271,6 +271,14 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
                 tracker.log(on, tags={"bottleneck": summary.bottleneck})
             if pipeline:
                 tracker.log_result(pipeline, result)
+                tracker.describe(
+                    pipeline,
+                    f"{manifest.dataset}: {summary.speedup_text} on {summary.replicas} replicas "
+                    f"({summary.strategy}, {summary.precision}), efficiency "
+                    f"{summary.scaling_efficiency:.2f}, test accuracy {result.test_accuracy:.4f}; "
+                    f"bottleneck: {summary.bottleneck}. The stages are its child runs: the "
+                    "single-device baseline, the training compared with it, the evaluation.",
+                )
             print(
                 f"speedup {summary.speedup_text} over the single-device baseline, scaling "
                 f"efficiency {summary.scaling_efficiency:.2f}; written to "

@@ -441,7 +441,9 @@ class Tracker:
         """The parent of a compared pipeline whose stages run as separate commands (`dvc
         repro`: baseline, train, evaluate): each stage's run nests under it (`run`'s
         `stage_of`), and the evaluation puts the result on it."""
-        own = {k: v for k, v in tags.items() if k != "dvc_stage"}  # not one stage: all
+        own = dict(tags)
+        if "dvc_stage" in own:  # not one stage: the repro's, in the table's stage column
+            own["dvc_stage"] = "repro"
         run_id = self.start_run(name, {**own, "kind": "pipeline"})
         self.log(run_id, params=params)
         self.describe(

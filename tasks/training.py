@@ -58,8 +58,8 @@ class TrainResult:
     # over the epochs after the first (tracing); `examples_per_s` is each epoch's own curve
     examples_per_s: float = field(default=0.0, metadata=tracked_as("examples_per_s_after_epoch_1"))
     train_seconds: float = 0.0
-    resumed_from_epoch: int = 0
-    resumed_from_step: int = 0
+    resumed_from_epoch: int = field(default=0, metadata=PARAM)  # how it began: once
+    resumed_from_step: int = field(default=0, metadata=PARAM)
     weights_digest: str = ""
     # the probes measured after training (`tasks.inplace`, `tasks.diagnosis`), when asked
     probes: dict[str, Any] = field(default_factory=dict)

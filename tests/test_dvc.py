@@ -206,7 +206,8 @@ def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
         params = parent.data.params
         assert (params["strategy"], params["replicas"]) == ("mirrored", "2")
         assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(parent.data.metrics)
-        assert "dvc_stage" not in parent.data.tags and parent.data.tags["bottleneck"]
+        assert parent.data.tags["dvc_stage"] == "repro" and parent.data.tags["bottleneck"]
+        assert "speedup" in parent.data.tags["mlflow.note.content"]  # its description
     assert {p.info.run_name.split("-")[4] for p in parents} == {"2ep", "3ep"}
 
 
