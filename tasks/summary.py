@@ -138,18 +138,19 @@ def _figures_of_rounds(rounds: RoundRates) -> dict[str, Any]:
     }
 
 
-def recommend_devices(speedup: Spread, replicas: int) -> str:
-    """One device or several, where every round agrees; neither where the rounds differ."""
+def recommend_devices(speedup: Spread, replicas: int, over: str = "round") -> str:
+    """One device or several, where every round (or epoch: `over`) agrees; neither where
+    they differ."""
     if speedup.below(1.0):
         return (
             f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas} replicas, "
-            "faster in every round (--strategy one_device)"
+            f"faster in every {over} (--strategy one_device)"
         )
     if speedup.above(1.0):
-        return f"{replicas} replicas: {speedup.text()} one device's speed, faster in every round"
+        return f"{replicas} replicas: {speedup.text()} one device's speed, faster in every {over}"
     return (
         f"either: {replicas} replicas ran at {speedup.text()} one device's speed, on both "
-        "sides of 1 over the rounds"
+        f"sides of 1 over the {over}s"
     )
 
 
@@ -157,16 +158,43 @@ def _figures_of_trainings(
     baseline: TrainResult, distributed: TrainResult, diagnosis: Diagnosis | None
 ) -> dict[str, Any]:
     """The throughputs and speedup of the two trainings themselves (a run across processes,
-    whose configurations cannot alternate in one process)."""
+    whose configurations cannot alternate in one process). With two or more epochs after
+    the first on both sides, the speedup is the median of the epoch-by-epoch ratios, with
+    their range; the epochs ran one training after the other, and the note says so."""
     ratio = distributed.examples_per_s / baseline.examples_per_s
     batch_effect = diagnosis.batch_effect if diagnosis else None
-    return {
+    figures: dict[str, Any] = {
         "baseline_examples_per_s": baseline.examples_per_s,
         "distributed_examples_per_s": distributed.examples_per_s,
+    }
+    by_epoch = epoch_ratios(baseline, distributed)
+    if len(by_epoch) >= 2:
+        speedup = Spread.of(by_epoch)
+        ratio = speedup.median
+        figures.update(
+            speedup_low=speedup.low,
+            speedup_high=speedup.high,
+            measured_over=f"{len(by_epoch)} epochs of each training, epoch by epoch after "
+            "the first (the trainings ran one after the other, in processes of their own: no "
+            "alternating rounds)",
+            recommendation=recommend_devices(speedup, distributed.replicas, over="epoch"),
+        )
+    return {
+        **figures,
         "speedup": ratio,
         "speedup_from_batch": batch_effect,
         "speedup_from_devices": ratio / batch_effect if batch_effect else None,
     }
+
+
+def epoch_ratios(baseline: TrainResult, distributed: TrainResult) -> list[float]:
+    """The distributed training's examples/s over the baseline's, epoch k against epoch k,
+    for the epochs after the first (which traces) that both trained in full."""
+    rates = [
+        {e["epoch"]: e["examples_per_s"] for e in r.history if e["epoch"] > 1 and e["seconds"]}
+        for r in (baseline, distributed)
+    ]
+    return [rates[1][k] / rates[0][k] for k in sorted(rates[0].keys() & rates[1].keys())]
 
 
 def compare_exported(

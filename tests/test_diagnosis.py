@@ -264,6 +264,52 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     )
 
 
+def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range():
+    """No alternating rounds (workers in processes of their own): epochs 2-4 ran at 1,000,
+    800 and 1,000 ex/s on one device and 1,500, 1,280 and 1,500 on 2 replicas, so 1.50x
+    (1.50-1.60); the first epoch (tracing) does not enter, nor does an epoch one side lacks."""
+    import dataclasses
+
+    from tasks.summary import compare_runs, format_summary
+    from tasks.training import TrainResult
+
+    def history(*rates: float) -> list[dict]:
+        return [
+            {"epoch": i, "examples_per_s": r, "seconds": 1.0, "accuracy": 0.5}
+            for i, r in enumerate(rates, 1)
+        ]
+
+    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    base = dataclasses.replace(base, examples_per_s=930, history=history(90, 1000, 800, 1000))
+    dist = dataclasses.replace(
+        base,
+        strategy="multi_worker",
+        replicas=2,
+        global_batch=32,
+        examples_per_s=1420,
+        history=history(9, 1500, 1280, 1500, 1700),
+    )
+    evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
+    summary = compare_runs(base, dist, evaluation, None, "weak", 0.9)
+    assert (summary.speedup, summary.speedup_low, summary.speedup_high) == pytest.approx(
+        (1.5, 1.5, 1.6)
+    )
+    assert (summary.baseline_examples_per_s, summary.distributed_examples_per_s) == (930, 1420)
+    assert summary.measured_over.startswith("3 epochs of each training")
+    assert summary.recommendation.endswith("faster in every epoch")
+    assert "1.50x (1.50-1.60)" in format_summary(summary, "ui")
+    # one epoch after the first is no range: the trainings' own ratio, as before
+    short = compare_runs(
+        dataclasses.replace(base, history=base.history[:2]),
+        dataclasses.replace(dist, history=dist.history[:2]),
+        evaluation,
+        None,
+        "weak",
+        0.9,
+    )
+    assert short.speedup == pytest.approx(1420 / 930) and short.speedup_low is None
+
+
 def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     """Three rounds: one device makes 1,000, 800 and 1,000 ex/s at the per-replica batch
     (a slow spell in round 2), 1,200, 960 and 1,200 at the global batch, and the run

@@ -207,7 +207,8 @@ def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
         assert (params["strategy"], params["replicas"]) == ("mirrored", "2")
         assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(parent.data.metrics)
         assert parent.data.tags["dvc_stage"] == "repro" and parent.data.tags["bottleneck"]
-        assert "speedup" in parent.data.tags["mlflow.note.content"]  # its description
+        description = parent.data.tags["mlflow.note.content"]  # the result, then the stages
+        assert "on 2 replicas (mirrored, float32), efficiency" in description
     assert {p.info.run_name.split("-")[4] for p in parents} == {"2ep", "3ep"}
 
 
