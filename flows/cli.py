@@ -49,7 +49,7 @@ STRATEGY_FLAGS = {
     "--strategy": (
         "train.strategy",
         str,
-        "auto | one_device | mirrored | multi_worker | parameter_server | tpu",
+        "auto | one_device | mirrored | multi_worker | parameter_server | tpu | pipeline",
     ),
     "--replicas": ("train.replicas", int, "replicas (logical CPU devices when there is no GPU)"),
     "--workers": ("train.workers", int, "worker processes (multi_worker, parameter_server)"),
@@ -59,6 +59,14 @@ STRATEGY_FLAGS = {
         _auto_or_bool,
         "XLA: auto (the faster of off and on, measured once per hardware, model and batch) "
         "| true | false",
+    ),
+    "--stages": ("train.stages", int, "pipeline: the model cut into this many stages (2)"),
+    "--micro-batches": ("train.micro_batches", int, "pipeline: micro-batches per step (4)"),
+    "--device-memory-mb": (
+        "train.device_memory_mb",
+        float,
+        "a device's memory for training, in MB (0: not checked); a model that does not fit "
+        "is cut into pipeline stages",
     ),
 }
 TRAIN_FLAGS = {

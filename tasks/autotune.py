@@ -56,7 +56,11 @@ class Candidate:
     @property
     def label(self) -> str:
         """`one device, float32, XLA off`; `2 replicas, mixed_bfloat16, XLA on`."""
-        devices = "one device" if self.replicas == 1 else f"{self.replicas} replicas"
+        devices = (
+            "one device"
+            if self.kind == BASELINE.name
+            else f"{self.replicas} replicas" if self.replicas > 1 else self.kind
+        )
         return f"{devices}, {self.precision}, XLA {'on' if self.jit_compile else 'off'}"
 
     def applied_to(self, choice: StrategyChoice) -> StrategyChoice:

@@ -93,6 +93,12 @@ class TrainConfig:
     # an emulated host of its own (`tasks.netlab`, needs root), links at full speed; > 0,
     # those links shaped to this many Gbit/s
     link_gbit: float | None = _spec(None, lo=0.0, hi=100_000.0)
+    # pipeline: the model cut into this many stages, one device each (`tasks.stages`)
+    stages: int = _spec(2, lo=1, hi=64)
+    micro_batches: int = _spec(4, lo=1, hi=4096)  # per step, through the stages (GPipe)
+    cut_after: tuple[int, ...] = _spec((), lo=1, empty=True)  # empty: balanced by compute
+    # one device's memory for training in MB (0: not checked; GPUs: from TensorFlow when 0)
+    device_memory_mb: float = _spec(0.0, lo=0.0)
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,10 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
     """`run` with what its config left to `auto` chosen by measuring the candidates on its
     own model and data (`tasks.autotune`), or as proposed when there is one candidate."""
     from tasks.probes import time_candidates
+    from tasks.stages import fit_to_memory
+
+    if run.report.cluster is None:  # a model too large for a device: pipeline stages
+        run = run.with_choice(fit_to_memory(run.choice, run.train, run.manifest))
 
     def measure(options: list) -> list:
         return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)

@@ -39,6 +39,11 @@ class StrategyChoice:
     devices: str = "cpu"
     communication: str = "auto"
     jit_compile: bool = False  # XLA compiles each replica's step
+    # pipeline (`tasks.stages`): stages (devices), micro-batches per step, where to cut
+    stages: int = 1
+    micro_batches: int = 1
+    cut_after: tuple[int, ...] = ()
+    device_memory_mb: float = 0.0  # a device's memory budget (0: not checked)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,7 +56,8 @@ class StrategyChoice:
     @property
     def logical_cpus(self) -> int:
         """Logical CPU devices this process needs before TensorFlow starts (0: none)."""
-        return self.replicas if self.devices == "cpu" and self.spec.runs_here else 0
+        here = self.devices == "cpu" and self.spec.runs_here
+        return max(self.replicas, self.stages) if here else 0
 
 
 def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
@@ -66,6 +72,12 @@ def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
     workers = cluster_workers or (cfg.workers if spec.takes_workers else 1)
     replicas = spec.count_replicas(cfg.replicas, gpus, workers)
     communication = spec.communication(devices)
+    if spec.staged:
+        _check_stages(report, cfg)
+    # a pipeline's stages, or the devices `auto` may cut a model over if it does not fit one
+    stages = cfg.stages if spec.staged or (cfg.strategy == "auto" and cfg.device_memory_mb) else 1
+    if spec.staged:
+        reason = f"{reason}, {stages} stages of {cfg.micro_batches} micro-batches"
     return StrategyChoice(
         kind,
         replicas,
@@ -75,7 +87,39 @@ def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
         devices,
         communication,
         jit_compile,
+        stages,
+        cfg.micro_batches if spec.staged else 1,
+        tuple(cfg.cut_after) if spec.staged else (),
+        cfg.device_memory_mb or device_memory_mb(report),
     )
+
+
+def device_memory_mb(report: HardwareReport) -> float:
+    """The smallest GPU's memory (0 without GPUs: on CPUs only `train.device_memory_mb`)."""
+    return float(min((g.memory_mb or 0 for g in report.gpus), default=0))
+
+
+def _check_stages(report: HardwareReport, cfg: TrainConfig) -> None:
+    """A pipeline needs a device per stage and micro-batches that divide its batch.
+
+    Raises:
+        UsageError: more stages than devices (GPUs, else CPU cores), or a batch the
+            micro-batches do not divide.
+    """
+    devices = len(report.gpus) or report.cpu_cores
+    what = "GPUs" if report.gpus else "CPU cores"
+    if cfg.stages > devices:
+        raise UsageError(
+            f"train.stages ({cfg.stages}) is more than this machine's {devices} {what}: "
+            "each stage needs a device of its own",
+            f"set train.stages to {devices} or fewer.",
+        )
+    if cfg.batch_size_per_replica % cfg.micro_batches:
+        raise UsageError(
+            f"train.micro_batches ({cfg.micro_batches}) does not divide the batch of "
+            f"{cfg.batch_size_per_replica} (train.batch_size_per_replica)",
+            "pick micro-batches that divide the batch (for 32: 1, 2, 4, 8, 16 or 32).",
+        )
 
 
 def _pick_kind(report: HardwareReport, cfg: TrainConfig) -> tuple[str, str]:

@@ -65,6 +65,9 @@ class StrategyKind:
 
     in_sweep: bool = False  # a sweep can scale it over replica counts
     devices: str | None = None  # the device type it always runs on (None: GPUs, else CPUs)
+    # (strategy, build, seed, batch) -> the model `build()` makes, its variables placed
+    place_model: Callable[..., Any] = lambda strategy, build, seed, batch: build()
+    staged: bool = False  # its devices hold stages of one model, not replicas of it
 
     @property
     def runs_here(self) -> bool:
@@ -156,6 +159,24 @@ def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float =
     return tf.distribute.ParameterServerStrategy(resolver)
 
 
+def build_pipeline(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
+    """The stages' devices (a GPU each, else a logical CPU each), not a tf.distribute
+    strategy: `tasks.stages.StagedDevices`."""
+    import tensorflow as tf
+
+    from tasks.process import logical_cpus
+    from tasks.stages import StagedDevices
+
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = [g.name for g in gpus] if gpus else logical_cpus(choice.stages)
+    return StagedDevices(
+        devices=devices[: choice.stages],
+        micro_batches=choice.micro_batches,
+        budget_bytes=int(choice.device_memory_mb * (1 << 20)),
+        cut_after=tuple(choice.cut_after),
+    )
+
+
 def build_tpu(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
@@ -200,9 +221,19 @@ KINDS: dict[str, StrategyKind] = {
         StrategyKind(
             "tpu", HERE, lambda replicas, gpus, workers: replicas, build_tpu, devices="tpu"
         ),
+        StrategyKind(
+            "pipeline",
+            HERE,
+            lambda replicas, gpus, workers: 1,  # one copy of the model, cut across devices
+            build_pipeline,
+            epoch_runner=_later("tasks.stages", "make_pipeline_epoch_runner"),
+            place_model=_later("tasks.stages", "build_staged"),
+            staged=True,
+        ),
     )
 }
 BASELINE = KINDS["one_device"]  # what every speedup divides by
+STAGED = KINDS["pipeline"]  # what a model too large for one device is trained as
 
 
 class UnknownStrategy(UsageError, ValueError):

@@ -61,6 +61,13 @@ class TrainResult:
     resumed_from_epoch: int = field(default=0, metadata=PARAM)  # how it began: once
     resumed_from_step: int = field(default=0, metadata=PARAM)
     weights_digest: str = ""
+    # a pipeline (`tasks.stages`): its stages and micro-batches, where the model was cut,
+    # and the bytes of weights and optimizer slots each device holds (read from the placed
+    # variables)
+    stages: int = field(default=1, metadata=PARAM)
+    micro_batches: int = field(default=1, metadata=PARAM)
+    stage_plan: dict[str, Any] = field(default_factory=dict)
+    device_bytes: dict[str, int] = field(default_factory=dict)
     # the probes measured after training (`tasks.inplace`, `tasks.diagnosis`), when asked
     probes: dict[str, Any] = field(default_factory=dict)
 
@@ -260,7 +267,23 @@ def _result(
         resumed_from_epoch=resumed_step // setup.steps,
         resumed_from_step=resumed_step,
         weights_digest=weights_digest(setup.model),
+        **_stage_figures(setup),
     )
+
+
+def _stage_figures(setup: TrainingSetup) -> dict[str, Any]:
+    """A pipeline's stages, cut and bytes per device (none for other strategies)."""
+    plan = getattr(setup.strategy, "plan", None)
+    if plan is None:
+        return {}
+    from tasks.stages import bytes_by_device
+
+    return {
+        "stages": plan.stages,
+        "micro_batches": setup.strategy.micro_batches,
+        "stage_plan": plan.to_dict(),
+        "device_bytes": bytes_by_device([*setup.model.weights, *setup.optimizer.variables]),
+    }
 
 
 def examples_per_s(history: list[dict[str, float]]) -> float:
@@ -344,7 +367,12 @@ def set_up_training(
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
-        model = build_model(cfg.model, manifest.shape, manifest.num_classes, ps_tasks)
+        model = choice.spec.place_model(
+            strategy,
+            lambda: build_model(cfg.model, manifest.shape, manifest.num_classes, ps_tasks),
+            cfg.seed,
+            global_batch * k,
+        )
         optimizer = keras.optimizers.Adam(
             make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
         )
