@@ -59,7 +59,9 @@ class Candidate:
         devices = (
             "one device"
             if self.kind == BASELINE.name
-            else f"{self.replicas} replicas" if self.replicas > 1 else self.kind
+            else f"{self.replicas} replicas"
+            if self.replicas > 1
+            else self.kind
         )
         return f"{devices}, {self.precision}, XLA {'on' if self.jit_compile else 'off'}"
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from tasks.config import TrainConfig
 from tasks.inplace import InPlaceProbes
 from tasks.manifest import Manifest
+from tasks.pipeline_probes import StageProbes, classify_stages, measure_stages
 from tasks.probes import RoundRates, Transform, measure_rounds
 from tasks.rounds import Spread
 from tasks.strategy import StrategyChoice
@@ -58,6 +59,8 @@ class Diagnosis:
     # a run in this process: every configuration's examples/s per alternating round
     # (`tasks.probes.RoundRates.to_dict()`), which every figure above is the median of
     rounds: dict = field(default_factory=dict)
+    # a pipeline: its step taken apart (`tasks.pipeline_probes.StageProbes.to_dict()`)
+    stage_probes: dict = field(default_factory=dict)
 
     @property
     def round_rates(self) -> RoundRates | None:
@@ -272,7 +275,8 @@ def format_diagnosis(d: Diagnosis) -> str:
         f"bottleneck: {d.bottleneck}",
         f"because:    {d.evidence}",
         f"input-only {d.input_examples_per_s:,.0f} ex/s, compute-only "
-        f"{d.compute_examples_per_s:,.0f} ex/s on {d.replicas} replicas"
+        f"{d.compute_examples_per_s:,.0f} ex/s on "
+        + (f"{d.stage_probes['stages']} stages" if d.stage_probes else f"{d.replicas} replicas")
         + (f" ({one:,.0f} on 1)" if one else "")
         + f", end-to-end {d.end_to_end_examples_per_s:,.0f} ex/s, step "
         f"{d.step_seconds * 1000:.1f} ms",
@@ -303,6 +307,12 @@ def format_diagnosis(d: Diagnosis) -> str:
             f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
             f"per-replica batch: that part of the speedup needs no more devices"
         )
+    if d.stage_probes:
+        p = StageProbes(**d.stage_probes)
+        stage_ms = ", ".join(f"{t * 1000:.1f}" for t in p.stage_seconds[str(p.micro_batches)])
+        lines.append(f"stages:     {p.stages} ({'; '.join(p.names)}); alone {stage_ms} ms")
+        lines.append(f"bubble:     measured (GPipe's schedule) at {p.bubble_table()}")
+        lines.append(f"transfer:   {p.transfer_seconds * 1000:.2f} ms a step between stages")
     return "\n".join(lines + [f"advice:     {a}" for a in d.advice])
 
 
@@ -321,6 +331,13 @@ def diagnose_run(
     started = time.perf_counter()
     r = measure_rounds(cfg, manifest, data_dir, choice, steps, input_transform)
     bottleneck, evidence = classify(r)
+    advice = recommend(bottleneck, cfg, manifest, choice, cpu_flags)
+    stage_probes = {}
+    if choice.spec.staged:  # the step taken apart: stages, transfers, the bubble
+        probes = measure_stages(cfg, manifest, data_dir, choice)
+        stage_probes = probes.to_dict()
+        if bottleneck != "input-bound":
+            bottleneck, evidence, advice = classify_stages(probes)
     median = r.medians
     several = choice.replicas > 1
     return Diagnosis(
@@ -332,13 +349,14 @@ def diagnose_run(
         replicas=choice.replicas,
         step_seconds=r.step_examples / median["compute"],
         evidence=evidence,
-        advice=recommend(bottleneck, cfg, manifest, choice, cpu_flags),
+        advice=advice,
         seconds=time.perf_counter() - started,
         compute_1_device_global_batch_examples_per_s=(
             median["one_device_global_batch_compute"] if several and cfg.scaling == "weak" else None
         ),
         cost_probes=_cost_probes(choice, r, batch_sizes(cfg, choice.replicas)) if several else {},
         rounds=r.to_dict(),
+        stage_probes=stage_probes,
     )
 
 

@@ -132,13 +132,15 @@ def measure_rounds(
         "compute": _steps_block(run, choice, _one_batch(feed), steps),
         "input": _input_block(feed, run, steps),
     }
-    if choice.replicas > 1:
+    devices = max(choice.replicas, choice.stages)  # a pipeline's devices hold its stages
+    if devices > 1:
         one = baseline_choice(choice)
         per_replica, global_batch = batch_sizes(cfg, choice.replicas)
-        for name, batch in (
+        sizes = [
             ("one_device_replica_batch", per_replica),
             ("one_device_global_batch", global_batch),
-        ):
+        ]
+        for name, batch in sizes[1:] if choice.spec.staged else sizes:  # a pipeline: one batch
             config = dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak")
             setup = set_up_training(config, manifest, one)
             one_feed = _feed(config, manifest, data_dir, setup, transform)
@@ -151,8 +153,8 @@ def measure_rounds(
         grad_bytes = gradient_bytes(run.model)
         by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
     return RoundRates(
-        choice.replicas,
-        cfg.scaling,
+        devices,
+        "strong" if choice.spec.staged else cfg.scaling,  # one batch, cut over the devices
         run.step_examples,
         rates,
         grad_bytes,

@@ -128,7 +128,8 @@ def layer_costs(model: Any) -> list[LayerCost]:
         if i == 0:
             continue
         out = _flat(op.output)[0]
-        kernel = next((w for w in op.weights if w.path.endswith("kernel")), None)
+        weights = getattr(op, "weights", [])  # keras.ops in a functional model have none
+        kernel = next((w for w in weights if w.path.endswith("kernel")), None)
         per_position = _elements(out) // max(int(out.shape[-1]), 1) if out.shape[1:] else 1
         flops = 2.0 * math.prod(kernel.shape) * per_position if kernel is not None else 0.0
         costs.append(
@@ -136,7 +137,7 @@ def layer_costs(model: Any) -> list[LayerCost]:
                 index=i,
                 name=op.name,
                 flops=flops + _elements(out),
-                weight_bytes=sum(4 * math.prod(w.shape) for w in op.weights),
+                weight_bytes=sum(4 * math.prod(w.shape) for w in weights),
                 activation_bytes=4 * _elements(out),
             )
         )
@@ -205,8 +206,7 @@ def plan_stages(
                 f"model {name} needs {mb(whole.total)} to train at batch {batch}, and no cut "
                 f"into {stages} stages keeps every stage within a device's "
                 f"{mb(budget_bytes)}",
-                "raise train.device_memory_mb, lower the batch, or use more stages (and "
-                "devices).",
+                "raise train.device_memory_mb, lower the batch, or use more stages (and devices).",
             )
     edges = [0, *chosen, last]
     bounds = tuple((edges[s] + 1, edges[s + 1]) for s in range(stages))
@@ -315,7 +315,7 @@ def build_staged(strategy: StagedDevices, build: Callable[[], Any], seed: int, b
     position = {id(v): n for n, v in enumerate(created)}
     stage_of_variable = [0] * len(created)
     for i, op in enumerate(draft.operations):
-        for weight in op.weights:
+        for weight in getattr(op, "weights", []):
             stage_of_variable[position[id(weight.value)]] = stage_of_op.get(i, 0)
     del draft
     counter = iter(range(len(created)))
@@ -339,9 +339,7 @@ def bytes_by_device(variables: list[Any]) -> dict[str, int]:
     for v in variables:
         value = getattr(v, "value", v)
         device = value.device.split("device:")[-1] if value.device else "?"
-        totals[device] = totals.get(device, 0) + int(
-            math.prod(value.shape) * value.dtype.size
-        )
+        totals[device] = totals.get(device, 0) + int(math.prod(value.shape) * value.dtype.size)
     return totals
 
 
@@ -452,7 +450,8 @@ def make_pipeline_epoch_runner(
 
 def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
     """`choice`, or, when the model does not fit one device's memory (`choice.device_memory_mb`;
-    0: not checked), the fewest pipeline stages that hold it where the strategy is `auto`.
+    0: not checked), the fewest pipeline stages that hold it where the strategy is `auto`. A
+    pipeline's own cut is checked here, before any work.
 
     Raises:
         UsageError: a strategy that keeps the whole model on each device (asked for by
@@ -464,9 +463,12 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
     from tasks.strategy_kinds import STAGED
 
     budget = int(choice.device_memory_mb * MB)
-    if not budget or choice.spec.staged:  # a pipeline's own plan checks its stages
+    if not budget and not choice.spec.staged:
         return choice
     model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+    if choice.spec.staged:  # its cut, checked before any work (the training cuts it again)
+        plan_stages(model, choice.stages, cfg.batch_size_per_replica, budget, choice.cut_after)
+        return choice
     per_replica = cfg.batch_size_per_replica * cfg.grad_accum_steps
     whole = footprint(layer_costs(model), per_replica)
     if whole.total <= budget:

@@ -180,6 +180,36 @@ CASES = [
     ),
     Case("XLA neither on nor off", [*TRAIN, "--jit-compile", "maybe"], 2, ("'maybe'", "auto")),
     Case(
+        "more pipeline stages than devices",
+        ["train", "--strategy", "pipeline", "--stages", "64", "--no-diagnose"],
+        2,
+        ("train.stages (64) is more than this machine's", "fix:"),
+    ),
+    Case(
+        "micro-batches that do not divide the batch",
+        ["train", "--strategy", "pipeline", "--micro-batches", "5", "--no-diagnose"],
+        2,
+        ("train.micro_batches (5) does not divide the batch of 32", "fix:"),
+    ),
+    Case(
+        "a pipeline whose stages exceed the device memory",
+        ["train", "--strategy", "pipeline", "--device-memory-mb", "0.1", "--no-diagnose"],
+        2,
+        ("model mlp needs", "no cut into 2 stages keeps every stage within", "0.10 MB", "fix:"),
+    ),
+    Case(
+        "a whole model on each device over the device memory",
+        ["train", "--strategy", "mirrored", "--device-memory-mb", "0.5", "--no-diagnose"],
+        2,
+        ("mirrored keeps the whole model on each device", "0.50 MB", "--strategy pipeline"),
+    ),
+    Case(
+        "auto with a device memory no cut meets",
+        ["train", "--device-memory-mb", "0.1", "--no-diagnose"],
+        2,
+        ("model mlp needs", "no cut into 2 stages or fewer fits it", "fix:"),
+    ),
+    Case(
         "flag of the wrong type", ["prepare", "--num-shards", "two"], 2, ("--num-shards", "'two'")
     ),
     Case(
@@ -428,5 +458,5 @@ def test_a_user_mistake_gets_one_clear_error(case, outcomes):
 
 
 def test_the_table_covers_what_users_get_wrong():
-    assert len(CASES) >= 40
+    assert len(CASES) >= 45
     assert {c.code for c in CASES} == {1, 2}
