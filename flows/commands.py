@@ -52,7 +52,7 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
         )
     else:
         print(format_report(report))
-        print(f"strategy  {choice.kind}, {choice.replicas} replicas, {choice.precision}")
+        print(f"strategy  {choice.kind}, {choice.shape}, {choice.precision}")
         print(f"because   {choice.reason}")
     return 0
 
@@ -104,7 +104,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
         return 0
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
-        f"{choice.replicas} replicas, {choice.precision} ({choice.reason})",
+        f"{choice.shape}, {choice.precision} ({choice.reason})",
         flush=True,
     )
     _train_tracked(run, args, tracked=role == CHIEF, compared=compared)
@@ -273,7 +273,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
                 tracker.log_result(pipeline, result)
                 tracker.describe(
                     pipeline,
-                    f"{manifest.dataset}: {summary.speedup_text} on {summary.replicas} replicas "
+                    f"{manifest.dataset}: {summary.speedup_text} on {summary.shape} "
                     f"({summary.strategy}, {summary.precision}), efficiency "
                     f"{summary.scaling_efficiency:.2f}, test accuracy {result.test_accuracy:.4f}; "
                     f"bottleneck: {summary.bottleneck}. The stages are its child runs: the "

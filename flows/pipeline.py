@@ -54,7 +54,7 @@ def detect_task():
 def select_task(report, config: config_mod.Config):
     choice = strategy.select_strategy(report, config.train)
     process.set_up_devices(choice.logical_cpus)
-    stage("strategy", f"{choice.kind}, {choice.replicas} replicas, {choice.precision}")
+    stage("strategy", f"{choice.kind}, {choice.shape}, {choice.precision}")
     return choice
 
 

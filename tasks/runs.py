@@ -214,8 +214,7 @@ def format_line(result: TrainResult) -> str:
     """One line: speed, batch and final accuracy of a training run."""
     last = result.history[-1] if result.history else {"accuracy": float("nan")}
     return (
-        f"{result.examples_per_s:,.0f} examples/s, {result.replicas} "
-        f"replica{'s' if result.replicas > 1 else ''}, global batch "
+        f"{result.examples_per_s:,.0f} examples/s, {result.shape}, global batch "
         f"{result.global_batch}, {len(result.history)} epochs, train accuracy "
         f"{last['accuracy']:.4f}"
     )

@@ -290,6 +290,23 @@ class StagedDevices:
         return len(self.devices)
 
 
+def build_pipeline(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> StagedDevices:
+    """What a pipeline trains on in place of a tf.distribute strategy: its stages' devices
+    (a GPU each, else a logical CPU each) and micro-batches."""
+    import tensorflow as tf
+
+    from tasks.process import logical_cpus
+
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = [g.name for g in gpus] if gpus else logical_cpus(choice.stages)
+    return StagedDevices(
+        devices=devices[: choice.stages],
+        micro_batches=choice.micro_batches,
+        budget_bytes=int(choice.device_memory_mb * (1 << 20)),
+        cut_after=tuple(choice.cut_after),
+    )
+
+
 def build_staged(strategy: StagedDevices, build: Callable[[], Any], seed: int, batch: int) -> Any:
     """`build()`'s model with each stage's variables on that stage's device.
 

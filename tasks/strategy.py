@@ -26,7 +26,7 @@ from typing import Any
 from tasks.config import TrainConfig
 from tasks.errors import UsageError
 from tasks.hardware import HardwareReport
-from tasks.strategy_kinds import BASELINE, StrategyKind, kind_of
+from tasks.strategy_kinds import BASELINE, StrategyKind, kind_of, shape_text
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,11 @@ class StrategyChoice:
     def spec(self) -> StrategyKind:
         """Everything that differs between strategies (`tasks/strategy_kinds.py`)."""
         return kind_of(self.kind)
+
+    @property
+    def shape(self) -> str:
+        """`2 replicas`, or `2 stages x 4 micro-batches`."""
+        return shape_text(self.replicas, self.stages if self.spec.staged else 1, self.micro_batches)
 
     @property
     def logical_cpus(self) -> int:

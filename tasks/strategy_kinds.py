@@ -83,6 +83,13 @@ class StrategyKind:
         return (per_replica if self.one_worker_per_step else global_batch) * accum_steps
 
 
+def shape_text(replicas: int, stages: int = 1, micro_batches: int = 1) -> str:
+    """What a run spreads over: `2 replicas`, `1 replica`, `2 stages x 4 micro-batches`."""
+    if stages > 1:
+        return f"{stages} stages x {micro_batches} micro-batches"
+    return f"{replicas} replica{'s' if replicas != 1 else ''}"
+
+
 def cluster_spec_of(strategy: Any) -> dict[str, list[str]]:
     """The cluster a built strategy spans ({} for one process)."""
     resolver = cluster_resolver_of(strategy)
@@ -159,24 +166,6 @@ def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float =
     return tf.distribute.ParameterServerStrategy(resolver)
 
 
-def build_pipeline(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    """The stages' devices (a GPU each, else a logical CPU each), not a tf.distribute
-    strategy: `tasks.stages.StagedDevices`."""
-    import tensorflow as tf
-
-    from tasks.process import logical_cpus
-    from tasks.stages import StagedDevices
-
-    gpus = tf.config.list_logical_devices("GPU")
-    devices = [g.name for g in gpus] if gpus else logical_cpus(choice.stages)
-    return StagedDevices(
-        devices=devices[: choice.stages],
-        micro_batches=choice.micro_batches,
-        budget_bytes=int(choice.device_memory_mb * (1 << 20)),
-        cut_after=tuple(choice.cut_after),
-    )
-
-
 def build_tpu(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
@@ -225,7 +214,7 @@ KINDS: dict[str, StrategyKind] = {
             "pipeline",
             HERE,
             lambda replicas, gpus, workers: 1,  # one copy of the model, cut across devices
-            build_pipeline,
+            _later("tasks.stages", "build_pipeline"),
             epoch_runner=_later("tasks.stages", "make_pipeline_epoch_runner"),
             place_model=_later("tasks.stages", "build_staged"),
             staged=True,

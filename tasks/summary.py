@@ -17,6 +17,7 @@ from tasks.provenance import code_version
 from tasks.rounds import Spread
 from tasks.run import Run
 from tasks.runs import load_exported
+from tasks.strategy_kinds import shape_text
 from tasks.training import TrainResult
 
 
@@ -54,6 +55,18 @@ class ScalingSummary:
     interference: str = ""
     # what to train with on this hardware, from the speedup's range over the rounds
     recommendation: str = ""
+    # a pipeline: the model cut into this many stages (one device each), not replicated
+    stages: int = field(default=1, metadata=PARAM)
+    micro_batches: int = field(default=1, metadata=PARAM)
+
+    @property
+    def devices(self) -> int:
+        return max(self.replicas, self.stages)
+
+    @property
+    def shape(self) -> str:
+        """`2 replicas`, or `2 stages x 4 micro-batches`."""
+        return shape_text(self.replicas, self.stages, self.micro_batches)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,7 +98,7 @@ def compare_runs(
     target_accuracy: float,
 ) -> ScalingSummary:
     """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
-    the replica count (1.0 is linear scaling).
+    the devices (replicas, or a pipeline's stages; 1.0 is linear scaling).
 
     When the diagnosis measured both configurations in alternating rounds (a run in this
     process), every figure comes from those rounds: the throughputs are their medians, the
@@ -98,7 +111,7 @@ def compare_runs(
         else ("", "", [])
     )
     if rounds is not None and rounds.speedup is not None:
-        figures = _figures_of_rounds(rounds)
+        figures = _figures_of_rounds(rounds, distributed.shape)
     else:
         figures = _figures_of_trainings(baseline, distributed, diagnosis)
     return ScalingSummary(
@@ -106,7 +119,9 @@ def compare_runs(
         replicas=distributed.replicas,
         precision=distributed.precision,
         scaling=scaling,
-        scaling_efficiency=figures["speedup"] / distributed.replicas,
+        scaling_efficiency=figures["speedup"] / distributed.devices,
+        stages=distributed.stages,
+        micro_batches=distributed.micro_batches,
         time_to_accuracy_s_baseline=time_to_accuracy(baseline, target_accuracy),
         time_to_accuracy_s_distributed=time_to_accuracy(distributed, target_accuracy),
         target_accuracy=target_accuracy,
@@ -120,7 +135,7 @@ def compare_runs(
     )
 
 
-def _figures_of_rounds(rounds: RoundRates) -> dict[str, Any]:
+def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
     """The throughputs, the speedup with its range and its split, from alternating rounds."""
     speedup, from_batch, from_devices = rounds.speedup, rounds.from_batch, rounds.from_devices
     return {
@@ -134,22 +149,25 @@ def _figures_of_rounds(rounds: RoundRates) -> dict[str, Any]:
         "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
         "trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
-        "recommendation": recommend_devices(speedup, rounds.replicas),
+        "recommendation": recommend_devices(speedup, shape),
     }
 
 
-def recommend_devices(speedup: Spread, replicas: int, over: str = "round") -> str:
-    """One device or several, where every round (or epoch: `over`) agrees; neither where
-    they differ."""
+def recommend_devices(speedup: Spread, replicas: int | str, over: str = "round") -> str:
+    """One device or several (`replicas`: a count, or what the run spread over, as
+    `2 stages x 4 micro-batches`), where every round (or epoch: `over`) agrees;
+    neither where they differ."""
+    if isinstance(replicas, int):
+        replicas = shape_text(replicas)
     if speedup.below(1.0):
         return (
-            f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas} replicas, "
+            f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas}, "
             f"faster in every {over} (--strategy one_device)"
         )
     if speedup.above(1.0):
-        return f"{replicas} replicas: {speedup.text()} one device's speed, faster in every {over}"
+        return f"{replicas}: {speedup.text()} one device's speed, faster in every {over}"
     return (
-        f"either: {replicas} replicas ran at {speedup.text()} one device's speed, on both "
+        f"either: {replicas} ran at {speedup.text()} one device's speed, on both "
         f"sides of 1 over the {over}s"
     )
 
@@ -177,7 +195,7 @@ def _figures_of_trainings(
             measured_over=f"{len(by_epoch)} epochs of each training, epoch by epoch after "
             "the first (the trainings ran one after the other, in processes of their own: no "
             "alternating rounds)",
-            recommendation=recommend_devices(speedup, distributed.replicas, over="epoch"),
+            recommendation=recommend_devices(speedup, distributed.shape, over="epoch"),
         )
     return {
         **figures,
@@ -231,14 +249,14 @@ def plot_speedup(
     plt = pyplot()
 
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["baseline\n(1 device)", f"{summary.strategy}\n({summary.replicas} replicas)"]
+    names = ["baseline\n(1 device)", f"{summary.strategy}\n({summary.shape})"]
     values = [summary.baseline_examples_per_s, summary.distributed_examples_per_s]
     bars.bar(names, values, color=["#999999", "#1f77b4"])
     bars.axhline(
-        summary.baseline_examples_per_s * summary.replicas,
+        summary.baseline_examples_per_s * summary.devices,
         color="#d62728",
         linestyle="--",
-        label=f"ideal ({summary.replicas}x baseline)",
+        label=f"ideal ({summary.devices}x baseline)",
     )
     bars.set_ylabel(f"examples/s (median over {summary.measured_over})")
     bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")
@@ -262,7 +280,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
 
     rows = [
         ("strategy", f"{summary.strategy} ({summary.reason})"),
-        ("replicas", str(summary.replicas)),
+        ("replicas", str(summary.replicas)) if summary.stages == 1 else ("stages", summary.shape),
         ("precision", summary.precision),
         ("scaling", summary.scaling),
         ("measured over", summary.measured_over),
@@ -308,7 +326,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
         ("MLflow run", run_link),
     ]
     head = (
-        f"## {dataset}: {summary.speedup_text} on {summary.replicas} replicas "
+        f"## {dataset}: {summary.speedup_text} on {summary.shape} "
         f"({summary.strategy}, {summary.precision}, {summary.scaling} scaling)"
     )
     table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)

@@ -162,7 +162,9 @@ def test_stages_on_two_devices_train_as_one_device_does_and_the_model_loads_on_o
     # each stage's variables (and their optimizer slots) on its own device
     placed = staged.device_bytes
     assert set(placed) == {"CPU:0", "CPU:1"} and min(placed.values()) > 10_000
-    weights = sum(int(np.prod(w.shape)) * 4 for w in keras.models.load_model(one.model_path).weights)
+    weights = sum(
+        int(np.prod(w.shape)) * 4 for w in keras.models.load_model(one.model_path).weights
+    )
     assert sum(placed.values()) >= 3 * weights  # weights and two Adam slots, split in two
     # the model is saved whole: it loads and evaluates on one device as the baseline does
     test_one = evaluate_model(one.model_path, manifest, data_dir, 256)
@@ -207,3 +209,27 @@ def test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven
     stage_ms = StageProbes(**d.stage_probes).stage_seconds["4"]
     assert stage_ms[0] > 1.5 * stage_ms[1]
     assert dataclasses.asdict(d)["stage_probes"]["names"][1] == "logits"
+
+
+def test_on_gpus_each_stage_gets_a_gpu_and_the_smallest_gpu_memory_is_the_budget(monkeypatch):
+    """GPUs faked at the narrowest boundary: the device list and the hardware report."""
+    from tasks.hardware import GpuInfo
+    from tasks.stages import build_pipeline
+
+    gpus = [GpuInfo("A100", (8, 0), 40_960), GpuInfo("A100", (8, 0), 16_384)] * 2
+    report = HardwareReport("a CPU", 2, [], gpus=gpus)
+    choice = select_strategy(report, train_config(strategy="pipeline", stages=4))
+    assert choice.device_memory_mb == 16_384 and choice.stages == 4
+
+    class Device:
+        def __init__(self, i):
+            self.name = f"/device:GPU:{i}"
+
+    monkeypatch.setattr(
+        tf.config, "list_logical_devices", lambda kind=None: [Device(i) for i in range(4)]
+    )
+    devices = build_pipeline(choice)
+    assert devices.devices == [f"/device:GPU:{i}" for i in range(4)]
+    assert devices.budget_bytes == 16_384 * MB and devices.micro_batches == 4
+    with pytest.raises(UsageError, match=r"more than this machine's 4 GPUs"):
+        select_strategy(report, train_config(strategy="pipeline", stages=5))

@@ -244,7 +244,14 @@ def test_tpu_replicas_come_from_the_strategy_not_the_config(digits, monkeypatch)
 def test_every_kind_is_one_row_of_the_table_and_an_unknown_one_lists_them():
     from tasks.strategy_kinds import KINDS, UnknownStrategy, kind_of
 
-    assert set(KINDS) == {"one_device", "mirrored", "multi_worker", "parameter_server", "tpu"}
+    assert set(KINDS) == {
+        "one_device",
+        "mirrored",
+        "multi_worker",
+        "parameter_server",
+        "tpu",
+        "pipeline",
+    }
     with pytest.raises(UnknownStrategy) as error:
         kind_of("horovod")
     assert "'horovod'" in str(error.value)
