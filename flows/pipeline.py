@@ -62,7 +62,11 @@ def select_task(report, config: config_mod.Config):
 def settle_task(run: Run) -> Run:
     """What `auto` left open (precision, XLA) timed on the run's model and data; the
     strategy stays: the pipeline measures the replicas against one device."""
+    proposed = run.choice.kind
     run, settled = runs.settle_auto(run, for_pipeline=True)
+    choice = run.choice
+    if choice.kind != proposed:  # a model too large for one device: cut into stages
+        stage("strategy", f"{choice.kind}, {choice.shape}, {choice.precision} (over memory)")
     if settled.timed:
         stage("auto", autotune.format_line(settled))
     return run

@@ -233,3 +233,82 @@ def test_on_gpus_each_stage_gets_a_gpu_and_the_smallest_gpu_memory_is_the_budget
     assert devices.budget_bytes == 16_384 * MB and devices.micro_batches == 4
     with pytest.raises(UsageError, match=r"more than this machine's 4 GPUs"):
         select_strategy(report, train_config(strategy="pipeline", stages=5))
+
+
+@pytest.mark.integration
+def test_a_killed_pipeline_resumes_from_its_checkpoint_on_its_stages(digits, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import DEFAULTS
+
+    overrides, _, _ = digits
+    argv = [sys.executable, "-m", "flows.cli", "--params", DEFAULTS, "train", "--no-diagnose"]
+    argv += ["--strategy", "pipeline", "--model", "mlp", "--epochs", "40"]
+    argv += ["--precision", "float32", "--jit-compile", "false"]
+    argv += ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs = tmp_path / "runs" / "digits"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list(runs.glob("*/history.json"))
+        if done and len(json.loads(done[0].read_text() or "[]")) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (path,) = runs.glob("pipeline-*/history.json")
+    finished = len(json.loads(path.read_text()))
+    assert 3 <= finished < 40 and not (path.parent / "metrics.json").exists()
+    subprocess.run(argv, check=True, capture_output=True)
+    metrics = json.loads((path.parent / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= finished - 1 and metrics["stages"] == 2
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, 41))
+    losses = [h["loss"] for h in metrics["history"]]
+    assert losses[metrics["resumed_from_epoch"]] < losses[0] / 2  # it went on from its weights
+    assert set(metrics["device_bytes"]) == {"CPU:0", "CPU:1"}
+
+
+@pytest.mark.integration
+def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_tracks_them(tmp_path):
+    """What a user types: `tfscale run` with a device budget the model exceeds."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import tiny_params
+    from mlflow import MlflowClient
+
+    model = build_model("mlp", DIGITS, 10)
+    whole = footprint(layer_costs(model), 32).total
+    heaviest = max(fp.total for fp in plan_stages(model, 2, 32).footprints)
+    budget_mb = f"{(whole + heaviest) / 2 / MB:.2f}"
+    params = tiny_params(tmp_path)
+    store = tmp_path / "mlflow"
+    argv = [str(Path(sys.executable).parent / "tfscale"), "--params", str(params), "run"]
+    argv += ["--device-memory-mb", budget_mb]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store}/mlflow.db")
+    store.mkdir()
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "pipeline, 2 stages x 4 micro-batches, float32 (over memory)" in out, out
+    assert f"a device has {budget_mb} MB: 2 pipeline stages" in out
+    assert "stages                  2 stages x 4 micro-batches" in out
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("tfscale").experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    params_ = parent.data.params
+    assert (params_["strategy"], params_["stages"], params_["micro_batches"]) == (
+        "pipeline",
+        "2",
+        "4",
+    )
+    assert parent.info.run_name.startswith("digits-mlp-pipeline-2st-2ep-")
+    assert parent.data.metrics["scaling_efficiency"] == pytest.approx(
+        parent.data.metrics["speedup"] / 2, rel=1e-3
+    )
