@@ -137,6 +137,59 @@ class PartitionedEmbedding(layers.Layer):
         return {**super().get_config(), "rows": self.rows, "dim": self.dim, "shards": self.shards}
 
 
+@keras.saving.register_keras_serializable(package="tfscale")
+class ColumnSplitDense(layers.Layer):
+    """A Dense layer whose kernel (and bias) is split by columns into `parts`, each part's
+    variables and matmul on a device of its own (`devices`; none: wherever the caller is),
+    the outputs joined: Megatron's column-parallel linear layer. The activation is
+    elementwise, so the join equals the whole layer's output. Saved without its devices: it
+    loads on one device."""
+
+    def __init__(self, units: int, parts: int = 2, activation=None, devices=None, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.parts = units, parts
+        self.activation = keras.activations.get(activation)
+        self.devices = list(devices or [None] * parts)
+        self.widths = [units // parts + (1 if i < units % parts else 0) for i in range(parts)]
+
+    def build(self, input_shape):
+        import tensorflow as tf
+
+        self.kernels, self.biases = [], []
+        for i, (width, device) in enumerate(zip(self.widths, self.devices, strict=True)):
+            with tf.device(device):
+                self.kernels.append(
+                    self.add_weight(
+                        shape=(input_shape[-1], width),
+                        initializer="glorot_uniform",
+                        name=f"kernel_{i}",
+                    )
+                )
+                self.biases.append(
+                    self.add_weight(shape=(width,), initializer="zeros", name=f"bias_{i}")
+                )
+
+    def call(self, x):
+        import tensorflow as tf
+
+        outputs = []
+        for kernel, bias, device in zip(self.kernels, self.biases, self.devices, strict=True):
+            with tf.device(device):
+                outputs.append(self.activation(keras.ops.matmul(x, kernel) + bias))
+        return keras.ops.concatenate(outputs, axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.units)
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "parts": self.parts,
+            "activation": keras.activations.serialize(self.activation),
+        }
+
+
 def _embedding(x, ps_tasks: int = 0):
     """A wide model: every (pixel position, intensity level) is a token, hashed into a large
     embedding table; the mean of a picture's token vectors feeds one hidden layer. On a

@@ -132,7 +132,7 @@ def measure_rounds(
         "compute": _steps_block(run, choice, _one_batch(feed), steps),
         "input": _input_block(feed, run, steps),
     }
-    devices = max(choice.replicas, choice.stages)  # a pipeline's devices hold its stages
+    devices = max(choice.replicas, choice.stages)  # a split model's devices hold its parts
     if devices > 1:
         one = baseline_choice(choice)
         per_replica, global_batch = batch_sizes(cfg, choice.replicas)
@@ -140,7 +140,7 @@ def measure_rounds(
             ("one_device_replica_batch", per_replica),
             ("one_device_global_batch", global_batch),
         ]
-        for name, batch in sizes[1:] if choice.spec.staged else sizes:  # a pipeline: one batch
+        for name, batch in sizes[1:] if choice.spec.splits else sizes:  # split: one batch
             config = dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak")
             setup = set_up_training(config, manifest, one)
             one_feed = _feed(config, manifest, data_dir, setup, transform)
@@ -154,7 +154,7 @@ def measure_rounds(
         by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
     return RoundRates(
         devices,
-        "strong" if choice.spec.staged else cfg.scaling,  # one batch, cut over the devices
+        "strong" if choice.spec.splits else cfg.scaling,  # one batch, the model split
         run.step_examples,
         rates,
         grad_bytes,

@@ -276,6 +276,7 @@ class StagedDevices:
     budget_bytes: int = 0
     cut_after: tuple[int, ...] = ()
     plan: StagePlan | None = None
+    splits: str = "stages"  # or "columns": one stage, its widest layer split over devices
     num_replicas_in_sync: int = 1
     cluster_resolver: Any = None
     placed: list[int] = field(default_factory=list)  # each variable's stage, in creation order
@@ -305,6 +306,75 @@ def build_pipeline(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -
         budget_bytes=int(choice.device_memory_mb * (1 << 20)),
         cut_after=tuple(choice.cut_after),
     )
+
+
+def build_tensor_parallel(
+    choice: Any, resolver: Any = None, timeout_s: float = 60.0
+) -> StagedDevices:
+    """The devices a layer's columns are split over (a GPU each, else a logical CPU each),
+    trained as one stage on the first."""
+    devices = build_pipeline(choice, resolver, timeout_s)
+    devices.micro_batches, devices.splits = 1, "columns"
+    return devices
+
+
+def widest_dense(model: Any) -> Any:
+    """The hidden Dense layer with the largest kernel (the logits stay whole).
+
+    Raises:
+        UsageError: a model with no hidden Dense layer.
+    """
+    import keras
+
+    dense = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Dense) and layer.name != "logits"
+    ]
+    if not dense:
+        raise UsageError(
+            f"model {model.name} has no hidden Dense layer to split by columns",
+            "use --strategy pipeline, or a model with one (mlp, cnn, embedding).",
+        )
+    return max(dense, key=lambda layer: math.prod(layer.kernel.shape))
+
+
+def build_column_split(
+    strategy: StagedDevices, build: Callable[[], Any], seed: int, batch: int
+) -> Any:
+    """`build()`'s model with its widest hidden Dense layer split by columns over the
+    devices (`tasks.models.ColumnSplitDense`), starting from the same weights: the rest of
+    the model stays on the first device."""
+    import keras
+    import numpy as np
+
+    from tasks.models import ColumnSplitDense
+
+    whole = build()
+    target = widest_dense(whole)
+
+    def clone(layer):
+        if layer is not target:
+            return layer.__class__.from_config(layer.get_config())
+        return ColumnSplitDense(
+            layer.units,
+            len(strategy.devices),
+            keras.activations.serialize(layer.activation),
+            strategy.devices,
+            name=layer.name,
+        )
+
+    model = keras.models.clone_model(whole, clone_function=clone)
+    for old, new in zip(whole.layers, model.layers, strict=True):
+        if old is target:
+            edges = np.cumsum(new.widths)[:-1]
+            kernels = np.split(keras.ops.convert_to_numpy(old.kernel), edges, axis=1)
+            biases = np.split(keras.ops.convert_to_numpy(old.bias), edges)
+            new.set_weights([w for pair in zip(kernels, biases, strict=True) for w in pair])
+        elif old.weights:
+            new.set_weights(old.get_weights())
+    strategy.plan = plan_stages(model, 1, batch)
+    return model
 
 
 def build_staged(strategy: StagedDevices, build: Callable[[], Any], seed: int, batch: int) -> Any:
@@ -438,8 +508,10 @@ def make_pipeline_epoch_runner(
 
     stages = stage_models(model, strategy.plan)
     iterator = iter(dataset_fn(None))
+    # a column split places its own parts' ops; a pipeline places each stage
+    devices = strategy.devices if strategy.splits == "stages" else [None]
     step = pipeline_step(
-        stages, strategy.devices, optimizer, strategy.micro_batches * accum_steps, effective_batch
+        stages, devices, optimizer, strategy.micro_batches * accum_steps, effective_batch
     )
     sums = [tf.Variable(0.0, trainable=False) for _ in range(2)]
 
@@ -480,8 +552,8 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
     from tasks.strategy_kinds import STAGED
 
     budget = int(choice.device_memory_mb * MB)
-    if not budget and not choice.spec.staged:
-        return choice
+    if choice.spec.splits == "columns" or (not budget and not choice.spec.staged):
+        return choice  # a column split is not checked against the budget
     model = build_model(cfg.model, manifest.shape, manifest.num_classes)
     if choice.spec.staged:  # its cut, checked before any work (the training cuts it again)
         plan_stages(model, choice.stages, cfg.batch_size_per_replica, budget, choice.cut_after)

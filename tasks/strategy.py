@@ -56,7 +56,8 @@ class StrategyChoice:
     @property
     def shape(self) -> str:
         """`2 replicas`, or `2 stages x 4 micro-batches`."""
-        return shape_text(self.replicas, self.stages if self.spec.staged else 1, self.micro_batches)
+        splits = self.spec.splits
+        return shape_text(self.replicas, self.stages if splits else 1, self.micro_batches, splits)
 
     @property
     def logical_cpus(self) -> int:
@@ -77,10 +78,10 @@ def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
     workers = cluster_workers or (cfg.workers if spec.takes_workers else 1)
     replicas = spec.count_replicas(cfg.replicas, gpus, workers)
     communication = spec.communication(devices)
-    if spec.staged:
-        _check_stages(report, cfg)
+    if spec.splits:
+        _check_stages(report, cfg, spec.staged)
     # a pipeline's stages, or the devices `auto` may cut a model over if it does not fit one
-    stages = cfg.stages if spec.staged or (cfg.strategy == "auto" and cfg.device_memory_mb) else 1
+    stages = cfg.stages if spec.splits or (cfg.strategy == "auto" and cfg.device_memory_mb) else 1
     if spec.staged:
         reason = f"{reason}, {stages} stages of {cfg.micro_batches} micro-batches"
     return StrategyChoice(
@@ -104,8 +105,9 @@ def device_memory_mb(report: HardwareReport) -> float:
     return float(min((g.memory_mb or 0 for g in report.gpus), default=0))
 
 
-def _check_stages(report: HardwareReport, cfg: TrainConfig) -> None:
-    """A pipeline needs a device per stage and micro-batches that divide its batch.
+def _check_stages(report: HardwareReport, cfg: TrainConfig, micro_batches: bool) -> None:
+    """A model split over devices needs a device per part (`train.stages`), and a pipeline
+    micro-batches that divide its batch.
 
     Raises:
         UsageError: more stages than devices (GPUs, else CPU cores), or a batch the
@@ -116,10 +118,10 @@ def _check_stages(report: HardwareReport, cfg: TrainConfig) -> None:
     if cfg.stages > devices:
         raise UsageError(
             f"train.stages ({cfg.stages}) is more than this machine's {devices} {what}: "
-            "each stage needs a device of its own",
+            "each stage (or part of a split layer) needs a device of its own",
             f"set train.stages to {devices} or fewer.",
         )
-    if cfg.batch_size_per_replica % cfg.micro_batches:
+    if micro_batches and cfg.batch_size_per_replica % cfg.micro_batches:
         raise UsageError(
             f"train.micro_batches ({cfg.micro_batches}) does not divide the batch of "
             f"{cfg.batch_size_per_replica} (train.batch_size_per_replica)",

@@ -67,7 +67,14 @@ class StrategyKind:
     devices: str | None = None  # the device type it always runs on (None: GPUs, else CPUs)
     # (strategy, build, seed, batch) -> the model `build()` makes, its variables placed
     place_model: Callable[..., Any] = lambda strategy, build, seed, batch: build()
-    staged: bool = False  # its devices hold stages of one model, not replicas of it
+    # how it splits one model over devices: "stages" (pipeline), "columns" (a layer's kernel
+    # split by columns), "" (it replicates the model, or keeps it on one device)
+    splits: str = ""
+
+    @property
+    def staged(self) -> bool:
+        """Its devices hold stages of one model (a pipeline), not replicas of it."""
+        return self.splits == "stages"
 
     @property
     def runs_here(self) -> bool:
@@ -83,8 +90,11 @@ class StrategyKind:
         return (per_replica if self.one_worker_per_step else global_batch) * accum_steps
 
 
-def shape_text(replicas: int, stages: int = 1, micro_batches: int = 1) -> str:
-    """What a run spreads over: `2 replicas`, `1 replica`, `2 stages x 4 micro-batches`."""
+def shape_text(replicas: int, stages: int = 1, micro_batches: int = 1, splits: str = "") -> str:
+    """What a run spreads over: `2 replicas`, `1 replica`, `2 stages x 4 micro-batches`,
+    `2 devices, its widest layer split by columns`."""
+    if splits == "columns":
+        return f"{stages} devices, its widest layer split by columns"
     if stages > 1:
         return f"{stages} stages x {micro_batches} micro-batches"
     return f"{replicas} replica{'s' if replicas != 1 else ''}"
@@ -217,7 +227,16 @@ KINDS: dict[str, StrategyKind] = {
             _later("tasks.stages", "build_pipeline"),
             epoch_runner=_later("tasks.stages", "make_pipeline_epoch_runner"),
             place_model=_later("tasks.stages", "build_staged"),
-            staged=True,
+            splits="stages",
+        ),
+        StrategyKind(
+            "tensor_parallel",
+            HERE,
+            lambda replicas, gpus, workers: 1,  # one copy, its widest layer split by columns
+            _later("tasks.stages", "build_tensor_parallel"),
+            epoch_runner=_later("tasks.stages", "make_pipeline_epoch_runner"),
+            place_model=_later("tasks.stages", "build_column_split"),
+            splits="columns",
         ),
     )
 }

@@ -58,6 +58,7 @@ class ScalingSummary:
     # a pipeline: the model cut into this many stages (one device each), not replicated
     stages: int = field(default=1, metadata=PARAM)
     micro_batches: int = field(default=1, metadata=PARAM)
+    splits: str = ""
 
     @property
     def devices(self) -> int:
@@ -66,7 +67,7 @@ class ScalingSummary:
     @property
     def shape(self) -> str:
         """`2 replicas`, or `2 stages x 4 micro-batches`."""
-        return shape_text(self.replicas, self.stages, self.micro_batches)
+        return shape_text(self.replicas, self.stages, self.micro_batches, self.splits)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +123,7 @@ def compare_runs(
         scaling_efficiency=figures["speedup"] / distributed.devices,
         stages=distributed.stages,
         micro_batches=distributed.micro_batches,
+        splits=distributed.splits,
         time_to_accuracy_s_baseline=time_to_accuracy(baseline, target_accuracy),
         time_to_accuracy_s_distributed=time_to_accuracy(distributed, target_accuracy),
         target_accuracy=target_accuracy,

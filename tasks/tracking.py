@@ -564,7 +564,8 @@ def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
 def pipeline_run_name(run: Any) -> str:
     """What tells a pipeline's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
     choice, train = run.choice, run.train
-    devices = f"{choice.stages}st" if choice.spec.staged else f"{choice.replicas}x"
+    split = {"stages": "st", "columns": "tp"}.get(choice.spec.splits)
+    devices = f"{choice.stages}{split}" if split else f"{choice.replicas}x"
     return f"{run.manifest.dataset}-{train.model}-{choice.kind}-{devices}-{train.epochs}ep"
 
 

@@ -66,6 +66,7 @@ class TrainResult:
     # variables)
     stages: int = field(default=1, metadata=PARAM)
     micro_batches: int = field(default=1, metadata=PARAM)
+    splits: str = ""  # "stages" (a pipeline), "columns" (its widest layer split), or ""
     stage_plan: dict[str, Any] = field(default_factory=dict)
     device_bytes: dict[str, int] = field(default_factory=dict)
     # the probes measured after training (`tasks.inplace`, `tasks.diagnosis`), when asked
@@ -81,7 +82,7 @@ class TrainResult:
 
     @property
     def shape(self) -> str:
-        return shape_text(self.replicas, self.stages, self.micro_batches)
+        return shape_text(self.replicas, self.stages, self.micro_batches, self.splits)
 
 
 def batch_sizes(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
@@ -288,8 +289,9 @@ def _stage_figures(setup: TrainingSetup) -> dict[str, Any]:
     from tasks.stages import bytes_by_device
 
     return {
-        "stages": plan.stages,
+        "stages": len(setup.strategy.devices),
         "micro_batches": setup.strategy.micro_batches,
+        "splits": setup.strategy.splits,
         "stage_plan": plan.to_dict(),
         "device_bytes": bytes_by_device([*setup.model.weights, *setup.optimizer.variables]),
     }

@@ -312,3 +312,30 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     assert parent.data.metrics["scaling_efficiency"] == pytest.approx(
         parent.data.metrics["speedup"] / 2, rel=1e-3
     )
+
+
+@pytest.mark.integration
+def test_a_dense_layer_split_by_columns_trains_as_one_device_and_loads_whole(digits, tmp_path):
+    from tasks.evaluation import evaluate_model
+    from tasks.models import load_trained_model
+    from tasks.runs import run_training
+
+    _, manifest, data_dir = digits
+    one = run_training(pipeline_run(digits, tmp_path / "one", strategy="one_device", model="mlp"))
+    split = run_training(
+        pipeline_run(digits, tmp_path / "tp", strategy="tensor_parallel", model="mlp")
+    )
+    assert (split.strategy, split.stages, split.splits) == ("tensor_parallel", 2, "columns")
+    assert split.shape == "2 devices, its widest layer split by columns"
+    for a, b in zip(one.history, split.history, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (one.history, split.history)
+    # the widest kernel (256x128, the second hidden layer) split: a half (kernel 256x64, bias
+    # 64) and its two Adam slots on CPU:1, the rest of the model on CPU:0
+    assert split.device_bytes["CPU:1"] == 3 * 4 * (256 * 64 + 64)
+    assert split.device_bytes["CPU:0"] > split.device_bytes["CPU:1"]
+    loaded = load_trained_model(split.model_path)
+    (layer,) = [lay for lay in loaded.layers if type(lay).__name__ == "ColumnSplitDense"]
+    assert layer.units == 128 and all(v.value.device.endswith("CPU:0") for v in layer.weights)
+    test_one = evaluate_model(one.model_path, manifest, data_dir, 256)
+    test_split = evaluate_model(split.model_path, manifest, data_dir, 256)
+    assert abs(test_split.test_accuracy - test_one.test_accuracy) <= 2 / 360
