@@ -49,7 +49,8 @@ STRATEGY_FLAGS = {
     "--strategy": (
         "train.strategy",
         str,
-        "auto | one_device | mirrored | multi_worker | parameter_server | tpu | pipeline",
+        "auto | one_device | mirrored | multi_worker | parameter_server | tpu | pipeline | "
+        "tensor_parallel",
     ),
     "--replicas": ("train.replicas", int, "replicas (logical CPU devices when there is no GPU)"),
     "--workers": ("train.workers", int, "worker processes (multi_worker, parameter_server)"),
@@ -60,7 +61,12 @@ STRATEGY_FLAGS = {
         "XLA: auto (the faster of off and on, measured once per hardware, model and batch) "
         "| true | false",
     ),
-    "--stages": ("train.stages", int, "pipeline: the model cut into this many stages (2)"),
+    "--stages": (
+        "train.stages",
+        int,
+        "pipeline: the model cut into this many stages; tensor_parallel: the devices its widest "
+        "layer is split over (2)",
+    ),
     "--micro-batches": ("train.micro_batches", int, "pipeline: micro-batches per step (4)"),
     "--device-memory-mb": (
         "train.device_memory_mb",

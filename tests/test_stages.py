@@ -281,6 +281,7 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     from pathlib import Path
 
     from helpers import tiny_params
+
     from mlflow import MlflowClient
 
     model = build_model("mlp", DIGITS, 10)

@@ -251,6 +251,7 @@ def test_every_kind_is_one_row_of_the_table_and_an_unknown_one_lists_them():
         "parameter_server",
         "tpu",
         "pipeline",
+        "tensor_parallel",
     }
     with pytest.raises(UnknownStrategy) as error:
         kind_of("horovod")
