@@ -591,7 +591,8 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
     raise UsageError(
         f"{needs}; a device has {mb(budget)}, and no cut into {choice.stages} stages or fewer "
         "fits it",
-        "raise train.stages (one device each), train.device_memory_mb, or lower the batch.",
+        "raise train.stages (one device each) or train.device_memory_mb, lower the batch, "
+        "or split its widest layer by columns (--strategy tensor_parallel).",
     )
 
 
