@@ -61,6 +61,11 @@ class Diagnosis:
     rounds: dict = field(default_factory=dict)
     # a pipeline: its step taken apart (`tasks.pipeline_probes.StageProbes.to_dict()`)
     stage_probes: dict = field(default_factory=dict)
+    # its figures for the runs table: the measured bubble and GPipe's at the run's
+    # micro-batches, and the seconds a step spends moving activations between stages
+    pipeline_bubble: float | None = None
+    pipeline_schedule_bubble: float | None = None
+    pipeline_transfer_seconds: float | None = None
 
     @property
     def round_rates(self) -> RoundRates | None:
@@ -357,7 +362,19 @@ def diagnose_run(
         cost_probes=_cost_probes(choice, r, batch_sizes(cfg, choice.replicas)) if several else {},
         rounds=r.to_dict(),
         stage_probes=stage_probes,
+        **_pipeline_figures(choice, stage_probes),
     )
+
+
+def _pipeline_figures(choice: StrategyChoice, probes: dict) -> dict:
+    if not probes:
+        return {}
+    p, m = StageProbes(**probes), choice.micro_batches
+    return {
+        "pipeline_bubble": p.measured_bubble(m),
+        "pipeline_schedule_bubble": p.schedule_bubble(m),
+        "pipeline_transfer_seconds": p.transfer_seconds,
+    }
 
 
 def _cost_probes(choice: StrategyChoice, r: RoundRates, batches: tuple[int, int]) -> dict:

@@ -69,6 +69,7 @@ class TrainResult:
     splits: str = ""  # "stages" (a pipeline), "columns" (its widest layer split), or ""
     stage_plan: dict[str, Any] = field(default_factory=dict)
     device_bytes: dict[str, int] = field(default_factory=dict)
+    device_bytes_max: int | None = None  # the fullest device's share (a split model only)
     # the probes measured after training (`tasks.inplace`, `tasks.diagnosis`), when asked
     probes: dict[str, Any] = field(default_factory=dict)
 
@@ -288,12 +289,14 @@ def _stage_figures(setup: TrainingSetup) -> dict[str, Any]:
         return {}
     from tasks.stages import bytes_by_device
 
+    placed = bytes_by_device([*setup.model.weights, *setup.optimizer.variables])
     return {
         "stages": len(setup.strategy.devices),
         "micro_batches": setup.strategy.micro_batches,
         "splits": setup.strategy.splits,
         "stage_plan": plan.to_dict(),
-        "device_bytes": bytes_by_device([*setup.model.weights, *setup.optimizer.variables]),
+        "device_bytes": placed,
+        "device_bytes_max": max(placed.values()),
     }
 
 

@@ -310,6 +310,12 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
         "4",
     )
     assert parent.info.run_name.startswith("digits-mlp-pipeline-2st-2ep-")
+    (distributed,) = [r for r in runs if r.info.run_name == "distributed"]
+    assert 0 < distributed.data.metrics["device_bytes_max"] <= float(budget_mb) * MB
+    metrics = parent.data.metrics
+    assert 0 < metrics["diagnosis_pipeline_schedule_bubble"] == pytest.approx(0.2)
+    assert 0 <= metrics["diagnosis_pipeline_bubble"] < 1
+    assert metrics["diagnosis_pipeline_transfer_seconds"] > 0
     assert parent.data.metrics["scaling_efficiency"] == pytest.approx(
         parent.data.metrics["speedup"] / 2, rel=1e-3
     )
