@@ -94,9 +94,6 @@ def wait_for(what: str, probe, timeout_s: float, every_s: float = 1.0):
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
-# limit and sort are given: this server answers 422 to the client's defaults (None)
-
-
 def deployments_by_name(client, count: int = 2) -> dict:
     from prefect.client.schemas.sorting import DeploymentSort
 
@@ -196,3 +193,40 @@ def test_a_schedule_that_falls_due_runs_to_completion_by_itself(prefect_server, 
             run = wait_for("a scheduled nightly run finishing", a_completed_scheduled_run, 400, 2)
             assert run.state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
     assert (tmp_path / "sweep" / "sweep.csv").exists()
+
+
+def test_prefects_own_cli_and_deploy_work_against_the_projects_server(prefect_server, tmp_path):
+    """`prefect work-pool ls`, `prefect deployment ls`, `prefect deploy` and `flow.deploy()`
+    against a server of the project's locked set (under FastAPI 0.151+ the server answered
+    its own client's `limit: null` with 422)."""
+    env = prefect_server["env"]
+    (tmp_path / "hello.py").write_text(
+        "from prefect import flow\n\n@flow\ndef hello():\n    return 1\n"
+    )
+
+    def prefect(*args: str) -> str:
+        proc = subprocess.run(
+            [str(BIN / "prefect"), "--no-prompt", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    prefect("work-pool", "create", "cli-pool", "--type", "process")
+    assert "cli-pool" in prefect("work-pool", "ls")
+    prefect("deploy", "hello.py:hello", "-n", "by-cli", "-p", "cli-pool")
+    script = (
+        "from prefect import flow\n"
+        f"f = flow.from_source(source={str(tmp_path)!r}, entrypoint='hello.py:hello')\n"
+        "print(f.deploy(name='by-api', work_pool_name='cli-pool', print_next_steps=False))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listed = prefect("deployment", "ls")
+    assert "hello/by-cli" in listed and "hello/by-api" in listed, listed
