@@ -154,6 +154,7 @@ def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
         SlurmClusterResolver = tf.distribute.cluster_resolver.SlurmClusterResolver
 
         resolver = SlurmClusterResolver(
+            jobs=slurm_jobs(env),
             port_base=int(env.get("TFSCALE_PORT_BASE", "8888")),
             gpus_per_node=max(len(tf.config.list_physical_devices("GPU")), 1),  # 0 breaks it
         )
@@ -162,10 +163,46 @@ def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
             source="Slurm",
             workers=spec.get("worker", []),
             ps=spec.get("ps", []),
+            chief=spec.get("chief", []),
             task_type=resolver.task_type,
             task_index=resolver.task_id,
         )
     return None
+
+
+SLURM_JOBS_FIX = (
+    "set TFSCALE_SLURM_JOBS to the tasks of each job by rank, as chief:1,worker:2,ps:1, "
+    "adding up to the job's tasks (SLURM_NTASKS), or unset it: every task a worker"
+)
+
+
+def slurm_jobs(env: dict[str, str]) -> dict[str, int] | None:
+    """The jobs a Slurm job's tasks take by rank (`TFSCALE_SLURM_JOBS`, for example
+    `chief:1,worker:2,ps:1`); None: all workers. TensorFlow's SlurmClusterResolver hands
+    out the ranks to the jobs in the order of their names: chief, ps, worker (rank 0 the
+    chief, 1 the ps, 2-3 the workers).
+
+    Raises:
+        UsageError: not `job:count` pairs of chief, worker and ps, or counts that do not add
+            up to the job's tasks.
+    """
+    text = env.get("TFSCALE_SLURM_JOBS", "").strip()
+    if not text:
+        return None
+    try:
+        jobs = {job.strip(): int(n) for job, n in (part.split(":") for part in text.split(","))}
+    except ValueError:
+        raise UsageError(
+            f"TFSCALE_SLURM_JOBS={text!r} is not job:count pairs", SLURM_JOBS_FIX
+        ) from None
+    tasks = int(env.get("SLURM_NTASKS", "1"))
+    if set(jobs) - {"chief", "worker", "ps"} or sum(jobs.values()) != tasks:
+        raise UsageError(
+            f"TFSCALE_SLURM_JOBS={text!r} does not give this job's {tasks} tasks to chief, "
+            "worker and ps",
+            SLURM_JOBS_FIX,
+        )
+    return jobs
 
 
 _TF_CONFIG_FIX = (

@@ -371,3 +371,18 @@ def test_a_serving_task_waits_for_the_chief_to_come_and_go():
     assert time.monotonic() - started >= 1.5  # not before the chief went away
     with pytest.raises(ChiefNeverCame, match="did not answer within 1 s"):
         wait_for_chief_to_finish(address, chief_wait_s=1)
+
+
+def test_slurm_jobs_by_rank_are_read_and_a_wrong_split_is_refused_with_the_fix():
+    from tasks.errors import UsageError
+    from tasks.hardware import slurm_jobs
+
+    env = {"SLURM_NTASKS": "4", "TFSCALE_SLURM_JOBS": "chief:1, worker:2, ps:1"}
+    assert slurm_jobs(env) == {"chief": 1, "worker": 2, "ps": 1}
+    assert slurm_jobs({"SLURM_NTASKS": "4"}) is None  # every task a worker
+    for wrong in ("chief:1,worker:2", "chief:1,gpu:3", "chief=1"):
+        with pytest.raises(UsageError) as error:
+            slurm_jobs({**env, "TFSCALE_SLURM_JOBS": wrong})
+        assert (
+            "TFSCALE_SLURM_JOBS" in str(error.value) and "chief:1,worker:2,ps:1" in error.value.fix
+        )
