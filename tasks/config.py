@@ -125,6 +125,8 @@ class SweepConfig:
     # an interconnect axis for multi_worker cells: each rate (Gbit/s, 0 for full speed) runs
     # the cells of more than one replica on emulated hosts over links of that rate
     link_gbit: tuple[float, ...] = _spec((), lo=0.0, hi=100_000.0, empty=True)
+    # strategy pipeline: `replicas` are its stages, each count once per micro-batch count
+    micro_batches: tuple[int, ...] = _spec((4,), lo=1, hi=4096)
 
 
 @dataclass(frozen=True)

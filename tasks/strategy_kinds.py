@@ -228,6 +228,7 @@ KINDS: dict[str, StrategyKind] = {
             epoch_runner=_later("tasks.stages", "make_pipeline_epoch_runner"),
             place_model=_later("tasks.stages", "build_staged"),
             splits="stages",
+            in_sweep=True,
         ),
         StrategyKind(
             "tensor_parallel",

@@ -26,6 +26,9 @@ class Cell:
     # the workers' emulated link in Gbit/s (0: full speed); None: localhost, and always for
     # one replica (it has no link)
     link_gbit: float | None = None
+    # a pipeline cell: micro-batches per step (its `replicas` are then its stages, a device
+    # each); None for every other cell
+    micro_batches: int | None = None
 
     @property
     def group(self) -> tuple:
@@ -35,7 +38,7 @@ class Cell:
     @property
     def line(self) -> tuple:
         """Cells that differ only in replicas: one line on the chart (its group first)."""
-        return (self.group, self.link_gbit)
+        return (self.group, self.link_gbit, self.micro_batches)
 
     @classmethod
     def of(cls, row: dict) -> Cell:
@@ -45,12 +48,15 @@ class Cell:
     @property
     def label(self) -> str:
         data = f"{self.size} examples" if self.size else "dataset"
-        return f"{data}, batch {self.batch}, {self.scaling}, {self.precision}" + link_label(
-            self.link_gbit
+        micro = f", {self.micro_batches} micro-batches" if self.micro_batches else ""
+        return (
+            f"{data}, batch {self.batch}, {self.scaling}, {self.precision}"
+            + link_label(self.link_gbit)
+            + micro
         )
 
 
-CELL_FIELDS = ("size", "batch", "scaling", "precision", "replicas", "link_gbit")
+CELL_FIELDS = ("size", "batch", "scaling", "precision", "replicas", "link_gbit", "micro_batches")
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class SweepRow:
     precision: str = field(metadata=PARAM)
     replicas: int = field(metadata=PARAM)
     link_gbit: float | None = field(metadata=PARAM)
+    micro_batches: int | None = field(metadata=PARAM)  # a pipeline's (replicas: its stages)
     examples_per_s: float
     speedup: float
     scaling_efficiency: float
@@ -83,6 +90,8 @@ class SweepRow:
         name = f"cell-{self.size}-b{self.batch}-r{self.replicas}"
         if self.link_gbit is not None:
             name += f"-{self.link_gbit:g}gbit" if self.link_gbit else "-fullspeed"
+        if self.micro_batches:
+            name += f"-m{self.micro_batches}"
         return name
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,12 +125,16 @@ def plan_cells(config: Config) -> list[Cell]:
         )
     replicas = sorted({1, *s.replicas})
     links: tuple = tuple(dict.fromkeys(s.link_gbit)) or (None,)
+    # a pipeline sweep: its replicas are stages, each count once per micro-batch count
+    micros: tuple = tuple(dict.fromkeys(s.micro_batches)) if kind_of(s.strategy).staged else (None,)
     cells = []
     for size, batch, scaling, precision, n in itertools.product(
         s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas
     ):
-        for link in (None,) if n == 1 else links:
-            cells.append(Cell(size, batch, scaling, precision, n, link))
+        for link, micro in itertools.product((None,) if n == 1 else links, micros):
+            if n == 1 and micro != micros[0]:
+                continue  # one baseline per group
+            cells.append(Cell(size, batch, scaling, precision, n, link, micro if n > 1 else None))
     return cells
 
 
@@ -133,6 +146,7 @@ def cell_config(config: Config, cell: Cell) -> Config:
         prepare = dataclasses.replace(prepare, dataset="synthetic", synthetic=synthetic)
     kind = kind_of(config.sweep.strategy)
     multi = cell.replicas > 1 and kind.takes_workers
+    staged = cell.replicas > 1 and kind.staged
     train = dataclasses.replace(
         config.train,
         model=config.sweep.model,
@@ -144,7 +158,11 @@ def cell_config(config: Config, cell: Cell) -> Config:
         workers=cell.replicas if multi else 1,
         strategy=BASELINE.name if cell.replicas == 1 else kind.name,
         link_gbit=cell.link_gbit if multi else None,
+        stages=cell.replicas if staged else config.train.stages,
+        micro_batches=cell.micro_batches if staged else config.train.micro_batches,
     )
+    if staged:  # one copy of the model, cut over `replicas` devices
+        train = dataclasses.replace(train, replicas=1)
     return dataclasses.replace(config, prepare=prepare, train=train)
 
 
@@ -357,11 +375,12 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
                 label=f"{label}: forecast",
             )
     ax.set_xticks(replicas)
-    ax.set_xlabel("replicas")
+    devices = "pipeline stages" if any(r.get("micro_batches") for r in rows) else "replicas"
+    ax.set_xlabel(devices)
     ax.set_ylabel(metric.replace("_", " "))
     name = metric.replace("_", " ")
     ax.set_title(
-        f"{name} against replicas: measured (solid; bars: its rounds' range), forecast (dotted)",
+        f"{name} against {devices}: measured (solid; bars: its rounds' range), forecast (dotted)",
         fontsize=10,
     )
     ax.legend(fontsize=7)

@@ -234,3 +234,37 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
     assert 0.6 <= predicted.step_s / measured <= 1.5
     for chart in ("speedup.png", "speedup_by_link.png"):
         assert (tmp_path / "out" / chart).stat().st_size > 5000
+
+
+def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
+    """`sweep.strategy: pipeline`: its replicas are stages (a device each), each count once
+    per `sweep.micro_batches`, against one device at the same batch."""
+    from flows.sweep import sweep_flow
+
+    config = load_config(
+        None,
+        {
+            "prepare.data_dir": str(tmp_path / "data"),
+            "train.runs_dir": str(tmp_path / "runs"),
+            "sweep.strategy": "pipeline",
+            "sweep.replicas": [1, 2],
+            "sweep.micro_batches": [1, 4],
+            "sweep.dataset_sizes": [512],
+            "sweep.batch_sizes": [32],
+            "sweep.model": "mlp",
+            "sweep.epochs": 1,
+            "sweep.precision": ["float32"],
+            "sweep.out_dir": str(tmp_path / "out"),
+            "track.store_dir": str(tmp_path / "mlflow"),
+        },
+    )
+    rows = sweep_flow(config)
+    shape = [(r.replicas, r.micro_batches, r.strategy) for r in rows]
+    assert shape == [(1, None, "one_device"), (2, 1, "pipeline"), (2, 4, "pipeline")]
+    for row in rows[1:]:
+        metrics = json.loads((Path(row.run_dir) / "metrics.json").read_text())
+        assert (metrics["stages"], metrics["micro_batches"]) == (2, row.micro_batches)
+        assert row.speedup_low <= row.speedup <= row.speedup_high  # measured in rounds
+        assert row.run_name.endswith(f"-r2-m{row.micro_batches}")
+    assert rows[0].speedup == 1.0
+    assert (tmp_path / "out" / "speedup.png").exists()
