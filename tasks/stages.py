@@ -506,6 +506,8 @@ def make_pipeline_epoch_runner(
     `pipeline_step` over `micro_batches x accum_steps` micro-batches."""
     import tensorflow as tf
 
+    from tasks.steps import run_in_calls
+
     stages = stage_models(model, strategy.plan)
     iterator = iter(dataset_fn(None))
     # a column split places its own parts' ops; a pipeline places each stage
@@ -526,12 +528,7 @@ def make_pipeline_epoch_runner(
     def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
         for total in sums:
             total.assign(0.0)
-        done = 0
-        while done < steps:
-            n = min(steps_per_call, steps - done)
-            train_steps(tf.constant(n))
-            done += n
-            after_steps(n)
+        run_in_calls(train_steps, steps, steps_per_call, after_steps)
         return float(sums[0].numpy()), float(sums[1].numpy())
 
     return run_epoch

@@ -166,15 +166,23 @@ def make_epoch_runner(
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:
         reset()
-        done = 0
-        while done < steps:
-            n = min(steps_per_call, steps - done)
-            train_steps(tf.constant(n))
-            done += n
-            after_steps(n)
+        run_in_calls(train_steps, steps, steps_per_call, after_steps)
         return float(sums[0].read_value()), float(sums[1].read_value())
 
     return run_epoch
+
+
+def run_in_calls(
+    train_steps: Callable, steps: int, steps_per_call: int, after_steps: Callable[[int], None]
+) -> None:
+    """`steps` steps as graph calls of up to `steps_per_call` each (`train_steps(n)`),
+    telling `after_steps` after each call how many it ran."""
+    done = 0
+    while done < steps:
+        n = min(steps_per_call, steps - done)
+        train_steps(tf.constant(n))
+        done += n
+        after_steps(n)
 
 
 def make_ps_epoch_runner(
