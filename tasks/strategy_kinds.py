@@ -100,6 +100,26 @@ def shape_text(replicas: int, stages: int = 1, micro_batches: int = 1, splits: s
     return f"{replicas} replica{'s' if replicas != 1 else ''}"
 
 
+class SpreadOver:
+    """What a result trained over, from its `replicas`, `stages`, `micro_batches` and
+    `splits` fields (a training's result and a pipeline's summary share it)."""
+
+    replicas: int
+    stages: int
+    micro_batches: int
+    splits: str
+
+    @property
+    def devices(self) -> int:
+        """Devices it trained on: its replicas, or a split model's parts."""
+        return max(self.replicas, self.stages)
+
+    @property
+    def shape(self) -> str:
+        """`2 replicas`, or `2 stages x 4 micro-batches`."""
+        return shape_text(self.replicas, self.stages, self.micro_batches, self.splits)
+
+
 def cluster_spec_of(strategy: Any) -> dict[str, list[str]]:
     """The cluster a built strategy spans ({} for one process)."""
     resolver = cluster_resolver_of(strategy)

@@ -17,12 +17,12 @@ from tasks.provenance import code_version
 from tasks.rounds import Spread
 from tasks.run import Run
 from tasks.runs import load_exported
-from tasks.strategy_kinds import shape_text
+from tasks.strategy_kinds import SpreadOver, shape_text
 from tasks.training import TrainResult
 
 
 @dataclass(frozen=True)
-class ScalingSummary:
+class ScalingSummary(SpreadOver):
     strategy: str = field(metadata=PARAM)
     replicas: int = field(metadata=PARAM)
     precision: str = field(metadata=PARAM)
@@ -59,15 +59,6 @@ class ScalingSummary:
     stages: int = field(default=1, metadata=PARAM)
     micro_batches: int = field(default=1, metadata=PARAM)
     splits: str = ""
-
-    @property
-    def devices(self) -> int:
-        return max(self.replicas, self.stages)
-
-    @property
-    def shape(self) -> str:
-        """`2 replicas`, or `2 stages x 4 micro-batches`."""
-        return shape_text(self.replicas, self.stages, self.micro_batches, self.splits)
 
     def to_dict(self) -> dict:
         return asdict(self)

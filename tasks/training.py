@@ -32,13 +32,13 @@ from tasks.process import use_precision
 from tasks.run import Run
 from tasks.steps import make_warmup_schedule
 from tasks.strategy import StrategyChoice, build_strategy
-from tasks.strategy_kinds import cluster_spec_of, shape_text
+from tasks.strategy_kinds import SpreadOver, cluster_spec_of
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(SpreadOver):
     """What a training run produced and how fast it went."""
 
     run_dir: str
@@ -75,15 +75,6 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @property
-    def devices(self) -> int:
-        """Devices it trained on: its replicas, or a pipeline's stages."""
-        return max(self.replicas, self.stages)
-
-    @property
-    def shape(self) -> str:
-        return shape_text(self.replicas, self.stages, self.micro_batches, self.splits)
 
 
 def batch_sizes(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
