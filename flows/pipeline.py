@@ -61,7 +61,8 @@ def select_task(report, config: config_mod.Config):
 @task(name="settle auto by measuring")
 def settle_task(run: Run) -> Run:
     """What `auto` left open (precision, XLA) timed on the run's model and data; the
-    strategy stays: the pipeline measures the replicas against one device."""
+    strategy stays (the pipeline measures the replicas against one device) unless the model
+    does not fit a device's memory, when it is cut into pipeline stages."""
     proposed = run.choice.kind
     run, settled = runs.settle_auto(run, for_pipeline=True)
     choice = run.choice
