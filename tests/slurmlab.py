@@ -151,15 +151,23 @@ class SlurmCluster:
             assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout}{done.stderr}"
         return done
 
-    def job_state(self, job: str) -> str:
+    def job(self, job: str) -> dict[str, str]:
+        """`scontrol show job`'s fields (JobState, Restarts, ExitCode, ...)."""
         out = self.run("scontrol", "show", "job", job).stdout
-        return next(w.split("=", 1)[1] for w in out.split() if w.startswith("JobState="))
+        return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
-    def wait(self, job: str, states: set[str], timeout_s: float = 300) -> str:
+    def job_state(self, job: str) -> str:
+        return self.job(job)["JobState"]
+
+    def wait(self, job: str, states: set[str], timeout_s: float = 300, restarts: int = 0) -> str:
+        """The job's state once it is one of `states` in its run number `restarts` (a
+        requeued job shows its last run's FAILED until the controller has requeued it)."""
         deadline = time.monotonic() + timeout_s
+        state = "?"
         while time.monotonic() < deadline:
-            state = self.job_state(job)
-            if state in states:
+            info = self.job(job)
+            state = info["JobState"]
+            if state in states and int(info.get("Restarts", "0")) >= restarts:
                 return state
             time.sleep(0.5)
         raise AssertionError(f"job {job} not {states} within {timeout_s:.0f} s: {state}")

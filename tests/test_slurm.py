@@ -105,8 +105,10 @@ def test_scancel_signal_term_checkpoints_at_the_step_and_requeue_resumes_there(
     assert len(saved) == 1 and "exited with exit code 42" in out.lower(), out
     assert "ExitCode=42:0" in slurm.run("scontrol", "show", "job", job).stdout
     slurm.run("scontrol", "requeue", job)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    assert slurm.wait(job, {"COMPLETED", "FAILED"}) == "COMPLETED", output(tmp_path, job)
+    slurm.wait(job, {"PENDING", "RUNNING"}, restarts=1)  # requeued, not the last run's end
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # no requeue delay
+    final = slurm.wait(job, {"COMPLETED", "FAILED"}, restarts=1)
+    assert final == "COMPLETED", output(tmp_path, job)
     (metrics_path,) = (tmp_path / "runs").glob("digits/*/metrics.json")
     metrics = json.loads(metrics_path.read_text())
     (step,) = saved
