@@ -118,6 +118,12 @@ SWEEP_FLAGS = {
         "mirrored (logical devices) | multi_worker (worker processes)",
     ),
     "--out-dir": ("sweep.out_dir", str, "where the table and charts go (sweep)"),
+    "--pool": (
+        "sweep.work_pool",
+        str,
+        "a Prefect work pool: each cell a flow run its workers take, on their hosts (needs "
+        "PREFECT_API_URL and one file system shared by the hosts)",
+    ),
 }
 EVALUATE_FLAGS = {
     **DATASET_FLAGS,

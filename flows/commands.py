@@ -398,6 +398,10 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 def sweep(config: Config, args: argparse.Namespace) -> int:
     from tasks.sweep import format_table
 
+    if config.sweep.work_pool:
+        from flows.pool import check_server
+
+        check_server()  # before the flow: the pool's workers cannot reach a temporary one
     rows = _run_flow("flows.sweep", "sweep_flow", config)
     print()
     print(format_table(rows))

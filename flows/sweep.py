@@ -9,10 +9,12 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
+from flows import pool
 from flows.caching import RESULTS, cached
-from flows.pipeline import check_tracking_task, detect_task, prepare_task
+from flows.pipeline import check_tracking_task, detect_task, fail_tracking_task, prepare_task
 from tasks import config as config_mod
 from tasks import process, runs, strategy, sweep, tracking
+from tasks.network import host_name
 from tasks.run import Run
 from tasks.strategy_kinds import kind_of
 
@@ -31,13 +33,31 @@ def devices_task(config, report):
 @task(name="train a cell", cache_policy=RESULTS, persist_result=True)
 def _cell_task(run: Run) -> dict:
     result, diagnosis = runs.train_and_diagnose(run, probe_steps=10)
-    return dict(result.to_dict(), bottleneck=diagnosis.bottleneck, diagnosis=diagnosis.to_dict())
+    return dict(
+        result.to_dict(),
+        bottleneck=diagnosis.bottleneck,
+        diagnosis=diagnosis.to_dict(),
+        host=host_name(),
+    )
 
 
 def cell_task(config, manifest, data_dir: str, report) -> dict:
     """One cell, reusing a cached result only while its run directory is intact."""
     run = Run(config, manifest, data_dir, strategy.select_strategy(report, config.train), report)
     return cached(_cell_task, config, run.is_complete)(run)
+
+
+@task(name="train the cells on a work pool")
+def pool_task(config, cells, prepared) -> list[dict]:
+    """Each cell a flow run on `sweep.work_pool` (`flows.pool`), its data prepared here."""
+    shared = pool.absolute_paths(config)
+    return pool.run_cells_on_pool(
+        config.sweep.work_pool,
+        [sweep.cell_config(shared, cell) for cell in cells],
+        [p.manifest.digest for p in prepared],
+        [cell.run_name for cell in cells],
+        config.sweep.cell_retries,
+    )
 
 
 @task(name="start tracking", retries=2, retry_delay_seconds=2)
@@ -76,11 +96,19 @@ def sweep_flow(config: config_mod.Config) -> list[sweep.SweepRow]:
     devices_task(config, report)
     cells = plan_task(config)
     parent_id = start_sweep_tracking_task(tracker, report, config)
-    results = []
-    for cell in cells:
-        cell_cfg = sweep.cell_config(config, cell)
-        prepared = prepare_task(cell_cfg)
-        results.append(cell_task(cell_cfg, prepared.manifest, prepared.data_dir, report))
-    rows, files = tabulate_task(cells, results, config)
-    track_sweep_task(tracker, parent_id, rows, results, files)
+    try:
+        if config.sweep.work_pool:
+            prepared = [prepare_task(sweep.cell_config(config, cell)) for cell in cells]
+            results = pool_task(config, cells, prepared)
+        else:
+            results = []
+            for cell in cells:
+                cell_cfg = sweep.cell_config(config, cell)
+                prepared = prepare_task(cell_cfg)
+                results.append(cell_task(cell_cfg, prepared.manifest, prepared.data_dir, report))
+        rows, files = tabulate_task(cells, results, config)
+        track_sweep_task(tracker, parent_id, rows, results, files)
+    except BaseException as exc:
+        fail_tracking_task(tracker, parent_id, repr(exc))
+        raise
     return rows

@@ -127,6 +127,11 @@ class SweepConfig:
     link_gbit: tuple[float, ...] = _spec((), lo=0.0, hi=100_000.0, empty=True)
     # strategy pipeline: `replicas` are its stages, each count once per micro-batch count
     micro_batches: tuple[int, ...] = _spec((4,), lo=1, hi=4096)
+    # a Prefect work pool to run the cells on (a flow run each, taken by the pool's workers
+    # on their hosts); empty: every cell in this process
+    work_pool: str = ""
+    # a pool's cell that fails, or whose worker is lost, runs again up to this many times
+    cell_retries: int = _spec(1, lo=0, hi=10)
 
 
 @dataclass(frozen=True)

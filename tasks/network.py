@@ -48,3 +48,23 @@ def wait_healthy(
             problem = str(exc)
         time.sleep(interval_s)
     return problem
+
+
+def host_name(toward: str | None = None) -> str:
+    """This host as a table names it: its host name, and with `toward` (a URL of a server
+    other hosts reach too) the address it reaches that server from, which tells apart hosts
+    that share a name (containers, network namespaces)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    name = socket.gethostname()
+    server = urlsplit(toward).hostname if toward else None
+    if not server:
+        return name
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((server, 9))  # a datagram socket sends nothing on connect
+            address = probe.getsockname()[0]
+        except OSError:
+            return name
+    return name if address.startswith("127.") else f"{name} ({address})"

@@ -46,6 +46,16 @@ class Cell:
         return cls(**{k: row[k] for k in CELL_FIELDS})
 
     @property
+    def run_name(self) -> str:
+        """`cell-<size>-b<batch>-r<replicas>[-<link>][-m<micro-batches>]`."""
+        name = f"cell-{self.size}-b{self.batch}-r{self.replicas}"
+        if self.link_gbit is not None:
+            name += f"-{self.link_gbit:g}gbit" if self.link_gbit else "-fullspeed"
+        if self.micro_batches:
+            name += f"-m{self.micro_batches}"
+        return name
+
+    @property
     def label(self) -> str:
         data = f"{self.size} examples" if self.size else "dataset"
         micro = f", {self.micro_batches} micro-batches" if self.micro_batches else ""
@@ -83,16 +93,12 @@ class SweepRow:
     strategy: str = field(metadata=PARAM)
     bottleneck: str
     run_dir: str
+    host: str  # where the cell trained: a host name (and address, on a work pool)
 
     @property
     def run_name(self) -> str:
-        """The cell's run name: `cell-<size>-b<batch>-r<replicas>[-<link>]`."""
-        name = f"cell-{self.size}-b{self.batch}-r{self.replicas}"
-        if self.link_gbit is not None:
-            name += f"-{self.link_gbit:g}gbit" if self.link_gbit else "-fullspeed"
-        if self.micro_batches:
-            name += f"-m{self.micro_batches}"
-        return name
+        """The cell's run name (`Cell.run_name`)."""
+        return Cell.of(self.to_dict()).run_name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -251,6 +257,7 @@ def tabulate(
                 strategy=result["strategy"],
                 bottleneck=result["bottleneck"],
                 run_dir=result["run_dir"],
+                host=result.get("host", ""),
             )
         )
     return rows
@@ -391,9 +398,14 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
 
 
 def format_table(table: list[SweepRow]) -> str:
+    """The table as the console shows it; with a host column when cells trained on more
+    than one host (a work pool's)."""
+    hosts = len({row.host for row in table}) > 1
+    width = max((len(row.bottleneck) for row in table), default=10)
     header = (
         f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} {'link':>6} "
-        f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8}  bottleneck"
+        f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8}  "
+        + (f"{'bottleneck':<{width}}  host" if hosts else "bottleneck")
     )
     lines = [header, "-" * len(header)]
     for r in (row.to_dict() for row in table):
@@ -402,7 +414,7 @@ def format_table(table: list[SweepRow]) -> str:
             f"{r['replicas']:>8} {_link(r['link_gbit']):>6} {r['examples_per_s']:>11,.0f} "
             f"{r['speedup']:>8.2f} "
             f"{r['scaling_efficiency']:>10.2f} {_figure(r['forecast_speedup']):>8}"
-            f"  {r['bottleneck']}"
+            + (f"  {r['bottleneck']:<{width}}  {r['host']}" if hosts else f"  {r['bottleneck']}")
         )
     return "\n".join(lines)
 

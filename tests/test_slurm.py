@@ -106,7 +106,9 @@ def test_scancel_signal_term_checkpoints_at_the_step_and_requeue_resumes_there(
     assert "ExitCode=42:0" in slurm.run("scontrol", "show", "job", job).stdout
     slurm.run("scontrol", "requeue", job)
     slurm.wait(job, {"PENDING", "RUNNING"}, restarts=1)  # requeued, not the last run's end
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # no requeue delay
+    # Slurm holds a requeued job 120 s; 5 s is enough: a start in the second the nodes
+    # revoked the last run's credential fails ("Job credential revoked", exit 1)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now+5")
     final = slurm.wait(job, {"COMPLETED", "FAILED"}, restarts=1)
     assert final == "COMPLETED", output(tmp_path, job)
     (metrics_path,) = (tmp_path / "runs").glob("digits/*/metrics.json")

@@ -1,0 +1,137 @@
+"""A Prefect work pool on hosts of our own: a Prefect server on host 0 of a set of network
+namespaces (`tasks.netlab`), a process worker (`--limit 1`) on each other host, and
+commands run on host 0 as a submitter there would run them. Everything is deleted at the
+end. Only the namespaces' private addresses are ever addressed.
+
+The test process is not on the hosts' switch: it reaches the server only through commands
+run on a host (`on`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tasks import netlab
+
+BIN = Path(sys.executable).parent
+PORT = 4200  # the server's own host: nothing else listens in a fresh namespace
+HEALTHY = (
+    "import sys, time, requests\n"
+    "deadline = time.monotonic() + float(sys.argv[2])\n"
+    "while time.monotonic() < deadline:\n"
+    "    try:\n"
+    "        requests.get(sys.argv[1], timeout=5).raise_for_status(); sys.exit(0)\n"
+    "    except requests.RequestException:\n"
+    "        time.sleep(0.5)\n"
+    "sys.exit(1)\n"
+)
+
+
+class PoolLab:
+    """The hosts, the server's URL, the environment that reaches it, and the workers."""
+
+    def __init__(self, hosts: netlab.Hosts, tmp: Path, pool: str):
+        self.hosts, self.tmp, self.pool = hosts, tmp, pool
+        self.url = f"http://{hosts.address(0)}:{PORT}/api"
+        self.env = dict(
+            os.environ,
+            HOME=str(tmp / "home"),  # nothing written to the real home
+            PREFECT_HOME=str(tmp / "prefect-home"),
+            PREFECT_API_URL=self.url,
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_UI_ENABLED="false",
+            PREFECT_WORKER_QUERY_SECONDS="1",
+            PREFECT_WORKER_HEARTBEAT_SECONDS="2",
+        )
+        self.server: subprocess.Popen | None = None
+        self.workers: dict[int, subprocess.Popen] = {}
+
+    def log(self, name: str) -> Path:
+        return self.tmp / f"{name}.log"
+
+    def start_server(self) -> None:
+        argv = [str(BIN / "prefect"), "server", "start", "--host", self.hosts.address(0)]
+        out = open(self.log("server"), "wb")
+        self.server = self.hosts.popen(
+            0, [*argv, "--port", str(PORT)], env=self.env, stdout=out, stderr=subprocess.STDOUT
+        )
+        check = self.on(0, [sys.executable, "-c", HEALTHY, f"{self.url}/health", "120"])
+        assert check.returncode == 0, self.log("server").read_text()[-3000:]
+
+    def start_worker(self, i: int) -> None:
+        """A process worker of the pool on host `i`, taking one flow run at a time."""
+        argv = [str(BIN / "prefect"), "worker", "start", "--pool", self.pool, "--type", "process"]
+        out = open(self.log(f"worker-{i}"), "wb")
+        self.workers[i] = self.hosts.popen(
+            i,
+            [*argv, "--limit", "1", "--name", f"w{i}"],
+            env=self.env,
+            cwd=self.tmp,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def on(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """`argv` run to its end on host `i`, its output captured."""
+        kwargs.setdefault("timeout", 900)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.hosts.name(i), *argv],
+            env=kwargs.pop("env", self.env),
+            capture_output=True,
+            text=True,
+            **kwargs,
+        )
+
+    def kill_host(self, i: int) -> None:
+        """Every process on host `i` killed at once, as when the host dies."""
+        pids = subprocess.run(
+            ["ip", "netns", "pids", self.hosts.name(i)], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        for i in list(self.workers):
+            self.kill_host(i)
+        for proc in [*self.workers.values(), *([self.server] if self.server else [])]:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def wait_for_text(path: Path, text: str, timeout_s: float, count: int = 1) -> None:
+    """Returns once `text` is in the file `count` times; fails with its tail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text(errors="replace").count(text) >= count:
+            return
+        time.sleep(0.2)
+    tail = path.read_text(errors="replace")[-3000:] if path.exists() else "(no file)"
+    raise AssertionError(f"{text!r} {count}x not in {path} within {timeout_s:.0f} s:\n{tail}")
+
+
+@contextmanager
+def pool_lab(workers: int, tmp: Path, pool: str = "tfscale-test") -> Iterator[PoolLab]:
+    """A server on host 0 and `workers` workers on hosts 1..workers, all stopped and the
+    hosts deleted on exit."""
+    with netlab.namespace_hosts(workers + 1) as hosts:
+        lab = PoolLab(hosts, tmp, pool)
+        try:
+            lab.start_server()
+            for i in range(1, workers + 1):
+                lab.start_worker(i)
+            yield lab
+        finally:
+            lab.stop()
