@@ -123,10 +123,12 @@ def wait_for_text(path: Path, text: str, timeout_s: float, count: int = 1) -> No
 
 
 @contextmanager
-def pool_lab(workers: int, tmp: Path, pool: str = "tfscale-test") -> Iterator[PoolLab]:
-    """A server on host 0 and `workers` workers on hosts 1..workers, all stopped and the
-    hosts deleted on exit."""
-    with netlab.namespace_hosts(workers + 1) as hosts:
+def pool_lab(
+    workers: int, tmp: Path, pool: str = "tfscale-test", spare: int = 0
+) -> Iterator[PoolLab]:
+    """A server on host 0, `workers` workers on hosts 1..workers and `spare` hosts after
+    them with no worker yet (`start_worker`), all stopped and the hosts deleted on exit."""
+    with netlab.namespace_hosts(workers + spare + 1) as hosts:
         lab = PoolLab(hosts, tmp, pool)
         try:
             lab.start_server()

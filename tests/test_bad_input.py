@@ -273,6 +273,13 @@ CASES = [
         ("prefect server start", "PREFECT_API_URL"),
         env={"PREFECT_API_URL": ""},
     ),
+    Case(
+        "a sweep on a work pool with no Prefect server",
+        ["sweep", "--pool", "gpu-hosts"],
+        1,
+        ("sweep.work_pool", "PREFECT_API_URL is unset", "prefect server start"),
+        env={"PREFECT_API_URL": ""},
+    ),
     Case("read-only runs dir", TRAIN, 1, ("Read-only", "runs", "fix:"), mount="ro"),
     Case(
         "killed worker",

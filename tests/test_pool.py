@@ -1,8 +1,8 @@
 """A sweep spread over a Prefect work pool on hosts of our own (`poollab`): a real Prefect
-server on one network namespace, a process worker on each of two others, the submitter
-(`tfscale sweep --pool`) beside the server. The cells train on both hosts, each row and
-MLflow child run names its host, and a worker whose host dies mid-cell has its cell run
-again on the other: the sweep completes with every row."""
+server on one network namespace, process workers on others, the submitter (`tfscale
+sweep --pool`) beside the server. The cells train on two hosts, each row and MLflow child
+run names its host, and a worker whose host dies mid-cell has its cell run again: the
+sweep completes with every row."""
 
 from __future__ import annotations
 
@@ -42,28 +42,46 @@ def sweep_on(lab, tmp: Path, *flags: str) -> subprocess.Popen:
 
 @pytest.mark.integration
 @pytest.mark.skipif(netlab.available() is not None, reason=str(netlab.available()))
-def test_a_pool_sweep_trains_on_both_hosts_and_retries_the_cell_of_a_dead_host(tmp_path):
+def test_a_pool_sweep_trains_on_two_hosts_and_retries_the_cell_of_a_dead_host(tmp_path):
+    """Hosts 1 and 2 take a cell each; host 2 dies in its cell; a worker started on host 3
+    joins. The lost cell runs again, and every row names host 1 or host 3."""
     from mlflow import MlflowClient
 
-    with pool_lab(2, tmp_path) as lab:
+    with pool_lab(2, tmp_path, spare=1) as lab:
         sweep = sweep_on(lab, tmp_path)
-        # host 2 finishes a cell, then dies in its second one
-        wait_for_text(lab.log("worker-2"), "cell on", 300, count=2)
+        wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
         lab.kill_host(2)
+        lab.start_worker(3)
         code = sweep.wait(timeout=900)
         out = (tmp_path / "sweep.log").read_text(errors="replace")
         assert code == 0, out[-5000:]
+        addresses = {lab.hosts.address(1), lab.hosts.address(3)}
     assert "w2 stopped sending heartbeats; submitting it again" in out, out[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "sweep.csv")))
     assert len(rows) == 4, rows
     hosts = {row["host"] for row in rows}
-    addresses = {lab.hosts.address(1), lab.hosts.address(2)}
     assert {h.split("(")[-1].rstrip(")") for h in hosts} == addresses, hosts
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.data.tags["host"] for r in children) == sorted(row["host"] for row in rows)
     print(f"\npool sweep: cells on {sorted(hosts)}; the dead host's cell retried")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(netlab.available() is not None, reason=str(netlab.available()))
+def test_a_pool_sweep_with_no_live_worker_stops_before_submitting(tmp_path):
+    from mlflow import MlflowClient
+
+    with pool_lab(0, tmp_path) as lab:
+        code = sweep_on(lab, tmp_path).wait(timeout=600)
+    out = (tmp_path / "sweep.log").read_text(errors="replace")
+    assert code == 1 and "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
+    assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
+    assert not (tmp_path / "sweep" / "sweep.csv").exists()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"]
 
 
 # -- the pieces, in this process ------------------------------------------------------
