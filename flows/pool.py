@@ -131,30 +131,22 @@ def sweep_cell_flow(config: dict, data_digest: str, sweep_dir: str, token: str) 
     with the host) written to the sweep's directory under this flow run's id."""
     from prefect.runtime import flow_run
 
-    from tasks import hardware, process, runs, strategy
+    from tasks import hardware, process, strategy, sweep
     from tasks.config import config_from_dict
     from tasks.files import write_json_atomic
     from tasks.preparation import dataset_dir
     from tasks.run import Run
-    from tasks.strategy_kinds import kind_of
 
     cfg = config_from_dict(config)
     check_shared(Path(sweep_dir), token)
     manifest = check_data(cfg, data_digest)
     report = hardware.detect_hardware()
-    here = kind_of(cfg.sweep.strategy).runs_here and not report.gpus
-    process.set_up_devices(max(cfg.sweep.replicas) if here else 0)
+    process.set_up_devices(sweep.cell_devices(cfg, report))
     choice = strategy.select_strategy(report, cfg.train)
     run = Run(cfg, manifest, str(dataset_dir(cfg)), choice, report)
     host = this_host()
     print(f"cell on {host}: {choice.kind}, {choice.shape}, {choice.precision}")
-    result, diagnosis = runs.train_and_diagnose(run, probe_steps=10)
-    out = dict(
-        result.to_dict(),
-        bottleneck=diagnosis.bottleneck,
-        diagnosis=diagnosis.to_dict(),
-        host=host,
-    )
+    out = sweep.train_cell(run, host)
     path = result_path(Path(sweep_dir), str(flow_run.id))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, out)

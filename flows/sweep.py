@@ -13,10 +13,9 @@ from flows import pool
 from flows.caching import RESULTS, cached
 from flows.pipeline import check_tracking_task, detect_task, fail_tracking_task, prepare_task
 from tasks import config as config_mod
-from tasks import process, runs, strategy, sweep, tracking
+from tasks import process, strategy, sweep, tracking
 from tasks.network import host_name
 from tasks.run import Run
-from tasks.strategy_kinds import kind_of
 
 
 @task(name="plan the grid")
@@ -26,19 +25,12 @@ def plan_task(config):
 
 @task(name="set up devices")
 def devices_task(config, report):
-    here = kind_of(config.sweep.strategy).runs_here and not report.gpus
-    process.set_up_devices(max(config.sweep.replicas) if here else 0)
+    process.set_up_devices(sweep.cell_devices(config, report))
 
 
 @task(name="train a cell", cache_policy=RESULTS, persist_result=True)
 def _cell_task(run: Run) -> dict:
-    result, diagnosis = runs.train_and_diagnose(run, probe_steps=10)
-    return dict(
-        result.to_dict(),
-        bottleneck=diagnosis.bottleneck,
-        diagnosis=diagnosis.to_dict(),
-        host=host_name(),
-    )
+    return sweep.train_cell(run, host_name())
 
 
 def cell_task(config, manifest, data_dir: str, report) -> dict:

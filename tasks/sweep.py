@@ -172,6 +172,27 @@ def cell_config(config: Config, cell: Cell) -> Config:
     return dataclasses.replace(config, prepare=prepare, train=train)
 
 
+def cell_devices(config: Config, report: Any) -> int:
+    """The logical CPU devices a process that trains the sweep's cells sets up before
+    TensorFlow starts (0: none; cells of worker processes or on GPUs need none)."""
+    here = kind_of(config.sweep.strategy).runs_here and not report.gpus
+    return max(config.sweep.replicas) if here else 0
+
+
+def train_cell(run: Any, host: str) -> dict[str, Any]:
+    """One cell trained and diagnosed: the figures its row and child run take, and the
+    host that trained it."""
+    from tasks.runs import train_and_diagnose
+
+    result, diagnosis = train_and_diagnose(run, probe_steps=10)
+    return dict(
+        result.to_dict(),
+        bottleneck=diagnosis.bottleneck,
+        diagnosis=diagnosis.to_dict(),
+        host=host,
+    )
+
+
 FORECAST_UP_TO = 8  # replicas the charts forecast to, beyond the measured ones
 
 
