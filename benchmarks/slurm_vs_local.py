@@ -85,6 +85,7 @@ def main() -> None:
         capture_output=True,
     )
     rates: dict[str, list[float]] = {"slurm": [], "local": []}
+    (base / "slurm").mkdir()
     with slurmlab.slurm_cluster(2, base / "slurm") as cluster:
         for round_ in range(args.rounds):
             for how in ("slurm", "local"):

@@ -81,8 +81,15 @@ def train(config: Config, args: argparse.Namespace) -> int:
         import os
 
         from tasks.cluster import describe_as_tf_config
+        from tasks.hardware import slurm_task_cpus
+        from tasks.process import set_up_worker
 
         describe_as_tf_config(report.cluster, os.environ)
+        threads = slurm_task_cpus(dict(os.environ)) if report.cluster.source == "Slurm" else None
+        if threads:  # its share, not every core of a node shared with the job's other tasks
+            set_up_worker(None, threads)
+            cpus = f"{threads} CPU" + ("s" if threads > 1 else "")
+            print(f"threads: {threads} per TensorFlow pool (Slurm gave this task {cpus})")
     if role == SERVER:
         from tasks.cluster import serve
 

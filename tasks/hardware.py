@@ -170,6 +170,28 @@ def cluster_from_environment(env: dict[str, str]) -> ClusterInfo | None:
     return None
 
 
+def slurm_task_cpus(env: dict[str, str]) -> int | None:
+    """The CPUs Slurm gave this task: `SLURM_CPUS_PER_TASK`, else the job's CPUs on this
+    node (`SLURM_CPUS_ON_NODE`) shared by its tasks here (`SLURM_NTASKS_PER_NODE`, else
+    this node's entry of `SLURM_TASKS_PER_NODE`, as "2(x3),1"). None outside a Slurm task.
+    A node that does not bind tasks to CPUs (task/none) shows each task every core, and
+    TensorFlow's pools would take them all, the other tasks' too."""
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(int(env["SLURM_CPUS_PER_TASK"]), 1)
+    on_node = env.get("SLURM_CPUS_ON_NODE", "")
+    if not on_node.isdigit():
+        return None
+    tasks = env.get("SLURM_NTASKS_PER_NODE", "")
+    if not tasks.isdigit():
+        per_node: list[int] = []
+        for part in filter(None, env.get("SLURM_TASKS_PER_NODE", "1").split(",")):
+            count, _, repeat = part.partition("(x")
+            per_node += [int(count)] * int(repeat.rstrip(")") or 1)
+        node = int(env.get("SLURM_NODEID", "0") or 0)
+        tasks = str(per_node[node] if node < len(per_node) else per_node[-1])
+    return max(int(on_node) // max(int(tasks), 1), 1)
+
+
 SLURM_JOBS_FIX = (
     "set TFSCALE_SLURM_JOBS to the tasks of each job by rank, as chief:1,worker:2,ps:1, "
     "adding up to the job's tasks (SLURM_NTASKS), or unset it: every task a worker"
