@@ -62,6 +62,8 @@ def test_sbatch_trains_multi_worker_on_two_slurm_nodes_and_writes_one_run(slurm,
     assert slurm.wait(job, {"COMPLETED", "FAILED"}) == "COMPLETED", output(tmp_path, job)
     out = output(tmp_path, job)
     assert out.count("the Slurm cluster has 2 workers") == 2, out
+    # each node has 1 CPU and shows the task both of this machine's cores: it takes 1
+    assert out.count("threads: 1 per TensorFlow pool (Slurm gave this task 1 CPU)") == 2, out
     (metrics_path,) = (tmp_path / "runs").glob("digits/*/metrics.json")
     metrics = json.loads(metrics_path.read_text())
     assert (metrics["strategy"], metrics["replicas"], metrics["workers"]) == ("multi_worker", 2, 2)

@@ -373,6 +373,25 @@ def test_a_serving_task_waits_for_the_chief_to_come_and_go():
         wait_for_chief_to_finish(address, chief_wait_s=1)
 
 
+def test_a_slurm_task_gets_the_cpus_slurm_gave_it_not_every_core_of_its_node():
+    from tasks.hardware import slurm_task_cpus
+
+    assert slurm_task_cpus({}) is None  # not a Slurm task
+    assert slurm_task_cpus({"SLURM_CPUS_PER_TASK": "4", "SLURM_CPUS_ON_NODE": "32"}) == 4
+    node = {"SLURM_CPUS_ON_NODE": "32"}
+    assert slurm_task_cpus({**node, "SLURM_NTASKS_PER_NODE": "4"}) == 8
+    # --ntasks over nodes unevenly: this node's entry of "2(x3),1"
+    uneven = {**node, "SLURM_TASKS_PER_NODE": "2(x3),1"}
+    assert [slurm_task_cpus({**uneven, "SLURM_NODEID": str(i)}) for i in range(4)] == [
+        16,
+        16,
+        16,
+        32,
+    ]
+    assert slurm_task_cpus({"SLURM_CPUS_ON_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)"}) == 1
+    assert slurm_task_cpus({"SLURM_CPUS_ON_NODE": "2", "SLURM_NTASKS_PER_NODE": "4"}) == 1
+
+
 def test_slurm_jobs_by_rank_are_read_and_a_wrong_split_is_refused_with_the_fix():
     from tasks.errors import UsageError
     from tasks.hardware import slurm_jobs
