@@ -26,16 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import BIN, tiny_params  # noqa: E402
-from poollab import pool_lab  # noqa: E402
-
-GRID = {
-    "sweep.strategy": "mirrored",
-    "sweep.replicas": [1, 2],
-    "sweep.dataset_sizes": [0],
-    "sweep.batch_sizes": [32, 64],
-    "sweep.precision": ["float32"],
-    "sweep.epochs": 3,
-}
+from poollab import GRID, pool_lab  # noqa: E402
 
 
 def one_sweep(workers: int) -> float:

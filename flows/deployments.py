@@ -11,33 +11,9 @@ import logging
 
 from prefect import flow
 
-from flows.errors import ServerUnavailable
+from flows.prefect_api import check_prefect_server
 
 NIGHTLY_CRON = "0 2 * * *"
-
-
-def check_prefect_server() -> str:
-    """The configured server's API URL, once it answers its health check (through
-    Prefect's own client, which retries a busy server's 429 and 503 answers)."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL
-
-    url = PREFECT_API_URL.value()
-    fix = (
-        "start one with 'prefect server start' (SQLite by default) and run "
-        "'export PREFECT_API_URL=http://127.0.0.1:4200/api'"
-    )
-    if not url:
-        raise ServerUnavailable(
-            "tfscale serve needs a running Prefect server: schedules never fire on the temporary "
-            "server Prefect starts when PREFECT_API_URL is unset",
-            f"{fix}.",
-        )
-    with get_client(sync_client=True) as client:
-        problem = client.api_healthcheck()
-    if problem is not None:
-        raise ServerUnavailable(f"Prefect server {url} is unreachable ({problem})", f"{fix}.")
-    return url
 
 
 def show_here(subflow_state, key: str) -> None:

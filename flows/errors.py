@@ -4,4 +4,4 @@ from tasks.errors import UserError
 
 
 class ServerUnavailable(UserError, RuntimeError):
-    """No reachable Prefect server to serve deployments against."""
+    """No reachable Prefect server for what needs one (serve, a sweep on a work pool)."""

@@ -41,7 +41,7 @@ ACTIVE = {"SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED"}
 
 
 class PoolError(UserError, RuntimeError):
-    """A work pool cannot run the sweep's cells, or a cell failed on every attempt."""
+    """A work pool has no live worker, or a cell failed on every attempt."""
 
 
 class NotShared(UserError, RuntimeError):
@@ -164,7 +164,6 @@ class Attempt:
     label: str
     flow_run_id: str
     number: int  # 1 for the first submission, 2 for the first retry, ...
-    started: float
     worker: str | None = None  # the worker that took it, once one has
 
 
@@ -213,13 +212,15 @@ def run_cells_on_pool(
     """
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.states import Crashed
+
+    from tasks.config import config_to_dict
 
     sweep_dir = Path(cell_configs[0].sweep.out_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     marker_path(sweep_dir).write_text(token + "\n")
     deployment_id = deploy_cell_flow(pool)
-    from tasks.config import config_to_dict
 
     def submit(index: int, number: int) -> Attempt:
         parameters = {
@@ -235,7 +236,7 @@ def run_cells_on_pool(
             flow_run_name=f"{labels[index]}-try{number}",
             tags=["tfscale-sweep"],
         )
-        return Attempt(index, labels[index], str(flow_run.id), number, time.monotonic())
+        return Attempt(index, labels[index], str(flow_run.id), number)
 
     with get_client(sync_client=True) as client:
         if not any(live_workers(client, pool, datetime.now(UTC)).values()):
@@ -251,10 +252,10 @@ def run_cells_on_pool(
             while len(results) < len(attempts):
                 time.sleep(1.0)
                 workers = live_workers(client, pool, datetime.now(UTC))
-                for k, attempt in enumerate(attempts):
-                    if attempt.index in results:
-                        continue
-                    run = client.read_flow_run(uuid.UUID(attempt.flow_run_id))
+                waiting = [a for a in attempts if a.index not in results]
+                flow_runs = read_flow_runs(client, [a.flow_run_id for a in waiting])
+                for attempt in waiting:
+                    run = flow_runs[attempt.flow_run_id]
                     state = run.state_type.value if run.state_type else "SCHEDULED"
                     worker = (run.labels or {}).get("prefect.worker.name")
                     if worker and attempt.worker is None:
@@ -269,7 +270,9 @@ def run_cells_on_pool(
                             f" ex/s; {len(results)}/{len(attempts)} cells)",
                         )
                     elif step != "wait":
-                        why = _why(client, run, step, worker)
+                        why = _why(run, step, worker)
+                        if step == "lost":  # so the Prefect UI shows what happened to it
+                            client.set_flow_run_state(run.id, Crashed(message=why), force=True)
                         if attempt.number > retries:
                             raise PoolError(
                                 f"sweep cell {attempt.label} failed on all {attempt.number} "
@@ -278,7 +281,7 @@ def run_cells_on_pool(
                                 "output), fix the cause and run the sweep again.",
                             )
                         stage("pool", f"{attempt.label}: {why}; submitting it again")
-                        attempts[k] = submit(attempt.index, attempt.number + 1)
+                        attempts[attempt.index] = submit(attempt.index, attempt.number + 1)
         except BaseException:  # a failed cell, Ctrl-C: no cell left running for nobody
             _cancel(client, [a for a in attempts if a.index not in results])
             raise
@@ -297,17 +300,26 @@ def judge(state: str, worker: str | None, alive: dict[str, bool]) -> str:
     return "failed"
 
 
-def _why(client: Any, run: Any, step: str, worker: str | None) -> str:
-    """Why a cell's run ended without a result; a lost run is marked crashed, so the
-    Prefect UI shows what happened to it."""
-    from prefect.states import Crashed
-
+def _why(run: Any, step: str, worker: str | None) -> str:
+    """Why a cell's run ended without a result (`judge`'s "lost" or "failed")."""
     if step == "lost":
-        why = f"worker {worker} stopped sending heartbeats"
-        client.set_flow_run_state(run.id, Crashed(message=why), force=True)
-        return why
+        return f"worker {worker} stopped sending heartbeats"
     message = (run.state.message or "").strip() if run.state else ""
     return f"{run.state_type.value.lower()}" + (f": {message}" if message else "")
+
+
+def read_flow_runs(client: Any, ids: list[str]) -> dict[str, Any]:
+    """The flow runs of `ids`, by id, in one request."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    found = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])),
+        sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+        limit=len(ids),
+        offset=0,
+    )
+    return {str(run.id): run for run in found}
 
 
 def _cancel(client: Any, attempts: list[Attempt]) -> None:
@@ -336,19 +348,17 @@ def _read_result(sweep_dir: Path, attempt: Attempt, run: Any) -> dict:
 
 
 def check_server() -> str:
-    """The Prefect server a pool's workers reach (PREFECT_API_URL).
+    """The Prefect server a pool's workers reach (PREFECT_API_URL), once it answers.
 
     Raises:
-        PoolError: none is set (the temporary server no other host can reach).
+        ServerUnavailable: none is set (the temporary server no other host can reach), or
+            it does not answer.
     """
-    from prefect.settings import PREFECT_API_URL
+    from flows.prefect_api import check_prefect_server
 
-    url = PREFECT_API_URL.value()
-    if not url:
-        raise PoolError(
-            "sweep.work_pool needs a Prefect server the pool's workers reach: "
-            "PREFECT_API_URL is unset",
-            "start one ('prefect server start --host 0.0.0.0') and export "
-            "PREFECT_API_URL=http://<its address>:4200/api here and on every worker's host.",
-        )
-    return url
+    return check_prefect_server(
+        unset="sweep.work_pool needs a Prefect server the pool's workers reach: "
+        "PREFECT_API_URL is unset",
+        fix="start one ('prefect server start --host 0.0.0.0') and export "
+        "PREFECT_API_URL=http://<its address>:4200/api here and on every worker's host",
+    )

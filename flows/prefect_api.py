@@ -1,4 +1,5 @@
-"""A temporary Prefect API server that boots while TensorFlow imports.
+"""A temporary Prefect API server that boots while TensorFlow imports, and the check of a
+configured one (`check_prefect_server`: what serve and a pool sweep need).
 
 With no PREFECT_API_URL, a flow's first API call starts Prefect's temporary server and
 waits for it: 6-9 s on 2 cores, spent after TensorFlow's own 8 s import. `tfscale run`
@@ -120,3 +121,34 @@ def temporary_api() -> Iterator[TemporaryAPI]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+SERVE_UNSET = (
+    "tfscale serve needs a running Prefect server: schedules never fire on the temporary "
+    "server Prefect starts when PREFECT_API_URL is unset"
+)
+SERVER_FIX = (
+    "start one with 'prefect server start' (SQLite by default) and run "
+    "'export PREFECT_API_URL=http://127.0.0.1:4200/api'"
+)
+
+
+def check_prefect_server(unset: str = SERVE_UNSET, fix: str = SERVER_FIX) -> str:
+    """The configured server's API URL, once it answers its health check (through
+    Prefect's own client, which retries a busy server's 429 and 503 answers).
+
+    Raises:
+        ServerUnavailable: PREFECT_API_URL is unset (`unset` says what needs it) or the
+            server does not answer; both with `fix`.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise ServerUnavailable(unset, f"{fix}.")
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        raise ServerUnavailable(f"Prefect server {url} is unreachable ({problem})", f"{fix}.")
+    return url

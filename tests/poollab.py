@@ -21,16 +21,20 @@ from tasks import netlab
 
 BIN = Path(sys.executable).parent
 PORT = 4200  # the server's own host: nothing else listens in a fresh namespace
+# run on the server's host, where the test process cannot reach: tfscale's own health wait
 HEALTHY = (
-    "import sys, time, requests\n"
-    "deadline = time.monotonic() + float(sys.argv[2])\n"
-    "while time.monotonic() < deadline:\n"
-    "    try:\n"
-    "        requests.get(sys.argv[1], timeout=5).raise_for_status(); sys.exit(0)\n"
-    "    except requests.RequestException:\n"
-    "        time.sleep(0.5)\n"
-    "sys.exit(1)\n"
+    "import sys; from tasks.network import wait_healthy\n"
+    "sys.exit(wait_healthy(sys.argv[1], float(sys.argv[2]), interval_s=0.5) is not None)\n"
 )
+# the sweep the pool's test and benchmark run: digits MLP, 1 and 2 replicas x batch 32, 64
+GRID = {
+    "sweep.strategy": "mirrored",
+    "sweep.replicas": [1, 2],
+    "sweep.dataset_sizes": [0],  # the configured dataset: digits
+    "sweep.batch_sizes": [32, 64],
+    "sweep.precision": ["float32"],
+    "sweep.epochs": 3,
+}
 
 
 class PoolLab:

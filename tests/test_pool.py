@@ -13,18 +13,9 @@ from pathlib import Path
 
 import pytest
 from helpers import BIN, tiny_params
-from poollab import pool_lab, wait_for_text
+from poollab import GRID, pool_lab, wait_for_text
 
 from tasks import netlab
-
-GRID = {
-    "sweep.strategy": "mirrored",
-    "sweep.replicas": [1, 2],
-    "sweep.dataset_sizes": [0],  # the configured dataset: digits
-    "sweep.batch_sizes": [32, 64],
-    "sweep.precision": ["float32"],
-    "sweep.epochs": 3,
-}
 
 
 def sweep_on(lab, tmp: Path, *flags: str) -> subprocess.Popen:
