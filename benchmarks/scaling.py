@@ -1,8 +1,10 @@
 """Benchmark: scaling efficiency of 2 worker processes x 1 thread (MultiWorkerMirrored, each
 pinned to its own core) against 1 process x 1 thread (OneDevice), a compute-bound CNN on
-32x32x3 synthetic data, weak scaling; the same two workers against a plain TensorFlow custom
-loop on a model of the same shape (`benchmarks/plain_loop.py`); then float32 against mixed
-precision on this CPU.
+32x32x3 synthetic data, weak scaling; the machine's own ceiling for it (two one-device runs
+at once, each on its core, sharing nothing: what two workers could reach if communication
+and waiting were free); the same two workers against a plain TensorFlow custom loop on a
+model of the same shape (`benchmarks/plain_loop.py`); then float32 against mixed precision
+on this CPU.
 
     uv run python benchmarks/scaling.py [--repeats 3] [--epochs 3] [--batch 128]
                                         [--float16] [--scaling-only]
@@ -31,6 +33,8 @@ from tasks.preparation import prepare_dataset
 from tasks.run import Run
 from tasks.strategy import StrategyChoice
 
+SIDE_BY_SIDE = object()  # the case of two one-device runs at once (`side_by_side`)
+
 
 def measure(
     config, data_dir: str, choice: StrategyChoice, runs_dir: Path, threads: int, probe_steps=0
@@ -49,6 +53,54 @@ def measure(
     spec = {"run": run.to_spec(), "threads": threads, "probe_steps": probe_steps}
     launch_workers(spec, choice.workers, run.run_dir, pin_cores=True)
     return json.loads((run.run_dir / "worker-0-result.json").read_text())
+
+
+def side_by_side(config, data_dir: str, choice: StrategyChoice, runs_dir: Path) -> float:
+    """Two one-device runs at once, each pinned to a core of its own and sharing nothing
+    (no all-reduce, no waiting for each other): their mean examples/s. Over one such run
+    alone, this is the efficiency the machine itself allows two workers, before any
+    communication: cores that share a cache, memory and a hypervisor are slower together
+    than one of them alone."""
+    import os
+    import subprocess
+    import sys
+
+    from tasks.launch import tf_config
+    from tasks.network import free_ports
+
+    procs, dirs = [], []
+    for index in range(2):
+        train = dataclasses.replace(config.train, runs_dir=str(runs_dir / f"solo{index}"))
+        run = Run(
+            dataclasses.replace(config, train=train),
+            load_manifest(data_dir),
+            data_dir,
+            choice,
+            detect_hardware(),
+        )
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = run.run_dir / "worker-spec.json"
+        spec_path.write_text(json.dumps({"run": run.to_spec(), "threads": 1}))
+        env = dict(
+            os.environ,
+            TF_CONFIG=tf_config([f"localhost:{free_ports(1)[0]}"], 0),
+            TFSCALE_PIN_CORE=str(index),
+            TF_CPP_MIN_LOG_LEVEL="2",
+        )
+        log = open(run.run_dir / "worker-0.log", "w")  # noqa: SIM115 (closed by the child)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tasks.worker", str(spec_path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        dirs.append(run.run_dir)
+    if any(proc.wait() != 0 for proc in procs):
+        raise RuntimeError(f"a side-by-side run failed: see {dirs[0]} and {dirs[1]}")
+    rates = [json.loads((d / "worker-0-result.json").read_text())["examples_per_s"] for d in dirs]
+    return statistics.mean(rates)
 
 
 def explain(config, data_dir: str, choice: StrategyChoice, run_dir: Path) -> str:
@@ -154,12 +206,16 @@ def main() -> None:
                     StrategyChoice("one_device", 1, 1, "mixed_float16", ""),
                 )
             )
+        solo = "2 one-device runs at once, each (no comm.)"
+        cases.insert(2, (solo, SIDE_BY_SIDE))
         rounds: list[dict[str, float]] = []
         for r in range(args.repeats):
             rates = {}
             for i, (name, choice) in enumerate(cases):
                 run_dir = Path(tmp) / f"round{r}-case{i}"
-                if choice is None:
+                if choice is SIDE_BY_SIDE:
+                    rates[name] = side_by_side(config, data_dir, cases[0][1], run_dir)
+                elif choice is None:
                     rates[name] = plain_loop(args, run_dir)
                 else:
                     result = measure(config, data_dir, choice, run_dir, threads=1)
@@ -172,12 +228,18 @@ def main() -> None:
             print(f"{name:<40} {spread(values)} examples/s")
         efficiency = [r[two] / r[one] / 2 for r in rounds]
         print(f"{'scaling efficiency of 2 workers':<40} {spread(efficiency)}   target 0.95")
+        ceiling = [r[solo] / r[one] for r in rounds]
+        print(f"{'the machine: 2 runs at once / 1 alone':<40} {spread(ceiling)}"
+              "   (the efficiency 2 workers could reach with free communication)")  # fmt: skip
+        print(f"{'2 workers / that ceiling':<40} "
+              f"{spread([e / c for e, c in zip(efficiency, ceiling, strict=True)])}"
+              "   (what the all-reduce and the waiting cost)")  # fmt: skip
         print("\nwhy: the two workers once more, diagnosed in their processes")
         print(explain(config, data_dir, cases[1][1], Path(tmp) / "explained"))
         if not args.scaling_only:
             print(f"{'tfscale / plain TF loop (2 workers)':<40} "
                   f"{spread([r[two] / r[plain] for r in rounds])}   target 1.0")  # fmt: skip
-            for name, _ in cases[3:]:
+            for name, _ in cases[4:]:
                 label = f"{name.split(', ')[1]} / float32"
                 print(f"{label:<40} {spread([r[name] / r[one] for r in rounds])}")
 
