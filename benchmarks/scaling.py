@@ -36,11 +36,8 @@ from tasks.strategy import StrategyChoice
 SIDE_BY_SIDE = object()  # the case of two one-device runs at once (`side_by_side`)
 
 
-def measure(
-    config, data_dir: str, choice: StrategyChoice, runs_dir: Path, threads: int, probe_steps=0
-) -> dict:
-    """The chief's result of one run under `runs_dir` (`probes` holds its in-place
-    diagnosis probes when `probe_steps` asks for them)."""
+def run_under(config, data_dir: str, choice: StrategyChoice, runs_dir: Path) -> Run:
+    """A run of `config` under `choice` whose directory (made) is below `runs_dir`."""
     train = dataclasses.replace(config.train, runs_dir=str(runs_dir))
     run = Run(
         dataclasses.replace(config, train=train),
@@ -50,6 +47,15 @@ def measure(
         detect_hardware(),
     )
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def measure(
+    config, data_dir: str, choice: StrategyChoice, runs_dir: Path, threads: int, probe_steps=0
+) -> dict:
+    """The chief's result of one run under `runs_dir` (`probes` holds its in-place
+    diagnosis probes when `probe_steps` asks for them)."""
+    run = run_under(config, data_dir, choice, runs_dir)
     spec = {"run": run.to_spec(), "threads": threads, "probe_steps": probe_steps}
     launch_workers(spec, choice.workers, run.run_dir, pin_cores=True)
     return json.loads((run.run_dir / "worker-0-result.json").read_text())
@@ -70,15 +76,7 @@ def side_by_side(config, data_dir: str, choice: StrategyChoice, runs_dir: Path) 
 
     procs, dirs = [], []
     for index in range(2):
-        train = dataclasses.replace(config.train, runs_dir=str(runs_dir / f"solo{index}"))
-        run = Run(
-            dataclasses.replace(config, train=train),
-            load_manifest(data_dir),
-            data_dir,
-            choice,
-            detect_hardware(),
-        )
-        run.run_dir.mkdir(parents=True, exist_ok=True)
+        run = run_under(config, data_dir, choice, runs_dir / f"solo{index}")
         spec_path = run.run_dir / "worker-spec.json"
         spec_path.write_text(json.dumps({"run": run.to_spec(), "threads": 1}))
         env = dict(
