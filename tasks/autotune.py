@@ -120,7 +120,7 @@ def candidates(
 def fastest(timed: list[Timed]) -> Timed:
     """The candidate of the highest median examples/s; on a tie, the first (the simpler:
     one device before replicas, float32 before mixed, XLA off before on)."""
-    return max(timed, key=lambda t: t.rate.value)
+    return max(timed, key=lambda t: t.rate.median)
 
 
 def reason(timed: list[Timed]) -> str:
@@ -210,10 +210,10 @@ def format_line(settled: Settled) -> str:
     """`2 replicas, float32, XLA off: 1,136 ex/s, the fastest of 2 (XLA on 864)`."""
     best = fastest(list(settled.timed))
     others = ", ".join(
-        f"{t.candidate.label} {t.rate.value:,.0f}" for t in settled.timed if t is not best
+        f"{t.candidate.label} {t.rate.median:,.0f}" for t in settled.timed if t is not best
     )
     again = "; measured before" if settled.cached else ""
     return (
-        f"{best.candidate.label}: {best.rate.value:,.0f} ex/s, the fastest of "
+        f"{best.candidate.label}: {best.rate.median:,.0f} ex/s, the fastest of "
         f"{len(settled.timed)} ({others}{again})"
     )

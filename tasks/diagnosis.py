@@ -57,7 +57,7 @@ class Diagnosis:
     # run of several replicas in this process: the shape of `InPlaceProbes.to_dict()`
     cost_probes: dict = field(default_factory=dict)
     # a run in this process: every configuration's examples/s per alternating round
-    # (`tasks.probes.RoundRates.to_dict()`), whose fastest rounds every figure above is
+    # (`tasks.probes.RoundRates.to_dict()`), which every figure above is the median of
     rounds: dict = field(default_factory=dict)
     # a pipeline: its step taken apart (`tasks.pipeline_probes.StageProbes.to_dict()`)
     stage_probes: dict = field(default_factory=dict)
@@ -78,7 +78,7 @@ class Diagnosis:
         rounds, end to end, when the run was measured in rounds)."""
         r = self.round_rates
         if r is not None:
-            return r.from_batch.value if r.from_batch else None
+            return r.from_batch.median if r.from_batch else None
         one, whole = (
             self.compute_1_replica_examples_per_s,
             self.compute_1_device_global_batch_examples_per_s,
@@ -100,14 +100,9 @@ def classify(r: RoundRates) -> tuple[str, str]:
     rounds fall on both sides of a threshold the class is `undetermined`, saying which."""
     n = len(r.rates["compute"])
     share, inputs, compute = r.input_share, r.spread("input"), r.spread("compute")
-    fastest = Spread.best_of(r.rates["compute"])  # the step: its fastest round, its range
-    step = Spread(
-        r.step_examples / fastest.value,
-        r.step_examples / fastest.high,
-        r.step_examples / fastest.low,
-    )
+    step = Spread.of([r.step_examples / c for c in r.rates["compute"]])
     efficiency = r.compute_efficiency
-    starved = inputs.value < compute.value
+    starved = inputs.median < compute.median
     if share.below(INPUT_SLACK) and starved:
         return "input-bound", (
             f"end-to-end is {share.text('', 2)} of compute-only over {n} rounds, and the input "
@@ -120,7 +115,7 @@ def classify(r: RoundRates) -> tuple[str, str]:
         )
     if efficiency is not None and efficiency.below(COMM_EFFICIENCY):
         one = r.spread(r.baseline + "_compute")
-        moves = "grows" if compute.value > one.value else "falls"
+        moves = "grows" if compute.median > one.median else "falls"
         return "communication-bound", (
             f"compute-only throughput {moves} from {one.text(' ex/s', 0)} on 1 replica to "
             f"{compute.text(' ex/s', 0)} on {r.replicas} (efficiency {efficiency.text('', 2)})"
@@ -142,7 +137,7 @@ def classify(r: RoundRates) -> tuple[str, str]:
 
 def _ms(step: Spread) -> str:
     """A step's spread in milliseconds."""
-    return Spread(step.value * 1000, step.low * 1000, step.high * 1000).text(" ms", 1)
+    return Spread(step.median * 1000, step.low * 1000, step.high * 1000).text(" ms", 1)
 
 
 def recommend(
@@ -301,9 +296,7 @@ def format_diagnosis(d: Diagnosis) -> str:
     r = d.round_rates
     if r is not None:
         rounds = len(r.rates["compute"])
-        lines.insert(
-            2, f"measured:   in this process, {rounds} alternating rounds (fastest, range)"
-        )
+        lines.insert(2, f"measured:   in this process, {rounds} alternating rounds (median, range)")
         if r.interfered:
             lines.insert(3, f"note:       {r.interfered}")
         if r.from_batch is not None:
@@ -338,7 +331,7 @@ def diagnose_run(
     input_transform: Transform | None = None,
 ) -> Diagnosis:
     """Measures a run in this process in alternating rounds (`tasks.probes`) and classifies
-    it; every figure is the fastest of the rounds, which the diagnosis keeps (`rounds`).
+    it; every figure is the median over the rounds, which the diagnosis keeps (`rounds`).
     A run across processes is probed in place: `diagnose_in_place`."""
     started = time.perf_counter()
     r = measure_rounds(cfg, manifest, data_dir, choice, steps, input_transform)
@@ -350,21 +343,21 @@ def diagnose_run(
         stage_probes = probes.to_dict()
         if bottleneck != "input-bound":
             bottleneck, evidence, advice = classify_stages(probes)
-    best = r.best
+    median = r.medians
     several = choice.replicas > 1
     return Diagnosis(
         bottleneck=bottleneck,
-        input_examples_per_s=best["input"],
-        compute_examples_per_s=best["compute"],
-        end_to_end_examples_per_s=best["end_to_end"],
-        compute_1_replica_examples_per_s=best[r.baseline + "_compute"] if several else None,
+        input_examples_per_s=median["input"],
+        compute_examples_per_s=median["compute"],
+        end_to_end_examples_per_s=median["end_to_end"],
+        compute_1_replica_examples_per_s=median[r.baseline + "_compute"] if several else None,
         replicas=choice.replicas,
-        step_seconds=r.step_examples / best["compute"],
+        step_seconds=r.step_examples / median["compute"],
         evidence=evidence,
         advice=advice,
         seconds=time.perf_counter() - started,
         compute_1_device_global_batch_examples_per_s=(
-            best["one_device_global_batch_compute"] if several and cfg.scaling == "weak" else None
+            median["one_device_global_batch_compute"] if several and cfg.scaling == "weak" else None
         ),
         cost_probes=_cost_probes(choice, r, batch_sizes(cfg, choice.replicas)) if several else {},
         rounds=r.to_dict(),
@@ -385,12 +378,12 @@ def _pipeline_figures(choice: StrategyChoice, probes: dict) -> dict:
 
 
 def _cost_probes(choice: StrategyChoice, r: RoundRates, batches: tuple[int, int]) -> dict:
-    """The rounds' fastest figures in the form the forecast fits (`InPlaceProbes.to_dict()`): one
+    """The rounds' medians in the form the forecast fits (`InPlaceProbes.to_dict()`): one
     device's compute-only step at the per-replica and the global batch (`batches`), the
     replicas' all-reduce at a few message sizes, the run's step and its input's rate."""
     per_replica, global_batch = batches
-    best = r.best
-    local_s = per_replica / best["one_device_replica_batch_compute"]
+    median = r.medians
+    local_s = per_replica / median["one_device_replica_batch_compute"]
     return {
         "where": f"{choice.replicas} replicas in this process",
         "comm": "all-reduce",
@@ -399,13 +392,13 @@ def _cost_probes(choice: StrategyChoice, r: RoundRates, batches: tuple[int, int]
         "step_examples": r.step_examples,
         "replica_examples": per_replica,
         "gradient_bytes": r.gradient_bytes,
-        "step_s": r.step_examples / best["compute"],
+        "step_s": r.step_examples / median["compute"],
         "local_step_s": local_s,
-        "end_to_end_s": r.step_examples / best["end_to_end"],
-        "input_examples_per_s": [best["input"]],
+        "end_to_end_s": r.step_examples / median["end_to_end"],
+        "input_examples_per_s": [median["input"]],
         "local_step_s_by_batch": [
             [float(per_replica), local_s],
-            [float(global_batch), global_batch / best["one_device_global_batch_compute"]],
+            [float(global_batch), global_batch / median["one_device_global_batch_compute"]],
         ],
         "comm_s_by_bytes": r.comm_s_by_bytes,
     }

@@ -14,13 +14,13 @@ warm-up round to last about `rounds.BLOCK_SECONDS`:
   under strong; the other splits a weak-scaling speedup into the batch's part and the
   devices' part.
 
-Every figure is examples/s, one value per timed round (the warm-up round is left out); a
-configuration's figure is its fastest round (`tasks.rounds`).
+Every figure is examples/s, one value per timed round (the warm-up round is left out).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,9 +38,7 @@ from tasks.timing import all_reduce_by_size, gradient_bytes
 from tasks.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
 
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
-# timed rounds (after one warm-up round): the fastest of 11 moved a default run's speedup by
-# 2-4% (one standard deviation), of 7 by 3-6% (`tasks.rounds`)
-ROUNDS = 11
+ROUNDS = 7  # timed rounds (after one warm-up round)
 
 
 @dataclass(frozen=True)
@@ -64,12 +62,12 @@ class RoundRates:
         return Interference(**self.interference).text() if self.interference else ""
 
     def spread(self, name: str) -> Spread:
-        return Spread.best_of(self.rates[name])
+        return Spread.of(self.rates[name])
 
     @property
-    def best(self) -> dict[str, float]:
-        """Each configuration's examples/s in its fastest round."""
-        return {name: max(values) for name, values in self.rates.items()}
+    def medians(self) -> dict[str, float]:
+        """Each configuration's median examples/s over the rounds."""
+        return {name: statistics.median(values) for name, values in self.rates.items()}
 
     @property
     def baseline(self) -> str:

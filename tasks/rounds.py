@@ -1,15 +1,7 @@
 """Timing several configurations as a benchmark tool does: in alternating rounds (A B C A B
 C ...), after a warm-up round that is left out, so that a slow spell of a shared machine
-falls on every configuration alike. A throughput is its fastest round (`Spread.best_of`:
-what the machine gives the configuration when nothing else takes from it, as `timeit`
-takes the fastest repeat), with its spread over the rounds; a ratio of two configurations
-is the ratio of their fastest rounds, spread as its rounds' own ratios.
-
-Why the fastest round and not the median: on this project's 2-core VMs a one-second
-block's rate moves by 15-20% from round to round, and interference only ever slows a
-block. Over 7 rounds the median of a speedup moved by 11-13% (one standard deviation,
-resampled from 14-21 measured rounds of the default run), the ratio of the fastest rounds
-by 3-6%, and by 2-4% over 11 rounds.
+falls on every configuration alike. A figure is a median with its spread over the rounds;
+a ratio of two configurations is the ratio of their medians, spread as its rounds' ratios.
 
 Ownership: `alternate` runs the calls it is given and owns nothing else; a `Spread` is a
 value.
@@ -31,26 +23,17 @@ MIN_BLOCK_STEPS = 10
 
 @dataclass(frozen=True)
 class Spread:
-    """A figure over rounds (`value`: their median, or their best), and the lowest and
-    highest round."""
+    """The median of a figure over rounds, and the lowest and highest round."""
 
-    value: float
+    median: float
     low: float
     high: float
 
     @classmethod
     def of(cls, values: list[float]) -> Spread:
-        """The median of `values`, with their range."""
         if not values:
             raise ValueError("a spread needs at least one value")
         return cls(statistics.median(values), min(values), max(values))
-
-    @classmethod
-    def best_of(cls, rates: list[float]) -> Spread:
-        """The fastest of `rates` (examples/s, one a round), with their range."""
-        if not rates:
-            raise ValueError("a spread needs at least one value")
-        return cls(max(rates), min(rates), max(rates))
 
     def holds(self, value: float) -> bool:
         return self.low <= value <= self.high
@@ -64,9 +47,9 @@ class Spread:
         return self.high < threshold
 
     def text(self, unit: str = "x", digits: int = 2) -> str:
-        """`1.21x (1.15-1.27)`, or `1,380 ex/s (1,290-1,380)` with `unit=" ex/s"`, `digits=0`."""
+        """`1.21x (1.15-1.27)`, or `1,340 ex/s (1,290-1,380)` with `unit=" ex/s"`, `digits=0`."""
         f = f",.{digits}f"
-        return f"{self.value:{f}}{unit} ({self.low:{f}}-{self.high:{f}})"
+        return f"{self.median:{f}}{unit} ({self.low:{f}}-{self.high:{f}})"
 
 
 def block_steps(
@@ -98,9 +81,10 @@ def alternate(calls: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
 
 
 def ratio(numerator: list[float], denominator: list[float]) -> Spread:
-    """`numerator / denominator` (examples/s) over paired rounds: the ratio of their fastest
-    rounds (so that a page's figures agree: 1,500 over 1,000 ex/s reads 1.50x, and a ratio
-    of ratios multiplies), with the lowest and highest ratio of one round (which hold it:
-    when every round's ratio is at least r, so is the ratio of the fastest rounds)."""
+    """`numerator / denominator` over paired rounds: the ratio of their medians (so that
+    a page's figures agree: 1,500 over 1,000 ex/s reads 1.50x, and a ratio of ratios
+    multiplies), with the lowest and highest ratio of one round (which hold that median
+    ratio, as each round's ratio bounds the medians)."""
     per_round = [a / b for a, b in zip(numerator, denominator, strict=True)]
-    return Spread(max(numerator) / max(denominator), min(per_round), max(per_round))
+    middle = statistics.median(numerator) / statistics.median(denominator)
+    return Spread(middle, min(per_round), max(per_round))

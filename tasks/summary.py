@@ -93,9 +93,8 @@ def compare_runs(
     the devices (replicas, or a pipeline's stages; 1.0 is linear scaling).
 
     When the diagnosis measured both configurations in alternating rounds (a run in this
-    process), every figure comes from those rounds: the throughputs are their fastest
-    rounds, the speedup and its split the ratios of those, with the speedup's range over the
-    rounds' own ratios.
+    process), every figure comes from those rounds: the throughputs are their medians, the
+    speedup and its split the medians of the per-round ratios, with the speedup's range.
     Otherwise (a run across processes) the throughputs are the two trainings' own."""
     rounds = diagnosis.round_rates if diagnosis else None
     bottleneck = (
@@ -133,16 +132,15 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
     """The throughputs, the speedup with its range and its split, from alternating rounds."""
     speedup, from_batch, from_devices = rounds.speedup, rounds.from_batch, rounds.from_devices
     return {
-        "baseline_examples_per_s": rounds.spread(rounds.baseline).value,
-        "distributed_examples_per_s": rounds.spread("end_to_end").value,
-        "speedup": speedup.value,
+        "baseline_examples_per_s": rounds.spread(rounds.baseline).median,
+        "distributed_examples_per_s": rounds.spread("end_to_end").median,
+        "speedup": speedup.median,
         "speedup_low": speedup.low,
         "speedup_high": speedup.high,
-        "speedup_from_batch": from_batch.value if from_batch else None,
-        "speedup_from_devices": from_devices.value if from_devices else None,
-        "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds, the fastest of "
-        "each configuration (the trainings' own examples/s are on their stage lines and MLflow "
-        "child runs)",
+        "speedup_from_batch": from_batch.median if from_batch else None,
+        "speedup_from_devices": from_devices.median if from_devices else None,
+        "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
+        "trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
         "recommendation": recommend_devices(speedup, shape),
     }
@@ -156,7 +154,7 @@ def recommend_devices(speedup: Spread, replicas: int | str, over: str = "round")
         replicas = shape_text(replicas)
     if speedup.below(1.0):
         return (
-            f"one device: it trained {1 / speedup.value:.2f}x as fast as {replicas}, "
+            f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas}, "
             f"faster in every {over} (--strategy one_device)"
         )
     if speedup.above(1.0):
@@ -183,7 +181,7 @@ def _figures_of_trainings(
     by_epoch = epoch_ratios(baseline, distributed)
     if len(by_epoch) >= 2:
         speedup = Spread.of(by_epoch)
-        ratio = speedup.value
+        ratio = speedup.median
         figures.update(
             speedup_low=speedup.low,
             speedup_high=speedup.high,
@@ -253,7 +251,7 @@ def plot_speedup(
         linestyle="--",
         label=f"ideal ({summary.devices}x baseline)",
     )
-    bars.set_ylabel("examples/s")
+    bars.set_ylabel(f"examples/s (median over {summary.measured_over})")
     bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")
     bars.legend()
     for result, label in ((baseline, "baseline"), (distributed, summary.strategy)):

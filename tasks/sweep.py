@@ -259,7 +259,7 @@ def tabulate(
     rows = []
     for cell, result in zip(cells, results, strict=True):
         measured = _rounds_speedup(result)
-        speedup = measured.value if measured else result["examples_per_s"] / base[cell.group]
+        speedup = measured.median if measured else result["examples_per_s"] / base[cell.group]
         points = {p.workers: p for p in forecasts.get(cell.line, [])}
         if cell.replicas == 1:  # the same on every line of its group
             lines = [line for line in forecasts if line[0] == cell.group]

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -143,9 +144,9 @@ def test_metrics_show_the_speedup_efficiency_and_accuracy(clone, repro_runs):
         metrics.update(files["data"])
     scaling = json.loads((repo.path / "models/digits/scaling.json").read_text())
     eval_json = json.loads((repo.path / "models/digits/eval.json").read_text())
-    # the speedup divides the fastest of the rounds the train stage's diagnosis measured
+    # the speedup divides the medians of the rounds the train stage's diagnosis measured
     rates = json.loads((repo.path / "models/digits/diagnosis.json").read_text())["rounds"]["rates"]
-    base, run = (max(rates[k]) for k in ("one_device_replica_batch", "end_to_end"))
+    base, run = (statistics.median(rates[k]) for k in ("one_device_replica_batch", "end_to_end"))
     assert (scaling["baseline_examples_per_s"], scaling["distributed_examples_per_s"]) == (
         base,
         run,

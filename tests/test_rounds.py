@@ -30,32 +30,13 @@ def test_a_slow_spell_moves_both_configurations_and_not_their_ratio():
     assert ratio(values["two"], values["one"]) == Spread(pytest.approx(1.5), 1.5, 1.5)
 
 
-def test_a_ratio_is_of_the_fastest_rounds_and_spreads_as_its_rounds():
-    """1,500, 1,200 and 1,600 over 1,000, 800 and 1,000: 1,600 / 1,000 = 1.6 (what the
-    fastest rounds beside it give), between the rounds' own 1.5, 1.5 and 1.6."""
-    assert ratio([1500.0, 1200.0, 1600.0], [1000.0, 800.0, 1000.0]) == Spread(1.6, 1.5, 1.6)
-    assert Spread.best_of([1500.0, 1200.0, 1600.0]) == Spread(1600.0, 1200.0, 1600.0)
-    # a ratio of the fastest rounds always lies within the rounds' ratios
+def test_a_ratio_is_of_the_medians_and_spreads_as_its_rounds():
+    """1,500, 1,200 and 1,600 over 1,000, 800 and 1,000: 1,500 / 1,000 = 1.5 (what the
+    figures beside it give), between the rounds' own 1.5, 1.5 and 1.6."""
+    assert ratio([1500.0, 1200.0, 1600.0], [1000.0, 800.0, 1000.0]) == Spread(1.5, 1.5, 1.6)
+    # a ratio of medians always lies within the rounds' ratios
     spread = ratio([3.0, 1.0, 2.0, 9.0], [1.0, 2.0, 4.0, 3.0])
-    assert spread == Spread(2.25, 0.5, 3.0)
-
-
-def test_a_slow_round_moves_the_median_of_a_speedup_but_not_the_fastest_rounds():
-    """Seven rounds where one configuration's blocks are slowed now and then (interference
-    only ever slows a block): the median speedup moves with which rounds were hit, the
-    ratio of the fastest rounds does not."""
-    one = [1000.0] * 7
-    two = [1500.0] * 7
-    hit_a = [0.7, 1, 0.8, 1, 0.75, 1, 0.9]  # four of the seven rounds of `two` slowed
-    hit_b = [1, 0.85, 1, 1, 1, 0.8, 1]  # two of them
-    a = ratio([v * h for v, h in zip(two, hit_a, strict=True)], one)
-    b = ratio([v * h for v, h in zip(two, hit_b, strict=True)], one)
-    assert a.value == b.value == 1.5
-    medians = [
-        Spread.of([v * h / 1000 for v, h in zip(two, hit, strict=True)]).value
-        for hit in (hit_a, hit_b)
-    ]
-    assert medians[0] < medians[1]
+    assert spread.low <= spread.median <= spread.high
 
 
 def test_a_spread_reads_as_median_and_range_and_says_what_it_supports():
