@@ -41,7 +41,9 @@ from tasks.strategy import StrategyChoice
 from tasks.strategy_kinds import BASELINE
 
 log = logging.getLogger(__name__)
-ROUNDS, STEPS = 3, 20  # timed rounds (after a warm-up round) of this many steps each
+# timed rounds (after a warm-up round) of up to this many steps each: of two candidates of
+# equal speed, one is faster in every one of 5 rounds by chance once in 32 (`fastest`)
+ROUNDS, STEPS = 5, 20
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,9 @@ def fastest(timed: list[Timed]) -> Timed:
     float32 before mixed, XLA off before on) unless a later one was faster than the one kept
     so far in every round. The highest median alone flipped the default run's precision
     between runs on a 2-core VM (mixed_bfloat16 in four of five, float32 in one, each with a
-    speedup of its own): a choice is changed only on a difference every round shows."""
+    speedup of its own): a choice is changed only on a difference every round shows. Of two
+    candidates of equal speed, the later wins every one of `ROUNDS` rounds by chance once in
+    2**ROUNDS runs (in 3 rounds, one run in 8 still flipped the default's precision)."""
     kept = timed[0]
     for other in timed[1:]:
         if all(a > b for a, b in zip(other.examples_per_s, kept.examples_per_s, strict=True)):
@@ -138,7 +142,7 @@ def _verdict(kept: Timed, timed: list[Timed]) -> str:
 
 
 def reason(timed: list[Timed]) -> str:
-    """`measured (3 rounds of up to 20 steps), the fastest of 2: 2 replicas, float32, XLA
+    """`measured (5 rounds of up to 20 steps), the fastest of 2: 2 replicas, float32, XLA
     off: 1,136 ex/s (1,100-1,150); 2 replicas, float32, XLA on: 864 ex/s (...)`, the chosen
     one first (the
     same words whether measured now or read from the cache: a run's directory and cached

@@ -99,7 +99,7 @@ def test_a_simpler_candidate_is_kept_unless_another_is_faster_in_every_round():
     close = timed({ONE: [1000, 1100, 1000], TWO: [1080, 1050, 1090]})
     assert fastest(close).candidate == ONE
     assert reason(close).startswith(
-        "measured (3 rounds of up to 20 steps), kept of 2: none was faster than it in every "
+        "measured (5 rounds of up to 20 steps), kept of 2: none was faster than it in every "
         "round: one device, float32, XLA off: 1,000 ex/s"
     )
     clear = timed({ONE: [1000, 1100, 1000], TWO: [1080, 1150, 1090], TWO_XLA: [1050] * 3})
@@ -135,7 +135,7 @@ def test_settle_chooses_from_given_speeds_names_them_and_caches(tmp_path, manife
     )
     # the reason names each figure, the chosen first
     assert first.choice.reason.startswith(
-        "measured (3 rounds of up to 20 steps), the fastest of 3: one device, float32, XLA off: "
+        "measured (5 rounds of up to 20 steps), the fastest of 3: one device, float32, XLA off: "
         "2,410 ex/s "
         "(2,362-2,482); one device, float32, XLA on: 1,200 ex/s"
     )
@@ -188,7 +188,7 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
     first = tfscale(train, cwd=tmp_path).stdout
     (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
     rows = json.loads(cache.read_text())
-    assert len(rows) == 3 and all(len(r["examples_per_s"]) == 3 for r in rows)
+    assert len(rows) == 3 and all(len(r["examples_per_s"]) == 5 for r in rows)
     assert all(min(r["examples_per_s"]) > 0 for r in rows)  # XLA's steps ran too
     best = fastest(
         [Timed(Candidate(**r["candidate"]), tuple(r["examples_per_s"])) for r in rows]
