@@ -144,9 +144,8 @@ def _verdict(kept: Timed, timed: list[Timed]) -> str:
 def reason(timed: list[Timed]) -> str:
     """`measured (5 rounds of up to 20 steps), the fastest of 2: 2 replicas, float32, XLA
     off: 1,136 ex/s (1,100-1,150); 2 replicas, float32, XLA on: 864 ex/s (...)`, the chosen
-    one first (the
-    same words whether measured now or read from the cache: a run's directory and cached
-    results do not depend on which)."""
+    one first (the same words whether measured now or read from the cache: a run's
+    directory and cached results do not depend on which)."""
     best = fastest(timed)
     ordered = [best, *(t for t in timed if t is not best)]
     figures = "; ".join(f"{t.candidate.label}: {t.rate.text(' ex/s', 0)}" for t in ordered)

@@ -38,8 +38,9 @@ from tasks.timing import all_reduce_by_size, gradient_bytes
 from tasks.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
 
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
-# timed rounds (after one warm-up round): over the same five default runs, the medians of
-# all 11 rounds spread 1.107 (largest speedup over smallest), of their first 7 wider
+# timed rounds (after one warm-up round): in three sets of five default runs, the medians of
+# all 11 rounds spread 1.107, 1.201 and 1.131 (largest speedup over smallest), those of
+# their first 7 rounds 1.115, 1.226 and 1.179 (docs/benchmarks.md)
 ROUNDS = 11
 
 
