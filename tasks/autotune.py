@@ -228,9 +228,7 @@ def format_line(settled: Settled) -> str:
     """`2 replicas, float32, XLA off: 1,136 ex/s, the fastest of 2 (XLA on 864)`."""
     timed = list(settled.timed)
     best = fastest(timed)
-    others = ", ".join(
-        f"{t.candidate.label} {t.rate.median:,.0f}" for t in settled.timed if t is not best
-    )
+    others = ", ".join(f"{t.candidate.label} {t.rate.median:,.0f}" for t in timed if t is not best)
     again = "; measured before" if settled.cached else ""
     return (
         f"{best.candidate.label}: {best.rate.median:,.0f} ex/s, {_verdict(best, timed)} "
