@@ -84,7 +84,7 @@ TWO = Candidate("mirrored", 2, "float32", False)
 TWO_XLA = Candidate("mirrored", 2, "float32", True)
 
 
-def test_the_fastest_is_the_highest_median_not_the_best_round():
+def test_one_lucky_round_does_not_make_a_candidate_the_fastest():
     found = timed({ONE: [1000, 1010, 990], TWO: [1600, 900, 950]})  # TWO: one lucky round
     assert fastest(found).candidate == ONE
     assert fastest(timed({ONE: [1000] * 3, TWO: [1200] * 3})).candidate == TWO
@@ -193,8 +193,10 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
     best = fastest(
         [Timed(Candidate(**r["candidate"]), tuple(r["examples_per_s"])) for r in rows]
     ).candidate
-    assert "auto: " in first
-    assert "the fastest of 3" in first or "kept of 3: none was faster" in first
+    medians = [sorted(r["examples_per_s"])[2] for r in rows]
+    kept = medians[[Candidate(**r["candidate"]) for r in rows].index(best)]
+    verdict = "the fastest of 3" if kept >= max(medians) else "kept of 3: none was faster"
+    assert "auto: " in first and verdict in first
     (metrics,) = (tmp_path / "runs" / "digits").glob("*/metrics.json")
     trained = json.loads(metrics.read_text())
     assert (trained["strategy"], trained["replicas"]) == (best.kind, best.replicas)
