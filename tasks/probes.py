@@ -149,21 +149,34 @@ def measure_rounds(
             one_feed = _feed(config, manifest, data_dir, setup, transform)
             calls[name] = _steps_block(setup, one, one_feed, steps)
             calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
+    scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
     with LoadWatch() as watch:
-        rates = alternate(calls, rounds)
+        rates = alternate(_paired(calls, scaling), rounds)
     grad_bytes, by_bytes = 0, []
     if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
         grad_bytes = gradient_bytes(run.model)
         by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
     return RoundRates(
         devices,
-        "strong" if choice.spec.splits else cfg.scaling,  # one batch, the model split
+        scaling,
         run.step_examples,
         rates,
         grad_bytes,
         by_bytes,
         watch.result.to_dict(),
     )
+
+
+def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:
+    """`calls` in the order a round times them: each of the speedup's configurations next
+    to its baseline (end to end, then compute-only), the rest after, the input alone last.
+    Two blocks timed back to back share more of the machine's moment than two a few
+    blocks apart, so their ratio moves less from round to round."""
+    base = RoundRates(0, scaling, 0, {}).baseline
+    first = ["end_to_end", base, "compute", base + "_compute"]
+    order = [n for n in first if n in calls] + [n for n in calls if n not in first]
+    order.sort(key=lambda name: name == "input")  # stable: only the input moves
+    return {name: calls[name] for name in order}
 
 
 def time_candidates(

@@ -146,7 +146,7 @@ def exit_now(code: int) -> NoReturn:
 
 def set_up_devices(logical_cpus: int = 0) -> None:
     """GPU memory growth, and the logical CPU devices a multi-replica CPU run needs
-    (`StrategyChoice.logical_cpus`)."""
+    (`StrategyChoice.logical_cpus`), each with its share of the cores."""
     import tensorflow as tf
 
     for gpu in tf.config.list_physical_devices("GPU"):
@@ -155,7 +155,29 @@ def set_up_devices(logical_cpus: int = 0) -> None:
         except RuntimeError:  # TensorFlow already started: it keeps what it had
             pass
     if logical_cpus > 1:
+        share_cores(logical_cpus)  # first: listing the devices starts TensorFlow
         split_cpu(logical_cpus)
+
+
+def share_cores(devices: int) -> int:
+    """Each of `devices` logical CPU devices gets its share of the cores: TensorFlow's
+    intra-op pool (one per process) gets cores // devices threads, as a worker process
+    does (`set_up_worker`). A one-device configuration in this process then runs on one
+    such share, so it is the baseline the replicas scale from. Returns the threads.
+
+    Measured (2 cores, the digits CNN, replicas of batch 32, 1 s blocks alternating):
+    2 replicas 28-31k ex/s against 17k with the default pool of 2 threads, and the
+    round-to-round spread of their speedup over one device 3-5% against 10-12%: with one
+    shared pool, each replica's small ops wait for threads the other replica holds.
+    """
+    import tensorflow as tf
+
+    threads = max(1, len(os.sched_getaffinity(0)) // devices)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:  # TensorFlow already started: it keeps its pool
+        pass
+    return threads
 
 
 def split_cpu(n: int) -> list[str]:

@@ -168,7 +168,7 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
 # most steps per block of the pipeline's rounds (each block is sized to about a second,
 # `rounds.block_steps`): five default runs' speedups spread 1.49 (largest over smallest) at
 # 30 steps, 1.12 at 100 (benchmarks/repeatability.py, docs/benchmarks.md)
-PIPELINE_PROBE_STEPS = 100
+PIPELINE_PROBE_STEPS = 300
 
 
 def train_and_diagnose(

@@ -115,3 +115,46 @@ def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
     assert calls == [10, 10]  # tracing, then the timed sizing steps
     assert [block(), block()] == [3200.0, 3200.0]
     assert calls[2:] == [50, 50]
+
+
+@pytest.mark.parametrize(
+    ("scaling", "baseline"),
+    [("weak", "one_device_replica_batch"), ("strong", "one_device_global_batch")],
+)
+def test_a_round_times_the_speedup_next_to_its_baseline_and_the_input_last(scaling, baseline):
+    """The probes' order (`tasks.probes._paired`): each ratio the speedup is read from is
+    of two blocks timed back to back, whatever order the calls were built in."""
+    from tasks.probes import _paired
+
+    names = [
+        "end_to_end",
+        "compute",
+        "input",
+        "one_device_replica_batch",
+        "one_device_replica_batch_compute",
+        "one_device_global_batch",
+        "one_device_global_batch_compute",
+    ]
+    order = list(_paired(dict.fromkeys(names), scaling))
+    assert sorted(order) == sorted(names)
+    assert order[:4] == ["end_to_end", baseline, "compute", baseline + "_compute"]
+    assert order[-1] == "input"
+    # one device alone: the run's own three blocks, the input still last
+    assert list(_paired(dict.fromkeys(["end_to_end", "compute", "input"]), scaling)) == [
+        "end_to_end",
+        "compute",
+        "input",
+    ]
+
+
+def test_each_logical_cpu_device_gets_its_share_of_the_cores():
+    """The session split the CPU into 2 logical devices (conftest): TensorFlow's one
+    intra-op pool has half the cores this process may use, so one replica's small ops do
+    not wait for threads the other holds, and one device is one such share."""
+    import os
+
+    import tensorflow as tf
+
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert tf.config.threading.get_intra_op_parallelism_threads() == share
+    assert len(tf.config.list_logical_devices("CPU")) == 2
