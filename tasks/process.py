@@ -11,7 +11,7 @@ here and nowhere else:
   `import_tensorflow()` where TensorFlow is first needed, so its start-up lines stay
   off the console;
 - `set_up_devices(choice.logical_cpus)` once the strategy is chosen, before TensorFlow
-  starts;
+  starts: the logical CPU devices, each with its share of the cores (`share_cores`);
 - `set_up_worker(core, threads)` at a worker process's entry: its core and its share of
   threads;
 - `fail_fast_rpcs()` before a parameter-server coordinator starts;
