@@ -168,8 +168,9 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
 # most steps per block of the pipeline's rounds (each block is sized to about a second,
 # `rounds.block_steps`): five default runs' speedups spread 1.49 (largest over smallest) at
 # 30 steps, 1.12 at 100; once each replica got its share of the cores (a digits step of
-# about 1.2 ms, a 100-step block 0.12 s), 1.171 at 100 and 1.112 at 300 (0.35 s blocks;
-# the rounds take 44 s, not 19; benchmarks/repeatability.py, docs/benchmarks.md)
+# about 1.2 ms, a 100-step block 0.12 s), 1.171 at 100, and 1.112, 1.079 and 1.059 in three
+# sets at 300 (0.35 s blocks; the rounds take 44 s, not 19; benchmarks/repeatability.py,
+# docs/benchmarks.md)
 PIPELINE_PROBE_STEPS = 300
 
 
