@@ -312,7 +312,9 @@ def test_default_config_reaches_95_percent_on_digits(digits, tmp_path):
 
 
 def run_cli(args: list[str]) -> str:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # a crash names its Python stack: the parameter-server run died once in 13 with SIGSEGV
+    # right after TensorFlow started, and its stderr said nothing more
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONFAULTHANDLER="1")
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "--params", str(ROOT / "params.yaml"), *args],
         capture_output=True,
