@@ -44,6 +44,12 @@ Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
 ROUNDS = 11
 
 
+def baseline_name(scaling: str) -> str:
+    """The one-device configuration a speedup under `scaling` divides by: one device at the
+    per-replica batch under weak scaling, at the global batch under strong."""
+    return "one_device_replica_batch" if scaling == "weak" else "one_device_global_batch"
+
+
 @dataclass(frozen=True)
 class RoundRates:
     """Examples/s of each measured configuration, one value per round, in round order."""
@@ -75,7 +81,7 @@ class RoundRates:
     @property
     def baseline(self) -> str:
         """The one-device configuration the speedup divides by."""
-        return "one_device_replica_batch" if self.scaling == "weak" else "one_device_global_batch"
+        return baseline_name(self.scaling)
 
     @property
     def speedup(self) -> Spread | None:
@@ -172,7 +178,7 @@ def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:
     to its baseline (end to end, then compute-only), the rest after, the input alone last.
     Two blocks timed back to back share more of the machine's moment than two a few
     blocks apart, so their ratio moves less from round to round."""
-    base = RoundRates(0, scaling, 0, {}).baseline
+    base = baseline_name(scaling)
     first = ["end_to_end", base, "compute", base + "_compute"]
     order = [n for n in first if n in calls] + [n for n in calls if n not in first]
     order.sort(key=lambda name: name == "input")  # stable: only the input moves
