@@ -54,7 +54,7 @@ def detect_task():
 def select_task(report, config: config_mod.Config):
     choice = strategy.select_strategy(report, config.train)
     process.set_up_devices(choice.logical_cpus)
-    stage("strategy", f"{choice.kind}, {choice.shape}, {choice.precision}")
+    stage("proposed", f"{choice.kind}, {choice.shape}, {choice.precision}, from the hardware")
     return choice
 
 
@@ -62,14 +62,17 @@ def select_task(report, config: config_mod.Config):
 def settle_task(run: Run) -> Run:
     """What `auto` left open (precision, XLA) timed on the run's model and data; the
     strategy stays (the pipeline measures the replicas against one device) unless the model
-    does not fit a device's memory, when it is cut into pipeline stages."""
+    does not fit a device's memory, when it is cut into pipeline stages. The `strategy` line
+    is what trains, after the measured candidates (one page, one answer: the proposal's
+    precision is not shown as the run's when `auto` kept another)."""
     proposed = run.choice.kind
     run, settled = runs.settle_auto(run, for_pipeline=True)
     choice = run.choice
-    if choice.kind != proposed:  # a model too large for one device: cut into stages
-        stage("strategy", f"{choice.kind}, {choice.shape}, {choice.precision} (over memory)")
     if settled.timed:
         stage("auto", autotune.format_line(settled))
+    xla = "XLA on" if choice.jit_compile else "XLA off"
+    over = " (over memory)" if choice.kind != proposed else ""  # cut into pipeline stages
+    stage("strategy", f"{choice.kind}, {choice.shape}, {choice.precision}, {xla}{over}")
     return run
 
 

@@ -26,13 +26,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from tasks.models import build_model
 from tasks.run import Run
-from tasks.steps import input_context_of, replica_step
+from tasks.steps import FusedAdam, input_context_of, replica_step
 from tasks.timing import (
     SUM,
     all_reduce_by_size,
@@ -244,7 +243,7 @@ def _local_step_seconds(
     with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
         manifest = run.manifest
         model = build_model(run.train.model, manifest.shape, manifest.num_classes)
-        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer = FusedAdam(1e-3)
         optimizer.build(model.trainable_variables)
     effective = int(images.shape[0])
 

@@ -30,7 +30,7 @@ from tasks.manifest import Manifest
 from tasks.models import build_model
 from tasks.process import use_precision
 from tasks.run import Run
-from tasks.steps import make_warmup_schedule
+from tasks.steps import FusedAdam, make_warmup_schedule
 from tasks.strategy import StrategyChoice, build_strategy
 from tasks.strategy_kinds import SpreadOver, cluster_spec_of
 
@@ -378,7 +378,7 @@ def set_up_training(
             cfg.seed,
             global_batch * k,
         )
-        optimizer = keras.optimizers.Adam(
+        optimizer = FusedAdam(
             make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
         )
         if choice.precision == "mixed_float16":

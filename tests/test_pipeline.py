@@ -42,12 +42,23 @@ def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = T
 def flow_run(tmp_path_factory):
     """One real flow run (and a second, to see the baseline cached) into a temporary store,
     named in the config: nothing is patched."""
+    import logging
+
     from flows.pipeline import pipeline
+    from tasks.process import STAGE_MARK
 
     tmp = tmp_path_factory.mktemp("flow")
     store = tmp / "mlflow"
     config = load_config(tiny_params(tmp), {"track.store_dir": str(store)})
-    states = [pipeline(config, return_state=True)]
+    lines: list[str] = []  # the first run's stage lines, as the console shows them
+    collect = logging.Handler()
+    collect.emit = lambda record: lines.append(record.getMessage())
+    collect.addFilter(lambda record: getattr(record, STAGE_MARK, False))
+    logging.getLogger().addHandler(collect)
+    try:
+        states = [pipeline(config, return_state=True)]
+    finally:
+        logging.getLogger().removeHandler(collect)
     baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
     stamp = baseline_metrics.stat().st_mtime_ns
     states.append(pipeline(config, return_state=True))
@@ -61,6 +72,7 @@ def flow_run(tmp_path_factory):
         "store": store,
         "summaries": tuple(state.result() for state in states),
         "flow_run_ids": [state.state_details.flow_run_id for state in states],
+        "stage_lines": lines,
         "baseline_reused": reused,
         "baseline_retrained": baseline_metrics.exists(),
         "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
@@ -327,6 +339,19 @@ def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_ru
     assert third.measured_over.startswith(f"{len(run)} alternating rounds")
     first = flow_run["summaries"][0]
     assert first.replicas == 2 and first.test_accuracy > 0.5  # 2 epochs of an MLP on digits
+
+
+def test_the_strategy_line_names_what_trains_after_auto_measured(flow_run):
+    """One page, one answer: the console's `proposed` line is the hardware's proposal, and
+    the `strategy` line, after what `auto` measured, is what the summary says trained."""
+    first = flow_run["summaries"][0]
+    names = [line.split()[0] for line in flow_run["stage_lines"]]
+    assert names.index("proposed") < names.index("strategy") < names.index("baseline")
+    if "auto" in names:
+        assert names.index("auto") < names.index("strategy")
+    (line,) = [x for x in flow_run["stage_lines"] if x.startswith("strategy ")]
+    trained = f"{first.strategy}, {first.replicas} replicas, {first.precision}, XLA "
+    assert line.split(None, 1)[1].startswith(trained), (line, trained)
 
 
 def test_second_flow_run_reuses_the_cached_baseline(flow_run):

@@ -80,6 +80,48 @@ def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path)
     assert result.history[-1]["accuracy"] > 0.5
 
 
+@pytest.mark.parametrize("devices", [["/cpu:0"], ["/cpu:0", "/cpu:1"]])
+def test_fused_adam_updates_as_kerass_adam_does(devices):
+    """Five updates of the warm-up schedule from the same gradients: FusedAdam's one kernel
+    per variable against Keras's Adam, on one device and on each copy under Mirrored over 2
+    logical CPUs (which sums the replicas' gradients first)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tasks.steps import FusedAdam, make_warmup_schedule
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=3).astype("float32")]
+    grads = [[rng.normal(size=w.shape).astype("float32") for w in start] for _ in range(5)]
+
+    def train(optimizer_class) -> list[list[np.ndarray]]:
+        with strategy.scope():
+            weights = [keras.Variable(w) for w in start]
+            optimizer = optimizer_class(make_warmup_schedule(1e-3, 4e-3, 3))
+            optimizer.build(weights)
+
+        def replica_update(step_grads):  # each replica's gradients made on its device
+            optimizer.apply([tf.identity(g) for g in step_grads], weights)
+
+        @tf.function
+        def update(step_grads):
+            strategy.run(replica_update, args=(step_grads,))
+
+        for step_grads in grads:
+            update([tf.constant(g) for g in step_grads])
+        return [[c.numpy() for c in strategy.experimental_local_results(w.value)] for w in weights]
+
+    fused, plain = train(FusedAdam), train(keras.optimizers.Adam)
+    for fused_copies, plain_copies, first in zip(fused, plain, start, strict=True):
+        assert len(fused_copies) == len(devices)
+        for copy in fused_copies:
+            np.testing.assert_array_equal(copy, fused_copies[0])  # the replicas agree
+        np.testing.assert_allclose(fused_copies[0], plain_copies[0], rtol=1e-5, atol=1e-7)
+        assert np.abs(fused_copies[0] - first).min() > 1e-4  # every weight moved
+
+
 def test_distributed_input_runs_no_autotuning_thread(digits, tmp_path):
     """Deleting a distributed iterator waits for tf.data's autotuning thread to end its
     sleep (up to 60 s; `tasks.inputs.distributed_iterator`): neither the input pipeline
