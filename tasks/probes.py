@@ -248,7 +248,16 @@ def _steps_block(
 
 def _sized(timed: Callable[[int], float], most: int, examples: int) -> Callable[[], float]:
     """`timed(n)` (examples/s of n steps) as a block whose first call warms up and sizes
-    the later ones to about `rounds.BLOCK_SECONDS`, at most `most` steps."""
+    the later ones to about `rounds.BLOCK_SECONDS`, at most `most` steps.
+
+    The warm-up call ends with one block of the size it chose: after only the few sizing
+    steps, the first timed block of the distributed run was still slow once the optimizer
+    was `steps.FusedAdam` (the digits CNN on 2 logical CPUs, 8 of 8 pipeline runs: 20.5-24.8k
+    ex/s in the first of 11 rounds, 26-31k in every later one; not seen in 4 runs with
+    Keras's Adam), which tripled the rounds' spread of the speedup (a coefficient of
+    variation of 5.7-6.5% against 1.8-3.1%) and moved its median; with the whole block in
+    the warm-up, 1.2%.
+    """
     size: list[int] = []
 
     def block() -> float:
@@ -258,7 +267,7 @@ def _sized(timed: Callable[[int], float], most: int, examples: int) -> Callable[
         timed(first)  # tracing, the first allocations
         rate = timed(first)
         size.append(block_steps(examples / rate, most))
-        return rate
+        return timed(size[0])  # a whole block, still warming up, so the rounds start warm
 
     return block
 

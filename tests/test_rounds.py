@@ -100,8 +100,9 @@ def test_a_block_lasts_about_a_second_between_its_floor_and_its_cap(seconds_per_
 
 
 def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
-    """The probes' blocks (`tasks.probes._sized`): the warm-up call traces and times a few
-    steps, and every later call times the number that makes about a second."""
+    """The probes' blocks (`tasks.probes._sized`): the warm-up call traces, times a few
+    steps, and runs one block of the number that makes about a second, which every later
+    call times."""
     from tasks.probes import _sized
 
     calls = []
@@ -112,9 +113,9 @@ def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
 
     block = _sized(timed, most=100, examples=64)
     block()
-    assert calls == [10, 10]  # tracing, then the timed sizing steps
+    assert calls == [10, 10, 50]  # tracing, the timed sizing steps, then a whole block
     assert [block(), block()] == [3200.0, 3200.0]
-    assert calls[2:] == [50, 50]
+    assert calls[3:] == [50, 50]
 
 
 @pytest.mark.parametrize(
