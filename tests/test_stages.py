@@ -297,7 +297,8 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
-    assert "pipeline, 2 stages x 4 micro-batches, float32 (over memory)" in out, out
+    line = "strategy    pipeline, 2 stages x 4 micro-batches, float32, XLA off (over memory)"
+    assert line in out, out
     assert f"a device has {budget_mb} MB: 2 pipeline stages" in out
     assert "stages                  2 stages x 4 micro-batches" in out
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
