@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,10 +39,9 @@ def build(dataset: str, data_root: str, optimizer: str):
     from tasks.strategy import StrategyChoice
     from tasks.training import set_up_training, train_dataset_fn
 
-    model = "cnn"
     cfg = load_config(
         None,
-        {"prepare.dataset": dataset, "prepare.data_dir": data_root, "train.model": model},
+        {"prepare.dataset": dataset, "prepare.data_dir": data_root, "train.model": "cnn"},
     )
     prepared = prepare_dataset(cfg, progress=False)
     choice = StrategyChoice("mirrored", 2, 1, "float32", "")
@@ -66,13 +64,6 @@ def first_call(dataset: str, data_root: str, optimizer: str) -> float:
     return time.perf_counter() - started
 
 
-def spread(values: list[float], digits: int = 0) -> str:
-    return (
-        f"{statistics.median(values):,.{digits}f} "
-        f"({min(values):,.{digits}f}-{max(values):,.{digits}f})"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="digits", choices=["digits", "synthetic"])
@@ -84,7 +75,7 @@ def main() -> None:
     if args.first_call:  # the child process of the trace timing
         print(json.dumps(first_call(args.dataset, *args.first_call)))
         return
-    from tasks.rounds import alternate, ratio
+    from tasks.rounds import Spread, alternate, ratio
 
     names = ("keras", "fused")
     with tempfile.TemporaryDirectory(prefix="tfscale-optimizer-") as data_root:
@@ -109,17 +100,15 @@ def main() -> None:
                 out = subprocess.run(command, capture_output=True, text=True, check=True)
                 traces[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{args.dataset} CNN, Mirrored over 2 logical CPUs, float32, {args.rounds} rounds")
+    trace = {name: Spread.of(traces[name]).text(" s") for name in names}
     for name in names:
-        print(
-            f"{name:<6} Adam  {spread(rates[name])} ex/s   first call (trace) "
-            f"{spread(traces[name], 2)} s"
-        )
+        rate = Spread.of(rates[name]).text(" ex/s", 0)
+        print(f"{name:<6} Adam  {rate}   first call (trace) {trace[name]}")
     per_round = ratio(rates["fused"], rates["keras"])
     faster = sum(f > k for f, k in zip(rates["fused"], rates["keras"], strict=True))
     print(
         f"fused / Keras: {per_round.text()} examples/s, faster in {faster} of {args.rounds} "
-        f"rounds (target: every round); first call {spread(traces['keras'], 2)} s against "
-        f"{spread(traces['fused'], 2)} s"
+        f"rounds (target: every round); first call {trace['keras']} against {trace['fused']}"
     )
 
 
