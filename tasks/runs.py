@@ -214,12 +214,15 @@ def train_and_diagnose(
 
 
 def format_line(result: TrainResult) -> str:
-    """One line: speed, batch and final accuracy of a training run."""
+    """One line: speed, batch and final accuracy of a training run. Its examples/s are
+    the training's own, over whole epochs after the first (which traces the step), each
+    epoch's start and end included: the summary's rounds time blocks of steps alone."""
     last = result.history[-1] if result.history else {"accuracy": float("nan")}
+    epochs = len(result.history)
+    over = f"over epochs 2-{epochs}" if epochs > 1 else "over its one epoch"
     return (
-        f"{result.examples_per_s:,.0f} examples/s, {result.shape}, global batch "
-        f"{result.global_batch}, {len(result.history)} epochs, train accuracy "
-        f"{last['accuracy']:.4f}"
+        f"{result.examples_per_s:,.0f} examples/s {over}, {result.shape}, global batch "
+        f"{result.global_batch}, train accuracy {last['accuracy']:.4f}"
     )
 
 

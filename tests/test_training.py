@@ -80,6 +80,29 @@ def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path)
     assert result.history[-1]["accuracy"] > 0.5
 
 
+def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
+    """The stage line's examples/s leave the first epoch (tracing) out, as
+    `examples_per_s` does, and the line says so: the summary's rounds are another
+    measurement, and a reader comparing the two must know which is which."""
+    from tasks.runs import format_line
+    from tasks.training import TrainResult, examples_per_s
+
+    history = [
+        {"examples": 100, "seconds": 1.0, "accuracy": 0.5},
+        {"examples": 100, "seconds": 0.02, "accuracy": 0.8},
+        {"examples": 100, "seconds": 0.03, "accuracy": 0.9},
+    ]
+    fields = dict(run_dir="r", model_path="m", strategy="mirrored", reason="")
+    fields |= dict(replicas=2, workers=1, precision="float32", per_replica_batch=32)
+    fields |= dict(global_batch=64, grad_accum_steps=1, learning_rate=0.1, steps_per_epoch=2)
+    three = TrainResult(**fields, history=history, examples_per_s=examples_per_s(history))
+    assert format_line(three) == (
+        "4,000 examples/s over epochs 2-3, 2 replicas, global batch 64, train accuracy 0.9000"
+    )
+    one = TrainResult(**fields, history=history[:1], examples_per_s=examples_per_s(history[:1]))
+    assert format_line(one).startswith("100 examples/s over its one epoch, 2 replicas")
+
+
 @pytest.mark.parametrize("devices", [["/cpu:0"], ["/cpu:0", "/cpu:1"]])
 def test_fused_adam_updates_as_kerass_adam_does(devices):
     """Five updates of the warm-up schedule from the same gradients: FusedAdam's one kernel
