@@ -7,6 +7,10 @@
 4. Orchestration overhead: `tfscale run` wall time minus training, diagnosis and evaluation.
 
     uv run python benchmarks/headline.py [--examples 8192] [--epochs 4] [--batch-size-per-replica N]
+                                         [--precision float32]
+
+On a CPU with AMX, `ONEDNN_MAX_CPU_ISA=AVX512_CORE` (or `AVX2`) with `--precision float32`
+approximates one without: oneDNN's kernels then stop at that instruction set.
 
 (Benchmark 2, scaling efficiency of 2 worker processes, is benchmarks/scaling.py.)
 """
@@ -89,6 +93,12 @@ def main() -> None:
         type=int,
         help="tfscale's per-replica batch (default: params.yaml's)",
     )
+    parser.add_argument(
+        "--precision",
+        help="tfscale's train.precision (default: params.yaml's, auto). A CPU without AMX "
+        "can be approximated on one with it by ONEDNN_MAX_CPU_ISA=AVX2 and float32: oneDNN "
+        "then has no bfloat16 convolutions, and the hardware's flags still say it has",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tfscale-headline-"))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -97,6 +107,8 @@ def main() -> None:
     params["train"].update(model="cnn", epochs=args.epochs, runs_dir=str(tmp / "runs"))
     if args.batch_size_per_replica:
         params["train"]["batch_size_per_replica"] = args.batch_size_per_replica
+    if args.precision:
+        params["train"]["precision"] = args.precision
     (tmp / "params.yaml").write_text(yaml.safe_dump(params))
     tfscale = [str(Path(sys.executable).parent / "tfscale"), "--params", str(tmp / "params.yaml")]
 
