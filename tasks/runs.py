@@ -29,7 +29,7 @@ from tasks.progress import EpochWatcher
 from tasks.run import Role, Run
 from tasks.run_lock import hold
 from tasks.strategy_kinds import COORDINATOR, LOCAL_WORKERS
-from tasks.training import TrainResult, train_model
+from tasks.training import TrainResult, timed_epochs, train_model
 
 
 def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:
@@ -218,8 +218,13 @@ def format_line(result: TrainResult) -> str:
     the training's own, over whole epochs after the first (which traces the step), each
     epoch's start and end included: the summary's rounds time blocks of steps alone."""
     last = result.history[-1] if result.history else {"accuracy": float("nan")}
-    epochs = len(result.history)
-    over = f"over epochs 2-{epochs}" if epochs > 1 else "over its one epoch"
+    timed = timed_epochs(result.history)
+    left_out = len(timed) < len(result.history)
+    over = (
+        f"over epochs {timed[0]['epoch']}-{timed[-1]['epoch']}"
+        if left_out
+        else "over its one epoch"
+    )
     return (
         f"{result.examples_per_s:,.0f} examples/s {over}, {result.shape}, global batch "
         f"{result.global_batch}, train accuracy {last['accuracy']:.4f}"

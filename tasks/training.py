@@ -291,10 +291,15 @@ def _stage_figures(setup: TrainingSetup) -> dict[str, Any]:
     }
 
 
+def timed_epochs(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The epochs a run's throughput is taken over: all but the first (which traces the
+    step) when there are more."""
+    return history[1:] or history
+
+
 def examples_per_s(history: list[dict[str, float]]) -> float:
-    """A run's throughput: its examples over its seconds, leaving out the first epoch (which
-    traces the step) when there are more."""
-    timed = history[1:] or history
+    """A run's throughput: its examples over its seconds, over `timed_epochs`."""
+    timed = timed_epochs(history)
     return sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed)
 
 

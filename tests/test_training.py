@@ -88,9 +88,9 @@ def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
     from tasks.training import TrainResult, examples_per_s
 
     history = [
-        {"examples": 100, "seconds": 1.0, "accuracy": 0.5},
-        {"examples": 100, "seconds": 0.02, "accuracy": 0.8},
-        {"examples": 100, "seconds": 0.03, "accuracy": 0.9},
+        {"epoch": 1, "examples": 100, "seconds": 1.0, "accuracy": 0.5},
+        {"epoch": 2, "examples": 100, "seconds": 0.02, "accuracy": 0.8},
+        {"epoch": 3, "examples": 100, "seconds": 0.03, "accuracy": 0.9},
     ]
     fields = dict(run_dir="r", model_path="m", strategy="mirrored", reason="")
     fields |= dict(replicas=2, workers=1, precision="float32", per_replica_batch=32)
