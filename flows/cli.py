@@ -45,6 +45,19 @@ def _auto_or_bool(text: str) -> str | bool:
 
 _auto_or_bool.__name__ = "auto|true|false"
 
+
+def _auto_or_int(text: str) -> str | int:
+    """`auto` or a whole number, as the config takes them."""
+    if text.lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer; got {text!r}") from None
+
+
+_auto_or_int.__name__ = "auto|N"
+
 STRATEGY_FLAGS = {
     "--strategy": (
         "train.strategy",
@@ -82,8 +95,9 @@ TRAIN_FLAGS = {
     "--epochs": ("train.epochs", int, "training epochs"),
     "--batch-size-per-replica": (
         "train.batch_size_per_replica",
-        int,
-        "examples per replica per step (strong scaling: the global batch)",
+        _auto_or_int,
+        "examples per replica per step (strong scaling: the global batch); auto: measured "
+        "from 32 up while an epoch keeps 50 updates, a larger batch kept only 5%% faster",
     ),
     "--scaling": ("train.scaling", str, "weak (global batch grows with replicas) | strong (fixed)"),
     "--learning-rate": (

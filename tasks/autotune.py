@@ -12,6 +12,13 @@ measures where the proposal leaves a choice open and the run trains in this proc
   CPU without AMX or avx512_bf16: nothing to measure).
 - `jit_compile: auto`: XLA off against on, for one device (XLA compiles a step for one
   device; replicas' variables live on several).
+- `batch_size_per_replica: auto`: `config.DEFAULT_BATCH`, twice and four times it, each
+  while an epoch of the training split keeps `MIN_UPDATES` optimizer updates at that
+  global batch. A larger batch buys examples/s with fewer updates an epoch, which can cost
+  accuracy per epoch more than it gains in speed (the CNN on 8,192 synthetic examples, 2
+  replicas in float32: 64 per replica 5,059 ex/s and 90% train accuracy in 2.2 s against
+  4,688 and 2.3 s at 32; 128 per replica, 32 updates an epoch, 4,669 ex/s and 4.0 s):
+  it is kept only when faster by `BATCH_GAIN` in every round.
 
 The decision is kept in `<runs_dir>/autotune/<key>.json`, keyed by the hardware
 fingerprint, the model, the batch, the input shape, the candidates and the code version,
@@ -31,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config import TrainConfig
+from tasks.config import DEFAULT_BATCH, TrainConfig
 from tasks.files import write_json_atomic
 from tasks.hardware import HardwareReport
 from tasks.manifest import Manifest
@@ -44,6 +51,10 @@ log = logging.getLogger(__name__)
 # timed rounds (after a warm-up round) of up to this many steps each: of two candidates of
 # equal speed, one is faster in every one of 5 rounds by chance once in 32 (`fastest`)
 ROUNDS, STEPS = 5, 20
+# `batch_size_per_replica: auto`: DEFAULT_BATCH times these, each while an epoch keeps
+# MIN_UPDATES updates; a larger batch is kept over a smaller only when faster by BATCH_GAIN
+# in every round (module docstring)
+BATCH_FACTORS, MIN_UPDATES, BATCH_GAIN = (1, 2, 4), 50, 1.05
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,12 @@ class Candidate:
     replicas: int
     precision: str
     jit_compile: bool
+    batch: int = 0  # per replica, when `auto` measures batches (0: the config's own)
 
     @property
     def label(self) -> str:
-        """`one device, float32, XLA off`; `2 replicas, mixed_bfloat16, XLA on`."""
+        """`one device, float32, XLA off`; `2 replicas, mixed_bfloat16, XLA on, batch 64`
+        (the per-replica batch named when it is one of the choices)."""
         devices = (
             "one device"
             if self.kind == BASELINE.name
@@ -65,7 +78,8 @@ class Candidate:
             if self.replicas > 1
             else self.kind
         )
-        return f"{devices}, {self.precision}, XLA {'on' if self.jit_compile else 'off'}"
+        batch = f", batch {self.batch}" if self.batch else ""
+        return f"{devices}, {self.precision}, XLA {'on' if self.jit_compile else 'off'}{batch}"
 
     def applied_to(self, choice: StrategyChoice) -> StrategyChoice:
         return dataclasses.replace(
@@ -75,6 +89,10 @@ class Candidate:
             precision=self.precision,
             jit_compile=self.jit_compile,
         )
+
+    def applied_to_config(self, cfg: TrainConfig) -> TrainConfig:
+        """`cfg` at this candidate's batch (the config's own when it names none)."""
+        return dataclasses.replace(cfg, batch_size_per_replica=self.batch or cfg.per_replica_batch)
 
 
 @dataclass(frozen=True)
@@ -90,10 +108,15 @@ class Timed:
 
 
 def candidates(
-    choice: StrategyChoice, cfg: TrainConfig, report: HardwareReport, for_pipeline: bool
+    choice: StrategyChoice,
+    cfg: TrainConfig,
+    report: HardwareReport,
+    for_pipeline: bool,
+    examples: int = 0,
 ) -> list[Candidate]:
-    """The configurations `auto` chooses among (one: nothing to measure). Only runs in this
-    process are measured; a cluster, local worker processes or a TPU keep the proposal."""
+    """The configurations `auto` chooses among (one: nothing to measure), for a training
+    split of `examples`. Only runs in this process are measured; a cluster, local worker
+    processes or a TPU keep the proposal (and an `auto` batch, DEFAULT_BATCH)."""
     proposed = Candidate(choice.kind, choice.replicas, choice.precision, choice.jit_compile)
     if not choice.spec.runs_here or report.cluster is not None or report.tpu:
         return [proposed]
@@ -111,12 +134,27 @@ def candidates(
             else [choice.jit_compile]
         )
 
+    per_shape = {shape: batches(cfg, shape[1], examples) for shape in shapes}
+    named = any(len(b) > 1 for b in per_shape.values())  # the batch is one of the choices
     return [
-        Candidate(kind, replicas, precision, jit)
+        Candidate(kind, replicas, precision, jit, batch if named else 0)
         for kind, replicas in shapes
         for precision in precisions
         for jit in jits(kind)
+        for batch in per_shape[kind, replicas]
     ]
+
+
+def batches(cfg: TrainConfig, replicas: int, examples: int) -> list[int]:
+    """The per-replica batches `auto` measures on `replicas` replicas over a training split
+    of `examples`: the config's own when it names one; else DEFAULT_BATCH and its
+    multiples (`BATCH_FACTORS`) while an epoch keeps `MIN_UPDATES` updates (DEFAULT_BATCH
+    always). Under strong scaling the batch is global and divided among the replicas."""
+    if cfg.batch_size_per_replica != "auto":
+        return [cfg.batch_size_per_replica]
+    per_update = replicas * cfg.grad_accum_steps if cfg.scaling == "weak" else 1
+    sizes = [DEFAULT_BATCH * f for f in BATCH_FACTORS]
+    return [b for b in sizes if b == DEFAULT_BATCH or examples // (b * per_update) >= MIN_UPDATES]
 
 
 def fastest(timed: list[Timed]) -> Timed:
@@ -126,10 +164,13 @@ def fastest(timed: list[Timed]) -> Timed:
     between runs on a 2-core VM (mixed_bfloat16 in four of five, float32 in one, each with a
     speedup of its own): a choice is changed only on a difference every round shows. Of two
     candidates of equal speed, the later wins every one of `ROUNDS` rounds by chance once in
-    2**ROUNDS runs (in 3 rounds, one run in 8 still flipped the default's precision)."""
+    2**ROUNDS runs (in 3 rounds, one run in 8 still flipped the default's precision). A
+    larger batch than the one kept must be faster by `BATCH_GAIN` in every round."""
     kept = timed[0]
     for other in timed[1:]:
-        if all(a > b for a, b in zip(other.examples_per_s, kept.examples_per_s, strict=True)):
+        gain = BATCH_GAIN if other.candidate.batch > kept.candidate.batch else 1.0
+        pairs = zip(other.examples_per_s, kept.examples_per_s, strict=True)
+        if all(a > b * gain for a, b in pairs):
             kept = other
     return kept
 
@@ -138,7 +179,9 @@ def _verdict(kept: Timed, timed: list[Timed]) -> str:
     """`the fastest of 3`, or why a candidate of a higher median was not chosen."""
     if kept.rate.median >= max(t.rate.median for t in timed):
         return f"the fastest of {len(timed)}"
-    return f"kept of {len(timed)}: none was faster than it in every round"
+    larger = any(t.candidate.batch > kept.candidate.batch for t in timed)
+    by = f" (a larger batch: by {BATCH_GAIN - 1:.0%})" if larger else ""
+    return f"kept of {len(timed)}: none was faster than it in every round{by}"
 
 
 def reason(timed: list[Timed]) -> str:
@@ -157,9 +200,11 @@ Measure = Callable[[list[Candidate]], list[Timed]]
 
 @dataclass(frozen=True)
 class Settled:
-    """The choice `auto` settled on, with what it measured (nothing when one candidate)."""
+    """The choice `auto` settled on, the training config at the batch it settled on (never
+    `auto`), and what it measured (nothing when one candidate)."""
 
     choice: StrategyChoice
+    train: TrainConfig
     timed: tuple[Timed, ...] = ()
     cached: bool = False
 
@@ -172,12 +217,12 @@ def settle(
     measure: Measure,
     for_pipeline: bool = False,
 ) -> Settled:
-    """`choice` with what `auto` left open chosen by `measure` (`probes.time_candidates`, or a
-    stand-in given speeds), from the cache when this hardware, model and batch were measured
-    by this code before."""
-    options = candidates(choice, cfg, report, for_pipeline)
+    """`choice` and `cfg` with what `auto` left open chosen by `measure`
+    (`probes.time_candidates`, or a stand-in given speeds), from the cache when this
+    hardware, model and batch were measured by this code before."""
+    options = candidates(choice, cfg, report, for_pipeline, manifest.splits["train"])
     if len(options) == 1:
-        return Settled(options[0].applied_to(choice))
+        return Settled(options[0].applied_to(choice), options[0].applied_to_config(cfg))
     path = _cache_path(cfg, report, manifest, options)
     timed, cached = _read(path, options), True
     if timed is None:
@@ -188,7 +233,7 @@ def settle(
     chosen = best.candidate.applied_to(choice)
     why = f"{reason(timed)} (proposed from the hardware: {choice.reason})"
     settled = dataclasses.replace(chosen, reason=why)
-    return Settled(settled, tuple(timed), cached)
+    return Settled(settled, best.candidate.applied_to_config(cfg), tuple(timed), cached)
 
 
 def _cache_path(

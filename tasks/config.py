@@ -19,6 +19,9 @@ from tasks.errors import UsageError
 from tasks.strategy_kinds import KINDS, sweep_kinds
 
 DEFAULT_PARAMS = Path("params.yaml")
+# the per-replica batch a run takes when `train.batch_size_per_replica: auto` is not settled
+# by measuring (`tasks.autotune`), and the smallest `auto` measures
+DEFAULT_BATCH = 32
 
 
 class ConfigError(UsageError, ValueError):
@@ -79,7 +82,9 @@ class TrainConfig:
     jit_compile: Literal["auto", True, False] = "auto"
     model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
     epochs: int = _spec(10, lo=1, hi=100_000)
-    batch_size_per_replica: int = _spec(32, lo=1, hi=1_000_000)
+    # auto: measured (`tasks.autotune`) from DEFAULT_BATCH up, where the hardware and data
+    # allow a choice; else DEFAULT_BATCH
+    batch_size_per_replica: int | Literal["auto"] = _spec("auto", lo=1, hi=1_000_000)
     scaling: Literal["weak", "strong"] = "weak"
     learning_rate: float = _spec(0.001, lo=0.0, hi=10.0)
     warmup_epochs: int = _spec(1, lo=0)
@@ -99,6 +104,13 @@ class TrainConfig:
     cut_after: tuple[int, ...] = _spec((), lo=1, empty=True)  # empty: balanced by compute
     # one device's memory for training in MB (0: not checked; GPUs: from TensorFlow when 0)
     device_memory_mb: float = _spec(0.0, lo=0.0)
+
+    @property
+    def per_replica_batch(self) -> int:
+        """The per-replica batch to train at: the config's, or DEFAULT_BATCH while `auto`
+        is not settled (`tasks.autotune` replaces `auto` by what it measured)."""
+        batch = self.batch_size_per_replica
+        return DEFAULT_BATCH if batch == "auto" else batch
 
 
 @dataclass(frozen=True)
@@ -277,6 +289,17 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
         if not isinstance(value, list | tuple) or not (value or meta.get("empty")):
             raise ConfigError(f"{key}: expected a non-empty list; got {_kind(value)} {value!r}")
         return tuple(_check(f"{key}[{i}]", args[0], v, meta) for i, v in enumerate(value))
+    union = origin in (typing.Union, types.UnionType)
+    if union and any(typing.get_origin(a) is Literal for a in args):  # int | Literal["auto"]
+        (words,) = (a for a in args if typing.get_origin(a) is Literal)
+        if value in typing.get_args(words) and isinstance(value, str):
+            return value
+        (hint,) = (a for a in args if a is not words)
+        if not isinstance(value, hint) or isinstance(value, bool):
+            shown = " or ".join(typing.get_args(words))
+            got = f"{_kind(value)} {value!r}"
+            raise ConfigError(f"{key}: expected an integer or {shown}; got {got}")
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:  # of strings, and of true / false (never 1 or 0 for them)
         if not any(type(value) is type(a) and value == a for a in args):
             shown = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)

@@ -167,8 +167,8 @@ def recommend(
             else []
         )
         return [
-            f"raise the per-replica batch (now {cfg.batch_size_per_replica}) to "
-            f"{cfg.batch_size_per_replica * 4} or more so each step does more work",
+            f"raise the per-replica batch (now {cfg.per_replica_batch}) to "
+            f"{cfg.per_replica_batch * 4} or more so each step does more work",
             "use fewer replicas: each adds synchronisation to a step this small",
         ] + more_calls
     if bottleneck == "undetermined":

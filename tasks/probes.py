@@ -194,14 +194,15 @@ def time_candidates(
     steps: int = autotune.STEPS,
     rounds: int = autotune.ROUNDS,
 ) -> list[Timed]:
-    """Each of `options` (`choice` with its strategy, precision and XLA replaced) trained
+    """Each of `options` (`choice` with its strategy, precision and XLA replaced, `cfg` with
+    its batch) trained
     end to end on the real model and input for `steps` steps a round, in `rounds`
     alternating rounds: what `tasks.autotune` chooses among."""
     calls = {}
     for option in options:
-        candidate = option.applied_to(choice)
-        setup = set_up_training(cfg, manifest, candidate)
-        feed = _feed(cfg, manifest, data_dir, setup, None)
+        candidate, config = option.applied_to(choice), option.applied_to_config(cfg)
+        setup = set_up_training(config, manifest, candidate)
+        feed = _feed(config, manifest, data_dir, setup, None)
         calls[option.label] = _steps_block(setup, candidate, feed, steps)
     rates = alternate(calls, rounds)
     return [Timed(option, tuple(rates[option.label])) for option in options]

@@ -81,6 +81,10 @@ class Run:
     def with_choice(self, choice: StrategyChoice) -> Run:
         return dataclasses.replace(self, choice=choice)
 
+    def with_train(self, train: TrainConfig) -> Run:
+        """This run on another training config (as `auto` settles its batch)."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, train=train))
+
     def with_role(self, role: Role) -> Run:
         return dataclasses.replace(self, role=role)
 

@@ -162,7 +162,7 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
         return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)
 
     settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_pipeline)
-    return run.with_choice(settled.choice), settled
+    return run.with_choice(settled.choice).with_train(settled.train), settled
 
 
 # most steps per block of the pipeline's rounds (each block is sized to about a second,

@@ -553,9 +553,9 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
         return choice  # a column split is not checked against the budget
     model = build_model(cfg.model, manifest.shape, manifest.num_classes)
     if choice.spec.staged:  # its cut, checked before any work (the training cuts it again)
-        plan_stages(model, choice.stages, cfg.batch_size_per_replica, budget, choice.cut_after)
+        plan_stages(model, choice.stages, cfg.per_replica_batch, budget, choice.cut_after)
         return choice
-    per_replica = cfg.batch_size_per_replica * cfg.grad_accum_steps
+    per_replica = cfg.per_replica_batch * cfg.grad_accum_steps
     whole = footprint(layer_costs(model), per_replica)
     if whole.total <= budget:
         return choice
@@ -569,7 +569,7 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
         )
     for stages in range(2, choice.stages + 1):
         try:
-            plan = plan_stages(model, stages, cfg.batch_size_per_replica, budget)
+            plan = plan_stages(model, stages, cfg.per_replica_batch, budget)
         except UsageError:
             continue
         reason = (

@@ -121,10 +121,10 @@ def _check_stages(report: HardwareReport, cfg: TrainConfig, micro_batches: bool)
             "each stage (or part of a split layer) needs a device of its own",
             f"set train.stages to {devices} or fewer.",
         )
-    if micro_batches and cfg.batch_size_per_replica % cfg.micro_batches:
+    if micro_batches and cfg.per_replica_batch % cfg.micro_batches:
         raise UsageError(
             f"train.micro_batches ({cfg.micro_batches}) does not divide the batch of "
-            f"{cfg.batch_size_per_replica} (train.batch_size_per_replica)",
+            f"{cfg.per_replica_batch} (train.batch_size_per_replica)",
             "pick micro-batches that divide the batch (for 32: 1, 2, 4, 8, 16 or 32).",
         )
 

@@ -80,8 +80,8 @@ class TrainResult(SpreadOver):
 def batch_sizes(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
     """(per-replica, global) batch: weak scaling grows the global batch, strong keeps it."""
     if cfg.scaling == "weak":
-        return cfg.batch_size_per_replica, cfg.batch_size_per_replica * replicas
-    per_replica = max(cfg.batch_size_per_replica // replicas, 1)
+        return cfg.per_replica_batch, cfg.per_replica_batch * replicas
+    per_replica = max(cfg.per_replica_batch // replicas, 1)
     return per_replica, per_replica * replicas
 
 
@@ -373,7 +373,7 @@ def set_up_training(
             f"train split has {manifest.splits['train']} examples, fewer than one global batch "
             f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
         )
-    lr = cfg.learning_rate * effective / (cfg.batch_size_per_replica * k)
+    lr = cfg.learning_rate * effective / (cfg.per_replica_batch * k)
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))

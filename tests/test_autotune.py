@@ -74,6 +74,72 @@ def test_nothing_to_measure_keeps_the_proposal(hw, train):
     assert found == [Candidate(choice.kind, choice.replicas, choice.precision, choice.jit_compile)]
 
 
+def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
+    """On 8,192 examples, 2 replicas at 64 per replica make 64 updates an epoch (kept) and
+    at 128, 32 (left out); one device keeps 128 too. On digits (1,437) only 32 is left:
+    nothing about the batch to measure, and the labels do not name it."""
+    hw = report(flags=AMX)
+    cfg = config()
+    pipeline = candidates(select_strategy(hw, cfg), cfg, hw, True, examples=8192)
+    assert labels(pipeline) == [
+        "2 replicas, float32, XLA off, batch 32",
+        "2 replicas, float32, XLA off, batch 64",
+        "2 replicas, mixed_bfloat16, XLA off, batch 32",
+        "2 replicas, mixed_bfloat16, XLA off, batch 64",
+    ]
+    one = config(replicas=1, precision="float32", jit_compile=False)
+    found = candidates(select_strategy(hw, one), one, hw, False, examples=8192)
+    assert [c.batch for c in found] == [32, 64, 128]
+    digits = candidates(select_strategy(hw, cfg), cfg, hw, True, examples=1437)
+    assert {c.batch for c in digits} == {0}
+    assert labels(digits) == ["2 replicas, float32, XLA off", "2 replicas, mixed_bfloat16, XLA off"]
+    named = config(batch_size_per_replica=16)
+    assert {c.batch for c in candidates(select_strategy(hw, named), named, hw, True, 8192)} == {0}
+
+
+def test_a_larger_batch_is_kept_only_when_clearly_faster_in_every_round():
+    """A larger batch trades updates for speed: 4% faster in every round is not enough
+    (BATCH_GAIN, 5%); 6% is. A smaller batch after a larger needs only to be faster."""
+    from tasks.autotune import reason
+
+    small, large = (Candidate("mirrored", 2, "float32", False, b) for b in (32, 64))
+    bf16_small = Candidate("mirrored", 2, "mixed_bfloat16", False, 32)
+    slightly = timed({small: [1000, 1010, 990], large: [1040, 1050, 1030]})
+    assert fastest(slightly).candidate == small
+    assert "kept of 2: none was faster than it in every round (a larger batch: by 5%)" in (
+        reason(slightly)
+    )
+    clearly = timed({small: [1000, 1010, 990], large: [1060, 1071, 1050]})
+    assert fastest(clearly).candidate == large
+    after = timed({small: [1000] * 3, large: [1100] * 3, bf16_small: [1101] * 3})
+    assert fastest(after).candidate == bf16_small
+
+
+def test_settle_gives_the_config_at_the_batch_it_settled_on(tmp_path):
+    """The settled training config names a number, never auto: the measured batch, or 32
+    when there was nothing to measure."""
+    hw = report(flags=AMX)
+    big = Manifest(
+        dataset="synthetic",
+        version="1",
+        feature={"shape": [32, 32, 3], "num_classes": 10},
+        splits={"train": 8192, "test": 1024},
+        shards=[],
+    )
+    cfg = config(tmp_path)
+    speeds = {32: 1000.0, 64: 1200.0}
+
+    def measure(found):
+        return [Timed(c, (speeds[c.batch] * (1 + c.jit_compile),) * 5) for c in found]
+
+    settled = settle(select_strategy(hw, cfg), cfg, hw, big, measure, for_pipeline=True)
+    assert settled.train.batch_size_per_replica == 64
+    assert "2 replicas, float32, XLA off, batch 64: 1,200 ex/s" in settled.choice.reason
+    workers = config(tmp_path, workers=2)
+    kept = settle(select_strategy(hw, workers), workers, hw, big, measure)
+    assert kept.train.batch_size_per_replica == 32 and not kept.timed
+
+
 def timed(label_rates: dict[Candidate, list[float]]) -> list[Timed]:
     return [Timed(c, tuple(r)) for c, r in label_rates.items()]
 

@@ -37,6 +37,9 @@ def test_yaml_values_and_overrides_apply(tmp_path):
         ("train:\n  cache: 3\n", ["train.cache", "true or false", "3"]),
         ("prepare: [1, 2]\n", ["prepare", "a mapping", "a list"]),
         ("sweeep: {}\n", ["sweeep", "unknown key"]),
+        ("train:\n  batch_size_per_replica: big\n", ["an integer or auto", "'big'"]),
+        ("train:\n  batch_size_per_replica: 0\n", ["train.batch_size_per_replica", "got 0"]),
+        ("train:\n  batch_size_per_replica: true\n", ["an integer or auto", "True"]),
     ],
 )
 def test_bad_values_name_key_expected_and_got(tmp_path, yaml_text, fragments):
@@ -113,3 +116,23 @@ def test_every_error_a_user_can_cause_is_a_user_error():
     for error in (ConfigError, UnknownStrategy):
         assert issubclass(error, UsageError) and error.exit_code == 2
     assert issubclass(MissingInput, UserError) and issubclass(MissingInput, FileNotFoundError)
+
+
+def test_the_batch_is_a_number_or_auto_which_trains_at_32_until_measured():
+    assert load_config(None).train.batch_size_per_replica == "auto"
+    assert load_config(None).train.per_replica_batch == 32
+    named = load_config(None, {"train.batch_size_per_replica": 48}).train
+    assert (named.batch_size_per_replica, named.per_replica_batch) == (48, 48)
+
+
+def test_the_batch_flag_takes_auto_or_a_number(tmp_path, capsys):
+    from flows.cli import build_parser
+
+    parser = build_parser()
+    for given, expected in (("auto", "auto"), ("AUTO", "auto"), ("64", 64)):
+        args = parser.parse_args(["train", "--batch-size-per-replica", given])
+        assert getattr(args, "train.batch_size_per_replica") == expected
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["train", "--batch-size-per-replica", "many"])
+    assert info.value.code == 2
+    assert "expected auto or an integer; got 'many'" in capsys.readouterr().err
