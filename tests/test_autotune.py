@@ -267,3 +267,33 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
     assert (trained["strategy"], trained["replicas"]) == (best.kind, best.replicas)
     second = tfscale(train, cwd=tmp_path).stdout
     assert "measured before" in second and cache.read_text() == json.dumps(rows, indent=2)
+
+
+@pytest.mark.integration
+def test_tfscale_train_measures_the_batch_it_was_left_and_trains_at_the_one_kept(tmp_path):
+    """A real `tfscale train --replicas 1` on 6,400 synthetic examples with the batch left
+    to `auto`: it times 32, 64 and 128 per replica (an epoch keeps 200, 100 and 50
+    updates), trains at the batch `fastest` keeps from those figures, and says so."""
+    import yaml
+
+    from tests.helpers import tiny_params
+    from tests.test_pipeline import tfscale
+
+    synthetic = {"train_examples": 6400, "test_examples": 64, "height": 8, "width": 8}
+    params = tiny_params(tmp_path, **{"train.replicas": 1, "train.epochs": 1})
+    values = yaml.safe_load(params.read_text())
+    values["prepare"].update(dataset="synthetic")
+    values["prepare"]["synthetic"].update(synthetic)
+    params.write_text(yaml.safe_dump(values))
+    tfscale(["--params", str(params), "prepare"], cwd=tmp_path)
+    out = tfscale(["--params", str(params), "train", "--no-diagnose"], cwd=tmp_path).stdout
+    (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
+    found = [
+        Timed(Candidate(**r["candidate"]), tuple(r["examples_per_s"]))
+        for r in json.loads(cache.read_text())
+    ]
+    assert [t.candidate.batch for t in found] == [32, 64, 128]
+    kept = fastest(found).candidate
+    assert f"auto: one device, float32, XLA off, batch {kept.batch}: " in out
+    (metrics,) = (tmp_path / "runs" / "synthetic").glob("*/metrics.json")
+    assert json.loads(metrics.read_text())["global_batch"] == kept.batch
