@@ -18,7 +18,9 @@ measures where the proposal leaves a choice open and the run trains in this proc
   accuracy per epoch more than it gains in speed (the CNN on 8,192 synthetic examples, 2
   replicas in float32: 64 per replica 5,059 ex/s and 90% train accuracy in 2.2 s against
   4,688 and 2.3 s at 32; 128 per replica, 32 updates an epoch, 4,669 ex/s and 4.0 s):
-  it is kept only when faster by `BATCH_GAIN` in every round.
+  it is kept only when faster by `BATCH_GAIN` in every round. A model checked against a
+  device's memory (`train.device_memory_mb`) or split over devices keeps DEFAULT_BATCH,
+  the batch its fit was checked at.
 
 The decision is kept in `<runs_dir>/autotune/<key>.json`, keyed by the hardware
 fingerprint, the model, the batch, the input shape, the candidates and the code version,
@@ -134,7 +136,9 @@ def candidates(
             else [choice.jit_compile]
         )
 
-    per_shape = {shape: batches(cfg, shape[1], examples) for shape in shapes}
+    # a memory budget or a split model: the batch its fit was checked at (`tasks.stages`)
+    fixed = bool(choice.device_memory_mb) or bool(choice.spec.splits)
+    per_shape = {shape: batches(cfg, shape[1], examples, fixed) for shape in shapes}
     named = any(len(b) > 1 for b in per_shape.values())  # the batch is one of the choices
     return [
         Candidate(kind, replicas, precision, jit, batch if named else 0)
@@ -145,14 +149,17 @@ def candidates(
     ]
 
 
-def batches(cfg: TrainConfig, replicas: int, examples: int) -> list[int]:
+def batches(cfg: TrainConfig, replicas: int, examples: int, fixed: bool = False) -> list[int]:
     """The per-replica batches `auto` measures on `replicas` replicas over a training split
     of `examples`: the config's own when it names one; else DEFAULT_BATCH and its
     multiples (`BATCH_FACTORS`) while an epoch keeps `MIN_UPDATES` updates (DEFAULT_BATCH
-    always). Under strong scaling the batch is global and divided among the replicas."""
+    always, and alone when the batch is `fixed`: a device's memory was checked at it).
+    Under strong scaling the batch is global and divided among the replicas."""
     if cfg.batch_size_per_replica != "auto":
         return [cfg.batch_size_per_replica]
-    per_update = replicas * cfg.grad_accum_steps if cfg.scaling == "weak" else 1
+    if fixed:
+        return [DEFAULT_BATCH]
+    per_update = (replicas if cfg.scaling == "weak" else 1) * cfg.grad_accum_steps
     sizes = [DEFAULT_BATCH * f for f in BATCH_FACTORS]
     return [b for b in sizes if b == DEFAULT_BATCH or examples // (b * per_update) >= MIN_UPDATES]
 

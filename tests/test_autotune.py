@@ -96,6 +96,17 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
     named = config(batch_size_per_replica=16)
     assert {c.batch for c in candidates(select_strategy(hw, named), named, hw, True, 8192)} == {0}
 
+    def batches_of(**train):
+        cfg_ = config(**train)
+        return sorted(
+            {c.batch for c in candidates(select_strategy(hw, cfg_), cfg_, hw, True, 8192)}
+        )
+
+    assert batches_of(device_memory_mb=64.0) == [0]  # a memory budget checked at 32
+    # updates are counted per optimizer step: 64 x 2 replicas x 2 micro-batches, 32 of them
+    assert batches_of(grad_accum_steps=2) == [0]
+    assert batches_of(scaling="strong") == [32, 64, 128]  # global: 256, 128 and 64 updates
+
 
 def test_a_larger_batch_is_kept_only_when_clearly_faster_in_every_round():
     """A larger batch trades updates for speed: 4% faster in every round is not enough
