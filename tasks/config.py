@@ -289,23 +289,21 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
         if not isinstance(value, list | tuple) or not (value or meta.get("empty")):
             raise ConfigError(f"{key}: expected a non-empty list; got {_kind(value)} {value!r}")
         return tuple(_check(f"{key}[{i}]", args[0], v, meta) for i, v in enumerate(value))
+    also = " or null" if optional else ""  # what else the value may be, for the error
     union = origin in (typing.Union, types.UnionType)
     if union and any(typing.get_origin(a) is Literal for a in args):  # int | Literal["auto"]
         (words,) = (a for a in args if typing.get_origin(a) is Literal)
-        if value in typing.get_args(words) and isinstance(value, str):
+        if any(type(value) is type(w) and value == w for w in typing.get_args(words)):
             return value
         (hint,) = (a for a in args if a is not words)
-        if not isinstance(value, hint) or isinstance(value, bool):
-            shown = " or ".join(typing.get_args(words))
-            got = f"{_kind(value)} {value!r}"
-            raise ConfigError(f"{key}: expected an integer or {shown}; got {got}")
+        also = "".join(f" or {w}" for w in typing.get_args(words))
         origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:  # of strings, and of true / false (never 1 or 0 for them)
         if not any(type(value) is type(a) and value == a for a in args):
             shown = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)
             raise ConfigError(f"{key}: expected one of {shown}; got {value!r}")
         return value
-    value = _coerce(key, hint, value, optional)
+    value = _coerce(key, hint, value, also)
     choices = meta.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{key}: expected one of {', '.join(choices)}; got {value!r}")
@@ -332,7 +330,7 @@ def _web_address(value: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-def _coerce(key: str, hint: type, value: Any, optional: bool) -> Any:
+def _coerce(key: str, hint: type, value: Any, also: str) -> Any:
     expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
     ok = (
         (hint is bool and isinstance(value, bool))
@@ -341,8 +339,7 @@ def _coerce(key: str, hint: type, value: Any, optional: bool) -> Any:
         or (hint is str and isinstance(value, str))
     )
     if not ok:
-        suffix = " or null" if optional else ""
-        raise ConfigError(f"{key}: expected {expected[hint]}{suffix}; got {_kind(value)} {value!r}")
+        raise ConfigError(f"{key}: expected {expected[hint]}{also}; got {_kind(value)} {value!r}")
     return float(value) if hint is float else value
 
 

@@ -195,9 +195,8 @@ def time_candidates(
     rounds: int = autotune.ROUNDS,
 ) -> list[Timed]:
     """Each of `options` (`choice` with its strategy, precision and XLA replaced, `cfg` with
-    its batch) trained
-    end to end on the real model and input for `steps` steps a round, in `rounds`
-    alternating rounds: what `tasks.autotune` chooses among."""
+    its batch) trained end to end on the real model and input for `steps` steps a round,
+    in `rounds` alternating rounds: what `tasks.autotune` chooses among."""
     calls = {}
     for option in options:
         candidate, config = option.applied_to(choice), option.applied_to_config(cfg)
