@@ -108,6 +108,16 @@ TRAIN_FLAGS = {
     "--warmup-epochs": ("train.warmup_epochs", int, "epochs of linear learning-rate warm-up"),
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
     "--steps-per-call": ("train.steps_per_call", int, "training steps per graph call (10)"),
+    "--measure-rounds": (
+        "train.measure_rounds",
+        int,
+        "timed rounds of the speedup's measurement after training (11)",
+    ),
+    "--measure-steps": (
+        "train.measure_steps",
+        int,
+        "most steps per block of those rounds, each block about a second (300)",
+    ),
     "--runs-dir": ("train.runs_dir", str, "where runs are written (runs)"),
     "--link-gbit": (
         "train.link_gbit",

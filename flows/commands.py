@@ -161,7 +161,7 @@ def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool, compared: 
     )
     with tracker.run(name, tags, stage_of=pipeline) if tracker else _no_run() as run_id:
         live = EpochLog(tracker, run_id) if tracker else None
-        probe_steps = 0 if args.no_diagnose else 30
+        probe_steps = 0 if args.no_diagnose else min(30, run.train.measure_steps)
         result, diagnosis = train_and_diagnose(run, probe_steps, live, kind, True)
         if tracker:
             tracker.log_training(run_id, result, pipeline_params(context))

@@ -90,6 +90,11 @@ class TrainConfig:
     warmup_epochs: int = _spec(1, lo=0)
     grad_accum_steps: int = _spec(1, lo=1, hi=1024)
     steps_per_call: int = _spec(10, lo=1, hi=100_000)
+    # the measuring rounds after a training (`tasks.probes`): timed rounds, and most steps a
+    # block (each sized to about a second). The defaults hold five default runs' speedups
+    # within 1.10 of each other (docs/benchmarks.md); fewer is quicker and noisier
+    measure_rounds: int = _spec(11, lo=1, hi=1000)
+    measure_steps: int = _spec(300, lo=1, hi=100_000)
     cache: bool = True
     shuffle_buffer: int = _spec(4096, lo=1)
     seed: int = _spec(42, lo=0)

@@ -334,7 +334,9 @@ def diagnose_run(
     it; every figure is the median over the rounds, which the diagnosis keeps (`rounds`).
     A run across processes is probed in place: `diagnose_in_place`."""
     started = time.perf_counter()
-    r = measure_rounds(cfg, manifest, data_dir, choice, steps, input_transform)
+    r = measure_rounds(
+        cfg, manifest, data_dir, choice, steps, input_transform, rounds=cfg.measure_rounds
+    )
     bottleneck, evidence = classify(r)
     advice = recommend(bottleneck, cfg, manifest, choice, cpu_flags)
     stage_probes = {}

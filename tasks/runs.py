@@ -165,24 +165,16 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
     return run.with_choice(settled.choice).with_train(settled.train), settled
 
 
-# most steps per block of the pipeline's rounds (each block is sized to about a second,
-# `rounds.block_steps`): five default runs' speedups spread 1.49 (largest over smallest) at
-# 30 steps, 1.12 at 100; once each replica got its share of the cores (a digits step of
-# about 1.2 ms, a 100-step block 0.12 s), 1.171 at 100, and 1.112, 1.079 and 1.059 in three
-# sets at 300 (0.35 s blocks; the rounds take 44 s, not 19; benchmarks/repeatability.py,
-# docs/benchmarks.md)
-PIPELINE_PROBE_STEPS = 300
-
-
 def train_and_diagnose(
     run: Run,
-    probe_steps: int = PIPELINE_PROBE_STEPS,
+    probe_steps: int | None = None,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
     epoch_lines: bool = False,
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
-    written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` 0 skips the
+    written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` is the most steps
+    a block of its rounds (None: `train.measure_steps`, as the pipeline measures); 0 skips the
     diagnosis; a task of a cluster that is not its chief takes part in the probes and
     leaves the diagnosis to the chief.
 
@@ -190,6 +182,8 @@ def train_and_diagnose(
     is probed in place by the processes that trained; a run in this process, here.
     """
     cluster, choice = run.report.cluster, run.choice
+    if probe_steps is None:
+        probe_steps = run.train.measure_steps
     in_place = cluster is not None or not choice.spec.runs_here
     with hold(run.run_dir) if run.writes_outputs else contextlib.nullcontext():
         result = run_training(run, probe_steps if in_place else 0, on_epoch, label, epoch_lines)

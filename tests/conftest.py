@@ -20,6 +20,11 @@ _STATE = Path(tempfile.mkdtemp(prefix="tfscale-tests-"))
 # before Prefect, Keras or matplotlib is imported: they read these when they start
 for _name, _dir in (("PREFECT_HOME", "prefect"), ("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "mpl")):
     os.environ[_name] = str(_STATE / _dir)
+# addresses and cluster descriptions of the caller's own: a developer's tracking server,
+# Prefect server or cluster must never receive a test's runs (a test that needs one sets it)
+OUTSIDE = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "PREFECT_API_KEY", "TF_CONFIG", "SLURM_CONF")
+for _name in OUTSIDE + tuple(name for name in os.environ if name.startswith("SLURM_")):
+    os.environ.pop(_name, None)
 
 from tasks.config import load_config  # noqa: E402
 from tasks.process import set_up_process  # noqa: E402
@@ -31,10 +36,26 @@ TIERS = ("unit", "integration", "cluster")
 
 def pytest_collection_modifyitems(items):
     """A test marked neither `integration` nor `cluster` is `unit`: the fast tier
-    (`pytest -m unit`) is everything that stays in this process."""
+    (`pytest -m unit`) is everything that stays in this process. A `cluster` test is also
+    `serial`: it runs in the suite's second phase, alone on the machine (`tests/suite.py`)."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.serial)
+
+
+def pytest_runtest_logreport(report):
+    """A failure is written out the moment it happens, with how long it took, not only in
+    the summary at the end: a run stopped later (a CI time limit) still shows it."""
+    if report.failed:
+        import sys
+
+        text = report.longreprtext[-4000:]
+        sys.stderr.write(
+            f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{text}\n"
+        )
+        sys.stderr.flush()
 
 
 HOME_SKIPPED = {".claude", ".pyenv", ".rustup", ".cargo", ".m2", ".npm", ".cache"}

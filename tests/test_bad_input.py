@@ -1,16 +1,23 @@
-"""What users get wrong, through the real `tfscale` command, one row each.
+"""What users get wrong, through the `tfscale` command's own entry, one row each.
 
-Every row runs the installed command in a project directory of its own (digits prepared
-once and copied in), and checks what a user sees and what is left behind: the documented
-exit code (2 config and usage, 1 at run time), an `error:` line naming the thing (and a
-`fix:` line, or the fix inside it), no traceback, nothing half-written (no manifest over
-partial shards, no run directory for a job that never started, no MLflow run left
-RUNNING). Rows run two at a time.
+Every row runs the command in a project directory of its own (digits prepared once and
+copied in), and checks what a user sees and what is left behind: the documented exit
+code (2 config and usage, 1 at run time), an `error:` line naming the thing (and a `fix:`
+line, or the fix inside it), no traceback, nothing half-written (no manifest over partial
+shards, no run directory for a job that never started, no MLflow run left RUNNING).
+
+Rows run in this process through `flows.cli.main` (argv, working directory, environment
+and standard streams as the command would have them), one after another. Where the
+process is the claim, a row runs the installed console script: one row per exit code, and
+the killed worker (a real worker process killed). Those run beside the in-process rows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -25,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import BIN, free_port, tiny_params
+from helpers import BIN, ROOT, free_port, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +50,9 @@ class Case:
     during: Callable[[subprocess.Popen, Path], None] | None = None  # acts on the running job
     mount: str = ""  # "ro" (read-only runs dir) or "tiny" (a 256 KiB data dir)
     no_manifest: bool = False  # a failed prepare leaves no manifest
+    process: bool = False  # through the installed console script, in a process of its own
+    # nothing new in the project (no mlflow/, runs/ or data): errors found before any work
+    writes_nothing: bool = False
 
 
 def params(**changes: dict) -> Setup:
@@ -129,22 +139,53 @@ def _worker_pids() -> list[int]:
 TRAIN = ["train", "--strategy", "one_device", "--no-diagnose"]
 CASES = [
     # params.yaml
-    Case("unknown key", ["run"], 2, ("train.epoch",), params(train={"epoch": 3})),
-    Case("wrong type", ["run"], 2, ("train.epochs", "integer"), params(train={"epochs": "two"})),
-    Case("out of range", ["run"], 2, ("train.epochs", "between"), params(train={"epochs": 0})),
-    Case("empty params", ["run"], 2, ("params.yaml is empty", "fix:"), params_text("")),
+    Case(
+        "unknown key",
+        ["run"],
+        2,
+        ("train.epoch",),
+        params(train={"epoch": 3}),
+        process=True,
+        writes_nothing=True,
+    ),
+    Case(
+        "wrong type",
+        ["run"],
+        2,
+        ("train.epochs", "integer"),
+        params(train={"epochs": "two"}),
+        writes_nothing=True,
+    ),
+    Case(
+        "out of range",
+        ["run"],
+        2,
+        ("train.epochs", "between"),
+        params(train={"epochs": 0}),
+        writes_nothing=True,
+    ),
+    Case(
+        "empty params",
+        ["run"],
+        2,
+        ("params.yaml is empty", "fix:"),
+        params_text(""),
+        writes_nothing=True,
+    ),
     Case(
         "invalid YAML",
         ["run"],
         2,
         ("not valid YAML at line", "fix:"),
         params_text("train:\n  epochs: [2\n"),
+        writes_nothing=True,
     ),
     Case(
         "a params file that is not there",
         ["--params", "nothing.yaml", "run"],
         2,
         ("--params nothing.yaml: no such file", "leave --params out"),
+        writes_nothing=True,
     ),
     Case(
         "a UI address that is not a web address",
@@ -152,6 +193,7 @@ CASES = [
         2,
         ("track.ui_url: expected a web address", "'localhost:5000'"),
         params(track={"ui_url": "localhost:5000"}),
+        writes_nothing=True,
     ),
     Case(
         "empty sweep grid",
@@ -159,6 +201,7 @@ CASES = [
         2,
         ("sweep.replicas", "non-empty"),
         params(sweep={"replicas": []}),
+        writes_nothing=True,
     ),
     # names
     Case(
@@ -223,6 +266,7 @@ CASES = [
         ["run", "--batch-size-per-replica", "100000"],
         2,
         ("train split has 1437 examples",),
+        process=True,  # a Prefect flow: its logging set-up closes the streams it finds
     ),
     # data
     Case(
@@ -230,8 +274,9 @@ CASES = [
         [*TRAIN, "--data-dir", "elsewhere"],
         1,
         ("No prepared dataset at elsewhere/digits", "tfscale prepare --dataset digits"),
+        writes_nothing=True,
     ),
-    Case("corrupted shard", TRAIN, 1, ("corrupted", "--force"), shard("corrupted")),
+    Case("corrupted shard", TRAIN, 1, ("corrupted", "--force"), shard("corrupted"), process=True),
     Case("truncated shard", TRAIN, 1, ("truncated", "--force"), shard("truncated")),
     Case("missing shard", TRAIN, 1, (": missing", "--force"), shard("missing")),
     Case("edited manifest", ["verify"], 1, ("was edited after prepare", "--force"), edit_manifest),
@@ -246,10 +291,14 @@ CASES = [
     # places and servers
     Case(
         "unreachable tracking server",
-        TRAIN,
+        ["run"],
         1,
-        ("is unreachable", "unset MLFLOW_TRACKING_URI"),
+        (
+            "MLflow tracking server http://127.0.0.1:{port} is unreachable",
+            "unset MLFLOW_TRACKING_URI",
+        ),
         env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{port}"},
+        writes_nothing=True,  # found before any training
     ),
     Case(
         "a tracking store that is not a database",
@@ -272,6 +321,16 @@ CASES = [
         1,
         ("prefect server start", "PREFECT_API_URL"),
         env={"PREFECT_API_URL": ""},
+        writes_nothing=True,
+    ),
+    Case(
+        "serve against a Prefect server that is not there",
+        ["serve"],
+        1,
+        ("Prefect server http://127.0.0.1:{port}/api is unreachable", "prefect server start"),
+        env={"PREFECT_API_URL": "http://127.0.0.1:{port}/api"},
+        writes_nothing=True,
+        process=True,  # Prefect reads its API's address once, when imported
     ),
     Case(
         "a sweep on a work pool with no Prefect server",
@@ -296,6 +355,7 @@ CASES = [
         1,
         ("worker 1 exited with code -9", "worker-1.log"),
         during=kill_worker_one,
+        process=True,
     ),
     Case(
         "a TF_CONFIG task outside its cluster",
@@ -380,39 +440,54 @@ def runnable(case: Case) -> bool:
     return not case.mount or os.geteuid() == 0
 
 
+RAISED: dict[str, str] = {}  # case name: the class of the UserError it was reported as
+
+
 @pytest.fixture(scope="module")
 def outcomes(prepared, tmp_path_factory) -> dict[str, dict]:
-    """Every runnable case, two at a time."""
+    """Every runnable case: those of a process of their own in threads, beside the
+    in-process ones, which run one after another (they share the working directory, the
+    environment and the standard streams)."""
     base = tmp_path_factory.mktemp("cases")
     cases = [case for case in CASES if runnable(case)]
+    environ = dict(os.environ)  # the processes' environment, before any case changes it
+    # MLflow and Prefect set up their logging once, when imported, closing the handlers
+    # they find: here, before any case redirects the standard streams
+    import flows.deployments  # noqa: F401, E401
+
     with ThreadPoolExecutor(2) as pool:
-        results = pool.map(lambda case: run_case(case, prepared, base), cases)
-        return {case.name: result for case, result in zip(cases, results, strict=True)}
+        running = {
+            case.name: pool.submit(run_case, case, prepared, base, environ)
+            for case in cases
+            if case.process
+        }
+        found = {
+            case.name: run_case(case, prepared, base, environ) for case in cases if not case.process
+        }
+        found.update({name: future.result() for name, future in running.items()})
+    return found
 
 
-def run_case(case: Case, prepared: Path, base: Path) -> dict:
+def run_case(case: Case, prepared: Path, base: Path, environ: dict[str, str]) -> dict:
     project = base / case.name.replace(" ", "-").replace(",", "")
     shutil.copytree(prepared, project)
     mounted = _mount(case.mount, project)
     try:
         if case.setup:
             case.setup(project)
-        env = {k: v.format(port=free_port()) for k, v in case.env.items()}
-        proc = subprocess.Popen(
-            [str(BIN / "tfscale"), *case.argv],
-            cwd=project,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, **env),
-        )
-        if case.during:
-            case.during(proc, project)
-        out, err = proc.communicate(timeout=600)
+        port = free_port()
+        env = {k: v.format(port=port) for k, v in case.env.items()}
+        before = {path.name for path in project.iterdir()}
+        if case.process:
+            code, out, err = _in_a_process(case, project, dict(environ, **env))
+        else:
+            code, out, err = _in_this_process(case, project, env)
         return {
-            "code": proc.returncode,
+            "code": code,
             "err": err,
             "out": out,
+            "port": port,
+            "new": sorted({path.name for path in project.iterdir()} - before),
             "manifests": [
                 str(p) for p in project.rglob("manifest.json") if "digits" not in p.parts
             ],
@@ -422,6 +497,66 @@ def run_case(case: Case, prepared: Path, base: Path) -> dict:
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(mounted)], check=False)
+
+
+def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = subprocess.Popen(
+        [str(BIN / "tfscale"), *case.argv],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    if case.during:
+        case.during(proc, project)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        err += "\n(the test stopped it: no exit within 240 s)"
+    return proc.returncode, out, err
+
+
+def _in_this_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """`tfscale ARGV` as `flows.cli.main` runs it, in `project` with `env` set, its
+    standard streams and log lines captured; everything it changed is put back."""
+    from flows import cli
+
+    report = cli._report
+
+    def recorded(exc):
+        RAISED[case.name] = type(exc).__name__
+        return report(exc)
+
+    def no_exec(*args):  # `tfscale ui` would replace the test session with a server
+        raise AssertionError(f"{case.name}: tfscale went on to start {args[1][:4]}")
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_log = (root.handlers[:], root.level)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.chdir(project)
+        os.environ.update(env)
+        cli._report, os.execve = recorded, no_exec
+        root.handlers[:] = []  # `main` sets up its own, and closes those it finds (pytest's)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(case.argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code
+    finally:
+        cli._report, os.execve = report, _EXECVE
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        root.handlers[:], root.level = saved_log
+    return code, out.getvalue(), err.getvalue()
+
+
+_EXECVE = os.execve
 
 
 def _mount(kind: str, project: Path) -> Path | None:
@@ -457,13 +592,46 @@ def test_a_user_mistake_gets_one_clear_error(case, outcomes):
     lines = [line for line in err.splitlines() if line.startswith(("error:", "fix:"))]
     assert lines and lines[0].startswith("error:"), err[-2000:]
     for fragment in case.says:
+        fragment = fragment.replace("{port}", str(result["port"]))
         assert fragment in err, (fragment, err[-2000:])
+    if case.writes_nothing:  # refused before any work
+        assert not result["new"], f"written before the error: {result['new']}"
     assert not result["running"], f"MLflow runs left RUNNING: {result['running']}"
     if case.no_manifest:
         assert not result["manifests"], result["manifests"]
     assert not result["partial"], result["partial"]  # no half-written file left behind
 
 
-def test_the_table_covers_what_users_get_wrong():
-    assert len(CASES) >= 45
+# errors a user meets where this table cannot reach them, and where each is checked
+CHECKED_ELSEWHERE = {
+    "TaskLost": "test_cluster (a killed worker, a cut link, a lost ps task)",
+    "ChiefNeverCame": "test_cluster's ps tasks; tasks.cluster.serve",
+    "RunInUse": "test_training (a run directory in use)",
+    "PoolError": "test_pool (a cell whose worker is lost)",
+    "NotShared": "test_pool (a data dir the pool's hosts cannot read)",
+    "WorkerError": "the killed worker row, in a process of its own",
+    "UnknownStrategy": "test_strategy (a kind no registry has); the CLI and params.yaml "
+    "name the choices first (the 'unknown strategy' row)",
+}
+
+
+def test_every_kind_of_user_error_has_a_row(outcomes):
+    """Each `UserError` class tfscale defines is the one some row was reported as (or is
+    checked elsewhere, named above): a new kind of error with no row fails here."""
+    import importlib
+
+    from tasks.errors import UserError
+
+    for path in sorted([*ROOT.glob("tasks/*.py"), *ROOT.glob("flows/*.py")]):
+        importlib.import_module(f"{path.parent.name}.{path.stem}")
+    defined, todo = set(), [UserError]
+    while todo:
+        cls = todo.pop()
+        defined.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    assert len(defined) > 10, defined
+    missing = defined - set(RAISED.values()) - set(CHECKED_ELSEWHERE)
+    assert not missing, f"no row is reported as {sorted(missing)}"
     assert {c.code for c in CASES} == {1, 2}
+    processes = {c.code for c in CASES if c.process and not c.during}
+    assert processes == {1, 2}, "one row per exit code through the installed command"

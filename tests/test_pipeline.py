@@ -148,12 +148,13 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
             assert [m.step for m in history] == [1, 2], (name, key)
     # the run-level figure, named for what it is: the training's, after its first epoch
     # (the last flow run's children: its trainings wrote the run directories' files last)
-    for child in runs:
-        if child.data.tags.get("mlflow.parentRunId") == parents[-1].info.run_id:
-            trained = json.loads((Path(child.data.tags["run_dir"]) / "metrics.json").read_text())
-            assert child.data.metrics["examples_per_s_after_epoch_1"] == pytest.approx(
-                trained["examples_per_s"], rel=1e-3
-            )
+    last = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[-1].info.run_id]
+    assert sorted(r.info.run_name for r in last) == ["baseline", "distributed"]
+    for child in last:
+        trained = json.loads((Path(child.data.tags["run_dir"]) / "metrics.json").read_text())
+        assert child.data.metrics["examples_per_s_after_epoch_1"] == pytest.approx(
+            trained["examples_per_s"], rel=1e-3
+        )
     # logged live, epoch by epoch, into a run opened when training started
     assert history[0].timestamp < history[1].timestamp
     for child in children.values():
@@ -347,8 +348,10 @@ def test_the_strategy_line_names_what_trains_after_auto_measured(flow_run):
     first = flow_run["summaries"][0]
     names = [line.split()[0] for line in flow_run["stage_lines"]]
     assert names.index("proposed") < names.index("strategy") < names.index("baseline")
-    if "auto" in names:
-        assert names.index("auto") < names.index("strategy")
+    # the tiny params leave `auto` nothing to measure (precision and XLA set, one batch fits
+    # digits), and no line says it measured; where it does, its line comes before the
+    # strategy's (test_autotune's real `tfscale train`)
+    assert "auto" not in names
     (line,) = [x for x in flow_run["stage_lines"] if x.startswith("strategy ")]
     trained = f"{first.strategy}, {first.replicas} replicas, {first.precision}, XLA "
     assert line.split(None, 1)[1].startswith(trained), (line, trained)
@@ -418,48 +421,3 @@ def test_ui_serves_the_store(flow_run):
         out = proc.communicate(timeout=30)[0]
     assert f"results: http://127.0.0.1:{port}/#/experiments/" in out
     assert "Warning" not in out and "Registry store URI not provided" not in out, out
-
-
-def test_bad_params_exit_2_and_write_nothing(tmp_path):
-    path = tiny_params(tmp_path)
-    path.write_text(path.read_text().replace("epochs: 2", "epochs: two"))
-    proc = tfscale(["--params", str(path), "run"], cwd=tmp_path, check=False)
-    assert proc.returncode == 2
-    assert "train.epochs: expected an integer" in proc.stderr
-    assert not (tmp_path / "tfrecords").exists() and not (tmp_path / "mlflow").exists()
-
-
-def test_unreachable_tracking_server_fails_clearly_before_training(tmp_path):
-    path = tiny_params(tmp_path)
-    url = f"http://127.0.0.1:{free_port()}"
-    proc = tfscale(
-        ["--params", str(path), "run"], cwd=tmp_path, check=False, env={"MLFLOW_TRACKING_URI": url}
-    )
-    assert proc.returncode == 1
-    assert f"MLflow tracking server {url} is unreachable" in proc.stderr
-    assert "unset MLFLOW_TRACKING_URI" in proc.stderr
-    assert not (tmp_path / "runs").exists()
-
-
-def test_missing_dataset_is_a_clear_error(tmp_path):
-    path = tiny_params(tmp_path)
-    proc = tfscale(
-        ["--params", str(path), "train", "--dataset", "digits"], cwd=tmp_path, check=False
-    )
-    assert proc.returncode == 1
-    assert "run 'tfscale prepare --dataset digits' first" in proc.stderr
-    assert not (tmp_path / "runs").exists()
-
-
-def test_serve_without_a_server_says_how_to_start_one(tmp_path):
-    proc = tfscale(["serve"], cwd=tmp_path, check=False, env={"PREFECT_API_URL": ""})
-    assert proc.returncode == 1
-    assert "prefect server start" in proc.stderr and "PREFECT_API_URL" in proc.stderr
-
-
-def test_serve_against_an_unreachable_server_names_it_and_the_fix(tmp_path):
-    url = f"http://127.0.0.1:{free_port()}/api"
-    proc = tfscale(["serve"], cwd=tmp_path, check=False, env={"PREFECT_API_URL": url})
-    assert proc.returncode == 1
-    assert f"Prefect server {url} is unreachable" in proc.stderr
-    assert "prefect server start" in proc.stderr

@@ -95,8 +95,16 @@ def test_interference_below_the_thresholds_is_not_material():
     ],
 )
 def test_a_block_lasts_about_a_second_between_its_floor_and_its_cap(seconds_per_step, most, steps):
-    assert BLOCK_SECONDS == 1.0
-    assert block_steps(seconds_per_step, most) == steps
+    assert block_steps(seconds_per_step, most, target_s=1.0) == steps
+    # the probes' blocks aim at BLOCK_SECONDS: the default is that target, whatever it is
+    assert block_steps(seconds_per_step, most) == block_steps(
+        seconds_per_step, most, target_s=BLOCK_SECONDS
+    )
+
+
+def test_a_block_of_half_a_second_takes_half_the_steps():
+    assert block_steps(0.02, 100, target_s=0.5) == 25
+    assert block_steps(0.02, 100, target_s=2.0) == 100  # the cap
 
 
 def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
