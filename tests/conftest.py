@@ -25,6 +25,7 @@ for _name, _dir in (("PREFECT_HOME", "prefect"), ("KERAS_HOME", "keras"), ("MPLC
 OUTSIDE = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "PREFECT_API_KEY", "TF_CONFIG", "SLURM_CONF")
 for _name in OUTSIDE + tuple(name for name in os.environ if name.startswith("SLURM_")):
     os.environ.pop(_name, None)
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else MLflow writes ~/.config/mlflow
 
 from tasks.config import load_config  # noqa: E402
 from tasks.process import set_up_process  # noqa: E402

@@ -19,6 +19,10 @@ TINY = {
     "train.jit_compile": False,  # nothing for `auto` to measure (test_autotune measures)
     "train.replicas": 2,
     "train.strategy": "auto",
+    # the measuring rounds after training, at a few blocks' effort: the tests that check
+    # the measurement itself set their own (the defaults: 11 rounds of up to 300 steps)
+    "train.measure_rounds": 3,
+    "train.measure_steps": 30,
 }
 
 

@@ -131,6 +131,7 @@ def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
     return slowed(ds, 0.03)
 
 
+@pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_slowed_input_pipeline_is_input_bound(digits):
     cfg, manifest, data_dir = train_config(
         digits, model="cnn", batch_size_per_replica=64, cache=False
@@ -143,6 +144,7 @@ def test_slowed_input_pipeline_is_input_bound(digits):
     assert any("cache" in a or "prepare" in a for a in diagnosis.advice)
 
 
+@pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_tiny_model_with_tiny_batch_is_overhead_bound(digits):
     cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=2)
     diagnosis = diagnose_run(cfg, manifest, data_dir, ONE_CPU, [], steps=30)
@@ -150,6 +152,7 @@ def test_tiny_model_with_tiny_batch_is_overhead_bound(digits):
     assert "per-replica batch" in diagnosis.advice[0]
 
 
+@pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
     config = load_config(
         None,
