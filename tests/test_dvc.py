@@ -112,7 +112,25 @@ def repro_runs(clone):
     (repo.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     third = repo.dvc("repro")
     head = repo.run("git", "rev-parse", "HEAD").strip()  # what the repros ran at
-    return {"outputs": (first, second, third), "status": status_after_first, "commit": head}
+    # the workspace as the repros left it (a later test's experiment or run rewrites it)
+    files = {
+        name: (repo.path / name).read_text()
+        for name in (
+            "models/digits/history.csv",
+            "models/digits/scaling.json",
+            "models/digits/eval.json",
+            "models/digits/diagnosis.json",
+            "models/digits/baseline/train_metrics.json",
+        )
+    }
+    shown = json.loads(repo.dvc("metrics", "show", "--json"))
+    return {
+        "outputs": (first, second, third),
+        "status": status_after_first,
+        "commit": head,
+        "files": files,
+        "metrics shown": shown,
+    }
 
 
 def test_first_repro_runs_every_stage_and_leaves_only_dvc_lock_changed(repro_runs):
@@ -129,23 +147,23 @@ def test_second_repro_does_nothing(repro_runs):
     assert ran(repro_runs["outputs"][1]) == set()
 
 
-def test_a_train_param_reruns_its_dependents_only(clone, repro_runs):
-    repo = clone
+def test_a_train_param_reruns_its_dependents_only(repro_runs):
     assert ran(repro_runs["outputs"][2]) == {"baseline", "train", "evaluate"}
-    history = (repo.path / "models/digits/history.csv").read_text().splitlines()
+    history = repro_runs["files"]["models/digits/history.csv"].splitlines()
     assert len(history) == 1 + 3
 
 
-def test_metrics_show_the_speedup_efficiency_and_accuracy(clone, repro_runs):
-    repo = clone
-    shown = json.loads(repo.dvc("metrics", "show", "--json"))
+def test_metrics_show_the_speedup_efficiency_and_accuracy(repro_runs):
+    files = {
+        name: json.loads(text) for name, text in repro_runs["files"].items() if ".json" in name
+    }
     metrics = {}
-    for files in shown[""]["data"].values():
-        metrics.update(files["data"])
-    scaling = json.loads((repo.path / "models/digits/scaling.json").read_text())
-    eval_json = json.loads((repo.path / "models/digits/eval.json").read_text())
+    for found in repro_runs["metrics shown"][""]["data"].values():
+        metrics.update(found["data"])
+    scaling = files["models/digits/scaling.json"]
+    eval_json = files["models/digits/eval.json"]
     # the speedup divides the medians of the rounds the train stage's diagnosis measured
-    rates = json.loads((repo.path / "models/digits/diagnosis.json").read_text())["rounds"]["rates"]
+    rates = files["models/digits/diagnosis.json"]["rounds"]["rates"]
     base, run = (statistics.median(rates[k]) for k in ("one_device_replica_batch", "end_to_end"))
     assert (scaling["baseline_examples_per_s"], scaling["distributed_examples_per_s"]) == (
         base,
@@ -158,7 +176,7 @@ def test_metrics_show_the_speedup_efficiency_and_accuracy(clone, repro_runs):
     assert eval_json["examples"] == 360
     for key in ("speedup", "scaling_efficiency", "test_accuracy"):
         assert key in metrics, key
-    baseline = json.loads((repo.path / "models/digits/baseline/train_metrics.json").read_text())
+    baseline = files["models/digits/baseline/train_metrics.json"]
     assert baseline["strategy"] == "one_device" and baseline["replicas"] == 1
 
 
@@ -194,7 +212,11 @@ def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
     client = MlflowClient(f"sqlite:///{clone.path}/mlflow/mlflow.db")
     experiment = client.get_experiment_by_name("tfscale").experiment_id
     runs = client.search_runs([experiment], f"tags.git_commit = '{repro_runs['commit']}'")
-    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
+    parents = [
+        r
+        for r in runs
+        if r.data.tags.get("kind") == "pipeline" and r.data.tags.get("dvc_stage") == "repro"
+    ]
     assert len(parents) == 2  # the first repro and the one after the epochs changed
     for parent in parents:
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]

@@ -23,9 +23,10 @@ BIN = Path(sys.executable).parent
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def prefect_server(tmp_path_factory) -> Iterator[dict]:
-    """A real Prefect server on a free localhost port, and the environment that reaches it."""
+    """A real Prefect server on a free localhost port, and the environment that reaches it:
+    one per test, so that no test sees the deployments and schedules another registered."""
     home = tmp_path_factory.mktemp("prefect")
     port = free_port()
     env = dict(

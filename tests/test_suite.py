@@ -1,0 +1,48 @@
+"""The suite's own runner (`tests/suite.py`): what the README tells a new user to type is
+what CI runs, it runs both phases, and a phase that finds no tests does not hide the
+other's failure or pass an empty run."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def test_ci_runs_the_readmes_test_command():
+    readme = (ROOT / "README.md").read_text()
+    command = readme.split("# 2. Run the tests\n", 1)[1].splitlines()[0]
+    run = command.split(" && ")[-1]
+    assert run == "python3 -m uv run --locked python tests/suite.py"
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci[-1] == run
+
+
+def test_the_suite_runs_a_parallel_phase_then_a_serial_one():
+    import suite
+
+    (first, parallel), (second, serial) = suite.phases(["-k", "dvc"])
+    assert (first, second) == ("parallel", "serial")
+    assert parallel[:2] == ["-m", "not serial"] and "-n" in parallel
+    assert serial[:2] == ["-m", "serial"] and "no:xdist" in serial
+    assert parallel[-2:] == serial[-2:] == ["-k", "dvc"]  # the caller's arguments, to both
+
+
+@pytest.mark.parametrize(
+    ("codes", "exit_code"),
+    [
+        ([0, 0], 0),
+        ([0, 5], 0),  # the filter left the serial phase nothing: fine, the other ran
+        ([5, 0], 0),
+        ([5, 5], 5),  # nothing ran at all: pytest's own "no tests" code
+        ([1, 0], 1),
+        ([0, 1], 1),
+        ([5, 1], 1),
+        ([2, 1], 2),  # the first failure's code
+    ],
+)
+def test_the_suites_exit_code_is_its_first_failure(codes, exit_code):
+    import suite
+
+    assert suite.outcome(codes) == exit_code
