@@ -71,6 +71,7 @@ def footprint() -> dict:
         cwd=ROOT,
         capture_output=True,
         text=True,
+        timeout=60,
     ).stdout
     home = Path.home()
     places = [ROOT / name for name in OUTPUTS]

@@ -91,12 +91,16 @@ class PoolLab:
             capture_output=True,
             text=True,
             **kwargs,
+            timeout=60,
         )
 
     def kill_host(self, i: int) -> None:
         """Every process on host `i` killed at once, as when the host dies."""
         pids = subprocess.run(
-            ["ip", "netns", "pids", self.hosts.name(i)], capture_output=True, text=True
+            ["ip", "netns", "pids", self.hosts.name(i)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         ).stdout.split()
         for pid in pids:
             try:

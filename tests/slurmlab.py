@@ -32,12 +32,20 @@ def install() -> str | None:
         return "Slurm is not installed, and installing it needs root and apt-get"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     done = subprocess.run(
-        ["apt-get", "install", "-y", "-q", *PACKAGES], env=env, capture_output=True, text=True
+        ["apt-get", "install", "-y", "-q", *PACKAGES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if done.returncode != 0:  # the package lists may be missing on a fresh machine
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=600)
         done = subprocess.run(
-            ["apt-get", "install", "-y", "-q", *PACKAGES], env=env, capture_output=True, text=True
+            ["apt-get", "install", "-y", "-q", *PACKAGES],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     if done.returncode != 0:
         return f"apt-get install {' '.join(PACKAGES)} failed: {done.stderr[-500:]}"
@@ -47,17 +55,17 @@ def install() -> str | None:
 @contextmanager
 def munge() -> Iterator[None]:
     """munged running (started here, and stopped on exit, when it was not)."""
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
+    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True, timeout=60).returncode == 0:
         yield
         return
     for path in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
         Path(path).mkdir(parents=True, exist_ok=True)
         shutil.chown(path, "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, timeout=60)
     try:
         yield
     finally:
-        subprocess.run(["pkill", "-x", "munged"], capture_output=True)
+        subprocess.run(["pkill", "-x", "munged"], capture_output=True, timeout=60)
 
 
 class SlurmCluster:
@@ -178,7 +186,9 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
         # the job steps' processes left on the nodes, if any
-        subprocess.run(["pkill", "-f", f"slurmstepd.*{self.hosts.tag}"], capture_output=True)
+        subprocess.run(
+            ["pkill", "-f", f"slurmstepd.*{self.hosts.tag}"], capture_output=True, timeout=60
+        )
 
 
 @contextmanager

@@ -132,7 +132,9 @@ def ui_port_taken(project: Path) -> None:
 
 
 def _worker_pids() -> list[int]:
-    found = subprocess.run(["pgrep", "-f", "tasks.worker"], capture_output=True, text=True)
+    found = subprocess.run(
+        ["pgrep", "-f", "tasks.worker"], capture_output=True, text=True, timeout=60
+    )
     return [int(p) for p in found.stdout.split()]
 
 
@@ -426,7 +428,10 @@ def prepared(tmp_path_factory) -> Path:
     raw["sweep"]["out_dir"] = "sweep"
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     proc = subprocess.run(
-        [str(BIN / "tfscale"), "prepare", "--no-progress"], cwd=root, capture_output=True
+        [str(BIN / "tfscale"), "prepare", "--no-progress"],
+        cwd=root,
+        capture_output=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     return root
@@ -496,7 +501,7 @@ def run_case(case: Case, prepared: Path, base: Path, environ: dict[str, str]) ->
         }
     finally:
         if mounted:
-            subprocess.run(["umount", "-l", str(mounted)], check=False)
+            subprocess.run(["umount", "-l", str(mounted)], check=False, timeout=60)
 
 
 def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
@@ -566,7 +571,9 @@ def _mount(kind: str, project: Path) -> Path | None:
     target = project / ("runs" if kind == "ro" else "tiny")
     target.mkdir(parents=True, exist_ok=True)
     options = "ro,size=64k" if kind == "ro" else "size=256k"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], check=True, timeout=60
+    )
     return target
 
 

@@ -52,7 +52,7 @@ def hidden_widths(model_path: Path) -> list[int]:
 
 def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=60)
     params = tiny_params(tmp_path, **{"train.epochs": 1, "track.store_dir": str(tmp_path / "ml")})
     runs = tmp_path / "runs" / "digits"
 

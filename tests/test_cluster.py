@@ -157,7 +157,7 @@ class Cluster:
                 for child in psutil.Process(proc.pid).children(recursive=True):
                     child.kill()
                 proc.kill()
-                proc.wait()
+                proc.wait(timeout=60)
 
 
 @pytest.fixture
@@ -272,21 +272,6 @@ def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
     print(f"\ninput-only per worker: {fast_input:,.0f} and {slow_input:,.0f} ex/s; {d['evidence']}")
 
 
-def test_parameter_server_over_four_hosts(cluster):
-    """Chief, two workers and a ps on hosts of their own: the chief alone runs the loop; the
-    ps and workers serve until it is done, then exit 0."""
-    job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=3)
-    job.start()
-    assert job.wait(("chief", 0)) == 0, job.chief_log()
-    for task in (("worker", 0), ("worker", 1), ("ps", 0)):
-        assert job.wait(task, timeout=60) == 0, job.output(task)
-        assert "the chief" in job.output(task) and "is done" in job.output(task)
-    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
-    assert metrics["strategy"] == "parameter_server" and metrics["workers"] == 2
-    losses = [h["loss"] for h in metrics["history"]]
-    assert losses[-1] < losses[0]
-
-
 def test_preempted_worker_saves_its_step_and_the_rerun_resumes_there(cluster):
     """SIGTERM (what Kubernetes sends on eviction) to one worker: every worker saves a
     checkpoint at the current step and exits 42; the rerun starts from that step."""
@@ -388,6 +373,8 @@ def test_parameter_server_absorbs_a_lost_worker(cluster):
 
 
 def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
+    """Chief, two workers and a ps on hosts of their own; the ps killed mid-training: the
+    chief fails naming it, the workers stop serving; the rerun resumes and completes."""
     job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=EPOCHS)
     job.start()
     job.wait_for_epochs(2)
@@ -400,10 +387,21 @@ def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
     for task in (("worker", 0), ("worker", 1)):
         assert job.wait(task, timeout=60) == 0  # the chief is gone: they stop serving
     done = len(json.loads((job.run_dir() / "history.json").read_text()))
+    servers = (("worker", 0), ("worker", 1), ("ps", 0))
+    logged = {task: len(job.output(task)) for task in servers}  # the rerun's lines follow
     job.start()
     assert job.wait(("chief", 0), timeout=300) == 0, job.chief_log()
     metrics = json.loads((job.run_dir() / "metrics.json").read_text())
     assert_resumed(metrics, done)
+    # the rerun as a parameter-server cluster over four hosts runs: the chief alone runs
+    # the loop; the ps and the workers serve until it is done, then exit 0
+    for task in servers:
+        assert job.wait(task, timeout=120) == 0, job.output(task)
+        rerun = job.output(task)[logged[task] :]
+        assert "the chief" in rerun and "is done" in rerun, rerun
+    assert metrics["strategy"] == "parameter_server" and metrics["workers"] == 2
+    losses = [h["loss"] for h in metrics["history"]]
+    assert losses[-1] < losses[0]
     print(f"\nlost ps: the chief failed {failed_s:.1f} s later, naming it; the rerun resumed")
 
 

@@ -29,7 +29,9 @@ STAGES = ("prepare", "baseline", "train", "evaluate", "sweep")
 
 
 def git(*args: str, cwd: Path) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=60
+    )
     return proc.stdout
 
 

@@ -68,7 +68,7 @@ def test_a_busy_process_beside_a_measurement_is_seen():
         with LoadWatch() as watch:
             time.sleep(1.5)  # this process idles: the busy core is another's
     finally:
-        busy.wait()
+        busy.wait(timeout=60)
     seen = watch.result
     assert seen.known and seen.other_cores > 0.5, seen
     assert seen.material and "other processes kept" in seen.text()

@@ -247,7 +247,7 @@ def test_a_killed_pipeline_resumes_from_its_checkpoint_on_its_stages(digits, tmp
 
     overrides, _, _ = digits
     argv = [sys.executable, "-m", "flows.cli", "--params", DEFAULTS, "train", "--no-diagnose"]
-    argv += ["--strategy", "pipeline", "--model", "mlp", "--epochs", "40"]
+    argv += ["--strategy", "pipeline", "--model", "mlp", "--epochs", "15"]
     argv += ["--precision", "float32", "--jit-compile", "false"]
     argv += ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -259,14 +259,14 @@ def test_a_killed_pipeline_resumes_from_its_checkpoint_on_its_stages(digits, tmp
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     (path,) = runs.glob("pipeline-*/history.json")
     finished = len(json.loads(path.read_text()))
-    assert 3 <= finished < 40 and not (path.parent / "metrics.json").exists()
-    subprocess.run(argv, check=True, capture_output=True)
+    assert 3 <= finished < 15 and not (path.parent / "metrics.json").exists()
+    subprocess.run(argv, check=True, capture_output=True, timeout=600)
     metrics = json.loads((path.parent / "metrics.json").read_text())
     assert metrics["resumed_from_epoch"] >= finished - 1 and metrics["stages"] == 2
-    assert [h["epoch"] for h in metrics["history"]] == list(range(1, 41))
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, 16))
     losses = [h["loss"] for h in metrics["history"]]
     assert losses[metrics["resumed_from_epoch"]] < losses[0] / 2  # it went on from its weights
     assert set(metrics["device_bytes"]) == {"CPU:0", "CPU:1"}
@@ -294,7 +294,7 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     argv += ["--device-memory-mb", budget_mb]
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store}/mlflow.db")
     store.mkdir()
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env)
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     line = "strategy    pipeline, 2 stages x 4 micro-batches, float32, XLA off (over memory)"

@@ -212,7 +212,9 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
         },
     )
     rows = sweep_flow(config)
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=60
+    ).stdout
     assert f"tfs{os.getpid() % 100000}n" not in names  # every emulated host deleted
     by_link = {r.link_gbit: r for r in rows}
     assert set(by_link) == {None, 0.0, 0.1}

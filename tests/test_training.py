@@ -474,7 +474,7 @@ def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
 
     def other() -> str:
         argv = [sys.executable, "-c", script, str(run_dir)]
-        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
 
     with hold(run_dir), hold(run_dir):  # this process may take it again (train, then measure)
         refused = other()
