@@ -33,16 +33,30 @@ from tasks.process import set_up_process  # noqa: E402
 set_up_process()  # the test session is a process entry too
 
 TIERS = ("unit", "integration", "cluster")
+# the modules that take longest (measured on 2 cores, each a minute or more), collected
+# first: the parallel phase hands out whole modules, and one started last would run alone
+SLOWEST_FIRST = ("test_dvc", "test_pool", "test_schedules", "test_bad_input", "test_caching")
 
 
 def pytest_collection_modifyitems(items):
     """A test marked neither `integration` nor `cluster` is `unit`: the fast tier
     (`pytest -m unit`) is everything that stays in this process. A `cluster` test is also
-    `serial`: it runs in the suite's second phase, alone on the machine (`tests/suite.py`)."""
+    `serial`: it runs in the suite's second phase, alone on the machine (`tests/suite.py`),
+    unless marked `cluster(alone=False)` (local worker processes, no speed measured).
+    `TFSCALE_TEST_ORDER=reversed` runs the tests last to first: no test may depend on
+    another having run before it."""
+    def rank(item) -> int:
+        name = item.module.__name__ if item.module else ""
+        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: file order otherwise
+    if os.environ.get("TFSCALE_TEST_ORDER") == "reversed":
+        items.reverse()
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
-        if item.get_closest_marker("cluster"):
+        cluster = item.get_closest_marker("cluster")
+        if cluster and cluster.kwargs.get("alone", True):  # (alone=False): may run beside others
             item.add_marker(pytest.mark.serial)
 
 

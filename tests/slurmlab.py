@@ -101,6 +101,8 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             "ReturnToService=2",
+            # the scheduler looks every 2 s, not every 60 (a requeued job waits for its look)
+            "SchedulerParameters=sched_interval=2,bf_interval=2",
             "MailProg=/bin/true",
             f"StateSaveLocation={self.tmp}/state",
             f"SlurmdSpoolDir={self.tmp}/spool-%n",

@@ -252,15 +252,17 @@ def test_jit_compile_takes_auto_true_or_false_only():
 
 
 @pytest.mark.integration
-def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_path):
+def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_path, digits):
     """A real `tfscale train --strategy auto` on digits: it times one device with XLA off
     and on, and two replicas, trains the fastest as measured, and a second run
     reuses the measurement."""
     from tests.helpers import tiny_params
     from tests.test_pipeline import tfscale
 
-    params = tiny_params(tmp_path, **{"train.jit_compile": "auto", "train.epochs": 1})
-    tfscale(["--params", str(params), "prepare"], cwd=tmp_path)
+    data_dir = digits[0]["prepare.data_dir"]  # the session's digits, prepared once
+    params = tiny_params(
+        tmp_path, **{"train.jit_compile": "auto", "train.epochs": 1, "prepare.data_dir": data_dir}
+    )
     train = ["--params", str(params), "train", "--no-diagnose"]
     first = tfscale(train, cwd=tmp_path).stdout
     (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
@@ -291,6 +293,7 @@ def test_tfscale_train_measures_the_batch_it_was_left_and_trains_at_the_one_kept
     updates), trains at the batch `fastest` keeps from those figures, and says so."""
     import yaml
 
+    from tasks.preparation import prepare_dataset
     from tests.helpers import tiny_params
     from tests.test_pipeline import tfscale
 
@@ -300,7 +303,7 @@ def test_tfscale_train_measures_the_batch_it_was_left_and_trains_at_the_one_kept
     values["prepare"].update(dataset="synthetic")
     values["prepare"]["synthetic"].update(synthetic)
     params.write_text(yaml.safe_dump(values))
-    tfscale(["--params", str(params), "prepare"], cwd=tmp_path)
+    prepare_dataset(load_config(params), progress=False)  # in this process: not the claim
     out = tfscale(["--params", str(params), "train", "--no-diagnose"], cwd=tmp_path).stdout
     (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
     found = [

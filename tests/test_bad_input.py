@@ -419,7 +419,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
-    """A project with digits prepared, through the CLI, copied into each case."""
+    """A project with digits prepared (in this process), copied into each case."""
     root = tmp_path_factory.mktemp("prepared")
     tiny_params(root)
     raw = yaml.safe_load((root / "params.yaml").read_text())
@@ -427,13 +427,11 @@ def prepared(tmp_path_factory) -> Path:
     raw["train"]["runs_dir"] = "runs"
     raw["sweep"]["out_dir"] = "sweep"
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
-    proc = subprocess.run(
-        [str(BIN / "tfscale"), "prepare", "--no-progress"],
-        cwd=root,
-        capture_output=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
+    from tasks.config import load_config
+    from tasks.preparation import prepare_dataset
+
+    config = load_config(root / "params.yaml", {"prepare.data_dir": str(root / "tfrecords")})
+    prepare_dataset(config, progress=False)
     return root
 
 

@@ -50,15 +50,31 @@ def hidden_widths(model_path: Path) -> list[int]:
     ]
 
 
+def git_status(clone: Path) -> str:
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+
+
 def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
+    """Also: the outputs of `tfscale run` where it puts them by default (data/, runs/,
+    mlflow/ in the working directory) are ignored by git: a run leaves git status clean."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=60)
-    params = tiny_params(tmp_path, **{"train.epochs": 1, "track.store_dir": str(tmp_path / "ml")})
-    runs = tmp_path / "runs" / "digits"
+    where = {"prepare.data_dir": "data/tfrecords", "train.runs_dir": "runs"}
+    params = tiny_params(tmp_path, **{"train.epochs": 1, "track.store_dir": "mlflow", **where})
+    runs = clone / "runs" / "digits"
 
     first = baseline_line(tfscale_run(clone, params))
     again = baseline_line(tfscale_run(clone, params))
     assert "(reused)" not in first and "(reused)" in again
+    assert (clone / "mlflow" / "mlflow.db").exists() and list(runs.glob("*/metrics.json"))
+    assert git_status(clone) == ""  # every output is ignored
 
     models = clone / "tasks" / "models.py"
     source = models.read_text()

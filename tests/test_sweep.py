@@ -238,6 +238,7 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
         assert (tmp_path / "out" / chart).stat().st_size > 5000
 
 
+@pytest.mark.integration  # a Prefect flow
 def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
     """`sweep.strategy: pipeline`: its replicas are stages (a device each), each count once
     per `sweep.micro_batches`, against one device at the same batch."""

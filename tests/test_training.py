@@ -323,7 +323,7 @@ def test_killed_run_resumes_from_its_last_epoch(digits, tmp_path):
     assert [h["epoch"] for h in metrics["history"]] == list(range(1, 16))
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster(alone=False)  # local processes, no speed claimed
 def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
     run = configure(digits, tmp_path, strategy="multi_worker", workers=2, epochs=500)
     outcome = {}
@@ -389,7 +389,7 @@ def run_cli(args: list[str]) -> str:
     return proc.stdout
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster(alone=False)  # local processes, no speed claimed
 def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch):
     """On a host with 4 GPUs (faked: this machine has none), 2 local workers see 2 each
     through CUDA_VISIBLE_DEVICES; more workers than GPUs is a usage error."""
@@ -418,7 +418,7 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
         gpu_shares(5)
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster(alone=False)  # local processes, no speed claimed
 def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
     """The embedding model's 4 MiB table on a cluster with two ps tasks: each ps holds a
     part, and the loss falls as it does with the table whole on one ps."""
