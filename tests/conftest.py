@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(items):
     unless marked `cluster(alone=False)` (local worker processes, no speed measured).
     `TFSCALE_TEST_ORDER=reversed` runs the tests last to first: no test may depend on
     another having run before it."""
+
     def rank(item) -> int:
         name = item.module.__name__ if item.module else ""
         return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
