@@ -132,10 +132,15 @@ def ui_port_taken(project: Path) -> None:
 
 
 def _worker_pids() -> list[int]:
-    found = subprocess.run(
-        ["pgrep", "-f", "tasks.worker"], capture_output=True, text=True, timeout=60
-    )
-    return [int(p) for p in found.stdout.split()]
+    """Worker processes, read from /proc (no subprocess: this runs in a thread beside the
+    in-process rows, which change the environment a child would inherit)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "tasks.worker" in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found
 
 
 TRAIN = ["train", "--strategy", "one_device", "--no-diagnose"]
@@ -553,8 +558,11 @@ def _in_this_process(case: Case, project: Path, env: dict[str, str]) -> tuple[in
     finally:
         cli._report, os.execve = report, _EXECVE
         os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
+        for name in set(os.environ) - set(saved_env):
+            del os.environ[name]
+        for name, value in saved_env.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
         root.handlers[:], root.level = saved_log
     return code, out.getvalue(), err.getvalue()
 
