@@ -42,27 +42,6 @@ def hosts():
         yield made
 
 
-def _free_block(n: int) -> int:
-    """The first of `n` consecutive ports that are free here (Slurm's tasks take base + rank)."""
-    import socket
-
-    for _ in range(100):
-        base = free_ports(1)[0]
-        sockets = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError(f"no {n} consecutive free ports found")
-
-
 class Cluster:
     """The tasks of one cluster, each `tfscale train` on its own namespace host."""
 
@@ -403,43 +382,6 @@ def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
     losses = [h["loss"] for h in metrics["history"]]
     assert losses[-1] < losses[0]
     print(f"\nlost ps: the chief failed {failed_s:.1f} s later, naming it; the rerun resumed")
-
-
-def test_sbatch_script_under_a_stand_in_srun(hosts, digits, tmp_path):
-    """`flows/cluster/train.sbatch` as Slurm runs it: a stand-in `srun` starts one task per
-    node (namespace host) with the SLURM_* variables of a job step; the tasks find each
-    other by node name and train MultiWorkerMirrored; task 0 writes the outputs."""
-    env = dict(
-        os.environ,
-        PATH=f"{ROOT / 'tests' / 'support' / 'standin'}:{os.environ['PATH']}",
-        SLURM_JOB_NODELIST=f"{hosts.tag}-h[0-1]",
-        SLURM_NNODES="2",
-        SLURM_NTASKS="2",
-        SLURM_JOB_ID="1",
-        TFSCALE_PORT_BASE=str(_free_block(2)),
-        DATA_DIR=digits[0]["prepare.data_dir"],
-        RUNS_DIR=str(tmp_path / "runs"),
-        TFSCALE=str(BIN / "tfscale"),
-    )
-    env.pop("TF_CONFIG", None)
-    args = [*TRAIN, "--epochs", "2"]
-    done = subprocess.run(
-        ["bash", str(ROOT / "flows" / "cluster" / "train.sbatch"), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert done.stdout.count("the Slurm cluster has 2 workers") == 2
-    (metrics_path,) = (tmp_path / "runs").glob("digits/*/metrics.json")
-    metrics = json.loads(metrics_path.read_text())
-    assert (metrics["strategy"], metrics["replicas"], metrics["workers"]) == ("multi_worker", 2, 2)
-    tasks = [
-        json.loads((metrics_path.parent / f"task-worker-{i}.json").read_text()) for i in (0, 1)
-    ]
-    assert tasks[0]["weights_digest"] == tasks[1]["weights_digest"]
 
 
 def tfjob_tf_config(manifest: dict, service: str = "svc") -> dict[str, list[str]]:
