@@ -84,14 +84,13 @@ class PoolLab:
 
     def on(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         """`argv` run to its end on host `i`, its output captured."""
-        kwargs.setdefault("timeout", 900)
+        kwargs.setdefault("timeout", 300)
         return subprocess.run(
             ["ip", "netns", "exec", self.hosts.name(i), *argv],
             env=kwargs.pop("env", self.env),
             capture_output=True,
             text=True,
             **kwargs,
-            timeout=60,
         )
 
     def kill_host(self, i: int) -> None:
