@@ -134,7 +134,7 @@ def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
 @pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_slowed_input_pipeline_is_input_bound(digits):
     cfg, manifest, data_dir = train_config(
-        digits, model="cnn", batch_size_per_replica=64, cache=False
+        digits, model="cnn", batch_size_per_replica=64, cache=False, measure_rounds=5
     )
     diagnosis = diagnose_run(
         cfg, manifest, data_dir, ONE_CPU, [], steps=10, input_transform=slow_map
@@ -164,6 +164,7 @@ def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
             "train.model": "resnet",
             "train.batch_size_per_replica": 64,
             "train.cache": True,
+            "train.measure_rounds": 5,  # a class is named when every round agrees
         },
     )
     result = prepare_dataset(config, progress=False)

@@ -53,6 +53,7 @@ def swept(tmp_path_factory):
             "prepare.data_dir": str(tmp / "data"),
             "train.runs_dir": str(tmp / "runs"),
             "sweep.replicas": [1, 2],
+            "train.measure_rounds": 3,  # the cells' measurement at a few blocks' effort
             "sweep.dataset_sizes": [256, 512],
             "sweep.model": "mlp",
             "sweep.epochs": 2,
@@ -250,6 +251,7 @@ def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
             "prepare.data_dir": str(tmp_path / "data"),
             "train.runs_dir": str(tmp_path / "runs"),
             "sweep.strategy": "pipeline",
+            "train.measure_rounds": 3,
             "sweep.replicas": [1, 2],
             "sweep.micro_batches": [1, 4],
             "sweep.dataset_sizes": [512],
