@@ -35,7 +35,7 @@ set_up_process()  # the test session is a process entry too
 TIERS = ("unit", "integration", "cluster")
 # the modules that take longest (measured on 2 cores, each a minute or more), collected
 # first: the parallel phase hands out whole modules, and one started last would run alone
-SLOWEST_FIRST = ("test_dvc", "test_pool", "test_schedules", "test_bad_input", "test_caching")
+SLOWEST_FIRST = ("test_dvc", "test_caching", "test_pool", "test_schedules", "test_bad_input")
 
 
 def pytest_collection_modifyitems(items):

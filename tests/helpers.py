@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -71,3 +76,59 @@ def slowed(dataset, seconds: float):
         return out, labels
 
     return dataset.map(apply)
+
+
+_EXECVE = os.execve
+
+
+def run_main(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    on_error: Callable[[Exception], None] | None = None,
+) -> tuple[int, str, str]:
+    """`tfscale ARGV` as `flows.cli.main` runs it, in this process: in `cwd` with `env` set,
+    its standard streams and log lines captured, `on_error` told of each error it reports;
+    the working directory, environment and logging put back after. (A process of its own
+    costs a TensorFlow import; a test pays for one only where the process is the claim.)
+
+    MLflow and Prefect set up their logging once, when first imported, closing every
+    handler they find: they are imported here first, before any stream is redirected."""
+    import flows.prefect_api  # noqa: F401
+    import tasks.tracking  # noqa: F401
+    from flows import cli
+
+    report = cli._report
+
+    def reported(exc):
+        if on_error:
+            on_error(exc)
+        return report(exc)
+
+    def no_exec(*args):  # `tfscale ui` would replace the test session with a server
+        raise AssertionError(f"tfscale {' '.join(argv)} went on to start {args[1][:4]}")
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_log = (root.handlers[:], root.level)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.chdir(cwd)
+        os.environ.update(env or {})
+        cli._report, os.execve = reported, no_exec
+        root.handlers[:] = []  # `main` sets up its own, and closes those it finds (pytest's)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code
+    finally:
+        cli._report, os.execve = report, _EXECVE
+        os.chdir(saved_cwd)
+        for name in set(os.environ) - set(saved_env):  # key by key: a thread may fork
+            del os.environ[name]
+        for name, value in saved_env.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        root.handlers[:], root.level = saved_log
+    return code, out.getvalue(), err.getvalue()

@@ -14,10 +14,7 @@ the killed worker (a real worker process killed). Those run beside the in-proces
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import shutil
 import signal
@@ -32,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import BIN, ROOT, free_port, tiny_params
+from helpers import BIN, ROOT, free_port, run_main, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -298,7 +295,7 @@ CASES = [
     # places and servers
     Case(
         "unreachable tracking server",
-        ["run"],
+        TRAIN,
         1,
         (
             "MLflow tracking server http://127.0.0.1:{port} is unreachable",
@@ -528,46 +525,11 @@ def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, 
 
 
 def _in_this_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
-    """`tfscale ARGV` as `flows.cli.main` runs it, in `project` with `env` set, its
-    standard streams and log lines captured; everything it changed is put back."""
-    from flows import cli
-
-    report = cli._report
-
-    def recorded(exc):
-        RAISED[case.name] = type(exc).__name__
-        return report(exc)
-
-    def no_exec(*args):  # `tfscale ui` would replace the test session with a server
-        raise AssertionError(f"{case.name}: tfscale went on to start {args[1][:4]}")
-
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    root = logging.getLogger()
-    saved_log = (root.handlers[:], root.level)
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        os.chdir(project)
-        os.environ.update(env)
-        cli._report, os.execve = recorded, no_exec
-        root.handlers[:] = []  # `main` sets up its own, and closes those it finds (pytest's)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli.main(case.argv)
-            except SystemExit as exc:  # argparse's usage errors
-                code = exc.code
-    finally:
-        cli._report, os.execve = report, _EXECVE
-        os.chdir(saved_cwd)
-        for name in set(os.environ) - set(saved_env):
-            del os.environ[name]
-        for name, value in saved_env.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
-        root.handlers[:], root.level = saved_log
-    return code, out.getvalue(), err.getvalue()
-
-
-_EXECVE = os.execve
+    """`tfscale ARGV` through `flows.cli.main` in `project` (`helpers.run_main`), the class
+    of the error it reported recorded."""
+    return run_main(
+        case.argv, project, env, lambda exc: RAISED.__setitem__(case.name, type(exc).__name__)
+    )
 
 
 def _mount(kind: str, project: Path) -> Path | None:
