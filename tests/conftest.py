@@ -33,9 +33,21 @@ from tasks.process import set_up_process  # noqa: E402
 set_up_process()  # the test session is a process entry too
 
 TIERS = ("unit", "integration", "cluster")
-# the modules that take longest (measured on 2 cores, each a minute or more), collected
-# first: the parallel phase hands out whole modules, and one started last would run alone
-SLOWEST_FIRST = ("test_dvc", "test_caching", "test_pool", "test_schedules", "test_bad_input")
+# the modules that take longest in the parallel phase (measured on 2 cores, slowest first,
+# each 45 s or more), collected first: it hands out whole modules in collection order, and
+# a long one started last would run alone at the end
+SLOWEST_FIRST = (
+    "test_dvc",
+    "test_pool",
+    "test_schedules",
+    "test_caching",
+    "test_training",
+    "test_bad_input",
+    "test_stages",
+    "test_autotune",
+    "test_sweep",
+    "test_pipeline",
+)
 
 
 def pytest_collection_modifyitems(items):

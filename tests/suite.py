@@ -21,12 +21,15 @@ import sys
 import time
 
 NO_TESTS = 5
+PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def phases(args: list[str]) -> list[tuple[str, list[str]]]:
     workers = os.environ.get("TFSCALE_TEST_WORKERS", "2")
     return [
-        ("parallel", ["-m", "not serial", "-n", workers, "--dist", "loadfile", *args]),
+        # whole modules (their fixtures run once), handed out in collection order, which
+        # puts the slowest first (conftest), not xdist's order by number of tests
+        ("parallel", ["-m", "not serial", "-n", workers, *PARALLEL, *args]),
         ("serial", ["-m", "serial", "-p", "no:xdist", *args]),
     ]
 

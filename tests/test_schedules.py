@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,12 @@ BIN = Path(sys.executable).parent
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory) -> Iterator[dict]:
-    """A real Prefect server on a free localhost port, and the environment that reaches it:
-    one per test, so that no test sees the deployments and schedules another registered."""
+    """A real Prefect server on a free localhost port, and the environment that reaches it.
+    The tests share it in any order: each waits for its own registration of the deployments
+    (`tfscale serve` replaces a deployment's schedules and deletes its future scheduled runs)
+    and reads only the runs its schedule made."""
     home = tmp_path_factory.mktemp("prefect")
     port = free_port()
     env = dict(
@@ -95,14 +98,22 @@ def wait_for(what: str, probe, timeout_s: float, every_s: float = 1.0):
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
-def deployments_by_name(client, count: int = 2) -> dict:
+SERVED = ("nightly-scaling", "on-demand-train")
+
+
+def deployments_by_name(client, cron: str) -> dict:
+    """tfscale's deployments, once `tfscale serve` registered them with `cron` (a test
+    before may have left them with another)."""
     from prefect.client.schemas.sorting import DeploymentSort
 
     def registered():
-        found = client.read_deployments(limit=20, sort=DeploymentSort.NAME_ASC)
-        return len(found) >= count and found
+        found = {d.name: d for d in client.read_deployments(limit=50, sort=DeploymentSort.NAME_ASC)}
+        if not set(SERVED) <= set(found):
+            return None
+        schedules = found["nightly-scaling"].schedules
+        return schedules and schedules[0].schedule.cron == cron and found
 
-    return {d.name: d for d in wait_for("the served deployments registered", registered, 120)}
+    return wait_for(f"the served deployments registered with {cron!r}", registered, 120)
 
 
 def flow_runs_of(client, deployment_id) -> list:
@@ -134,14 +145,17 @@ def test_nightly_runs_are_scheduled_on_demand_runs_complete_and_stop_leaves_them
     params = tiny_params(tmp_path)
     with client_for(prefect_server["url"]) as client:
         with serving(prefect_server, params, tmp_path) as serve:
-            deployments = deployments_by_name(client)
+            deployments = deployments_by_name(client, "0 2 * * *")
             nightly = deployments["nightly-scaling"]
-            assert nightly.schedules[0].schedule.cron == "0 2 * * *"
             assert nightly.schedules[0].active
+            registered = datetime.now(UTC)
+
+            def nightly_runs():  # not a run another test's schedule left, already due
+                found = flow_runs_of(client, nightly.id)
+                return [r for r in found if r.auto_scheduled and r.expected_start_time > registered]
+
             scheduled = wait_for(
-                "the server's scheduler creating the nightly runs",
-                lambda: [r for r in flow_runs_of(client, nightly.id) if r.auto_scheduled],
-                120,
+                "the server's scheduler creating the nightly runs", nightly_runs, 120
             )
             for run in scheduled:
                 assert run.state.type.value == "SCHEDULED"
@@ -174,20 +188,16 @@ def test_a_schedule_that_falls_due_runs_to_completion_by_itself(prefect_server, 
     params = tiny_params(tmp_path)
     with client_for(prefect_server["url"]) as client:
         with serving(prefect_server, params, tmp_path, "--cron", "* * * * *"):
-            nightly = deployments_by_name(client)["nightly-scaling"]
-            wait_for(
-                "the every-minute schedule registered",
-                lambda: (
-                    client.read_deployment(nightly.id).schedules[0].schedule.cron == "* * * * *"
-                ),
-                60,
-            )
+            nightly = deployments_by_name(client, "* * * * *")["nightly-scaling"]
+            registered = datetime.now(UTC)
 
             def a_completed_scheduled_run():
                 done = [
                     r
                     for r in flow_runs_of(client, nightly.id)
-                    if r.auto_scheduled and r.state.type.value in FINAL
+                    if r.auto_scheduled
+                    and r.state.type.value in FINAL
+                    and r.expected_start_time > registered  # this schedule's, not a past one's
                 ]
                 return done and done[0]
 
