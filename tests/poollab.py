@@ -26,8 +26,9 @@ HEALTHY = (
     "import sys; from tasks.network import wait_healthy\n"
     "sys.exit(wait_healthy(sys.argv[1], float(sys.argv[2]), interval_s=0.5) is not None)\n"
 )
-# the sweep the pool's benchmark runs: digits MLP, 1 and 2 replicas x batch 32, 64 (the test
-# runs the batch of 32 alone: a cell for each of two hosts)
+# the sweep the pool's test and benchmark run: digits MLP, 1 and 2 replicas x batch 32, 64
+# (four cells: with two, host 1 is free again when host 2's cell is retried, and host 3's
+# worker may take nothing)
 GRID = {
     "sweep.strategy": "mirrored",
     "sweep.replicas": [1, 2],
