@@ -31,6 +31,17 @@ TINY = {
 }
 
 
+def needs(missing: str | None, what: str) -> None:
+    """Skips the calling test where `missing` says what this machine lacks; on CI (where
+    nothing is skipped) fails it, naming `what` it needs."""
+    import pytest
+
+    if missing and os.environ.get("CI"):
+        pytest.fail(f"CI needs {what}: {missing}")
+    if missing:
+        pytest.skip(missing)
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 

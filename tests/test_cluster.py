@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from helpers import DEFAULTS
+from helpers import DEFAULTS, needs
 
 from tasks import netlab
 from tasks.network import free_ports
@@ -36,11 +36,7 @@ pytestmark = pytest.mark.cluster
 def hosts():
     """Five hosts on one switch for the whole module, deleted at its end. They need root
     and iproute2: elsewhere the tests are skipped, on CI they fail."""
-    why_not = netlab.available()
-    if why_not and os.environ.get("CI"):
-        pytest.fail(f"CI needs namespace hosts for the cluster tests: {why_not}")
-    if why_not:
-        pytest.skip(why_not)
+    needs(netlab.available(), "namespace hosts for the cluster tests")
     with netlab.namespace_hosts(5) as made:
         yield made
 

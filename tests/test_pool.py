@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import BIN, tiny_params
+from helpers import BIN, needs, tiny_params
 from poollab import GRID, pool_lab, wait_for_text
 
 from tasks import netlab
@@ -35,11 +34,7 @@ def sweep_on(lab, tmp: Path, *flags: str) -> subprocess.Popen:
 @pytest.fixture
 def hosts_possible():
     """Namespace hosts need root and iproute2: CI has both, and fails without them."""
-    why_not = netlab.available()
-    if why_not and os.environ.get("CI"):
-        pytest.fail(f"CI needs namespace hosts for the pool tests: {why_not}")
-    if why_not:
-        pytest.skip(why_not)
+    needs(netlab.available(), "namespace hosts for the pool tests")
 
 
 @pytest.mark.integration

@@ -5,7 +5,6 @@ over 3, and preemption the Slurm way (`scancel --signal=TERM`, then `scontrol re
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import slurmlab
-from helpers import ROOT
+from helpers import ROOT, needs
 
 from tasks import netlab
 
@@ -29,11 +28,7 @@ EPOCHS = 15  # the preempted job's: the signal lands after 3, the requeued job d
 def slurm(tmp_path_factory):
     """A 3-node cluster for the module; Slurm installed here (not when the module is
     collected: `pytest -m unit` collects it too, and must not run apt-get)."""
-    why_not = netlab.available() or slurmlab.install()
-    if why_not and os.environ.get("CI"):
-        pytest.fail(f"CI needs a Slurm cluster on namespace hosts: {why_not}")
-    if why_not:
-        pytest.skip(why_not)
+    needs(netlab.available() or slurmlab.install(), "a Slurm cluster on namespace hosts")
     with slurmlab.slurm_cluster(3, tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
 

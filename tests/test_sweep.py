@@ -186,15 +186,13 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
     import subprocess
     from pathlib import Path
 
+    from helpers import needs
+
     from flows.sweep import sweep_flow
     from tasks import netlab
     from tasks.sweep import forecast_lines, plan_cells
 
-    why_not = netlab.available()
-    if why_not:
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI needs emulated hosts for the link axis: {why_not}")
-        pytest.skip(why_not)
+    needs(netlab.available(), "emulated hosts for the link axis")
     config = load_config(
         None,
         {  # its own data: two workers re-shard digits, which the session's copy must not see
