@@ -47,6 +47,16 @@ def run_exit_handlers() -> None:
     atexit._run_exitfuncs()
 
 
+def wait_for_cluster_tasks(barrier: str, timeout_s: float) -> None:
+    """Blocks until every task of this process's collective cluster reaches `barrier`:
+    the coordination service's barrier that MultiWorkerMirroredStrategy sets up
+    (`context.wait_at_barrier`, TensorFlow 2.21, private). Raises when a task is lost or
+    `timeout_s` passes first, or when this process has no coordination service."""
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier(barrier, int(timeout_s * 1000))
+
+
 def input_pipelines_of(strategy: Any) -> int:
     """How many input pipelines (worker processes) a strategy reads with: the
     `extended._num_workers` of the multi-worker strategies (TensorFlow 2.21), 1 otherwise."""

@@ -15,6 +15,8 @@ here and nowhere else:
 - `set_up_worker(core, threads)` at a worker process's entry: its core and its share of
   threads;
 - `fail_fast_rpcs()` before a parameter-server coordinator starts;
+- `wait_for_peers_at_exit(timeout_s)` once the process joins a collective cluster
+  (MultiWorkerMirrored): `exit_now` then ends it only when every task is done;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells).
 """
@@ -122,16 +124,45 @@ def import_tensorflow() -> None:
             os.close(saved)
 
 
+# the barrier's timeout of a process in a collective cluster (0: not in one)
+_PEERS_AT_EXIT = {"timeout_s": 0.0}
+EXIT_BARRIER = "tfscale-exit"
+
+
+def wait_for_peers_at_exit(timeout_s: float) -> None:
+    """A successful exit of this process (`exit_now(0)`) first waits, up to `timeout_s`,
+    until every task of its collective cluster is done. The last all-reduce completes
+    on one task while a peer still reads that all-reduce's buffers from it; a task that
+    ended at once closed the socket under the peer's read ("Socket closed" on the peer,
+    which then failed: 2 cluster tests of 17 in one suite run). TensorFlow's own teardown
+    waits at such a barrier; `exit_now` skips that teardown."""
+    _PEERS_AT_EXIT["timeout_s"] = timeout_s
+
+
+def _wait_for_peers(code: int) -> None:
+    timeout_s = _PEERS_AT_EXIT["timeout_s"]
+    if code != 0 or not timeout_s:  # a failed task: its peers learn it from the cluster
+        return
+    from tasks.internals import wait_for_cluster_tasks
+
+    try:
+        wait_for_cluster_tasks(EXIT_BARRIER, timeout_s)
+    except Exception as exc:  # noqa: BLE001 (the work is done: a peer's own exit code tells)
+        logging.getLogger(__name__).warning("not every cluster task finished: %s", exc)
+
+
 def exit_now(code: int) -> NoReturn:
     """Ends the process as Python's own exit would (other threads joined, `atexit` handlers
     run, which shut logging down, and the standard streams flushed) but without freeing
     every object first: after a training that takes 2-3 s of TensorFlow teardown, with
-    nothing left to save (every file is written and closed by then)."""
+    nothing left to save (every file is written and closed by then). A task of a
+    collective cluster first waits for the others (`wait_for_peers_at_exit`)."""
     import sys
     import threading
 
     from tasks.internals import run_exit_handlers
 
+    _wait_for_peers(code)
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

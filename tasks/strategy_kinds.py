@@ -20,6 +20,7 @@ from typing import Any
 
 from tasks.errors import UsageError
 from tasks.internals import cluster_resolver_of
+from tasks.process import wait_for_peers_at_exit
 
 HERE = "this process"
 LOCAL_WORKERS = "local worker processes"
@@ -183,7 +184,9 @@ def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementation, timeout_seconds=timeout_s
     )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    wait_for_peers_at_exit(timeout_s)
+    return strategy
 
 
 def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:

@@ -29,6 +29,7 @@ from tasks.inputs import build_dataset
 from tasks.manifest import Manifest
 from tasks.models import build_model
 from tasks.process import use_precision
+from tasks.progress import stage
 from tasks.run import Run
 from tasks.steps import FusedAdam, make_warmup_schedule
 from tasks.strategy import StrategyChoice, build_strategy
@@ -119,6 +120,8 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     if latest:
         checkpoint.restore(latest)
     resumed_step = int(step.numpy())
+    if latest:
+        stage("resuming", _resumed_from(latest, resumed_step, setup.steps))
     preemption = _preemption_hook(setup.strategy, manager, step) if run.role.preemptible else None
     after_steps = _StepCounter(step, resumed_step, preemption)
     start_epoch, done_in_epoch = divmod(resumed_step, setup.steps)
@@ -418,6 +421,17 @@ def _latest_checkpoint(run_dir: Path, manager: Any) -> str | None:
     see it (a shared run directory), else its own. Other workers delete theirs once they
     finish, so after a failure past that point only the chief's says where training got."""
     return tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or manager.latest_checkpoint
+
+
+def _resumed_from(checkpoint: str, step: int, steps_per_epoch: int) -> str:
+    """Where a resumed training goes on, as its console line says it."""
+    epoch, into = divmod(step, steps_per_epoch)
+    where = (
+        f"epoch {epoch + 1}, {into} of its {steps_per_epoch} steps done"
+        if into
+        else (f"the start of epoch {epoch + 1}")
+    )
+    return f"from step {step} ({where}), checkpoint {checkpoint}"
 
 
 def _read_history(run_dir: Path) -> list[dict[str, float]]:

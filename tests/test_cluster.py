@@ -181,61 +181,6 @@ def diagnosis_of(job: Cluster) -> dict:
     return json.loads((job.run_dir() / "diagnosis.json").read_text())
 
 
-def test_slow_links_diagnosed_and_forecast_from_the_full_speed_run(cluster):
-    """The same two-host run, diagnosed in place on the full-speed link, then with one
-    host's link shaped to 100 Mbit/s. On the slow link the all-reduce grows and the run is
-    communication-bound; a forecast made from the full-speed run's measurements and the
-    link rate alone predicts the shaped run's step time (the 15% aimed at is not reliably
-    met here: see the assertion). 1 Gbit/s is not checked: there the wire adds less to a
-    step than the step moves between runs (docs/forecast.md)."""
-    from tasks.forecast import fit_cost_model
-
-    runs = {}
-    for rate in (None, "100mbit"):
-        job = cluster({"worker": [0, 1]}, epochs=2)
-        if rate:
-            job.hosts.shape(1, rate)
-        try:
-            job.start(diagnose=True, pinned=True)
-            codes = [job.wait(("worker", i)) for i in range(2)]
-        finally:
-            job.hosts.unshape(1)
-        assert codes == [0, 0], job.chief_log()
-        metrics = json.loads((job.run_dir() / "metrics.json").read_text())
-        runs[rate] = (diagnosis_of(job), metrics["probes"], job)
-    full, full_probes, _ = runs[None]
-    assert full["measured_in"] == "2 worker processes"
-    slow, _, slow_job = runs["100mbit"]
-    model = fit_cost_model(full_probes)
-    rows = []
-    for rate, gbit in (("100mbit", 0.1),):
-        measured = runs[rate][1]["step_s"]
-        predicted = model.predict(2, gbit * 1e9 / 8, "weak").step_s
-        rows.append((rate, predicted, measured))
-    for rate, (_, probes, _) in runs.items():
-        print(
-            f"\n{rate or 'full'}: step {probes['step_s'] * 1000:.2f} ms = local "
-            f"{probes['local_step_s'] * 1000:.2f} + all-reduce {probes['comm_s'] * 1000:.2f} "
-            f"+ rest; all-reduce ms by size "
-            f"{[[round(b), round(t * 1000, 2)] for b, t in probes['comm_s_by_bytes']]}"
-        )
-    print("\nlink      forecast step  measured step  ratio")
-    for rate, predicted, measured in rows:
-        print(
-            f"{rate:<9} {predicted * 1000:10.2f} ms {measured * 1000:11.2f} ms  "
-            f"{predicted / measured:.2f}"
-        )
-    print((slow_job.run_dir() / "diagnosis.txt").read_text())
-    assert slow["bottleneck"] == "communication-bound", slow
-    assert slow["comm_share"] > 0.5 and slow["comm_seconds"] > 3 * full["comm_seconds"]
-    assert "bottleneck: communication-bound" in slow_job.output(("worker", 0))
-    # the forecast follows the link: a model blind to the link would put 100 Mbit/s at the
-    # full-speed step (a ratio near 0.3). On two shared cores a step of a few ms moves by a
-    # quarter between runs, so the band is wider than the 15% aimed at (README: figures)
-    for rate, predicted, measured in rows:
-        assert 0.6 <= predicted / measured <= 1.5, (rate, predicted, measured)
-
-
 def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
     """Worker 1's input pipeline is slowed (its host reads slowly); worker 0's is not. The
     diagnosis, gathered from both hosts, is input-bound and names worker 1."""
@@ -245,14 +190,18 @@ def test_diagnosis_names_the_worker_whose_input_is_slow(cluster):
     d = diagnosis_of(job)
     assert d["bottleneck"] == "input-bound", d
     assert "worker 1's input pipeline" in d["evidence"]
+    assert "bottleneck: input-bound" in job.output(("worker", 0))  # the chief prints it
     fast_input, slow_input = d["input_examples_per_s_by_worker"]
     assert slow_input < fast_input / 5
     print(f"\ninput-only per worker: {fast_input:,.0f} and {slow_input:,.0f} ex/s; {d['evidence']}")
 
 
-def test_preempted_worker_saves_its_step_and_the_rerun_resumes_there(cluster):
+def test_preempted_then_killed_worker_each_rerun_resumes_where_the_last_stopped(cluster):
     """SIGTERM (what Kubernetes sends on eviction) to one worker: every worker saves a
-    checkpoint at the current step and exits 42; the rerun starts from that step."""
+    checkpoint at the current step and exits 42, and the rerun says it resumes from that
+    step. Then SIGKILL to one worker of the rerun: the survivor stops within the
+    collective timeout, names the lost task and its host, exits 3; the next rerun resumes
+    from the last checkpoint and completes."""
     job = cluster({"worker": [0, 1]}, epochs=EPOCHS)
     job.start()
     job.wait_for_epochs(3)
@@ -264,39 +213,33 @@ def test_preempted_worker_saves_its_step_and_the_rerun_resumes_there(cluster):
     assert codes == [42, 42], job.chief_log()
     (line,) = [x for x in job.output(("worker", 0)).splitlines() if x.startswith("preempted")]
     saved = int(line.split("checkpoint at step ")[1].split()[0])
+    logged = len(job.output(("worker", 0)))
     job.start()
-    assert [job.wait(("worker", i)) for i in range(2)] == [0, 0], job.chief_log()
-    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
-    steps = metrics["steps_per_epoch"]
-    assert metrics["resumed_from_step"] == saved >= len(history) * steps  # nothing done is lost
-    assert saved < EPOCHS * steps  # the signal landed mid-run
-    assert [h["epoch"] for h in metrics["history"]] == list(range(1, EPOCHS + 1))
-    print(
-        f"\npreemption: checkpoint at step {saved} (epoch {saved // steps + 1}, step "
-        f"{saved % steps} of {steps}); both workers exited 42 {stopped_s:.1f} s after SIGTERM"
-    )
-    assert not no_half_written(job.run_dir())
 
-
-def test_killed_worker_fails_the_other_naming_it_and_the_rerun_resumes(cluster):
-    """SIGKILL to one worker: the survivor stops within the collective timeout, names the
-    lost task and its host, exits 3; the rerun resumes from the last checkpoint."""
-    job = cluster({"worker": [0, 1]}, epochs=EPOCHS)
-    job.start()
-    job.wait_for_epochs(3)
+    job.wait_for_epochs(len(history) + 2)
+    rerun = job.output(("worker", 0))[logged:]
+    (line,) = [x for x in rerun.splitlines() if x.startswith("resuming")]
+    assert f"from step {saved} " in line, line  # the step the preemption saved
     killed = time.monotonic()
     job.signal(("worker", 1), signal.SIGKILL)
     assert job.wait(("worker", 0), timeout=120) == 3, job.chief_log()
     failed_s = time.monotonic() - killed
-    output = job.output(("worker", 0))
+    output = job.output(("worker", 0))[logged:]
     assert f"task worker:1 ({job.spec['worker'][1]})" in output, output[-2000:]
     assert "fix:" in output and "Traceback" not in output
     done = len(json.loads((job.run_dir() / "history.json").read_text()))
     job.start()
     assert [job.wait(("worker", i)) for i in range(2)] == [0, 0], job.chief_log()
     metrics = json.loads((job.run_dir() / "metrics.json").read_text())
+    steps = metrics["steps_per_epoch"]
+    assert len(history) * steps <= saved < EPOCHS * steps  # nothing done lost; mid-run
     assert_resumed(metrics, done)
-    print(f"\nkilled worker: the survivor failed {failed_s:.1f} s later, naming it")
+    assert not no_half_written(job.run_dir())
+    print(
+        f"\npreemption: checkpoint at step {saved} (epoch {saved // steps + 1}, step "
+        f"{saved % steps} of {steps}); both workers exited 42 {stopped_s:.1f} s after SIGTERM"
+        f"\nkilled worker: the survivor failed {failed_s:.1f} s later, naming it"
+    )
 
 
 def assert_resumed(metrics: dict, recorded: int, epochs: int = EPOCHS) -> None:
@@ -335,35 +278,24 @@ def test_cut_link_fails_both_sides_naming_the_peer_and_the_rerun_resumes(cluster
     print(f"\ncut link: both tasks failed {failed_s:.1f} s after the cut, naming each other")
 
 
-def test_parameter_server_absorbs_a_lost_worker(cluster):
-    """One of two workers killed mid-training: the coordinator runs its steps on the other
-    and training completes."""
+def test_parameter_server_absorbs_a_lost_worker_and_a_lost_ps_fails_the_chief(cluster):
+    """Chief, two workers and a ps on hosts of their own. One worker killed mid-training:
+    the coordinator runs its steps on the other and training goes on. Then the ps killed:
+    the chief fails naming it, the live worker stops serving; the rerun (all four tasks)
+    resumes and completes."""
     job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=EPOCHS)
     job.start()
     job.wait_for_epochs(2)
     job.signal(("worker", 1), signal.SIGKILL)
     lost_at = len(json.loads((job.run_dir() / "history.json").read_text()))
-    assert job.wait(("chief", 0), timeout=300) == 0, job.chief_log()
-    metrics = json.loads((job.run_dir() / "metrics.json").read_text())
-    assert len(metrics["history"]) == EPOCHS and lost_at < EPOCHS  # lost mid-run
-    assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
-    print(f"\nparameter server: worker 1 lost at epoch {lost_at}; all {EPOCHS} epochs completed")
-
-
-def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
-    """Chief, two workers and a ps on hosts of their own; the ps killed mid-training: the
-    chief fails naming it, the workers stop serving; the rerun resumes and completes."""
-    job = cluster({"chief": [0], "worker": [1, 2], "ps": [3]}, epochs=EPOCHS)
-    job.start()
-    job.wait_for_epochs(2)
+    job.wait_for_epochs(lost_at + 2)  # absorbed: the epochs go on without worker 1
     killed = time.monotonic()
     job.signal(("ps", 0), signal.SIGKILL)
     code = job.wait(("chief", 0), timeout=120)
     failed_s = time.monotonic() - killed
     output = job.output(("chief", 0))
     assert code == 3 and f"task ps:0 ({job.spec['ps'][0]})" in output, output[-2000:]
-    for task in (("worker", 0), ("worker", 1)):
-        assert job.wait(task, timeout=60) == 0  # the chief is gone: they stop serving
+    assert job.wait(("worker", 0), timeout=60) == 0  # the chief is gone: it stops serving
     done = len(json.loads((job.run_dir() / "history.json").read_text()))
     servers = (("worker", 0), ("worker", 1), ("ps", 0))
     logged = {task: len(job.output(task)) for task in servers}  # the rerun's lines follow
@@ -380,7 +312,11 @@ def test_lost_ps_task_fails_the_chief_clearly_and_the_rerun_resumes(cluster):
     assert metrics["strategy"] == "parameter_server" and metrics["workers"] == 2
     losses = [h["loss"] for h in metrics["history"]]
     assert losses[-1] < losses[0]
-    print(f"\nlost ps: the chief failed {failed_s:.1f} s later, naming it; the rerun resumed")
+    print(
+        f"\nparameter server: worker 1 lost at epoch {lost_at}, {done - lost_at} epochs "
+        f"without it; the ps lost then, the chief failed {failed_s:.1f} s later naming it; "
+        "the rerun resumed"
+    )
 
 
 def tfjob_tf_config(manifest: dict, service: str = "svc") -> dict[str, list[str]]:

@@ -77,3 +77,26 @@ def test_the_private_attributes_read_are_still_set_by_their_strategies():
     )
     # the private name `run_exit_handlers` calls (its effect: test_exit_handlers_run_now_and_once)
     assert callable(getattr(atexit, "_run_exitfuncs", None))
+
+
+def test_the_cluster_barrier_refuses_at_once_where_no_cluster_coordinates():
+    """In a MultiWorkerMirrored task it waits for every task (proven by every cluster test
+    whose tasks exit 0: `tasks.process.wait_for_peers_at_exit`); elsewhere it must not
+    wait out its timeout."""
+    with pytest.raises(tf.errors.FailedPreconditionError, match="not enabled"):
+        internals.wait_for_cluster_tasks("a-barrier", timeout_s=600)
+
+
+def test_only_a_successful_exit_of_a_cluster_task_waits_for_its_peers(monkeypatch):
+    from tasks import process
+
+    waited = []
+    monkeypatch.setattr(internals, "wait_for_cluster_tasks", lambda *a: waited.append(a))
+    monkeypatch.setitem(process._PEERS_AT_EXIT, "timeout_s", 0.0)
+    process._wait_for_peers(0)  # not in a cluster
+    process.wait_for_peers_at_exit(12.0)
+    process._wait_for_peers(3)  # a failed task
+    process._wait_for_peers(42)  # a preempted one
+    assert waited == []
+    process._wait_for_peers(0)
+    assert waited == [(process.EXIT_BARRIER, 12.0)]
