@@ -2,7 +2,7 @@
 server on one network namespace, process workers on others, the submitter (`tfscale
 sweep --pool`) beside the server. The cells train on two hosts, each row and MLflow child
 run names its host, and a worker whose host dies mid-cell has its cell run again: the
-sweep completes with every row."""
+sweep completes with every row. With no live worker, it stops before submitting."""
 
 from __future__ import annotations
 
@@ -38,14 +38,22 @@ def hosts_possible():
 
 
 @pytest.mark.integration
-def test_a_pool_sweep_trains_on_two_hosts_and_retries_the_cell_of_a_dead_host(
+def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_host(
     tmp_path, hosts_possible
 ):
-    """Hosts 1 and 2 take a cell each; host 2 dies in its cell; a worker started on host 3
-    joins. The lost cell runs again, and every row names host 1 or host 3."""
+    """With no worker yet, the sweep stops before submitting, naming the command that
+    starts one. Then hosts 1 and 2 take a cell each; host 2 dies in its cell; a worker
+    started on host 3 joins. The lost cell runs again, and every row names host 1 or
+    host 3."""
     from mlflow import MlflowClient
 
-    with pool_lab(2, tmp_path, spare=1) as lab:
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    with pool_lab(0, tmp_path, spare=3) as lab:
+        code = sweep_on(lab, refused).wait(timeout=600)
+        assert_refused(code, refused)
+        lab.start_worker(1)
+        lab.start_worker(2)
         sweep = sweep_on(lab, tmp_path)
         wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
         lab.kill_host(2)
@@ -66,17 +74,15 @@ def test_a_pool_sweep_trains_on_two_hosts_and_retries_the_cell_of_a_dead_host(
     print(f"\npool sweep: cells on {sorted(hosts)}; the dead host's cell retried")
 
 
-@pytest.mark.integration
-def test_a_pool_sweep_with_no_live_worker_stops_before_submitting(tmp_path, hosts_possible):
+def assert_refused(code: int, tmp: Path) -> None:
+    """The sweep stopped before submitting: one clear error, no table, a failed run."""
     from mlflow import MlflowClient
 
-    with pool_lab(0, tmp_path) as lab:
-        code = sweep_on(lab, tmp_path).wait(timeout=600)
-    out = (tmp_path / "sweep.log").read_text(errors="replace")
+    out = (tmp / "sweep.log").read_text(errors="replace")
     assert code == 1 and "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
     assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
-    assert not (tmp_path / "sweep" / "sweep.csv").exists()
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
+    assert not (tmp / "sweep" / "sweep.csv").exists()
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [r.info.status for r in runs] == ["FAILED"]
 

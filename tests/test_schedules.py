@@ -1,8 +1,8 @@
 """Schedules on a real Prefect server (SQLite), served by `tfscale serve`: the server itself
-creates the nightly runs, a schedule that falls due during the test runs to completion with
-no request from the test, an on-demand run completes, and stopping the runner leaves the
-schedules active. Every call to the server goes through Prefect's own client, which
-retries a busy server's 503 answers."""
+creates the scheduled runs, a schedule that falls due during the test runs to completion
+with no request from the test while an on-demand run completes beside it, and stopping the
+runner leaves the schedules active. Every call to the server goes through Prefect's own
+client, which retries a busy server's 503 answers."""
 
 from __future__ import annotations
 
@@ -139,27 +139,40 @@ def artifacts_of(client, flow_run_id) -> list[dict]:
     return found.json()
 
 
-def test_nightly_runs_are_scheduled_on_demand_runs_complete_and_stop_leaves_them_active(
+def test_nightly_deployments_default_to_two_in_the_morning():
+    """The schedule `tfscale serve` registers unless `--cron` says otherwise (the test below
+    serves one that falls due within a minute, and the server's own runs follow it)."""
+    from flows.deployments import build_deployments
+
+    nightly, on_demand = build_deployments("params.yaml")
+    assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+    assert (nightly.name, on_demand.name, on_demand.schedules) == (*SERVED, [])
+
+
+def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_keeps_it(
     prefect_server, tmp_path
 ):
+    """The server itself creates the scheduled runs; one falls due during the test and
+    runs to completion with no request from the test, while an on-demand run, asked for
+    meanwhile, completes too; stopping the runner leaves the schedule active."""
     params = tiny_params(tmp_path)
     with client_for(prefect_server["url"]) as client:
-        with serving(prefect_server, params, tmp_path) as serve:
-            deployments = deployments_by_name(client, "0 2 * * *")
+        with serving(prefect_server, params, tmp_path, "--cron", "* * * * *") as serve:
+            deployments = deployments_by_name(client, "* * * * *")
             nightly = deployments["nightly-scaling"]
             assert nightly.schedules[0].active
             registered = datetime.now(UTC)
 
-            def nightly_runs():  # not a run another test's schedule left, already due
+            def scheduled_runs():  # not a run another test's schedule left, already due
                 found = flow_runs_of(client, nightly.id)
                 return [r for r in found if r.auto_scheduled and r.expected_start_time > registered]
 
-            scheduled = wait_for(
-                "the server's scheduler creating the nightly runs", nightly_runs, 120
-            )
-            for run in scheduled:
-                assert run.state.type.value == "SCHEDULED"
-                assert (run.expected_start_time.hour, run.expected_start_time.minute) == (2, 0)
+            scheduled = wait_for("the server's scheduler creating the runs", scheduled_runs, 120)
+            for run in scheduled:  # on the minute, as `* * * * *` says
+                assert (run.expected_start_time.second, run.expected_start_time.microsecond) == (
+                    0,
+                    0,
+                )
             on_demand = client.create_flow_run_from_deployment(
                 deployments["on-demand-train"].id,
                 parameters={"params_path": str(params), "overrides": {"train.epochs": 1}},
@@ -177,32 +190,18 @@ def test_nightly_runs_are_scheduled_on_demand_runs_complete_and_stop_leaves_them
             assert len(shown) == 1, (tmp_path / "serve.log").read_text()[-3000:]
             (shown,) = shown
             assert shown["key"] == "scaling-summary" and "speedup" in shown["data"]
+
+            def a_finished_scheduled_run():
+                done = [r for r in scheduled_runs() if r.state.type.value in FINAL]
+                return done and done[0]
+
+            run = wait_for("a scheduled run finishing", a_finished_scheduled_run, 400, 2)
+            assert run.state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
         assert serve.returncode is not None
         stopped = (tmp_path / "serve.log").read_text()
         assert "RuntimeWarning" not in stopped and "Traceback" not in stopped, stopped[-3000:]
         after = client.read_deployment(nightly.id)
         assert not after.paused and after.schedules[0].active  # stopping did not pause it
-
-
-def test_a_schedule_that_falls_due_runs_to_completion_by_itself(prefect_server, tmp_path):
-    params = tiny_params(tmp_path)
-    with client_for(prefect_server["url"]) as client:
-        with serving(prefect_server, params, tmp_path, "--cron", "* * * * *"):
-            nightly = deployments_by_name(client, "* * * * *")["nightly-scaling"]
-            registered = datetime.now(UTC)
-
-            def a_completed_scheduled_run():
-                done = [
-                    r
-                    for r in flow_runs_of(client, nightly.id)
-                    if r.auto_scheduled
-                    and r.state.type.value in FINAL
-                    and r.expected_start_time > registered  # this schedule's, not a past one's
-                ]
-                return done and done[0]
-
-            run = wait_for("a scheduled nightly run finishing", a_completed_scheduled_run, 400, 2)
-            assert run.state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
     assert (tmp_path / "sweep" / "sweep.csv").exists()
 
 
