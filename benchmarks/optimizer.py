@@ -1,4 +1,4 @@
-"""Benchmark: tfscale's fused Adam (`tasks.steps.FusedAdam`, one `ResourceApplyAdam` kernel a
+"""Benchmark: tfscale's fused Adam (`tasks.train.steps.FusedAdam`, one `ResourceApplyAdam` kernel a
 variable) against Keras's Adam (a dozen small ops a variable), on the same model, batch and
 input, under Mirrored over 2 logical CPU devices (each with its share of the cores, as the
 pipeline runs it):
@@ -28,16 +28,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build(dataset: str, data_root: str, optimizer: str):
     """A Mirrored run's setup and epoch runner over 2 logical CPUs, with `optimizer`."""
-    from tasks import process
+    from tasks.core import process
 
     process.set_up_devices(2)
     import keras
 
-    from tasks.config import load_config
-    from tasks.preparation import prepare_dataset
-    from tasks.steps import make_warmup_schedule
-    from tasks.strategy import StrategyChoice
-    from tasks.training import set_up_training, train_dataset_fn
+    from tasks.data.preparation import prepare_dataset
+    from tasks.distribute.strategy import StrategyChoice
+    from tasks.settings.config import load_config
+    from tasks.train.steps import make_warmup_schedule
+    from tasks.train.training import set_up_training, train_dataset_fn
 
     cfg = load_config(
         None,
@@ -75,7 +75,7 @@ def main() -> None:
     if args.first_call:  # the child process of the trace timing
         print(json.dumps(first_call(args.dataset, *args.first_call)))
         return
-    from tasks.rounds import Spread, alternate, ratio
+    from tasks.measure.rounds import Spread, alternate, ratio
 
     names = ("keras", "fused")
     with tempfile.TemporaryDirectory(prefix="tfscale-optimizer-") as data_root:

@@ -23,8 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PREPARE = """
 import json, sys
-from tasks.config import load_config
-from tasks.preparation import prepare_dataset
+from tasks.settings.config import load_config
+from tasks.data.preparation import prepare_dataset
 config = load_config(None, json.loads(sys.argv[1]))
 r = prepare_dataset(config, progress=True)
 print(json.dumps({"seconds": r.seconds, "bytes": r.total_bytes, "dir": r.data_dir}))
@@ -68,8 +68,8 @@ def compare_pipelines(data_dir: str, batch: int, batches: int) -> tuple[float, f
     import numpy as np
     import tensorflow as tf
 
-    from tasks.inputs import build_dataset
-    from tasks.manifest import load_manifest
+    from tasks.data.inputs import build_dataset
+    from tasks.data.manifest import load_manifest
 
     manifest = load_manifest(data_dir)
     shards = build_dataset(manifest, data_dir, "train", batch, training=True).repeat()

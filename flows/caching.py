@@ -4,7 +4,7 @@ that makes its result, stored beside the runs they point at.
 A cached result is reused only while (1) its inputs are the same (`INPUTS`: the config,
 the data manifest, the hardware report and the strategy, each a value), (2) the code that
 made it is the same (`CODE`: the project's sources and the TensorFlow and Keras versions,
-`tasks.provenance`), and (3) the files it points at are still on disk (`cached`).
+`tasks.core.provenance`), and (3) the files it points at are still on disk (`cached`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from prefect.cache_policies import INPUTS, CachePolicy
 
-from tasks.config import Config
-from tasks.provenance import code_version
+from tasks.core.provenance import code_version
+from tasks.settings.config import Config
 
 
 @dataclass

@@ -164,11 +164,11 @@ TENSORFLOW_COMMANDS = {"hardware", "train", "evaluate"}
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from tasks.process import import_tensorflow, set_up_process
+    from tasks.core.process import import_tensorflow, set_up_process
 
     set_up_process(args.verbose or None)
     from flows import commands
-    from tasks.errors import UserError, system_error
+    from tasks.core.errors import UserError, system_error
 
     try:
         config = _load(args)
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The `tfscale` command: `main`, then the exit without teardown (`exit_now`)."""
-    from tasks.process import exit_now
+    from tasks.core.process import exit_now
 
     exit_now(main())
 
@@ -286,6 +286,17 @@ def _add_forecast_command(sub: Any) -> None:
         help="the run to forecast from (default: the newest run of several replicas with a "
         "diagnosis)",
     )
+    _add_forecast_grid(forecast)
+    forecast.add_argument(
+        "--out-dir", help="where forecast.json and the charts go (default: the run's directory)"
+    )
+    forecast.add_argument(
+        "--no-track", action="store_true", help="do not log the forecast to MLflow"
+    )
+
+
+def _add_forecast_grid(forecast: Any) -> None:
+    """What `tfscale forecast` predicts: worker counts, links, scaling."""
     forecast.add_argument(
         "--workers",
         type=_numbers(int),
@@ -313,12 +324,6 @@ def _add_forecast_command(sub: Any) -> None:
         choices=("weak", "strong"),
         default="weak",
         help="weak: the per-replica batch stays; strong: the global batch stays (weak)",
-    )
-    forecast.add_argument(
-        "--out-dir", help="where forecast.json and the charts go (default: the run's directory)"
-    )
-    forecast.add_argument(
-        "--no-track", action="store_true", help="do not log the forecast to MLflow"
     )
 
 
@@ -415,7 +420,7 @@ def _add(sub: Any, name: str, help_text: str, flags: dict) -> argparse.ArgumentP
 
 
 def _load(args: argparse.Namespace):
-    from tasks.config import DEFAULT_PARAMS, load_config
+    from tasks.settings.config import DEFAULT_PARAMS, load_config
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     if overrides.get("prepare.synthetic.height") is not None:

@@ -64,14 +64,14 @@ def show_here(subflow_state, key: str) -> None:
 @flow(name="tfscale", log_prints=True)
 def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
     """A deployment entry point: the pipeline on `params_path` with dotted overrides."""
-    from tasks.process import import_tensorflow, set_up_process
-    from tasks.progress import stage
+    from tasks.core.process import import_tensorflow, set_up_process
+    from tasks.core.progress import stage
 
     set_up_process()  # a flow run's own process: before TensorFlow is imported
     stage("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     from flows.pipeline import pipeline
-    from tasks.config import load_config
+    from tasks.settings.config import load_config
 
     state = pipeline(load_config(params_path, overrides or {}), return_state=True)
     show_here(state, "scaling-summary")
@@ -81,14 +81,14 @@ def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None 
 @flow(name="tfscale-nightly", log_prints=True)
 def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
     """The scaling study on `params_path`: the nightly benchmark."""
-    from tasks.process import import_tensorflow, set_up_process
-    from tasks.progress import stage
+    from tasks.core.process import import_tensorflow, set_up_process
+    from tasks.core.progress import stage
 
     set_up_process()  # a flow run's own process: before TensorFlow is imported
     stage("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     from flows.sweep import sweep_flow
-    from tasks.config import load_config
+    from tasks.settings.config import load_config
 
     state = sweep_flow(load_config(params_path, overrides or {}), return_state=True)
     show_here(state, "scaling-sweep")

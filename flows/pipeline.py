@@ -8,21 +8,17 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.caching import RESULTS, cached
-from tasks import (
-    autotune,
-    evaluation,
-    hardware,
-    preparation,
-    process,
-    runs,
-    strategy,
-    summary,
-    tracking,
-)
-from tasks import config as config_mod
-from tasks.manifest import shards_present
-from tasks.progress import stage
-from tasks.run import Run
+from tasks.core import process
+from tasks.core.progress import stage
+from tasks.data import preparation
+from tasks.data.manifest import shards_present
+from tasks.distribute import hardware, strategy
+from tasks.distribute.run import Run
+from tasks.measure import autotune
+from tasks.report import execute, summary
+from tasks.settings import config as config_mod
+from tasks.track import tracking
+from tasks.train import evaluation
 
 
 @task(name="check tracking store")
@@ -66,7 +62,7 @@ def settle_task(run: Run) -> Run:
     is what trains, after the measured candidates (one page, one answer: the proposal's
     precision is not shown as the run's when `auto` kept another)."""
     proposed = run.choice.kind
-    run, settled = runs.settle_auto(run, for_pipeline=True)
+    run, settled = execute.settle_auto(run, for_pipeline=True)
     choice = run.choice
     if settled.timed:
         stage("auto", autotune.format_line(settled))
@@ -89,22 +85,22 @@ def start_child_task(tracker: tracking.Tracker, parent_id: str, name: str, tags:
 
 @task(name="train baseline (one device)", cache_policy=RESULTS, persist_result=True)
 def _baseline_task(run: Run, on_epoch=None):
-    return runs.run_training(run, on_epoch=on_epoch, label="baseline")
+    return execute.run_training(run, on_epoch=on_epoch, label="baseline")
 
 
 def baseline_task(run: Run, on_epoch=None):
     """The baseline, reusing the cached result only while its run directory is intact."""
     complete = run.is_complete
     result = cached(_baseline_task, run.config, complete)(run, on_epoch)
-    stage("baseline", runs.format_line(result) + ("" if not complete else " (reused)"))
+    stage("baseline", execute.format_line(result) + ("" if not complete else " (reused)"))
     return result
 
 
 @task(name="train distributed and diagnose")
 def distributed_task(run: Run, on_epoch=None):
     """The distributed run and its bottleneck diagnosis."""
-    result, diagnosis = runs.train_and_diagnose(run, on_epoch=on_epoch, label="distributed")
-    stage("distributed", runs.format_line(result))
+    result, diagnosis = execute.train_and_diagnose(run, on_epoch=on_epoch, label="distributed")
+    stage("distributed", execute.format_line(result))
     if diagnosis is not None:
         stage("diagnosis", diagnosis.bottleneck)
     return result, diagnosis

@@ -26,9 +26,28 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.runtime import flow_run
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Cancelled, Crashed
 
-from tasks.errors import UserError
-from tasks.progress import stage
+from flows.prefect_api import check_prefect_server
+from tasks.core import process
+from tasks.core.errors import UserError
+from tasks.core.files import write_json_atomic
+from tasks.core.network import host_name
+from tasks.core.progress import stage
+from tasks.data.manifest import ShardError, load_manifest
+from tasks.data.preparation import dataset_dir
+from tasks.distribute import hardware, strategy
+from tasks.distribute.run import Run
+from tasks.report import scaling_grid
+from tasks.settings.config import config_from_dict, config_to_dict
 
 CELL_FLOW = "tfscale-sweep-cell"
 ROOT = Path(__file__).resolve().parent.parent  # the project: the deployment's source
@@ -72,10 +91,6 @@ def absolute_paths(config: Any) -> Any:
 
 def this_host() -> str:
     """This host's name and the address it reaches the Prefect server from."""
-    from prefect.settings import PREFECT_API_URL
-
-    from tasks.network import host_name
-
     return host_name(PREFECT_API_URL.value())
 
 
@@ -101,9 +116,6 @@ def check_data(config: Any, digest: str) -> Any:
     Raises:
         NotShared: no prepared data here, or a copy that differs.
     """
-    from tasks.manifest import ShardError, load_manifest
-    from tasks.preparation import dataset_dir
-
     data_dir = dataset_dir(config)
     fix = (
         "share prepare.data_dir between the hosts (the submitter prepares it), or delete "
@@ -129,24 +141,16 @@ def check_data(config: Any, digest: str) -> Any:
 def sweep_cell_flow(config: dict, data_digest: str, sweep_dir: str, token: str) -> dict:
     """One cell of a sweep on this host: its result (as a cell in one process gives it,
     with the host) written to the sweep's directory under this flow run's id."""
-    from prefect.runtime import flow_run
-
-    from tasks import hardware, process, strategy, sweep
-    from tasks.config import config_from_dict
-    from tasks.files import write_json_atomic
-    from tasks.preparation import dataset_dir
-    from tasks.run import Run
-
     cfg = config_from_dict(config)
     check_shared(Path(sweep_dir), token)
     manifest = check_data(cfg, data_digest)
     report = hardware.detect_hardware()
-    process.set_up_devices(sweep.cell_devices(cfg, report))
+    process.set_up_devices(scaling_grid.cell_devices(cfg, report))
     choice = strategy.select_strategy(report, cfg.train)
     run = Run(cfg, manifest, str(dataset_dir(cfg)), choice, report)
     host = this_host()
     print(f"cell on {host}: {choice.kind}, {choice.shape}, {choice.precision}")
-    out = sweep.train_cell(run, host)
+    out = scaling_grid.train_cell(run, host)
     path = result_path(Path(sweep_dir), str(flow_run.id))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, out)
@@ -170,10 +174,6 @@ class Attempt:
 def deploy_cell_flow(pool: str) -> str:
     """The cell deployment on `pool` (made or updated): its id. The pool is made (type
     process) when the server has none of that name."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectNotFound
-
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(pool)
@@ -210,34 +210,13 @@ def run_cells_on_pool(
     Raises:
         PoolError: the pool has no live worker, or a cell failed on every attempt.
     """
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.states import Crashed
-
-    from tasks.config import config_to_dict
 
     sweep_dir = Path(cell_configs[0].sweep.out_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     marker_path(sweep_dir).write_text(token + "\n")
     deployment_id = deploy_cell_flow(pool)
-
-    def submit(index: int, number: int) -> Attempt:
-        parameters = {
-            "config": config_to_dict(cell_configs[index]),
-            "data_digest": digests[index],
-            "sweep_dir": str(sweep_dir),
-            "token": token,
-        }
-        flow_run = run_deployment(
-            deployment_id,
-            parameters=parameters,
-            timeout=0,
-            flow_run_name=f"{labels[index]}-try{number}",
-            tags=["tfscale-sweep"],
-        )
-        return Attempt(index, labels[index], str(flow_run.id), number)
-
+    cells = _PoolCells(pool, deployment_id, cell_configs, digests, labels, sweep_dir, token)
     with get_client(sync_client=True) as client:
         if not any(live_workers(client, pool, datetime.now(UTC)).values()):
             raise PoolError(
@@ -245,49 +224,89 @@ def run_cells_on_pool(
                 f"start one on each host that should train: PREFECT_API_URL=<this server> "
                 f"prefect worker start --pool {pool} --type process --limit 1",
             )
-        attempts = [submit(i, 1) for i in range(len(cell_configs))]
+        attempts = [cells.submit(i, 1) for i in range(len(cell_configs))]
         stage("pool", f"{len(attempts)} cells submitted to work pool {pool!r}")
         results: dict[int, dict] = {}
         try:
             while len(results) < len(attempts):
                 time.sleep(1.0)
-                workers = live_workers(client, pool, datetime.now(UTC))
-                waiting = [a for a in attempts if a.index not in results]
-                flow_runs = read_flow_runs(client, [a.flow_run_id for a in waiting])
-                for attempt in waiting:
-                    run = flow_runs[attempt.flow_run_id]
-                    state = run.state_type.value if run.state_type else "SCHEDULED"
-                    worker = (run.labels or {}).get("prefect.worker.name")
-                    if worker and attempt.worker is None:
-                        attempt.worker = worker
-                        stage("pool", f"{attempt.label} taken by worker {worker}")
-                    step = judge(state, worker, workers)
-                    if step == "done":
-                        results[attempt.index] = done = _read_result(sweep_dir, attempt, run)
-                        stage(
-                            "pool",
-                            f"{attempt.label} done on {done['host']} ({done['examples_per_s']:,.0f}"
-                            f" ex/s; {len(results)}/{len(attempts)} cells)",
-                        )
-                    elif step != "wait":
-                        why = _why(run, step, worker)
-                        if step == "lost":  # so the Prefect UI shows what happened to it
-                            client.set_flow_run_state(run.id, Crashed(message=why), force=True)
-                        if attempt.number > retries:
-                            raise PoolError(
-                                f"sweep cell {attempt.label} failed on all {attempt.number} "
-                                f"attempts (flow run {run.name}: {why})",
-                                "read the flow run's logs in the Prefect UI (or the worker's "
-                                "output), fix the cause and run the sweep again.",
-                            )
-                        stage("pool", f"{attempt.label}: {why}; submitting it again")
-                        attempts[attempt.index] = submit(attempt.index, attempt.number + 1)
+                cells.poll(client, attempts, results, retries)
         except BaseException:  # a failed cell, Ctrl-C: no cell left running for nobody
             _cancel(client, [a for a in attempts if a.index not in results])
             raise
         finally:
             marker_path(sweep_dir).unlink(missing_ok=True)
     return [results[i] for i in range(len(attempts))]
+
+
+@dataclass
+class _PoolCells:
+    """The cells of one sweep on a pool: how each is submitted, and one round of watching
+    their flow runs."""
+
+    pool: str
+    deployment_id: str
+    configs: list[Any]
+    digests: list[str]
+    labels: list[str]
+    sweep_dir: Path
+    token: str  # in the marker file: a cell on a host that does not see it refuses (check_shared)
+
+    def submit(self, index: int, number: int) -> Attempt:
+        parameters = {
+            "config": config_to_dict(self.configs[index]),
+            "data_digest": self.digests[index],
+            "sweep_dir": str(self.sweep_dir),
+            "token": self.token,
+        }
+        flow_run = run_deployment(
+            self.deployment_id,
+            parameters=parameters,
+            timeout=0,
+            flow_run_name=f"{self.labels[index]}-try{number}",
+            tags=["tfscale-sweep"],
+        )
+        return Attempt(index, self.labels[index], str(flow_run.id), number)
+
+    def poll(self, client: Any, attempts: list[Attempt], results: dict, retries: int) -> None:
+        """Reads every waiting cell's flow run once: records the done, submits again the
+        failed and lost (`attempts` updated in place), raises when one has no retry left."""
+        workers = live_workers(client, self.pool, datetime.now(UTC))
+        waiting = [a for a in attempts if a.index not in results]
+        flow_runs = read_flow_runs(client, [a.flow_run_id for a in waiting])
+        for attempt in waiting:
+            run = flow_runs[attempt.flow_run_id]
+            state = run.state_type.value if run.state_type else "SCHEDULED"
+            worker = (run.labels or {}).get("prefect.worker.name")
+            if worker and attempt.worker is None:
+                attempt.worker = worker
+                stage("pool", f"{attempt.label} taken by worker {worker}")
+            step = judge(state, worker, workers)
+            if step == "done":
+                results[attempt.index] = done = _read_result(self.sweep_dir, attempt, run)
+                stage(
+                    "pool",
+                    f"{attempt.label} done on {done['host']} ({done['examples_per_s']:,.0f}"
+                    f" ex/s; {len(results)}/{len(attempts)} cells)",
+                )
+            elif step != "wait":
+                attempts[attempt.index] = self.retry(client, attempt, run, step, retries)
+
+    def retry(self, client: Any, attempt: Attempt, run: Any, step: str, retries: int) -> Attempt:
+        """A failed or lost cell submitted again, or the sweep's error once it has no
+        retry left."""
+        why = _why(run, step, (run.labels or {}).get("prefect.worker.name"))
+        if step == "lost":  # so the Prefect UI shows what happened to it
+            client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+        if attempt.number > retries:
+            raise PoolError(
+                f"sweep cell {attempt.label} failed on all {attempt.number} "
+                f"attempts (flow run {run.name}: {why})",
+                "read the flow run's logs in the Prefect UI (or the worker's "
+                "output), fix the cause and run the sweep again.",
+            )
+        stage("pool", f"{attempt.label}: {why}; submitting it again")
+        return self.submit(attempt.index, attempt.number + 1)
 
 
 def judge(state: str, worker: str | None, alive: dict[str, bool]) -> str:
@@ -310,9 +329,6 @@ def _why(run: Any, step: str, worker: str | None) -> str:
 
 def read_flow_runs(client: Any, ids: list[str]) -> dict[str, Any]:
     """The flow runs of `ids`, by id, in one request."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import FlowRunSort
-
     found = client.read_flow_runs(
         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])),
         sort=FlowRunSort.EXPECTED_START_TIME_ASC,
@@ -323,8 +339,6 @@ def read_flow_runs(client: Any, ids: list[str]) -> dict[str, Any]:
 
 
 def _cancel(client: Any, attempts: list[Attempt]) -> None:
-    from prefect.states import Cancelled
-
     for attempt in attempts:
         try:
             client.set_flow_run_state(
@@ -354,8 +368,6 @@ def check_server() -> str:
         ServerUnavailable: none is set (the temporary server no other host can reach), or
             it does not answer.
     """
-    from flows.prefect_api import check_prefect_server
-
     return check_prefect_server(
         unset="sweep.work_pool needs a Prefect server the pool's workers reach: "
         "PREFECT_API_URL is unset",

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flows.errors import ServerUnavailable
-from tasks.network import free_ports
+from tasks.core.network import free_ports
 
 
 class TemporaryAPI:
@@ -40,7 +40,7 @@ class TemporaryAPI:
         """
         if self.process is None:
             return
-        from tasks.network import wait_healthy
+        from tasks.core.network import wait_healthy
 
         alive = lambda: self.process.poll() is None  # noqa: E731
         problem = wait_healthy(f"{self.url}/health", timeout_s, interval_s=0.1, alive=alive)

@@ -12,25 +12,28 @@ from prefect.artifacts import create_table_artifact
 from flows import pool
 from flows.caching import RESULTS, cached
 from flows.pipeline import check_tracking_task, detect_task, fail_tracking_task, prepare_task
-from tasks import config as config_mod
-from tasks import process, strategy, sweep, tracking
-from tasks.network import host_name
-from tasks.run import Run
+from tasks.core import process
+from tasks.core.network import host_name
+from tasks.distribute import strategy
+from tasks.distribute.run import Run
+from tasks.report import scaling_grid
+from tasks.settings import config as config_mod
+from tasks.track import tracking
 
 
 @task(name="plan the grid")
 def plan_task(config):
-    return sweep.plan_cells(config)
+    return scaling_grid.plan_cells(config)
 
 
 @task(name="set up devices")
 def devices_task(config, report):
-    process.set_up_devices(sweep.cell_devices(config, report))
+    process.set_up_devices(scaling_grid.cell_devices(config, report))
 
 
 @task(name="train a cell", cache_policy=RESULTS, persist_result=True)
 def _cell_task(run: Run) -> dict:
-    return sweep.train_cell(run, host_name())
+    return scaling_grid.train_cell(run, host_name())
 
 
 def cell_task(config, manifest, data_dir: str, report) -> dict:
@@ -45,7 +48,7 @@ def pool_task(config, cells, prepared) -> list[dict]:
     shared = pool.absolute_paths(config)
     return pool.run_cells_on_pool(
         config.sweep.work_pool,
-        [sweep.cell_config(shared, cell) for cell in cells],
+        [scaling_grid.cell_config(shared, cell) for cell in cells],
         [p.manifest.digest for p in prepared],
         [cell.run_name for cell in cells],
         config.sweep.cell_retries,
@@ -63,9 +66,9 @@ def start_sweep_tracking_task(tracker: tracking.Tracker, report, config):
 
 @task(name="tabulate and chart")
 def tabulate_task(cells, results, config):
-    forecasts = sweep.forecast_lines(cells, results)
-    rows = sweep.tabulate(cells, results, forecasts)
-    return rows, sweep.write_outputs(rows, Path(config.sweep.out_dir), forecasts)
+    forecasts = scaling_grid.forecast_lines(cells, results)
+    rows = scaling_grid.tabulate(cells, results, forecasts)
+    return rows, scaling_grid.write_outputs(rows, Path(config.sweep.out_dir), forecasts)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
@@ -80,7 +83,7 @@ def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files)
 
 
 @flow(name="tfscale-sweep", log_prints=True)
-def sweep_flow(config: config_mod.Config) -> list[sweep.SweepRow]:
+def sweep_flow(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     """Every cell of the grid in `config.sweep`, reusing cells seen before."""
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)
@@ -90,12 +93,12 @@ def sweep_flow(config: config_mod.Config) -> list[sweep.SweepRow]:
     parent_id = start_sweep_tracking_task(tracker, report, config)
     try:
         if config.sweep.work_pool:
-            prepared = [prepare_task(sweep.cell_config(config, cell)) for cell in cells]
+            prepared = [prepare_task(scaling_grid.cell_config(config, cell)) for cell in cells]
             results = pool_task(config, cells, prepared)
         else:
             results = []
             for cell in cells:
-                cell_cfg = sweep.cell_config(config, cell)
+                cell_cfg = scaling_grid.cell_config(config, cell)
                 prepared = prepare_task(cell_cfg)
                 results.append(cell_task(cell_cfg, prepared.manifest, prepared.data_dir, report))
         rows, files = tabulate_task(cells, results, config)

@@ -27,8 +27,8 @@ for _name in OUTSIDE + tuple(name for name in os.environ if name.startswith("SLU
     os.environ.pop(_name, None)
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else MLflow writes ~/.config/mlflow
 
-from tasks.config import load_config  # noqa: E402
-from tasks.process import set_up_process  # noqa: E402
+from tasks.core.process import set_up_process  # noqa: E402
+from tasks.settings.config import load_config  # noqa: E402
 
 set_up_process()  # the test session is a process entry too
 
@@ -147,7 +147,7 @@ def make_config(tmp_path):
 @pytest.fixture(scope="session", autouse=True)
 def two_logical_cpus():
     """Mirrored tests need 2 logical CPU devices, configured before TensorFlow starts."""
-    from tasks.process import logical_cpus, set_up_devices
+    from tasks.core.process import logical_cpus, set_up_devices
 
     set_up_devices(2)
     return logical_cpus(2)
@@ -156,7 +156,7 @@ def two_logical_cpus():
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """The digits dataset prepared once for the session: (config overrides, manifest, dir)."""
-    from tasks.preparation import prepare_dataset
+    from tasks.data.preparation import prepare_dataset
 
     root = tmp_path_factory.mktemp("digits")
     overrides = {"prepare.data_dir": str(root / "tfrecords"), "train.runs_dir": str(root / "runs")}

@@ -6,13 +6,15 @@ import contextlib
 import io
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from tasks.network import free_ports, wait_healthy
+from tasks.core.network import free_ports, wait_healthy
+from tasks.distribute.hardware import GpuInfo, HardwareReport
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -106,7 +108,7 @@ def run_main(
     MLflow and Prefect set up their logging once, when first imported, closing every
     handler they find: they are imported here first, before any stream is redirected."""
     import flows.prefect_api  # noqa: F401
-    import tasks.tracking  # noqa: F401
+    import tasks.track.tracking  # noqa: F401
     from flows import cli
 
     report = cli._report
@@ -143,3 +145,64 @@ def run_main(
                 os.environ[name] = value
         root.handlers[:], root.level = saved_log
     return code, out.getvalue(), err.getvalue()
+
+
+PLAIN_CPU = ["avx2", "avx512f", "fma"]
+
+
+def report(gpus=(), flags=PLAIN_CPU, tpu=None, cluster=None) -> HardwareReport:
+    """A hardware report of an 8-core CPU with `flags`, and GPUs of the given compute
+    capabilities (the narrowest boundary a GPU or TPU path is tested at)."""
+    return HardwareReport(
+        "test cpu",
+        8,
+        list(flags),
+        [GpuInfo(f"gpu{i}", cc) for i, cc in enumerate(gpus)],
+        tpu,
+        cluster,
+    )
+
+
+def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = True):
+    """The installed `tfscale` command run to its end, its output captured."""
+    proc = subprocess.run(
+        [str(BIN / "tfscale"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+        timeout=600,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def kill_mid_run_and_rerun(
+    argv: list[str], runs: Path, epochs: int, after: int = 3, run_dirs: str = "*"
+) -> tuple:
+    """Starts the training `argv` (of `epochs` epochs, writing its run directory under
+    `runs`, the only one named like `run_dirs`), kills it with
+    SIGKILL once `after` epochs are recorded, checks the kill landed mid-run, and runs it
+    again to its end. Returns (the rerun's metrics, the epochs the killed run recorded)."""
+    import json
+    import signal
+    import time
+
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list(runs.glob(f"{run_dirs}/history.json"))
+        if done and len(json.loads(done[0].read_text() or "[]")) >= after:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    (path,) = runs.glob(f"{run_dirs}/history.json")
+    finished = len(json.loads(path.read_text()))
+    assert after <= finished < epochs and not (path.parent / "metrics.json").exists()  # mid-run
+    subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    metrics = json.loads((path.parent / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= finished - 1
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, epochs + 1))
+    return metrics, finished

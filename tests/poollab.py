@@ -1,5 +1,5 @@
 """A Prefect work pool on hosts of our own: a Prefect server on host 0 of a set of network
-namespaces (`tasks.netlab`), a process worker (`--limit 1`) on each other host, and
+namespaces (`tasks.distribute.netlab`), a process worker (`--limit 1`) on each other host, and
 commands run on host 0 as a submitter there would run them. Everything is deleted at the
 end. Only the namespaces' private addresses are ever addressed.
 
@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tasks import netlab
+from tasks.distribute import netlab
 
 BIN = Path(sys.executable).parent
 PORT = 4200  # the server's own host: nothing else listens in a fresh namespace
 # run on the server's host, where the test process cannot reach: tfscale's own health wait
 HEALTHY = (
-    "import sys; from tasks.network import wait_healthy\n"
+    "import sys; from tasks.core.network import wait_healthy\n"
     "sys.exit(wait_healthy(sys.argv[1], float(sys.argv[2]), interval_s=0.5) is not None)\n"
 )
 # the sweep the pool's test and benchmark run: digits MLP, 1 and 2 replicas x batch 32, 64

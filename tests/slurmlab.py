@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tasks import netlab
+from tasks.distribute import netlab
 
 PACKAGES = ("slurm-wlm", "munge")
 
@@ -31,22 +31,16 @@ def install() -> str | None:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return "Slurm is not installed, and installing it needs root and apt-get"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    done = subprocess.run(
-        ["apt-get", "install", "-y", "-q", *PACKAGES],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:  # the package lists may be missing on a fresh machine
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=600)
-        done = subprocess.run(
-            ["apt-get", "install", "-y", "-q", *PACKAGES],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
+
+    def apt_get(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["apt-get", *args], env=env, capture_output=True, text=True, timeout=600
         )
+
+    done = apt_get("install", "-y", "-q", *PACKAGES)
+    if done.returncode != 0:  # the package lists may be missing on a fresh machine
+        apt_get("update", "-q")
+        done = apt_get("install", "-y", "-q", *PACKAGES)
     if done.returncode != 0:
         return f"apt-get install {' '.join(PACKAGES)} failed: {done.stderr[-500:]}"
     return None

@@ -1,11 +1,15 @@
-"""The house's plan against the code: docs/architecture.md lists every module of `tasks/`
-and `flows/` with its layer, and no module imports from a layer above its own, at the top
-of a file or inside a function."""
+"""The house's plan against the code: `tasks/` is one subpackage per layer, each says what it
+owns, and no module imports from a higher layer, at the top of a file, inside a function,
+or by a name bound late (a module named in a string). docs/architecture.md draws the
+layers as this test generates them (`python tests/test_layout.py` prints the drawing) and
+lists every module with what it owns."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,60 +17,148 @@ from helpers import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROW = re.compile(r"^\| (\d+) \| `((?:tasks|flows)/\w+\.py)` \|")
-PACKAGES = ("tasks", "flows")
+# lowest first: a package imports only from itself and the packages before it
+LAYERS = (
+    "tasks.core",
+    "tasks.settings",
+    "tasks.data",
+    "tasks.distribute",
+    "tasks.train",
+    "tasks.measure",
+    "tasks.report",
+    "tasks.track",
+    "flows",
+)
+ROOTS = ("tasks", "flows")
+ROW = re.compile(r"^\| `((?:tasks|flows)/[\w/]+\.py)` \|")
+DIAGRAM = re.compile(r"<!-- layers -->\n```\n(.*?)```\n", re.S)
 
 
-def planned_layers() -> dict[str, int]:
-    """{module path: layer} from the modules table of docs/architecture.md."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    return {m[2]: int(m[1]) for line in text.splitlines() if (m := ROW.match(line))}
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
-def modules_in_tree() -> set[str]:
+def modules_in_tree() -> dict[str, Path]:
+    """{dotted module name: path} of every module of `tasks/` and `flows/`."""
     return {
-        str(path.relative_to(ROOT))
-        for package in PACKAGES
-        for path in (ROOT / package).glob("*.py")
+        module_name(path): path
+        for root in ROOTS
+        for path in sorted((ROOT / root).rglob("*.py"))
         if path.name != "__init__.py"
     }
 
 
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the package holding `module` (-1: none)."""
+    package = module.rpartition(".")[0]
+    return LAYERS.index(package) if package in LAYERS else -1
+
+
 def imported_modules(path: Path) -> set[str]:
-    """The project modules `path` imports anywhere in it, as paths (`tasks/run.py`)."""
+    """The project modules `path` imports anywhere in it (dotted), and those it binds late:
+    `_later("tasks.x.y", name)` calls and `*_MODULE = "flows.x"` constants."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
-            if node.module in PACKAGES:  # from tasks import runs
+            if node.module in (*ROOTS, *LAYERS):  # from tasks.report import execute
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
-            continue
-        found.update(n.replace(".", "/") + ".py" for n in names if n.split(".")[0] in PACKAGES)
+            names = late_bound(node)
+        found.update(n for n in names if n.split(".")[0] in ROOTS)
     return found
 
 
-def test_the_plan_lists_every_module_and_no_other():
-    planned, present = set(planned_layers()), modules_in_tree()
-    assert present - planned == set(), "add these to docs/architecture.md"
-    assert planned - present == set(), "remove these from docs/architecture.md"
+def late_bound(node: ast.AST) -> list[str]:
+    """A module named in a string: `_later("module", "name")`, `X_MODULE = "module"`."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_later":
+        return [node.args[0].value]
+    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+        targets = [getattr(t, "id", "") for t in node.targets]
+        if any(t.endswith("_MODULE") for t in targets):
+            return [node.value.value]
+    return []
+
+
+def late_bound_names() -> list[tuple[str, str, str]]:
+    """(module that names it, module, attribute or '') of every late-bound name."""
+    found = []
+    for module, path in modules_in_tree().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_later":
+                found.append((module, node.args[0].value, node.args[1].value))
+            elif late_bound(node):
+                found.append((module, late_bound(node)[0], ""))
+    return found
+
+
+def diagram() -> str:
+    """The layers, top down: number, package, its modules."""
+    modules = modules_in_tree()
+    lines = []
+    for index in reversed(range(len(LAYERS))):
+        package = LAYERS[index]
+        names = [m.rpartition(".")[2] for m in modules if m.rpartition(".")[0] == package]
+        wrapped = textwrap.wrap(", ".join(names), 68) or [""]
+        lines.append(f"{index + 1} {package.replace('.', '/') + '/':<18}{wrapped[0]}")
+        lines += [" " * 20 + more for more in wrapped[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def architecture() -> str:
+    return (ROOT / "docs" / "architecture.md").read_text()
+
+
+def test_every_module_is_in_a_layer_package_that_says_what_it_owns():
+    outside = [m for m in modules_in_tree() if layer_of(m) < 0]
+    assert outside == [], f"put these in one of {LAYERS}"
+    for package in LAYERS:
+        init = ROOT / package.replace(".", "/") / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert 0 < len(doc.splitlines()) <= 8, f"{init}: say in a few lines what it owns"
 
 
 def test_no_module_imports_from_a_higher_layer():
-    layers = planned_layers()
+    modules = modules_in_tree()
     upward = [
-        f"{module} (layer {layers[module]}) imports {target} (layer {layers[target]})"
-        for module in sorted(layers)
-        for target in sorted(imported_modules(ROOT / module))
-        if target in layers and layers[target] > layers[module]
+        f"{module} ({LAYERS[layer_of(module)]}) imports {target} ({LAYERS[layer_of(target)]})"
+        for module, path in modules.items()
+        for target in sorted(imported_modules(path))
+        if target in modules
+        and layer_of(target) > layer_of(module)
+        and (module, target) not in late_bound_pairs()
     ]
     assert upward == []
 
 
+def late_bound_pairs() -> set[tuple[str, str]]:
+    """The upward names allowed: a strategy kind's builders and runners, which the table
+    in `tasks.settings.kinds` names for the train layer, and the worker process's entry
+    point, which `tasks.distribute.launch` runs."""
+    allowed = {"tasks.settings.kinds", "tasks.distribute.launch"}
+    return {(by, module) for by, module, _ in late_bound_names() if by in allowed}
+
+
+def test_every_late_bound_name_resolves_and_only_the_allowed_modules_bind_late():
+    names = late_bound_names()
+    assert {by for by, _, _ in names} == {"tasks.settings.kinds", "tasks.distribute.launch"}
+    for _, module, attribute in names:
+        assert module in modules_in_tree(), module
+        if attribute:
+            assert hasattr(importlib.import_module(module), attribute), (module, attribute)
+        else:  # a process entry point: `python -m module`
+            assert "__main__" in (ROOT / (module.replace(".", "/") + ".py")).read_text()
+
+
 def test_no_import_circle():
-    graph = {m: imported_modules(ROOT / m) & set(planned_layers()) for m in planned_layers()}
+    modules = modules_in_tree()
+    late = late_bound_pairs()  # bound at run time, by name: no import
+    graph = {
+        m: {t for t in imported_modules(p) & set(modules) if (m, t) not in late}
+        for m, p in modules.items()
+    }
     circles = []
 
     def visit(module: str, path: list[str]) -> None:
@@ -81,9 +173,41 @@ def test_no_import_circle():
     assert circles == []
 
 
+def test_the_architecture_draws_the_layers_of_the_tree_and_lists_every_module():
+    drawn = DIAGRAM.search(architecture())
+    assert drawn, "docs/architecture.md: put the drawing after a '<!-- layers -->' line"
+    assert drawn[1] == diagram(), "run `python tests/test_layout.py` and paste its drawing"
+    listed = {m[1] for line in architecture().splitlines() if (m := ROW.match(line))}
+    present = {str(p.relative_to(ROOT)) for p in modules_in_tree().values()}
+    assert present - listed == set(), "add these to docs/architecture.md's modules table"
+    assert listed - present == set(), "remove these from docs/architecture.md's modules table"
+
+
+def test_the_code_version_reads_every_module_of_every_layer():
+    """Cached results know the code (`tasks/core/provenance.py`): its digest covers every
+    module of the tree, in every package."""
+    from tasks.core.provenance import source_files
+
+    read = {module_name(path) for path in source_files() if path.name != "__init__.py"}
+    assert read == set(modules_in_tree())
+
+
 def test_the_checks_see_an_upward_import(tmp_path):
-    """The import reader finds a function-level import of a higher layer's module."""
+    """The import reader finds a function-level import of a higher layer's module, and a
+    module bound late by name."""
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from tasks.tracking import Tracker\n    import flows.cli\n")
-    assert imported_modules(module) == {"tasks/tracking.py", "flows/cli.py"}
-    assert planned_layers()["tasks/tracking.py"] > planned_layers()["tasks/training.py"]
+    module.write_text(
+        "def f():\n    from tasks.track.tracking import Tracker\n    import flows.cli\n"
+        "X = _later('tasks.train.steps', 'make_epoch_runner')\nWORKER_MODULE = 'flows.worker'\n"
+    )
+    assert imported_modules(module) == {
+        "tasks.track.tracking",
+        "flows.cli",
+        "tasks.train.steps",
+        "flows.worker",
+    }
+    assert layer_of("tasks.track.tracking") > layer_of("tasks.train.training") > 0
+
+
+if __name__ == "__main__":
+    print(diagram(), end="")

@@ -11,17 +11,17 @@ import json
 import sys
 import tempfile
 
-from tasks.config import load_config
-from tasks.manifest import load_manifest
-from tasks.process import set_up_process
-from tasks.strategy import StrategyChoice
+from tasks.core.process import set_up_process
+from tasks.data.manifest import load_manifest
+from tasks.distribute.strategy import StrategyChoice
+from tasks.settings.config import load_config
 
 
 def main(data_dir: str) -> dict:
-    from tasks.hardware import detect_hardware
-    from tasks.ps_cluster import in_process_cluster
-    from tasks.run import Run
-    from tasks.training import set_up_training, train_model
+    from tasks.distribute.hardware import detect_hardware
+    from tasks.distribute.ps_cluster import in_process_cluster
+    from tasks.distribute.run import Run
+    from tasks.train.training import set_up_training, train_model
 
     manifest = load_manifest(data_dir)
     choice = StrategyChoice("parameter_server", 2, 2, "float32", "partition check")

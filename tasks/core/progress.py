@@ -1,0 +1,152 @@
+"""What a user sees while work runs: one line per stage, a progress bar per training.
+
+`stage(name, text)` writes one line to the console (quiet mode shows it; see
+`tasks.core.process`) and, inside a Prefect flow run, to that run's log on the server, so a
+deployment's page shows the same steps. `EpochWatcher` follows a training's
+`history.json`, which the process that trains (this one, or the chief of a multi-worker
+job) rewrites after every epoch: a progress bar on a terminal, a line per epoch
+elsewhere (in a Prefect run: its log on the server), and each epoch handed to a callback
+(live MLflow metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tasks.core.process import STAGE_MARK as STAGE
+
+log = logging.getLogger("tfscale")
+
+
+def stage(name: str, text: str) -> None:
+    """`name  text` on the console, and in the current Prefect run's log if there is one."""
+    line = f"{name:<11} {text}"
+    run_logger = _prefect_run_logger()
+    if run_logger is None:
+        log.info(line, extra={STAGE: True})
+    else:  # it reaches the console through the root handler, and the server
+        run_logger.info(line, extra={STAGE: True})
+
+
+def _prefect_run_logger() -> Any:
+    if "prefect" not in sys.modules:
+        return None
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.logging import get_run_logger
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    return get_run_logger()
+
+
+def format_epoch(epoch: dict[str, float], epochs: int) -> str:
+    return (
+        f"epoch {int(epoch['epoch'])}/{epochs}  loss {epoch['loss']:.4f}  "
+        f"accuracy {epoch['accuracy']:.4f}  {epoch['examples_per_s']:,.0f} ex/s"
+    )
+
+
+class EpochWatcher:
+    """Follows `run_dir/history.json` while a training runs (a context manager).
+
+    Each epoch not seen before goes to `on_epoch` (errors there are logged, never
+    raised: a tracking hiccup must not stop a training) and to the progress display.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        epochs: int,
+        label: str,
+        on_epoch: Callable[[dict[str, float]], None] | None = None,
+        interval_s: float = 0.5,
+        lines: bool = False,
+    ):
+        self.path = Path(run_dir) / "history.json"
+        self.epochs, self.label, self.on_epoch = epochs, label, on_epoch
+        self.lines = lines  # off a terminal: a console line per epoch (a lone training)
+        self.interval_s = interval_s
+        self.seen = 0
+        self._stamp: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True, name="epochs")
+        self._bar: Any = None
+        # the Prefect run this training belongs to, taken here: the thread that follows
+        # the epochs has no run context of its own, and its lines would miss the run's log
+        self._run_logger: Any = None
+
+    def __enter__(self) -> EpochWatcher:
+        self._run_logger = _prefect_run_logger()
+        if self.path.exists():  # a resumed run: its earlier epochs are not news
+            self.seen = len(self._read())
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self.epochs,
+                initial=self.seen,
+                desc=self.label,
+                unit="epoch",
+                leave=False,
+                file=sys.stderr,
+            )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+        if self._bar is not None:
+            self._bar.close()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """Hands on the epochs written since the last look."""
+        history = self._read()
+        for epoch in history[self.seen :]:
+            self.seen += 1
+            if self.on_epoch is not None:
+                try:
+                    self.on_epoch(epoch)
+                except Exception as exc:  # noqa: BLE001 - reported, training goes on
+                    log.warning("could not record epoch %s: %s", epoch.get("epoch"), exc)
+            if self._bar is not None:
+                self._bar.set_postfix_str(
+                    f"loss {epoch['loss']:.4f} acc {epoch['accuracy']:.4f}", refresh=False
+                )
+                self._bar.update(1)
+            elif self.lines:
+                stage(self.label, format_epoch(epoch, self.epochs))
+            else:  # not a terminal: the Prefect run's log (the console with --verbose)
+                self._log(f"{self.label:<11} {format_epoch(epoch, self.epochs)}")
+
+    def _log(self, line: str) -> None:
+        if self._run_logger is not None:
+            self._run_logger.info(line)  # the server's log; the console only with --verbose
+        else:
+            log.debug(line)
+
+    def _read(self) -> list[dict[str, float]]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return []
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return []
+        try:
+            history = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # caught mid-write: the next look reads it whole
+            return []
+        self._stamp = stamp
+        return history

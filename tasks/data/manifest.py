@@ -1,0 +1,161 @@
+"""The checksummed manifest that describes a prepared dataset's shards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.core.errors import UserError
+
+MANIFEST_NAME = "manifest.json"
+CHECKSUM = "checksum"  # manifest.json's own sha256, over everything else in it
+
+
+class ShardError(UserError, RuntimeError):
+    """Shards are missing, truncated or corrupted, or the manifest is absent."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    split: str
+    examples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What `prepare` wrote: feature spec, split sizes and every shard with its checksum."""
+
+    dataset: str
+    version: str
+    feature: dict[str, Any]
+    splits: dict[str, int]
+    shards: list[ShardInfo]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def files(self, split: str) -> list[str]:
+        return [s.file for s in self.shards if s.split == split]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.feature["shape"])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.feature["num_classes"])
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @property
+    def digest(self) -> str:
+        """A short content hash: the same shards give the same digest."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def file_text(self) -> str:
+        """`manifest.json`: the content and its own sha256 (`checksum`), so a hand edit is
+        caught on load."""
+        raw = asdict(self)
+        raw[CHECKSUM] = hashlib.sha256(self.to_json().encode()).hexdigest()
+        return json.dumps(raw, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Raises `EditedManifest` when the content no longer matches its checksum."""
+        raw = json.loads(text)
+        checksum = raw.pop(CHECKSUM, None)
+        raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
+        manifest = cls(**raw)
+        if (
+            checksum is not None
+            and checksum != hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        ):
+            raise EditedManifest("its content no longer matches the checksum prepare wrote")
+        return manifest
+
+
+class EditedManifest(ValueError):
+    """A manifest changed after `prepare` wrote it."""
+
+
+def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
+    """Reads `<data_dir>/manifest.json`.
+
+    Raises:
+        ShardError: no manifest there, saying which command writes one.
+    """
+    path = Path(data_dir) / MANIFEST_NAME
+    if not path.exists():
+        name = dataset or Path(data_dir).name
+        raise ShardError(
+            f"No prepared dataset at {data_dir} ({MANIFEST_NAME} missing); "
+            f"run 'tfscale prepare --dataset {name}' first."
+        )
+    try:
+        return Manifest.from_json(path.read_text())
+    except EditedManifest as exc:
+        raise ShardError(
+            f"{path} was edited after prepare wrote it ({exc}); its shards cannot be trusted. "
+            f"Re-create them with 'tfscale prepare --dataset {dataset or Path(data_dir).name} "
+            "--force'."
+        ) from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ShardError(
+            f"{path} is not a valid manifest ({exc}); re-run 'tfscale prepare'."
+        ) from None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shard_problems(manifest: Manifest, data_dir: str | Path, hashes: bool = True) -> list[str]:
+    """Every shard that is missing, has the wrong size or (with `hashes`) the wrong sha256."""
+    problems = []
+    for shard in manifest.shards:
+        path = Path(data_dir) / shard.file
+        if not path.exists():
+            problems.append(f"{shard.file}: missing")
+        elif (size := path.stat().st_size) != shard.bytes:
+            problems.append(
+                f"{shard.file}: truncated or padded ({size} bytes, expected {shard.bytes})"
+            )
+        elif hashes and sha256_of(path) != shard.sha256:
+            problems.append(f"{shard.file}: corrupted (sha256 does not match the manifest)")
+    return problems
+
+
+def shards_present(data_dir: str | Path) -> bool:
+    """Cheap check, no hashing: the manifest is there and every shard has its size."""
+    try:
+        manifest = load_manifest(data_dir)
+    except ShardError:
+        return False
+    return not shard_problems(manifest, data_dir, hashes=False)
+
+
+def verify_shards(data_dir: str | Path, dataset: str | None = None) -> Manifest:
+    """Re-checks every shard's presence, size and sha256 against the manifest.
+
+    Raises:
+        ShardError: listing every missing, truncated or corrupted file by name.
+    """
+    manifest = load_manifest(data_dir, dataset)
+    problems = shard_problems(manifest, data_dir)
+    if problems:
+        raise ShardError(
+            f"{len(problems)} of {len(manifest.shards)} shards in {data_dir} "
+            "failed verification:\n  "
+            + "\n  ".join(problems)
+            + f"\nRe-create them with 'tfscale prepare --dataset {manifest.dataset} --force'."
+        )
+    return manifest

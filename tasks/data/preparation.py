@@ -1,0 +1,85 @@
+"""The `prepare` step: a dataset, by name, into verified shards, with a summary."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tasks.data.datasets import NAMED_SOURCES, Source, dataset_slug, folder_source
+from tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
+from tasks.data.tfds_source import tfds_source
+from tasks.settings.config import Config, PrepareConfig
+
+
+def open_source(cfg: PrepareConfig) -> Source:
+    """The source `cfg.dataset` names: a built-in one, an image folder, or a TFDS dataset.
+
+    Raises:
+        DatasetError: the name is none of them.
+    """
+    if cfg.dataset in NAMED_SOURCES:
+        return NAMED_SOURCES[cfg.dataset](cfg)
+    if Path(cfg.dataset).is_dir():
+        return folder_source(Path(cfg.dataset))
+    return tfds_source(cfg.dataset)
+
+
+def dataset_dir(config: Config) -> Path:
+    """Where the configured dataset's shards and manifest live (synthetic: one per size)."""
+    slug = dataset_slug(config.prepare.dataset)
+    if config.prepare.dataset == "synthetic":
+        s = config.prepare.synthetic
+        slug += f"-{s.train_examples}-{s.height}x{s.width}x{s.channels}"
+    return Path(config.prepare.data_dir) / slug
+
+
+def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> PrepareResult:
+    """Writes (or reuses) the shards for `config.prepare.dataset`.
+
+    Args:
+        config: the loaded config; `config.min_shards` bounds the shard count below.
+        force: rewrite every shard even when the existing ones are up to date.
+        progress: show a progress bar while writing.
+    """
+    source = open_source(config.prepare)
+    out_dir = dataset_dir(config)
+    if force and out_dir.exists():
+        shutil.rmtree(out_dir)
+    plan = plan_shards(source, config.prepare, config.min_shards)
+    return write_shards(
+        source, out_dir, plan, prepare_params(source, config.prepare, plan), progress
+    )
+
+
+def format_line(result: PrepareResult, reused: bool = False) -> str:
+    """One line: the dataset, its splits and whether shards were written (`reused`: a
+    cached result, nothing written this time)."""
+    m = result.manifest
+    splits = ", ".join(f"{count} {split}" for split, count in m.splits.items())
+    written = result.written and not reused
+    done = f"{result.written} shards written" if written else "shards reused"
+    return f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+
+
+def format_summary(result: PrepareResult) -> str:
+    """A one-screen summary of a prepare."""
+    m = result.manifest
+    mb = result.total_bytes / 2**20
+    lines = [
+        f"dataset    {m.dataset} {m.version}",
+        f"features   image {'x'.join(map(str, m.shape))} {m.feature['dtype']}, "
+        f"{m.num_classes} classes",
+        f"location   {result.data_dir}",
+    ]
+    for split, count in m.splits.items():
+        lines.append(f"{split:<10} {count} examples in {len(m.files(split))} shards")
+    if result.written:
+        rate = mb / result.seconds if result.seconds else 0.0
+        lines.append(
+            f"written    {result.written} shards, {mb:.1f} MB in {result.seconds:.1f} s "
+            f"({rate:.1f} MB/s); {result.reused} reused"
+        )
+    else:
+        lines.append(f"up to date {result.reused} shards, {mb:.1f} MB; nothing rewritten")
+    lines.append(f"manifest   {Path(result.data_dir) / 'manifest.json'} ({m.digest})")
+    return "\n".join(lines)

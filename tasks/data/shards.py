@@ -1,0 +1,209 @@
+"""Writing a source into sharded TFRecords: planned, atomic, resumable and deterministic.
+
+Each shard is written under a temporary name and renamed; a journal records
+finished shards so an interrupted prepare resumes; `manifest.json` is written
+last, so it never points at partial files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.core.files import atomic_path, write_text_atomic
+from tasks.data.datasets import Source
+from tasks.data.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    load_manifest,
+    sha256_of,
+    shard_problems,
+)
+from tasks.settings.config import PrepareConfig, config_to_dict
+
+JOURNAL_NAME = ".journal.json"
+_RECORD_OVERHEAD = 64  # proto keys, shape and TFRecord framing per example, roughly
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    split: str
+    file: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What a prepare did: the manifest, and how many shards were written or reused."""
+
+    manifest: Manifest
+    data_dir: str
+    written: int
+    reused: int
+    seconds: float
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.manifest.shards)
+
+
+def plan_shards(source: Source, cfg: PrepareConfig, min_shards: int) -> list[ShardPlan]:
+    """Splits each split into contiguous ranges, one per shard.
+
+    The count is `cfg.num_shards`, or what keeps shards near `cfg.target_shard_mb`,
+    and never fewer than `min_shards` (nor more than there are examples).
+    """
+    per_example = math.prod(source.spec.shape) + _RECORD_OVERHEAD
+    plan = []
+    for split, count in sorted(source.splits.items()):
+        wanted = cfg.num_shards or math.ceil(count * per_example / (cfg.target_shard_mb * 2**20))
+        n = max(1, min(max(wanted, min_shards), count))
+        bounds = [count * k // n for k in range(n + 1)]
+        plan += [
+            ShardPlan(split, f"{split}-{k:05d}-of-{n:05d}.tfrecord", bounds[k], bounds[k + 1])
+            for k in range(n)
+        ]
+    return plan
+
+
+def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) -> dict[str, Any]:
+    """The parameters that determine the bytes written: equal params, equal shards."""
+    params = config_to_dict(cfg)
+    params.pop("data_dir")
+    if source.name != "synthetic":
+        params.pop("synthetic")
+    params["shards"] = {s: sum(p.split == s for p in plan) for s in source.splits}
+    params["source_version"] = source.version
+    return params
+
+
+def write_shards(
+    source: Source,
+    out_dir: Path,
+    plan: list[ShardPlan],
+    params: dict[str, Any],
+    progress: bool = True,
+) -> PrepareResult:
+    """Writes the planned shards (skipping ones already finished) and then the manifest."""
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    current = _up_to_date(out_dir, params)
+    if current is not None:
+        return PrepareResult(current, str(out_dir), 0, len(current.shards), 0.0)
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    done = _read_journal(out_dir, params)
+    _remove_strays(out_dir, {p.file for p in plan})
+    total = sum(p.stop - p.start for p in plan)
+    written = 0
+    with _progress_bar(total, source.name, progress) as bar:  # closed before any error shows
+        for shard in plan:
+            info = done.get(shard.file)
+            path = out_dir / shard.file
+            if info is None or not path.exists() or path.stat().st_size != info.bytes:
+                done[shard.file] = _write_one(source, shard, path)
+                written += 1
+                write_text_atomic(out_dir / JOURNAL_NAME, _journal_text(params, done))
+            bar.update(shard.stop - shard.start)
+    manifest = Manifest(
+        dataset=source.name,
+        version=source.version,
+        feature=source.spec.to_dict(),
+        splits={
+            s: sum(done[p.file].examples for p in plan if p.split == s)
+            for s in sorted(source.splits)
+        },
+        shards=[done[p.file] for p in plan],
+        params=params,
+    )
+    write_text_atomic(out_dir / MANIFEST_NAME, manifest.file_text())
+    (out_dir / JOURNAL_NAME).unlink(missing_ok=True)
+    seconds = time.perf_counter() - started
+    return PrepareResult(manifest, str(out_dir), written, len(plan) - written, seconds)
+
+
+def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
+    from tasks.core.process import import_tensorflow
+
+    import_tensorflow()  # only when a shard is written: an up-to-date prepare needs none
+    import tensorflow as tf
+
+    count = 0
+    with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
+        for image, label in source.examples(shard.split, shard.start, shard.stop):
+            writer.write(serialize_example(image, label))
+            count += 1
+    return ShardInfo(
+        file=shard.file,
+        split=shard.split,
+        examples=count,
+        bytes=path.stat().st_size,
+        sha256=sha256_of(path),
+    )
+
+
+def serialize_example(image: Any, label: int) -> bytes:
+    """One `tf.train.Example`: raw uint8 image bytes, its shape, and the label."""
+    from tensorflow.core.example import example_pb2, feature_pb2
+
+    feature = {
+        "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[image.tobytes()])),
+        "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[label])),
+        "shape": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=list(image.shape))),
+    }
+    example = example_pb2.Example(features=feature_pb2.Features(feature=feature))
+    return example.SerializeToString(deterministic=True)
+
+
+def _up_to_date(out_dir: Path, params: dict[str, Any]) -> Manifest | None:
+    if not (out_dir / MANIFEST_NAME).exists():
+        return None
+    try:
+        manifest = load_manifest(out_dir)
+    except Exception:  # noqa: BLE001 - an unreadable manifest is simply rewritten
+        return None
+    same = json.loads(json.dumps(params)) == manifest.params
+    intact = not shard_problems(manifest, out_dir, hashes=False)
+    return manifest if same and intact else None
+
+
+def _read_journal(out_dir: Path, params: dict[str, Any]) -> dict[str, ShardInfo]:
+    path = out_dir / JOURNAL_NAME
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if raw.get("params") != json.loads(json.dumps(params)):
+        return {}
+    return {f: ShardInfo(**info) for f, info in raw.get("done", {}).items()}
+
+
+def _journal_text(params: dict[str, Any], done: dict[str, ShardInfo]) -> str:
+    return json.dumps({"params": params, "done": {f: asdict(i) for f, i in done.items()}})
+
+
+def _remove_strays(out_dir: Path, keep: set[str]) -> None:
+    for path in out_dir.iterdir():
+        stray = path.suffix == ".tfrecord" and path.name not in keep
+        if stray or path.name.endswith(".tmp"):
+            path.unlink() if path.is_file() else shutil.rmtree(path)
+
+
+def _progress_bar(total: int, name: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=f"writing {name}",
+        unit="ex",
+        unit_scale=True,
+        disable=None if enabled else True,  # None: only on a terminal
+        mininterval=0.5,
+        dynamic_ncols=True,
+    )

@@ -1,0 +1,109 @@
+"""A training run as one value: its config, prepared data, hardware report, strategy
+choice and this process's role, from which its run directory follows.
+
+Every step of a run (training, measuring, tracking) takes a `Run`. The run directory is
+keyed by what makes a result (the training config, the data, the strategy and the code
+version, `tasks.core.provenance`), so the same run resumes or is reused, and a change to any of
+them trains afresh.
+
+Ownership: the CLI, the flows and a worker process create a Run; nothing changes one
+(`dataclasses.replace` makes a new one, as `with_choice` does for the baseline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.core.provenance import code_version
+from tasks.data.manifest import Manifest, load_manifest
+from tasks.distribute.hardware import HardwareReport, report_from_dict
+from tasks.distribute.strategy import StrategyChoice
+from tasks.settings.config import Config, TrainConfig, config_from_dict, config_to_dict
+from tasks.settings.kinds import LOCAL_WORKERS
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's part in a run: the chief writes the outputs; a preemptible process
+    (the main thread of a worker or cluster task) saves a checkpoint on SIGTERM and exits."""
+
+    chief: bool = True
+    preemptible: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every step of one training run needs."""
+
+    config: Config
+    manifest: Manifest
+    data_dir: str
+    choice: StrategyChoice
+    report: HardwareReport
+    role: Role = field(default_factory=Role)
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.config.train
+
+    @property
+    def writes_outputs(self) -> bool:
+        """This process writes the run's outputs: a run of its own, or a cluster's chief."""
+        cluster = self.report.cluster
+        return cluster is None or cluster.is_chief
+
+    @property
+    def run_dir(self) -> Path:
+        """`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>`: the same config, data,
+        strategy (its precision and XLA too) and code give the same directory."""
+        train = config_to_dict(self.config.train)
+        train.pop("runs_dir")
+        if train.get("link_gbit") is None or self.choice.spec.runs != LOCAL_WORKERS:
+            train.pop("link_gbit", None)  # only local workers have links
+        choice = self.choice.to_dict()
+        choice.pop("reason")  # words, which may quote measured figures
+        key = json.dumps([train, self.manifest.digest, choice, code_version()], sort_keys=True)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+        name = f"{self.choice.kind}-{self.choice.replicas}x-{self.choice.precision}-{digest}"
+        return Path(self.config.train.runs_dir) / self.manifest.dataset / name
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether the run directory holds its metrics and model (a cached result whose
+        files were deleted must train again)."""
+        return (self.run_dir / "metrics.json").exists() and (self.run_dir / "model.keras").exists()
+
+    def with_choice(self, choice: StrategyChoice) -> Run:
+        return dataclasses.replace(self, choice=choice)
+
+    def with_train(self, train: TrainConfig) -> Run:
+        """This run on another training config (as `auto` settles its batch)."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, train=train))
+
+    def with_role(self, role: Role) -> Run:
+        return dataclasses.replace(self, role=role)
+
+    def to_spec(self) -> dict[str, Any]:
+        """A JSON-ready form a worker process rebuilds the run from (`from_spec`)."""
+        return {
+            "config": config_to_dict(self.config),
+            "data_dir": self.data_dir,
+            "choice": self.choice.to_dict(),
+            "report": self.report.to_dict(),
+        }
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], role: Role) -> Run:
+        return cls(
+            config_from_dict(spec["config"]),
+            load_manifest(spec["data_dir"]),
+            spec["data_dir"],
+            StrategyChoice(**spec["choice"]),
+            report_from_dict(spec["report"]),
+            role,
+        )

@@ -1,0 +1,289 @@
+"""Measuring a run in this process: every configuration its figures need, timed in one
+set of alternating rounds (`tasks.measure.rounds`), so the speedup, its split and the bottleneck
+all come from the same moments of the machine.
+
+Per round, each a block of up to `steps` training steps (or input batches), sized in the
+warm-up round to last about `rounds.BLOCK_SECONDS`:
+
+- `end_to_end` and `compute`: the run's own strategy, fed by the real input pipeline and
+  by one cached batch;
+- `input`: the run's input pipeline alone;
+- with several replicas, one device at the per-replica batch and at the global batch
+  (`one_device_replica_batch`, `one_device_global_batch`), each end to end and compute-only
+  (`..._compute`): the speedup's baseline is the first under weak scaling and the second
+  under strong; the other splits a weak-scaling speedup into the batch's part and the
+  devices' part.
+
+Every figure is examples/s, one value per timed round (the warm-up round is left out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from tasks.core.machine_load import Interference, LoadWatch
+from tasks.data.manifest import Manifest
+from tasks.distribute.strategy import StrategyChoice, baseline_choice
+from tasks.measure import autotune
+from tasks.measure.autotune import Candidate, Timed
+from tasks.measure.rounds import MIN_BLOCK_STEPS, Spread, alternate, block_steps, ratio
+from tasks.measure.timing import all_reduce_by_size, gradient_bytes
+from tasks.settings.config import TrainConfig
+from tasks.train.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
+
+Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
+# timed rounds (after one warm-up round): in three sets of five default runs, the medians of
+# all 11 rounds spread 1.107, 1.201 and 1.131 (largest speedup over smallest), those of
+# their first 7 rounds 1.115, 1.226 and 1.179 (docs/benchmarks-history.md)
+ROUNDS = 11
+
+
+def baseline_name(scaling: str) -> str:
+    """The one-device configuration a speedup under `scaling` divides by: one device at the
+    per-replica batch under weak scaling, at the global batch under strong."""
+    return "one_device_replica_batch" if scaling == "weak" else "one_device_global_batch"
+
+
+@dataclass(frozen=True)
+class RoundRates:
+    """Examples/s of each measured configuration, one value per round, in round order."""
+
+    replicas: int
+    scaling: str
+    step_examples: int  # examples one step of the run consumes (all replicas)
+    rates: dict[str, list[float]]
+    # the model's gradient bytes and [bytes, seconds] of an all-reduce at a few sizes (for
+    # the forecast's cost model; several replicas only)
+    gradient_bytes: int = 0
+    comm_s_by_bytes: list[list[float]] = field(default_factory=list)
+    # what else used the machine during the rounds (`tasks.core.machine_load.Interference`)
+    interference: dict = field(default_factory=dict)
+
+    @property
+    def interfered(self) -> str:
+        """A sentence when other load was material during the rounds, else ''."""
+        return Interference(**self.interference).text() if self.interference else ""
+
+    def spread(self, name: str) -> Spread:
+        return Spread.of(self.rates[name])
+
+    @property
+    def medians(self) -> dict[str, float]:
+        """Each configuration's median examples/s over the rounds."""
+        return {name: statistics.median(values) for name, values in self.rates.items()}
+
+    @property
+    def baseline(self) -> str:
+        """The one-device configuration the speedup divides by."""
+        return baseline_name(self.scaling)
+
+    @property
+    def speedup(self) -> Spread | None:
+        """The run end to end over one device end to end, round by round."""
+        if self.replicas == 1:
+            return None
+        return ratio(self.rates["end_to_end"], self.rates[self.baseline])
+
+    @property
+    def from_batch(self) -> Spread | None:
+        """Weak scaling: one device at the global batch over one device at the per-replica
+        batch, the part of the speedup the larger batch brings without more devices."""
+        if self.replicas == 1 or self.scaling != "weak":
+            return None
+        return ratio(self.rates["one_device_global_batch"], self.rates["one_device_replica_batch"])
+
+    @property
+    def from_devices(self) -> Spread | None:
+        """Weak scaling: the run over one device at the same global batch."""
+        if self.replicas == 1 or self.scaling != "weak":
+            return None
+        return ratio(self.rates["end_to_end"], self.rates["one_device_global_batch"])
+
+    @property
+    def compute_efficiency(self) -> Spread | None:
+        """Compute-only throughput over `replicas` x one device's, round by round."""
+        if self.replicas == 1:
+            return None
+        one = [r * self.replicas for r in self.rates[self.baseline + "_compute"]]
+        return ratio(self.rates["compute"], one)
+
+    @property
+    def input_share(self) -> Spread:
+        """End to end over compute-only, round by round: 1 when the input keeps up."""
+        return ratio(self.rates["end_to_end"], self.rates["compute"])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def measure_rounds(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    steps: int,
+    transform: Transform | None = None,
+    rounds: int = ROUNDS,
+) -> RoundRates:
+    """Times every configuration of `cfg` under `choice` the figures need (module
+    docstring) in `rounds` alternating rounds of up to `steps` steps each (about
+    `rounds.BLOCK_SECONDS` a block)."""
+    run = set_up_training(cfg, manifest, choice)
+    feed = _feed(cfg, manifest, data_dir, run, transform)
+    calls = {
+        "end_to_end": _steps_block(run, choice, feed, steps),
+        "compute": _steps_block(run, choice, _one_batch(feed), steps),
+        "input": _input_block(feed, run, steps),
+    }
+    devices = max(choice.replicas, choice.stages)  # a split model's devices hold its parts
+    if devices > 1:
+        one = baseline_choice(choice)
+        per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+        sizes = [
+            ("one_device_replica_batch", per_replica),
+            ("one_device_global_batch", global_batch),
+        ]
+        for name, batch in sizes[1:] if choice.spec.splits else sizes:  # split: one batch
+            config = dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak")
+            setup = set_up_training(config, manifest, one)
+            one_feed = _feed(config, manifest, data_dir, setup, transform)
+            calls[name] = _steps_block(setup, one, one_feed, steps)
+            calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
+    scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
+    with LoadWatch() as watch:
+        rates = alternate(_paired(calls, scaling), rounds)
+    grad_bytes, by_bytes = 0, []
+    if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
+        grad_bytes = gradient_bytes(run.model)
+        by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
+    return RoundRates(
+        devices,
+        scaling,
+        run.step_examples,
+        rates,
+        grad_bytes,
+        by_bytes,
+        watch.result.to_dict(),
+    )
+
+
+def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:
+    """`calls` in the order a round times them: each of the speedup's configurations next
+    to its baseline (end to end, then compute-only), the rest after, the input alone last.
+    Two blocks timed back to back share more of the machine's moment than two a few
+    blocks apart, so their ratio moves less from round to round."""
+    base = baseline_name(scaling)
+    first = ["end_to_end", base, "compute", base + "_compute"]
+    order = [n for n in first if n in calls] + [n for n in calls if n not in first]
+    order.sort(key=lambda name: name == "input")  # stable: only the input moves
+    return {name: calls[name] for name in order}
+
+
+def time_candidates(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    options: list[Candidate],
+    steps: int = autotune.STEPS,
+    rounds: int = autotune.ROUNDS,
+) -> list[Timed]:
+    """Each of `options` (`choice` with its strategy, precision and XLA replaced, `cfg` with
+    its batch) trained end to end on the real model and input for `steps` steps a round,
+    in `rounds` alternating rounds: what `tasks.measure.autotune` chooses among."""
+    calls = {}
+    for option in options:
+        candidate, config = option.applied_to(choice), option.applied_to_config(cfg)
+        setup = set_up_training(config, manifest, candidate)
+        feed = _feed(config, manifest, data_dir, setup, None)
+        calls[option.label] = _steps_block(setup, candidate, feed, steps)
+    rates = alternate(calls, rounds)
+    return [Timed(option, tuple(rates[option.label])) for option in options]
+
+
+def _feed(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    setup: TrainingSetup,
+    transform: Transform | None,
+) -> Callable:
+    """The training input of `setup` (micro-batch groups per replica), as training reads it."""
+    return train_dataset_fn(
+        cfg, manifest, data_dir, setup.per_replica * setup.accum_steps, transform
+    )
+
+
+def _one_batch(pipeline: Callable) -> Callable:
+    """The pipeline's first batch, cached and repeated: the step with no input cost."""
+
+    def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+        return pipeline(ctx).take(1).cache().repeat()
+
+    return dataset_fn
+
+
+def _steps_block(
+    setup: TrainingSetup, choice: StrategyChoice, dataset_fn: Callable, steps: int
+) -> Callable[[], float]:
+    """A call that runs up to `steps` training steps and returns their examples/s (the
+    epoch runner reads its sums back, so the time includes the work, not only its
+    dispatch). Its first call is the warm-up: it traces, then times a few steps to size
+    the blocks that follow (`rounds.block_steps`)."""
+    run_epoch = setup.epoch_runner(choice, dataset_fn)
+
+    def timed(n: int) -> float:
+        started = time.perf_counter()
+        run_epoch(n)
+        return n * setup.step_examples / (time.perf_counter() - started)
+
+    return _sized(timed, steps, setup.step_examples)
+
+
+def _sized(timed: Callable[[int], float], most: int, examples: int) -> Callable[[], float]:
+    """`timed(n)` (examples/s of n steps) as a block whose first call warms up and sizes
+    the later ones to about `rounds.BLOCK_SECONDS`, at most `most` steps.
+
+    The warm-up call ends with one block of the size it chose: after only the few sizing
+    steps, the first timed block of the distributed run was still slow once the optimizer
+    was `steps.FusedAdam` (the digits CNN on 2 logical CPUs, 8 of 8 pipeline runs: 20.5-24.8k
+    ex/s in the first of 11 rounds, 26-31k in every later one; not seen in 4 runs with
+    Keras's Adam), which tripled the rounds' spread of the speedup (a coefficient of
+    variation of 5.7-6.5% against 1.8-3.1%) and moved its median; with the whole block in
+    the warm-up, 1.2%.
+    """
+    size: list[int] = []
+
+    def block() -> float:
+        if size:
+            return timed(size[0])
+        first = min(most, MIN_BLOCK_STEPS)
+        timed(first)  # tracing, the first allocations
+        rate = timed(first)
+        size.append(block_steps(examples / rate, most))
+        return timed(size[0])  # a whole block, still warming up, so the rounds start warm
+
+    return block
+
+
+def _input_block(pipeline: Callable, setup: TrainingSetup, steps: int) -> Callable[[], float]:
+    """A call that reads as many batches as up to `steps` steps consume (one per replica
+    and micro-batch group) from the run's input pipeline alone; their examples/s."""
+    iterator = iter(pipeline(None))
+    replicas = setup.strategy.num_replicas_in_sync
+    batch = setup.per_replica * setup.accum_steps
+
+    def timed(n: int) -> float:
+        started = time.perf_counter()
+        for _ in range(n * replicas):
+            labels = next(iterator)[1]
+        labels.numpy()
+        return n * replicas * batch / (time.perf_counter() - started)
+
+    return _sized(timed, steps, replicas * batch)

@@ -1,0 +1,344 @@
+"""A training run end to end: where it executes, what is measured after it, and its outputs.
+
+`Run.run_dir` (`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>/`) holds
+checkpoints, `history.json`, `model.keras` and `metrics.json`; `runs/<dataset>/latest.json`
+points at the newest completed run. A run with the same key that did not complete resumes
+from its last checkpoint.
+
+Training trains (`tasks.train.training`); measuring is the step after it, in the processes that
+trained (`train_and_probe`): a worker process, the coordinator of a parameter-server
+cluster, a cluster task, or this process for a run on its own devices (`tasks.measure.diagnosis`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tasks.core.errors import MissingInput, UsageError
+from tasks.core.files import atomic_path, write_json_atomic
+from tasks.core.progress import EpochWatcher
+from tasks.core.run_lock import hold
+from tasks.distribute.run import Role, Run
+from tasks.measure.autotune import Settled, settle
+from tasks.measure.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
+from tasks.measure.in_place import InPlaceProbes, probe_in_place
+from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
+from tasks.train.training import TrainResult, timed_epochs, train_model
+
+
+def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:
+    """Trains `run`, then, with `probe_steps`, measures its steps in place on the strategy
+    and model it trained (`tasks.measure.in_place`): every process of a multi-process run calls this
+    with the same `probe_steps`, since the probes are collectives."""
+    trained = train_model(run, resolver=resolver)
+    if not probe_steps:
+        return trained.result
+    probes = probe_in_place(trained.setup, run, probe_steps)
+    return dataclasses.replace(trained.result, probes=probes.to_dict())
+
+
+def run_training(
+    run: Run,
+    probe_steps: int = 0,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
+    label: str = "",
+    epoch_lines: bool = False,
+) -> TrainResult:
+    """Trains where the choice says: in this process, N local workers, a local PS cluster,
+    or, when a cluster manager described a cluster, as this task's role in it (chief or
+    training worker; `tasks.distribute.cluster`). With `probe_steps` the processes that trained then
+    measure its steps in place (`train_and_probe`). Each epoch, as the chief writes it, goes
+    to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
+    to `on_epoch`."""
+    _check_link(run)
+    run_dir = run.run_dir
+    chief = run.writes_outputs
+    with hold(run_dir) if chief else contextlib.nullcontext():  # a cluster's tasks share it
+        if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        watch = EpochWatcher(
+            run_dir, run.train.epochs, label or run.choice.kind, on_epoch, lines=epoch_lines
+        )
+        with watch if chief else contextlib.nullcontext():
+            result = _train_where_chosen(run, probe_steps)
+        if chief:
+            write_metrics(result, run)
+    return result
+
+
+def _check_link(run: Run) -> None:
+    """An emulated link joins local worker processes; one device (a baseline) has no link
+    to emulate, and any other run of several replicas cannot have one.
+
+    Raises:
+        UsageError: `train.link_gbit` set for a run of several replicas that is not local
+            workers, or for a cluster task.
+    """
+    link, choice, cluster = run.train.link_gbit, run.choice, run.report.cluster
+    several = choice.replicas > 1 or choice.workers > 1
+    other = cluster is not None or choice.spec.runs != LOCAL_WORKERS
+    if link is not None and several and other:
+        where = " in a cluster" if cluster is not None else ""
+        raise UsageError(
+            f"train.link_gbit ({link:g}) emulates the links between local worker processes, "
+            f"and this run is {choice.kind}{where}",
+            "use --strategy multi_worker --workers 2 (or more), or set train.link_gbit: null.",
+        )
+
+
+def _train_where_chosen(run: Run, probe_steps: int) -> TrainResult:
+    if run.report.cluster is not None:
+        return _train_as_task(run, probe_steps)
+    if run.choice.spec.runs == LOCAL_WORKERS:
+        return _train_local_workers(run, probe_steps)
+    if run.choice.spec.runs == COORDINATOR:
+        from tasks.distribute.ps_cluster import in_process_cluster
+
+        with in_process_cluster(run.choice.workers) as resolver:
+            return train_and_probe(run, probe_steps, resolver)
+    return train_model(run).result
+
+
+def _train_as_task(run: Run, probe_steps: int = 0) -> TrainResult:
+    """This task's part of a cluster's training: preemptible, and a lost peer is named."""
+    from tasks.distribute.cluster import lost_task
+
+    cluster = run.report.cluster
+    run = run.with_role(Role(chief=cluster.is_chief, preemptible=True))
+    try:
+        result = train_and_probe(run, probe_steps)
+    except Exception as exc:
+        lost = lost_task(exc, cluster, f"it resumes from the last checkpoint in {run.run_dir}")
+        if lost is None:
+            raise
+        raise lost from exc
+    task_file = f"task-{cluster.task_type}-{cluster.task_index}.json"
+    write_json_atomic(run.run_dir / task_file, result.to_dict())  # each task's own figures
+    return result
+
+
+def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
+    """The evaluator task: each new checkpoint of the chief's run, evaluated on the test
+    split as it appears (`evaluator.json` in the run directory)."""
+    from tasks.core.process import use_precision
+    from tasks.distribute.cluster import evaluate_checkpoints
+    from tasks.train.evaluation import evaluate_keras_model
+    from tasks.train.models import build_model
+
+    use_precision(run.choice.precision)
+    manifest = run.manifest
+
+    def evaluate(model) -> dict[str, float]:
+        result = evaluate_keras_model(model, manifest, run.data_dir, run.config.evaluate.batch_size)
+        return {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy}
+
+    cluster = run.report.cluster
+    ps_tasks = len(cluster.ps) if cluster else 0
+    return evaluate_checkpoints(
+        lambda: build_model(run.train.model, manifest.shape, manifest.num_classes, ps_tasks),
+        evaluate,
+        run.run_dir,
+        run.config.cluster.chief_wait_s,
+    )
+
+
+def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
+    """`run` with what its config left to `auto` chosen by measuring the candidates on its
+    own model and data (`tasks.measure.autotune`), or as proposed when there is one candidate."""
+    from tasks.measure.probes import time_candidates
+    from tasks.train.stage_plan import fit_to_memory
+
+    if run.report.cluster is None:  # a model too large for a device: pipeline stages
+        run = run.with_choice(fit_to_memory(run.choice, run.train, run.manifest))
+
+    def measure(options: list) -> list:
+        return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)
+
+    settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_pipeline)
+    return run.with_choice(settled.choice).with_train(settled.train), settled
+
+
+def train_and_diagnose(
+    run: Run,
+    probe_steps: int | None = None,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
+    label: str = "",
+    epoch_lines: bool = False,
+) -> tuple[TrainResult, Diagnosis | None]:
+    """A training run, then its bottleneck diagnosis on the same model, batch and devices,
+    written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` is the most steps
+    a block of its rounds (None: `train.measure_steps`, as the pipeline measures); 0 skips the
+    diagnosis; a task of a cluster that is not its chief takes part in the probes and
+    leaves the diagnosis to the chief.
+
+    A run across processes (local workers, a parameter-server cluster, any cluster task)
+    is probed in place by the processes that trained; a run in this process, here.
+    """
+    cluster, choice = run.report.cluster, run.choice
+    if probe_steps is None:
+        probe_steps = run.train.measure_steps
+    in_place = cluster is not None or not choice.spec.runs_here
+    with hold(run.run_dir) if run.writes_outputs else contextlib.nullcontext():
+        result = run_training(run, probe_steps if in_place else 0, on_epoch, label, epoch_lines)
+        if not probe_steps or (cluster is not None and not cluster.is_chief):
+            return result, None
+        cpu_flags = run.report.cpu_flags
+        if in_place:
+            diagnosis = diagnose_in_place(
+                InPlaceProbes(**result.probes), run.train, run.manifest, choice, cpu_flags
+            )
+        else:
+            diagnosis = diagnose_run(
+                run.train, run.manifest, run.data_dir, choice, cpu_flags, steps=probe_steps
+            )
+            if diagnosis.cost_probes:  # what a forecast of this run fits (`tfscale forecast`)
+                result = dataclasses.replace(result, probes=diagnosis.cost_probes)
+                write_metrics(result, run)
+        run_dir = Path(result.run_dir)
+        (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
+        write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
+        return result, diagnosis
+
+
+def format_line(result: TrainResult) -> str:
+    """One line: speed, batch and final accuracy of a training run. Its examples/s are
+    the training's own, over whole epochs after the first (which traces the step), each
+    epoch's start and end included: the summary's rounds time blocks of steps alone."""
+    last = result.history[-1] if result.history else {"accuracy": float("nan")}
+    timed = timed_epochs(result.history)
+    left_out = len(timed) < len(result.history)
+    over = (
+        f"over epochs {timed[0]['epoch']}-{timed[-1]['epoch']}"
+        if left_out
+        else "over its one epoch"
+    )
+    return (
+        f"{result.examples_per_s:,.0f} examples/s {over}, {result.shape}, global batch "
+        f"{result.global_batch}, train accuracy {last['accuracy']:.4f}"
+    )
+
+
+def write_metrics(result: TrainResult, run: Run) -> Path:
+    run_dir = Path(result.run_dir)
+    metrics = dict(
+        result.to_dict(),
+        dataset=run.manifest.dataset,
+        model=run.train.model,
+        manifest_digest=run.manifest.digest,
+        hardware_fingerprint=run.report.fingerprint,
+    )
+    path = write_json_atomic(run_dir / "metrics.json", metrics)
+    latest = {"run_dir": str(run_dir), "model_path": result.model_path}
+    write_json_atomic(run_dir.parent / "latest.json", latest)
+    return path
+
+
+def latest_run(runs_dir: str, dataset: str) -> dict:
+    """The newest completed run for a dataset.
+
+    Raises:
+        MissingInput: no completed run, saying which command makes one.
+    """
+    path = Path(runs_dir) / dataset / "latest.json"
+    if not path.exists():
+        raise MissingInput(
+            f"No trained model for {dataset!r} under {runs_dir}; run 'tfscale train "
+            f"--dataset {dataset}' first, or pass --model-path."
+        )
+    return json.loads(path.read_text())
+
+
+def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
+    import os
+
+    from tasks.distribute.launch import launch_workers
+
+    cores = os.cpu_count() or 1
+    workers, run_dir = run.choice.workers, run.run_dir
+    spec = {
+        "run": run.to_spec(),
+        # each worker gets its share of the cores: more threads than cores slow every step
+        "threads": max(cores // workers, 1),
+        "probe_steps": probe_steps,
+    }
+    launch_workers(
+        spec, workers, run_dir, pin_cores=workers <= cores, link_gbit=run.train.link_gbit
+    )
+    return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
+
+
+# beside a trained model: {"run_id", "url"} of its MLflow run, and "pipeline_run_id" when it
+# was a stage of a compared pipeline (`tfscale train --baseline`, `--against-baseline DIR`)
+TRACKED_AS = "mlflow_run.json"
+
+
+def trained_by(model_dir: Path) -> dict[str, str]:
+    """What the files beside a model say about the training that made it, as tags: its
+    dataset, model, strategy, replicas and precision, its run directory, and its MLflow
+    run (id and link) when one logged it."""
+    tags: dict[str, str] = {}
+    for name in ("metrics.json", "train_metrics.json"):  # a run directory, an export
+        if (model_dir / name).exists():
+            metrics = json.loads((model_dir / name).read_text())
+            keys = ("dataset", "model", "strategy", "replicas", "precision")
+            tags.update({k: str(metrics[k]) for k in keys if k in metrics})
+            tags["training_run_dir"] = str(metrics.get("run_dir", model_dir))
+            break
+    if (model_dir / TRACKED_AS).exists():
+        tracked = json.loads((model_dir / TRACKED_AS).read_text())
+        tags.update(training_run_id=tracked["run_id"], training_run_url=tracked["url"])
+    return tags
+
+
+def load_exported(export_dir: Path) -> TrainResult:
+    """The training result `tfscale train --export-dir` wrote into `export_dir`.
+
+    Raises:
+        MissingInput: no `train_metrics.json` there, naming the command that writes it.
+    """
+    path = export_dir / "train_metrics.json"
+    if not path.exists():
+        raise MissingInput(
+            f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
+            "(add --baseline for the single-device baseline) first."
+        )
+    metrics = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(TrainResult)}
+    return TrainResult(**{k: v for k, v in metrics.items() if k in names})
+
+
+def pipeline_of(model_dir: Path) -> str | None:
+    """The MLflow pipeline run the training beside this model was a stage of, if any."""
+    if not (model_dir / TRACKED_AS).exists():
+        return None
+    return json.loads((model_dir / TRACKED_AS).read_text()).get("pipeline_run_id")
+
+
+def export_run(result: TrainResult, export_dir: Path) -> None:
+    """Copies the model, metrics, diagnosis (when there is one) and per-epoch history (CSV,
+    for plots) to a fixed place."""
+    import csv
+
+    export_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(result.run_dir)
+    with atomic_path(export_dir / "model.keras") as tmp:
+        shutil.copyfile(result.model_path, tmp)
+    shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
+    if (run_dir / TRACKED_AS).exists():  # the MLflow run that logged the training
+        shutil.copyfile(run_dir / TRACKED_AS, export_dir / TRACKED_AS)
+    stale = export_dir / "diagnosis.json"
+    if (run_dir / "diagnosis.json").exists():
+        shutil.copyfile(run_dir / "diagnosis.json", stale)
+    elif stale.exists():
+        stale.unlink()
+    with open(export_dir / "history.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
+        writer.writeheader()
+        writer.writerows(result.history)

@@ -1,0 +1,458 @@
+"""The scaling study: a grid of cells (replicas x dataset size x batch x scaling x precision),
+each one training run, and the table and charts of speedup and efficiency they give."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.core.fields import PARAM
+from tasks.settings.config import Config, ConfigError
+from tasks.settings.kinds import BASELINE, kind_of
+
+
+@dataclass(frozen=True)
+class Cell:
+    size: int  # synthetic training examples; 0 means the configured dataset
+    batch: int
+    scaling: str
+    precision: str
+    replicas: int
+    # the workers' emulated link in Gbit/s (0: full speed); None: localhost, and always for
+    # one replica (it has no link)
+    link_gbit: float | None = None
+    # a pipeline cell: micro-batches per step (its `replicas` are then its stages, a device
+    # each); None for every other cell
+    micro_batches: int | None = None
+
+    @property
+    def group(self) -> tuple:
+        """Cells that share a 1-replica cell (the baseline their speedup divides by)."""
+        return (self.size, self.batch, self.scaling, self.precision)
+
+    @property
+    def line(self) -> tuple:
+        """Cells that differ only in replicas: one line on the chart (its group first)."""
+        return (self.group, self.link_gbit, self.micro_batches)
+
+    @classmethod
+    def of(cls, row: dict) -> Cell:
+        """The cell a table row (`tabulate`) describes."""
+        return cls(**{k: row[k] for k in CELL_FIELDS})
+
+    @property
+    def run_name(self) -> str:
+        """`cell-<size>-b<batch>-r<replicas>[-<link>][-m<micro-batches>]`."""
+        name = f"cell-{self.size}-b{self.batch}-r{self.replicas}"
+        if self.link_gbit is not None:
+            name += f"-{self.link_gbit:g}gbit" if self.link_gbit else "-fullspeed"
+        if self.micro_batches:
+            name += f"-m{self.micro_batches}"
+        return name
+
+    @property
+    def label(self) -> str:
+        data = f"{self.size} examples" if self.size else "dataset"
+        micro = f", {self.micro_batches} micro-batches" if self.micro_batches else ""
+        return (
+            f"{data}, batch {self.batch}, {self.scaling}, {self.precision}"
+            + link_label(self.link_gbit)
+            + micro
+        )
+
+
+CELL_FIELDS = ("size", "batch", "scaling", "precision", "replicas", "link_gbit", "micro_batches")
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One cell's row of the table. Its fields say how it is tracked (`tasks.core.fields`): the
+    settings are params, the figures metrics, the bottleneck and run directory tags; a
+    figure with no value (no forecast, no link) is left out."""
+
+    size: int = field(metadata=PARAM)
+    batch: int = field(metadata=PARAM)
+    scaling: str = field(metadata=PARAM)
+    precision: str = field(metadata=PARAM)
+    replicas: int = field(metadata=PARAM)
+    link_gbit: float | None = field(metadata=PARAM)
+    micro_batches: int | None = field(metadata=PARAM)  # a pipeline's (replicas: its stages)
+    examples_per_s: float
+    speedup: float
+    scaling_efficiency: float
+    # the speedup's lowest and highest round, where it was measured in alternating rounds
+    speedup_low: float | None
+    speedup_high: float | None
+    forecast_speedup: float | None
+    forecast_efficiency: float | None
+    strategy: str = field(metadata=PARAM)
+    bottleneck: str
+    run_dir: str
+    host: str  # where the cell trained: a host name (and address, on a work pool)
+
+    @property
+    def run_name(self) -> str:
+        """The cell's run name (`Cell.run_name`)."""
+        return Cell.of(self.to_dict()).run_name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def shown(self) -> dict[str, Any]:
+        """The row as a table shows it: figures to three decimals, no run directory."""
+        values = {k: v for k, v in self.to_dict().items() if k != "run_dir"}
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in values.items()}
+
+
+def link_label(link_gbit: float | None) -> str:
+    if link_gbit is None:
+        return ""
+    return ", full-speed link" if link_gbit == 0 else f", {link_gbit:g} Gbit/s link"
+
+
+def plan_cells(config: Config) -> list[Cell]:
+    """Every combination, always with 1 replica (the baseline each speedup divides by); with
+    links, each cell of more replicas once per link rate.
+
+    Raises:
+        ConfigError: links asked for cells that are not worker processes.
+    """
+    s = config.sweep
+    if s.link_gbit and not kind_of(s.strategy).takes_workers:
+        raise ConfigError(
+            f"sweep.link_gbit {list(s.link_gbit)} emulates links between worker processes, "
+            f"and sweep.strategy is {s.strategy}",
+            "set sweep.strategy: multi_worker, or sweep.link_gbit: [].",
+        )
+    replicas = sorted({1, *s.replicas})
+    links: tuple = tuple(dict.fromkeys(s.link_gbit)) or (None,)
+    # a pipeline sweep: its replicas are stages, each count once per micro-batch count
+    micros: tuple = tuple(dict.fromkeys(s.micro_batches)) if kind_of(s.strategy).staged else (None,)
+    cells = []
+    for size, batch, scaling, precision, n in itertools.product(
+        s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas
+    ):
+        for link, micro in itertools.product((None,) if n == 1 else links, micros):
+            if n == 1 and micro != micros[0]:
+                continue  # one baseline per group
+            cells.append(Cell(size, batch, scaling, precision, n, link, micro if n > 1 else None))
+    return cells
+
+
+def cell_config(config: Config, cell: Cell) -> Config:
+    """The full config of one cell's training run."""
+    prepare = config.prepare
+    if cell.size:
+        synthetic = dataclasses.replace(prepare.synthetic, train_examples=cell.size)
+        prepare = dataclasses.replace(prepare, dataset="synthetic", synthetic=synthetic)
+    kind = kind_of(config.sweep.strategy)
+    multi = cell.replicas > 1 and kind.takes_workers
+    staged = cell.replicas > 1 and kind.staged
+    train = dataclasses.replace(
+        config.train,
+        model=config.sweep.model,
+        epochs=config.sweep.epochs,
+        batch_size_per_replica=cell.batch,
+        scaling=cell.scaling,
+        precision=cell.precision,
+        replicas=cell.replicas,
+        workers=cell.replicas if multi else 1,
+        strategy=BASELINE.name if cell.replicas == 1 else kind.name,
+        link_gbit=cell.link_gbit if multi else None,
+        stages=cell.replicas if staged else config.train.stages,
+        micro_batches=cell.micro_batches if staged else config.train.micro_batches,
+    )
+    if staged:  # one copy of the model, cut over `replicas` devices
+        train = dataclasses.replace(train, replicas=1)
+    return dataclasses.replace(config, prepare=prepare, train=train)
+
+
+def cell_devices(config: Config, report: Any) -> int:
+    """The logical CPU devices a process that trains the sweep's cells sets up before
+    TensorFlow starts (0: none; cells of worker processes or on GPUs need none)."""
+    here = kind_of(config.sweep.strategy).runs_here and not report.gpus
+    return max(config.sweep.replicas) if here else 0
+
+
+def train_cell(run: Any, host: str) -> dict[str, Any]:
+    """One cell trained and diagnosed: the figures its row and child run take, and the
+    host that trained it."""
+    from tasks.report.execute import train_and_diagnose
+
+    result, diagnosis = train_and_diagnose(run, probe_steps=10)
+    return dict(
+        result.to_dict(),
+        bottleneck=diagnosis.bottleneck,
+        diagnosis=diagnosis.to_dict(),
+        host=host,
+    )
+
+
+FORECAST_UP_TO = 8  # replicas the charts forecast to, beyond the measured ones
+
+
+def forecast_lines(cells: list[Cell], results: list[dict]) -> dict[tuple, list[Any]]:
+    """Each chart line's forecast (`tasks.report.forecast` predictions, 1 to FORECAST_UP_TO
+    replicas and every measured count), keyed by `Cell.line`.
+
+    Every line of a group is forecast from one source: the group's cell with the most
+    replicas measured on localhost or a full-speed link. A line on a shaped link is then
+    predicted from that source and the link's rate alone, so its measured points check the
+    forecast. Speedups are against the group's measured 1-replica cell, as the measured
+    points' are (1 at one replica). A group with no such probed cell (parameter-server
+    cells) has none."""
+    from tasks.report.forecast import MEASURED, fit_cost_model, forecast
+
+    base = baselines(cells, results)
+    sources: dict[tuple, tuple[Cell, dict]] = {}
+    for cell, result in zip(cells, results, strict=True):
+        probed = (result.get("probes") or {}).get("comm_s_by_bytes")
+        if probed and cell.replicas > 1 and not cell.link_gbit:
+            if cell.group not in sources or cell.replicas > sources[cell.group][0].replicas:
+                sources[cell.group] = (cell, result)
+    lines: dict[tuple, list[Any]] = {}
+    for cell in cells:
+        if cell.replicas == 1 or cell.line in lines or cell.group not in sources:
+            continue
+        source, result = sources[cell.group]
+        counts = {c.replicas for c in cells if c.group == cell.group}
+        counts |= {n for n in (1, 2, 4, 8, 16) if n <= max(FORECAST_UP_TO, *counts)}
+        model = fit_cost_model(result["probes"], result.get("history"))
+        if cell.link_gbit:
+            links = {f"{cell.link_gbit:g} Gbit/s": cell.link_gbit}
+        else:
+            links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
+        predicted = forecast(model, links, sorted(counts), source.scaling, result["global_batch"])
+        points = next(iter(predicted.predictions.values()))
+        lines[cell.line] = [_against(p, base[cell.group]) for p in points]
+    return lines
+
+
+def baselines(cells: list[Cell], results: list[dict]) -> dict[tuple, float]:
+    """Each group's 1-replica examples/s: what its speedups divide by."""
+    return {
+        c.group: r["examples_per_s"] for c, r in zip(cells, results, strict=True) if c.replicas == 1
+    }
+
+
+def _against(point: Any, baseline: float) -> Any:
+    """A prediction's speedup and efficiency against a measured baseline (1 at one replica,
+    which is that baseline)."""
+    speedup = 1.0 if point.workers == 1 else point.examples_per_s / baseline
+    return dataclasses.replace(point, speedup=speedup, efficiency=speedup / point.workers)
+
+
+def tabulate(
+    cells: list[Cell], results: list[dict], forecasts: dict | None = None
+) -> list[SweepRow]:
+    """One row per cell, with speedup and efficiency against its group's 1-replica cell,
+    and what its line's forecast (default: `forecast_lines`) predicts for it (None where
+    there is no forecast)."""
+    base = baselines(cells, results)
+    if forecasts is None:
+        forecasts = forecast_lines(cells, results)
+    rows = []
+    for cell, result in zip(cells, results, strict=True):
+        measured = _rounds_speedup(result)
+        speedup = measured.median if measured else result["examples_per_s"] / base[cell.group]
+        points = {p.workers: p for p in forecasts.get(cell.line, [])}
+        if cell.replicas == 1:  # the same on every line of its group
+            lines = [line for line in forecasts if line[0] == cell.group]
+            points = {p.workers: p for p in forecasts[lines[0]]} if lines else {}
+        point = points.get(cell.replicas)
+        rows.append(
+            SweepRow(
+                **asdict(cell),
+                examples_per_s=result["examples_per_s"],
+                speedup=speedup,
+                scaling_efficiency=speedup / cell.replicas,
+                speedup_low=measured.low if measured else None,
+                speedup_high=measured.high if measured else None,
+                forecast_speedup=point.speedup if point else None,
+                forecast_efficiency=point.efficiency if point else None,
+                strategy=result["strategy"],
+                bottleneck=result["bottleneck"],
+                run_dir=result["run_dir"],
+                host=result.get("host", ""),
+            )
+        )
+    return rows
+
+
+def _rounds_speedup(result: dict) -> Any:
+    """A cell's speedup over one device measured in alternating rounds by its diagnosis (a
+    cell of several replicas in this process), or None (its speedup then divides its
+    training's examples/s by its group's 1-replica cell's)."""
+    from tasks.measure.probes import RoundRates
+
+    rounds = (result.get("diagnosis") or {}).get("rounds")
+    return RoundRates(**rounds).speedup if rounds else None
+
+
+def write_outputs(
+    table: list[SweepRow], out_dir: Path, forecasts: dict | None = None
+) -> dict[str, Path]:
+    """`sweep.csv` and `sweep.json` (DVC plots and metrics) and the two charts, with each
+    line's forecast (`forecast_lines`) drawn over its measured points."""
+    rows = [row.to_dict() for row in table]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"table": out_dir / "sweep.csv", "json": out_dir / "sweep.json"}
+    with open(files["table"], "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    files["json"].write_text(json.dumps(rows, indent=2))
+    files["speedup"] = plot(rows, "speedup", out_dir / "speedup.png", forecasts)
+    files["efficiency"] = plot(rows, "scaling_efficiency", out_dir / "efficiency.png", forecasts)
+    if any(r["link_gbit"] is not None for r in rows):
+        files["links"] = plot_links(rows, out_dir / "speedup_by_link.png")
+    return files
+
+
+def plot_links(rows: list[dict], path: Path) -> Path:
+    """Speedup against the link rate (slowest left, full speed right): one line per group
+    and replica count, measured (solid) and forecast (dotted)."""
+    from tasks.core.plots import pyplot
+
+    plt = pyplot()
+    linked = [r for r in rows if r["link_gbit"] is not None]
+    rates = sorted({r["link_gbit"] for r in linked}, key=lambda g: (g == 0, g))
+    ticks = [_link(g) for g in rates]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    lines: dict[tuple, list[dict]] = {}
+    for row in linked:
+        cell = Cell.of(row)
+        lines.setdefault((*cell.group, cell.replicas), []).append(row)
+    for members in lines.values():
+        members.sort(key=lambda r: rates.index(r["link_gbit"]))
+        xs = [rates.index(r["link_gbit"]) for r in members]
+        cell = Cell.of(members[0])
+        label = f"{cell.replicas} replicas, " + dataclasses.replace(cell, link_gbit=None).label
+        (drawn,) = ax.plot(xs, [r["speedup"] for r in members], "o-", label=label)
+        known = [(x, r["forecast_speedup"]) for x, r in zip(xs, members, strict=True)]
+        known = [(x, f) for x, f in known if f is not None]
+        if known:
+            ax.plot(*zip(*known, strict=True), "x:", color=drawn.get_color(), label="forecast")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="one replica")
+    ax.set_xticks(range(len(rates)), [f"{t}bit/s" if t.endswith("G") else t for t in ticks])
+    ax.set_xlabel("link between the worker processes (Gbit/s, or full speed)")
+    ax.set_ylabel("speedup")
+    ax.set_title("speedup against interconnect: measured (solid), forecast (dotted)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _draw_ranges(ax: Any, metric: str, rows: list[dict], color: str) -> None:
+    """Error bars: each speedup's range over the alternating rounds it was measured in (an
+    efficiency's, divided by the replicas)."""
+    ranged = [r for r in rows if r.get("speedup_low") is not None]
+    if not ranged:
+        return
+    scale = [1.0 if metric == "speedup" else 1.0 / r["replicas"] for r in ranged]
+    low = [r[metric] - r["speedup_low"] * k for r, k in zip(ranged, scale, strict=True)]
+    high = [r["speedup_high"] * k - r[metric] for r, k in zip(ranged, scale, strict=True)]
+    xs, ys = [r["replicas"] for r in ranged], [r[metric] for r in ranged]
+    ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=color, capsize=3)
+
+
+def _chart_lines(rows: list[dict]) -> dict[tuple, list[tuple[Cell, dict]]]:
+    """Each chart line's (cell, row) points by replicas: the cells of more replicas by their
+    line, and each group's 1-replica cell on every line of its group."""
+    cells = [Cell.of(r) for r in rows]
+    lines: dict[tuple, list[tuple[Cell, dict]]] = {}
+    for cell, row in zip(cells, rows, strict=True):
+        if cell.replicas > 1:
+            lines.setdefault(cell.line, []).append((cell, row))
+    for cell, row in zip(cells, rows, strict=True):
+        if cell.replicas == 1:
+            owned = [line for line in lines if line[0] == cell.group] or [cell.line]
+            for line in owned:
+                lines.setdefault(line, []).append((cell, row))
+    for members in lines.values():
+        members.sort(key=lambda m: m[0].replicas)
+    return lines
+
+
+def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = None) -> Path:
+    """`metric` against replicas, one line per group and link (each group's 1-replica point
+    on each of its lines), each line's forecast dotted over its measured points (to
+    FORECAST_UP_TO replicas), the ideal dashed."""
+    from tasks.core.plots import pyplot
+
+    plt = pyplot()
+    forecasts = forecasts or {}
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    replicas = sorted({r["replicas"] for r in rows})
+    for points in forecasts.values():
+        replicas = sorted({*replicas, *(p.workers for p in points)})
+    ideal = replicas if metric == "speedup" else [1.0] * len(replicas)
+    ax.plot(replicas, ideal, "k--", label="ideal (linear)")
+    for line, members in _chart_lines(rows).items():
+        label = max(members, key=lambda m: m[0].replicas)[0].label
+        xs, ys = [c.replicas for c, _ in members], [r[metric] for _, r in members]
+        (drawn,) = ax.plot(xs, ys, "o-", label=label)
+        _draw_ranges(ax, metric, [r for _, r in members], drawn.get_color())
+        if line in forecasts:
+            field = "speedup" if metric == "speedup" else "efficiency"
+            ax.plot(
+                [p.workers for p in forecasts[line]],
+                [getattr(p, field) for p in forecasts[line]],
+                ":",
+                color=drawn.get_color(),
+                label=f"{label}: forecast",
+            )
+    ax.set_xticks(replicas)
+    devices = "pipeline stages" if any(r.get("micro_batches") for r in rows) else "replicas"
+    ax.set_xlabel(devices)
+    ax.set_ylabel(metric.replace("_", " "))
+    name = metric.replace("_", " ")
+    ax.set_title(
+        f"{name} against {devices}: measured (solid; bars: its rounds' range), forecast (dotted)",
+        fontsize=10,
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def format_table(table: list[SweepRow]) -> str:
+    """The table as the console shows it; with a host column when cells trained on more
+    than one host (a work pool's)."""
+    hosts = len({row.host for row in table}) > 1
+    width = max((len(row.bottleneck) for row in table), default=10)
+    header = (
+        f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} {'link':>6} "
+        f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8}  "
+        + (f"{'bottleneck':<{width}}  host" if hosts else "bottleneck")
+    )
+    lines = [header, "-" * len(header)]
+    for r in (row.to_dict() for row in table):
+        lines.append(
+            f"{r['size'] or '-':>8} {r['batch']:>6} {r['scaling']:>7} {r['precision']:>15} "
+            f"{r['replicas']:>8} {_link(r['link_gbit']):>6} {r['examples_per_s']:>11,.0f} "
+            f"{r['speedup']:>8.2f} "
+            f"{r['scaling_efficiency']:>10.2f} {_figure(r['forecast_speedup']):>8}"
+            + (f"  {r['bottleneck']:<{width}}  {r['host']}" if hosts else f"  {r['bottleneck']}")
+        )
+    return "\n".join(lines)
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _link(link_gbit: float | None) -> str:
+    """A cell's link for the table: '-' (localhost or one replica), 'full', or Gbit/s."""
+    if link_gbit is None:
+        return "-"
+    return "full" if link_gbit == 0 else f"{link_gbit:g}G"

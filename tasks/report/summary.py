@@ -1,0 +1,408 @@
+"""The headline numbers: distributed against single-device baseline, and a chart of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.core.fields import PARAM, tracked_as
+from tasks.core.files import write_json_atomic
+from tasks.core.provenance import code_version
+from tasks.distribute.run import Run
+from tasks.measure.diagnosis import Diagnosis
+from tasks.measure.probes import RoundRates
+from tasks.measure.rounds import Spread
+from tasks.report.execute import load_exported
+from tasks.settings.kinds import SpreadOver, shape_text
+from tasks.train.evaluation import EvalResult
+from tasks.train.training import TrainResult
+
+
+@dataclass(frozen=True)
+class ScalingSummary(SpreadOver):
+    strategy: str = field(metadata=PARAM)
+    replicas: int = field(metadata=PARAM)
+    precision: str = field(metadata=PARAM)
+    scaling: str = field(metadata=PARAM)
+    baseline_examples_per_s: float
+    distributed_examples_per_s: float
+    speedup: float
+    scaling_efficiency: float
+    time_to_accuracy_s_baseline: float | None
+    time_to_accuracy_s_distributed: float | None
+    target_accuracy: float
+    test_accuracy: float
+    test_loss: float
+    reason: str = field(metadata=tracked_as("strategy_reason"))  # the parent's tag of it
+    bottleneck: str = ""
+    bottleneck_evidence: str = ""
+    advice: list[str] = field(default_factory=list)
+    # weak scaling: speedup = speedup_from_batch x speedup_from_devices, where the batch part
+    # is one device at the global batch over one device at the per-replica batch
+    speedup_from_batch: float | None = None
+    speedup_from_devices: float | None = None
+    # how it would scale on more devices and other links (`tasks.report.forecast_report.headline`)
+    forecast: str = ""
+    # where the throughputs come from: alternating rounds of both configurations in one
+    # process (with the speedup's lowest and highest round), or the two trainings' epochs
+    measured_over: str = "the two trainings' epochs"
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    # what else used the machine while the rounds ran, when it was material ('' otherwise)
+    interference: str = ""
+    # what to train with on this hardware, from the speedup's range over the rounds
+    recommendation: str = ""
+    # a pipeline: the model cut into this many stages (one device each), not replicated
+    stages: int = field(default=1, metadata=PARAM)
+    micro_batches: int = field(default=1, metadata=PARAM)
+    splits: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def speedup_text(self) -> str:
+        """`1.21x (1.15-1.27)` with the rounds' range, `1.21x` without."""
+        if self.speedup_low is None or self.speedup_high is None:
+            return f"{self.speedup:.2f}x"
+        return Spread(self.speedup, self.speedup_low, self.speedup_high).text()
+
+
+def time_to_accuracy(result: TrainResult, target: float) -> float | None:
+    """Training seconds until an epoch's training accuracy first reached `target`."""
+    elapsed = 0.0
+    for epoch in result.history:
+        elapsed += epoch["seconds"]
+        if epoch["accuracy"] >= target:
+            return elapsed
+    return None
+
+
+def compare_runs(
+    baseline: TrainResult,
+    distributed: TrainResult,
+    evaluation: EvalResult,
+    diagnosis: Diagnosis | None,
+    scaling: str,
+    target_accuracy: float,
+) -> ScalingSummary:
+    """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
+    the devices (replicas, or a pipeline's stages; 1.0 is linear scaling).
+
+    When the diagnosis measured both configurations in alternating rounds (a run in this
+    process), every figure comes from those rounds: the throughputs are their medians, the
+    speedup and its split the medians of the per-round ratios, with the speedup's range.
+    Otherwise (a run across processes) the throughputs are the two trainings' own."""
+    rounds = diagnosis.round_rates if diagnosis else None
+    bottleneck = (
+        (diagnosis.bottleneck, diagnosis.evidence, list(diagnosis.advice))
+        if diagnosis
+        else ("", "", [])
+    )
+    if rounds is not None and rounds.speedup is not None:
+        figures = _figures_of_rounds(rounds, distributed.shape)
+    else:
+        figures = _figures_of_trainings(baseline, distributed, diagnosis)
+    return ScalingSummary(
+        strategy=distributed.strategy,
+        replicas=distributed.replicas,
+        precision=distributed.precision,
+        scaling=scaling,
+        scaling_efficiency=figures["speedup"] / distributed.devices,
+        stages=distributed.stages,
+        micro_batches=distributed.micro_batches,
+        splits=distributed.splits,
+        time_to_accuracy_s_baseline=time_to_accuracy(baseline, target_accuracy),
+        time_to_accuracy_s_distributed=time_to_accuracy(distributed, target_accuracy),
+        target_accuracy=target_accuracy,
+        test_accuracy=evaluation.test_accuracy,
+        test_loss=evaluation.test_loss,
+        reason=distributed.reason,
+        bottleneck=bottleneck[0],
+        bottleneck_evidence=bottleneck[1],
+        advice=bottleneck[2],
+        **figures,
+    )
+
+
+def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
+    """The throughputs, the speedup with its range and its split, from alternating rounds."""
+    speedup, from_batch, from_devices = rounds.speedup, rounds.from_batch, rounds.from_devices
+    return {
+        "baseline_examples_per_s": rounds.spread(rounds.baseline).median,
+        "distributed_examples_per_s": rounds.spread("end_to_end").median,
+        "speedup": speedup.median,
+        "speedup_low": speedup.low,
+        "speedup_high": speedup.high,
+        "speedup_from_batch": from_batch.median if from_batch else None,
+        "speedup_from_devices": from_devices.median if from_devices else None,
+        "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
+        "trainings' own examples/s are on their stage lines and MLflow child runs)",
+        "interference": rounds.interfered,
+        "recommendation": recommend_devices(speedup, shape),
+    }
+
+
+def recommend_devices(speedup: Spread, replicas: int | str, over: str = "round") -> str:
+    """One device or several (`replicas`: a count, or what the run spread over, as
+    `2 stages x 4 micro-batches`), where every round (or epoch: `over`) agrees;
+    neither where they differ."""
+    if isinstance(replicas, int):
+        replicas = shape_text(replicas)
+    if speedup.below(1.0):
+        return (
+            f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas}, "
+            f"faster in every {over} (--strategy one_device)"
+        )
+    if speedup.above(1.0):
+        return f"{replicas}: {speedup.text()} one device's speed, faster in every {over}"
+    return (
+        f"either: {replicas} ran at {speedup.text()} one device's speed, on both "
+        f"sides of 1 over the {over}s"
+    )
+
+
+def _figures_of_trainings(
+    baseline: TrainResult, distributed: TrainResult, diagnosis: Diagnosis | None
+) -> dict[str, Any]:
+    """The throughputs and speedup of the two trainings themselves (a run across processes,
+    whose configurations cannot alternate in one process). With two or more epochs after
+    the first on both sides, the speedup is the median of the epoch-by-epoch ratios, with
+    their range; the epochs ran one training after the other, and the note says so."""
+    ratio = distributed.examples_per_s / baseline.examples_per_s
+    batch_effect = diagnosis.batch_effect if diagnosis else None
+    figures: dict[str, Any] = {
+        "baseline_examples_per_s": baseline.examples_per_s,
+        "distributed_examples_per_s": distributed.examples_per_s,
+    }
+    by_epoch = epoch_ratios(baseline, distributed)
+    if len(by_epoch) >= 2:
+        speedup = Spread.of(by_epoch)
+        ratio = speedup.median
+        figures.update(
+            speedup_low=speedup.low,
+            speedup_high=speedup.high,
+            measured_over=f"{len(by_epoch)} epochs of each training, epoch by epoch after "
+            "the first (the trainings ran one after the other, in processes of their own: no "
+            "alternating rounds)",
+            recommendation=recommend_devices(speedup, distributed.shape, over="epoch"),
+        )
+    return {
+        **figures,
+        "speedup": ratio,
+        "speedup_from_batch": batch_effect,
+        "speedup_from_devices": ratio / batch_effect if batch_effect else None,
+    }
+
+
+def epoch_ratios(baseline: TrainResult, distributed: TrainResult) -> list[float]:
+    """The distributed training's examples/s over the baseline's, epoch k against epoch k,
+    for the epochs after the first (which traces) that both trained in full."""
+    rates = [
+        {e["epoch"]: e["examples_per_s"] for e in r.history if e["epoch"] > 1 and e["seconds"]}
+        for r in (baseline, distributed)
+    ]
+    return [rates[1][k] / rates[0][k] for k in sorted(rates[0].keys() & rates[1].keys())]
+
+
+def compare_exported(
+    baseline_dir: Path,
+    model_dir: Path,
+    evaluation: EvalResult,
+    scaling: str,
+    target_accuracy: float,
+) -> ScalingSummary:
+    """The pipeline's comparison for exported runs (the DVC stages), also written as
+    `scaling.json` beside the distributed model."""
+    diagnosis_path = model_dir / "diagnosis.json"
+    diagnosis = (
+        Diagnosis(**json.loads(diagnosis_path.read_text())) if diagnosis_path.exists() else None
+    )
+    summary = compare_runs(
+        load_exported(baseline_dir),
+        load_exported(model_dir),
+        evaluation,
+        diagnosis,
+        scaling,
+        target_accuracy,
+    )
+    write_json_atomic(model_dir / "scaling.json", summary.to_dict())
+    return summary
+
+
+def plot_speedup(
+    summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult, path: Path
+) -> Path:
+    """Throughput bars with the ideal (linear) line, and per-epoch throughput curves."""
+    from tasks.core.plots import pyplot
+
+    plt = pyplot()
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["baseline\n(1 device)", f"{summary.strategy}\n({summary.shape})"]
+    values = [summary.baseline_examples_per_s, summary.distributed_examples_per_s]
+    bars.bar(names, values, color=["#999999", "#1f77b4"])
+    bars.axhline(
+        summary.baseline_examples_per_s * summary.devices,
+        color="#d62728",
+        linestyle="--",
+        label=f"ideal ({summary.devices}x baseline)",
+    )
+    bars.set_ylabel(f"examples/s (median over {summary.measured_over})")
+    bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")
+    bars.legend()
+    for result, label in ((baseline, "baseline"), (distributed, summary.strategy)):
+        epochs = [h["epoch"] for h in result.history]
+        curves.plot(epochs, [h["examples_per_s"] for h in result.history], marker="o", label=label)
+    curves.set_xlabel("epoch")
+    curves.set_ylabel("examples/s")
+    curves.set_title("throughput per epoch (epoch 1 includes tracing)")
+    curves.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def format_summary(summary: ScalingSummary, ui_command: str) -> str:
+    def seconds(value: float | None) -> str:
+        return f"{value:.1f} s" if value is not None else "not reached"
+
+    rows = [
+        ("strategy", f"{summary.strategy} ({summary.reason})"),
+        ("replicas", str(summary.replicas)) if summary.stages == 1 else ("stages", summary.shape),
+        ("precision", summary.precision),
+        ("scaling", summary.scaling),
+        ("measured over", summary.measured_over),
+        *([("interference", summary.interference)] if summary.interference else []),
+        ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
+        ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
+        ("speedup", summary.speedup_text + _split(summary)),
+        ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
+        (
+            f"time to {summary.target_accuracy:.0%} accuracy",
+            f"baseline {seconds(summary.time_to_accuracy_s_baseline)}, "
+            f"distributed {seconds(summary.time_to_accuracy_s_distributed)}",
+        ),
+        ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
+        ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
+        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *([("use", summary.recommendation)] if summary.recommendation else []),
+        *([("forecast", summary.forecast)] if summary.forecast else []),
+        ("open the MLflow UI", ui_command),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str:
+    """The summary as a Markdown table, headed by the answer (a Prefect artifact)."""
+    rows = [
+        ("speedup", f"**{summary.speedup_text}**{_split(summary)}"),
+        ("measured over", summary.measured_over),
+        *([("interference", summary.interference)] if summary.interference else []),
+        ("scaling efficiency", f"**{summary.scaling_efficiency:.2f}** (1.00 is linear)"),
+        ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
+        ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
+        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *([("use", summary.recommendation)] if summary.recommendation else []),
+        *([("forecast", summary.forecast)] if summary.forecast else []),
+        (
+            "throughput",
+            f"baseline {summary.baseline_examples_per_s:,.0f} examples/s, distributed "
+            f"{summary.distributed_examples_per_s:,.0f}",
+        ),
+        ("strategy", f"{summary.strategy}: {summary.reason}"),
+        ("MLflow run", run_link),
+    ]
+    head = (
+        f"## {dataset}: {summary.speedup_text} on {summary.shape} "
+        f"({summary.strategy}, {summary.precision}, {summary.scaling} scaling)"
+    )
+    table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)
+    return f"{head}\n\n| figure | value |\n|---|---|\n{table}\n"
+
+
+def _split(summary: ScalingSummary) -> str:
+    if summary.speedup_from_batch is None or summary.speedup_from_devices is None:
+        return ""
+    return (
+        f" = {summary.speedup_from_batch:.2f}x from the larger global batch (one device) "
+        f"x {summary.speedup_from_devices:.2f}x from more devices"
+    )
+
+
+def pipeline_record(run: Run) -> dict:
+    """What a pipeline run is about, as JSON-ready dicts, before any training."""
+    from tasks.settings.config import config_to_dict
+
+    return {
+        "config": config_to_dict(run.config),
+        "hardware": run.report.to_dict(),
+        "hardware_fingerprint": run.report.fingerprint,
+        "choice": run.choice.to_dict(),
+        "manifest": json.loads(run.manifest.to_json()),
+        "manifest_digest": run.manifest.digest,
+        "code_version": code_version(),
+    }
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    """What one pipeline run was about and what it produced: what tracking logs."""
+
+    context: dict  # config, hardware, choice, manifest and their digests (pipeline_record)
+    baseline: TrainResult
+    distributed: TrainResult
+    evaluation: EvalResult
+    diagnosis: Diagnosis
+    summary: ScalingSummary
+    files: dict[str, Path]
+    # the forecast's fitted constants and predictions (`tasks.report.forecast.forecast_metrics`)
+    forecast: dict[str, float] = field(default_factory=dict)
+
+
+def summarize_pipeline(
+    context: dict,
+    baseline: TrainResult,
+    distributed: TrainResult,
+    evaluation: EvalResult,
+    diagnosis: Diagnosis,
+    scaling: str,
+    target_accuracy: float,
+    class_names: list[str],
+) -> PipelineRecord:
+    """Compares the runs and writes the chart, evaluation, diagnosis and summary beside the
+    distributed model."""
+    from tasks.train.evaluation import write_evaluation
+
+    summary = compare_runs(baseline, distributed, evaluation, diagnosis, scaling, target_accuracy)
+    out_dir = Path(distributed.run_dir)
+    files = {
+        "evaluation": write_evaluation(evaluation, out_dir, class_names),
+        "confusion_matrix": out_dir / "confusion_matrix.png",
+        "speedup_chart": plot_speedup(summary, baseline, distributed, out_dir / "speedup.png"),
+        "baseline_metrics": Path(baseline.run_dir) / "metrics.json",
+        "distributed_metrics": out_dir / "metrics.json",
+        "diagnosis": out_dir / "diagnosis.txt",
+    }
+    forecast = {}
+    if distributed.probes.get("comm_s_by_bytes"):  # all-reduce measured: how it would scale
+        from tasks.report.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics
+        from tasks.report.forecast_report import forecast_run, headline
+
+        predicted, written = forecast_run(
+            out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling
+        )
+        forecast = forecast_metrics(predicted)
+        summary = dataclasses.replace(summary, forecast=headline(predicted))
+        files.update(
+            zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True)
+        )
+    (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    return PipelineRecord(
+        context, baseline, distributed, evaluation, diagnosis, summary, files, forecast
+    )

@@ -1,0 +1,4 @@
+"""Layer 2, what a user may ask for: the typed, frozen config read from `params.yaml` and
+flags (`config`), and the table of strategy kinds it may name (`kinds`). The kinds' builders
+and epoch runners live in the layers that own them and are bound late, by name (the layout
+test reads those names)."""

@@ -1,0 +1,434 @@
+"""Typed, frozen configuration: `params.yaml` loaded once, validated, with CLI overrides.
+
+Each top-level section of `params.yaml` is one stage (`prepare`, `train`,
+`evaluate`). Nothing else in tfscale opens `params.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from tasks.core.errors import UsageError
+from tasks.settings.kinds import KINDS, sweep_kinds
+
+DEFAULT_PARAMS = Path("params.yaml")
+# the per-replica batch a run takes when `train.batch_size_per_replica: auto` is not settled
+# by measuring (`tasks.measure.autotune`), and the smallest `auto` measures
+DEFAULT_BATCH = 32
+
+
+class ConfigError(UsageError, ValueError):
+    """A config value is unknown, of the wrong type or out of range."""
+
+
+def _spec(
+    default: Any = None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    empty: bool = False,
+    url: bool = False,
+    **kw: Any,
+):
+    """A field with its bounds, choices, (a list) whether it may be empty, and (a string)
+    whether it is a web address."""
+    metadata = {"lo": lo, "hi": hi, "choices": choices, "empty": empty, "url": url}
+    return field(default=default, metadata=metadata, **kw)
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Shape of the `synthetic` dataset."""
+
+    train_examples: int = _spec(4096, lo=1)
+    test_examples: int = _spec(1024, lo=1)
+    height: int = _spec(32, lo=1, hi=4096)
+    width: int = _spec(32, lo=1, hi=4096)
+    channels: int = _spec(3, lo=1, hi=4)
+    classes: int = _spec(10, lo=2, hi=100_000)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Which dataset to turn into shards, and how many shards."""
+
+    dataset: str = "digits"
+    data_dir: str = "data/tfrecords"
+    num_shards: int | None = _spec(None, lo=1, hi=100_000)
+    target_shard_mb: float = _spec(100.0, lo=0.001)
+    min_shards: int | None = _spec(None, lo=1, hi=100_000)
+    test_fraction: float = _spec(0.2, lo=0.01, hi=0.99)
+    seed: int = _spec(42, lo=0)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: strategy, devices, model and optimisation."""
+
+    strategy: str = _spec("auto", choices=("auto", *KINDS))
+    replicas: int = _spec(2, lo=1, hi=1024)
+    workers: int = _spec(1, lo=1, hi=1024)
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    # XLA: auto, the faster of off and on as measured (`tasks.measure.autotune`); true; false
+    jit_compile: Literal["auto", True, False] = "auto"
+    model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
+    epochs: int = _spec(10, lo=1, hi=100_000)
+    # auto: measured (`tasks.measure.autotune`) from DEFAULT_BATCH up, where the hardware and data
+    # allow a choice; else DEFAULT_BATCH
+    batch_size_per_replica: int | Literal["auto"] = _spec("auto", lo=1, hi=1_000_000)
+    scaling: Literal["weak", "strong"] = "weak"
+    learning_rate: float = _spec(0.001, lo=0.0, hi=10.0)
+    warmup_epochs: int = _spec(1, lo=0)
+    grad_accum_steps: int = _spec(1, lo=1, hi=1024)
+    steps_per_call: int = _spec(10, lo=1, hi=100_000)
+    # the measuring rounds after a training (`tasks.measure.probes`): timed rounds, and most steps a
+    # block (each sized to about a second). The defaults hold five default runs' speedups
+    # within 1.10 of each other (docs/benchmarks.md); fewer is quicker and noisier
+    measure_rounds: int = _spec(11, lo=1, hi=1000)
+    measure_steps: int = _spec(300, lo=1, hi=100_000)
+    cache: bool = True
+    shuffle_buffer: int = _spec(4096, lo=1)
+    seed: int = _spec(42, lo=0)
+    runs_dir: str = "runs"
+    # local worker processes (multi_worker): None, they talk over localhost; 0, each runs on
+    # an emulated host of its own (`tasks.distribute.netlab`, needs root), links at full speed; > 0,
+    # those links shaped to this many Gbit/s
+    link_gbit: float | None = _spec(None, lo=0.0, hi=100_000.0)
+    # pipeline: the model cut into this many stages, one device each (`tasks/train/stage_plan.py`)
+    stages: int = _spec(2, lo=1, hi=64)
+    micro_batches: int = _spec(4, lo=1, hi=4096)  # per step, through the stages (GPipe)
+    cut_after: tuple[int, ...] = _spec((), lo=1, empty=True)  # empty: balanced by compute
+    # one device's memory for training in MB (0: not checked; GPUs: from TensorFlow when 0)
+    device_memory_mb: float = _spec(0.0, lo=0.0)
+
+    @property
+    def per_replica_batch(self) -> int:
+        """The per-replica batch to train at: the config's, or DEFAULT_BATCH while `auto`
+        is not settled (`tasks.measure.autotune` replaces `auto` by what it measured)."""
+        batch = self.batch_size_per_replica
+        return DEFAULT_BATCH if batch == "auto" else batch
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """How the held-out split is evaluated, and the accuracy that time-to-accuracy aims at."""
+
+    batch_size: int = _spec(256, lo=1, hi=1_000_000)
+    target_accuracy: float = _spec(0.9, lo=0.0, hi=1.0)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The scaling grid: every combination is one cell (one training run)."""
+
+    replicas: tuple[int, ...] = _spec((1, 2), lo=1, hi=1024)
+    dataset_sizes: tuple[int, ...] = _spec((2048, 8192), lo=0)  # 0: prepare.dataset
+    batch_sizes: tuple[int, ...] = _spec((64,), lo=1, hi=1_000_000)
+    scaling: tuple[Literal["weak", "strong"], ...] = ("weak",)
+    precision: tuple[Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"], ...] = ("auto",)
+    strategy: str = _spec("mirrored", choices=sweep_kinds())
+    model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
+    epochs: int = _spec(2, lo=1, hi=10_000)
+    out_dir: str = "sweep"
+    # an interconnect axis for multi_worker cells: each rate (Gbit/s, 0 for full speed) runs
+    # the cells of more than one replica on emulated hosts over links of that rate
+    link_gbit: tuple[float, ...] = _spec((), lo=0.0, hi=100_000.0, empty=True)
+    # strategy pipeline: `replicas` are its stages, each count once per micro-batch count
+    micro_batches: tuple[int, ...] = _spec((4,), lo=1, hi=4096)
+    # a Prefect work pool to run the cells on (a flow run each, taken by the pool's workers
+    # on their hosts); empty: every cell in this process
+    work_pool: str = ""
+    # a pool's cell that fails, or whose worker is lost, runs again up to this many times
+    cell_retries: int = _spec(1, lo=0, hi=10)
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    """Where runs are tracked: the embedded MLflow store (MLFLOW_TRACKING_URI overrides)."""
+
+    store_dir: str = "mlflow"
+    experiment: str = "tfscale"
+    # where people open the MLflow UI: `tfscale ui` serves there, and the summary, the
+    # Prefect artifact and the console link there (a tracking server's own URI wins)
+    ui_url: str = _spec("http://127.0.0.1:5000", url=True)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How the tasks of a cluster (TF_CONFIG, Slurm, --workers) wait on each other."""
+
+    collective_timeout_s: float = _spec(60.0, lo=1.0, hi=86_400.0)
+    chief_wait_s: float = _spec(600.0, lo=1.0, hi=86_400.0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole of `params.yaml`."""
+
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    @property
+    def min_shards(self) -> int:
+        """Shards needed so that every worker the config names gets files of its own."""
+        named = self.prepare.min_shards or 1
+        sweeps_workers = KINDS[self.sweep.strategy].takes_workers
+        sweep_workers = max(self.sweep.replicas) if sweeps_workers else 1
+        return max(named, self.train.workers, sweep_workers)
+
+
+def load_config(
+    path: str | Path | None = DEFAULT_PARAMS,
+    overrides: dict[str, Any] | None = None,
+    named: bool = False,
+) -> Config:
+    """Loads `params.yaml` (missing file means defaults) and applies dotted overrides.
+
+    Args:
+        path: the YAML file, or None for defaults only.
+        overrides: values keyed by dotted name (`train.epochs`); None values are ignored.
+        named: the user named `path` (`--params`): a missing file is an error, not the
+            defaults (a mistyped name would otherwise run on settings nobody chose).
+
+    Returns:
+        A validated, frozen `Config`.
+
+    Raises:
+        ConfigError: naming the key, what was expected and what arrived.
+    """
+    raw: dict[str, Any] = {}
+    if named and path is not None and not Path(path).is_file():
+        raise ConfigError(
+            f"--params {path}: no such file",
+            f"give the path of a config file, or leave --params out to use {DEFAULT_PARAMS} "
+            "(the defaults when there is none).",
+        )
+    if path is not None and Path(path).exists():
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or "unreadable"
+            raise ConfigError(
+                f"{path}: not valid YAML{where}: {problem}",
+                "correct that line: 'key: value', nested keys indented under their section.",
+            ) from None
+        if raw is None:
+            raise ConfigError(
+                f"{path} is empty",
+                f"restore it (git checkout -- {path}), or delete it to run on the defaults.",
+            )
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of stage sections, got {_kind(raw)}")
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(raw, dotted, value)
+    return _build(Config, raw, prefix="")
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """A validated `Config` from a plain dict such as `config_to_dict` gives."""
+    return _build(Config, raw, prefix="")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A plain, JSON-ready dict of a config object."""
+    return dataclasses.asdict(config)
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "params.yaml"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {_kind(raw)} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown key; expected one of {', '.join(sorted(fields))}"
+        )
+    values = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, prefix=f"{key}.")
+        else:
+            values[name] = _check(key, hint, value, fields[name].metadata)
+    return cls(**values)
+
+
+def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    optional = origin in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:  # tuple[X, ...]: a YAML list of X, non-empty unless marked
+        if not isinstance(value, list | tuple) or not (value or meta.get("empty")):
+            raise ConfigError(f"{key}: expected a non-empty list; got {_kind(value)} {value!r}")
+        return tuple(_check(f"{key}[{i}]", args[0], v, meta) for i, v in enumerate(value))
+    also = " or null" if optional else ""  # what else the value may be, for the error
+    union = origin in (typing.Union, types.UnionType)
+    if union and any(typing.get_origin(a) is Literal for a in args):  # int | Literal["auto"]
+        (words,) = (a for a in args if typing.get_origin(a) is Literal)
+        if any(type(value) is type(w) and value == w for w in typing.get_args(words)):
+            return value
+        (hint,) = (a for a in args if a is not words)
+        also = "".join(f" or {w}" for w in typing.get_args(words))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:  # of strings, and of true / false (never 1 or 0 for them)
+        if not any(type(value) is type(a) and value == a for a in args):
+            shown = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)
+            raise ConfigError(f"{key}: expected one of {shown}; got {value!r}")
+        return value
+    value = _coerce(key, hint, value, also)
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}; got {value!r}")
+    if meta.get("url") and not _web_address(value):
+        raise ConfigError(
+            f"{key}: expected a web address such as http://127.0.0.1:5000; got {value!r}"
+        )
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ConfigError(f"{key}: expected a value {bounds}; got {value!r}")
+    return value
+
+
+def _web_address(value: str) -> bool:
+    """http(s)://host, with a port if any that is a number."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _coerce(key: str, hint: type, value: Any, also: str) -> Any:
+    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    ok = (
+        (hint is bool and isinstance(value, bool))
+        or (hint is int and isinstance(value, int) and not isinstance(value, bool))
+        or (hint is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (hint is str and isinstance(value, str))
+    )
+    if not ok:
+        raise ConfigError(f"{key}: expected {expected[hint]}{also}; got {_kind(value)} {value!r}")
+    return float(value) if hint is float else value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def key_table() -> str:
+    """Every key of `params.yaml` as a Markdown table (key, type, default, allowed values,
+    and the note written beside the field here): the table docs/configuration.md shows,
+    which a test holds to these classes."""
+    rows = ["| key | type | default | allowed | note |", "| --- | --- | --- | --- | --- |"]
+    for section in dataclasses.fields(Config):
+        rows += _key_rows(section.name, section.default_factory)
+    return "\n".join(rows) + "\n"
+
+
+def _key_rows(prefix: str, cls: type) -> list[str]:
+    notes = _field_notes(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}"
+        if is_dataclass(f.default_factory):
+            rows += _key_rows(key, f.default_factory)
+            continue
+        kind, literal = _shown_type(str(f.type))
+        default = f.default if f.default is not MISSING else f.default_factory()
+        shown = json.dumps(list(default) if isinstance(default, tuple) else default)
+        allowed = " or ".join(x for x in (literal, _allowed(f.metadata)) if x)
+        rows.append(f"| `{key}` | {kind} | `{shown}` | {allowed} | {notes.get(f.name, '')} |")
+    return rows
+
+
+def _shown_type(annotation: str) -> tuple[str, str]:
+    """A field's type as the table shows it, and the values a `Literal` allows."""
+    listed = annotation.startswith("tuple[")
+    inner = annotation.removeprefix("tuple[").removesuffix(", ...]") if listed else annotation
+    literal = ""
+    if "Literal[" in inner:
+        values = inner.split("Literal[", 1)[1].split("]", 1)[0]
+        literal = values.replace("'", "").replace('"', "")
+        inner = inner.replace(f"Literal[{values}]", "bool" if "True" in values else "str")
+        if "True" in values:
+            inner = "str or bool"
+    kind = inner.replace(" | ", " or ").replace("None", "null")
+    return (f"list of {kind}" if listed else kind), literal
+
+
+def _number(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def _allowed(meta: Any) -> str:
+    if meta.get("choices"):
+        return ", ".join(meta["choices"])
+    if meta.get("url"):
+        return "a web address"
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and hi is not None:
+        return f"{_number(lo)} to {_number(hi)}"
+    if lo is not None:
+        return f"at least {_number(lo)}"
+    return f"at most {_number(hi)}" if hi is not None else ""
+
+
+def _field_notes(cls: type) -> dict[str, str]:
+    """The comment written above or beside each field of `cls`, as one line."""
+    import inspect
+
+    notes, pending = {}, []
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        text = line.strip()
+        if text.startswith("#"):
+            pending.append(text.lstrip("# "))
+        elif ":" in text and not text.startswith(("@", "def ", '"""', "return")):
+            name, _, rest = text.partition(":")
+            inline = rest.partition("  # ")[2]
+            note = " ".join([*pending, inline]).strip()
+            if name.isidentifier() and note:
+                notes[name] = note.replace("|", "/")
+            pending = []
+        else:
+            pending = []
+    return notes

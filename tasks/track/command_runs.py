@@ -1,0 +1,123 @@
+"""The MLflow runs of the `tfscale train` and `tfscale evaluate` commands, as the DVC stages
+run them: a baseline opens the pipeline run its comparison nests under, the training
+compared with it joins that run (found beside the baseline's exported model), and the
+evaluation with `--baseline` closes it with the speedup summary. `flows/commands.py` only
+calls these in order."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tasks.core.files import write_json_atomic
+from tasks.report.execute import TRACKED_AS, pipeline_of, trained_by
+from tasks.settings.config import Config, config_to_dict
+from tasks.track.tracking import Tracker, pipeline_params, pipeline_run_name, run_tags
+
+
+def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:
+    """The tracker a training or evaluating command logs to, checked before any work, and
+    its run's tags (the DVC stage among them)."""
+    tracker = Tracker.for_config(config.track)
+    tracker.check()
+    return tracker, run_tags(**tags)
+
+
+def training_params(run: Any) -> dict[str, Any]:
+    """The params a training's run and its pipeline's row show: config and manifest."""
+    context = {"config": config_to_dict(run.config), "manifest": json.loads(run.manifest.to_json())}
+    return pipeline_params(context)
+
+
+def pipeline_run(
+    tracker: Tracker | None,
+    compared: Any,
+    tags: dict,
+    params: dict,
+    *,
+    baseline: bool,
+    against: Path | None,
+) -> str | None:
+    """The MLflow run a compared pipeline's stages nest under: opened by its `baseline`,
+    found by the run compared with it beside the baseline's model (`against`); None for a
+    training that is neither, or is not tracked."""
+    if tracker is None or not (baseline or against):
+        return None
+    choice, name = compared.choice, pipeline_run_name(compared)
+    shown = {"strategy": choice.kind, "precision": choice.precision}
+    table = {**shown, "replicas": choice.replicas, **params}  # the runs table's columns
+    if baseline:
+        return tracker.open_pipeline(name, {**tags, **shown}, table)
+    link = {
+        k.replace("training_", "baseline_"): v
+        for k, v in trained_by(against).items()
+        if k in ("training_run_id", "training_run_url")
+    }
+    return tracker.join_pipeline(pipeline_of(against), name, {**tags, **link}, table)
+
+
+def training_run(tracker: Tracker | None, name: str, tags: dict, pipeline: str | None):
+    """The training's MLflow run (its id), nested under `pipeline` when there is one; an
+    empty id when not tracked."""
+    if tracker is None:
+        return _no_run()
+    return tracker.run(name, tags, stage_of=pipeline)
+
+
+@contextlib.contextmanager
+def _no_run() -> Iterator[str]:
+    yield ""
+
+
+def log_trained(
+    tracker: Tracker,
+    run_id: str,
+    result: Any,
+    diagnosis: Any,
+    params: dict,
+    pipeline: str | None,
+) -> None:
+    """A training's figures, params and diagnosis on its run, and beside its model the
+    link `evaluate` follows back to this run (and its pipeline)."""
+    tracker.log_training(run_id, result, params)
+    link = {"run_id": run_id, "url": tracker.run_url(tracker.ui_base, run_id)}
+    if pipeline:
+        link["pipeline_run_id"] = pipeline
+    write_json_atomic(Path(result.run_dir) / TRACKED_AS, link)  # for `evaluate`
+    if diagnosis is not None:
+        tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
+        tracker.log(run_id, tags={"bottleneck": diagnosis.bottleneck})
+
+
+def describe_evaluation(tracker: Tracker, run_id: str, trained: dict, dataset: str) -> None:
+    """The evaluation's description links the training run it evaluates."""
+    if "training_run_url" in trained:
+        tracker.describe(
+            run_id,
+            f"Evaluates the model of training run [{trained['training_run_id']}]"
+            f"({trained['training_run_url']}) on the held-out split of {dataset}.",
+        )
+
+
+def log_comparison(
+    tracker: Tracker, run_id: str, pipeline: str | None, result: Any, summary: Any, dataset: str
+) -> None:
+    """The speedup summary on the evaluation's run and on its pipeline's row, with the
+    pipeline's description saying what it found."""
+    for on in (run_id, pipeline) if pipeline else (run_id,):  # the table's row too
+        tracker.log_result(on, summary)
+        tracker.log(on, tags={"bottleneck": summary.bottleneck})
+    if not pipeline:
+        return
+    tracker.log_result(pipeline, result)
+    tracker.describe(
+        pipeline,
+        f"{dataset}: {summary.speedup_text} on {summary.shape} "
+        f"({summary.strategy}, {summary.precision}), efficiency "
+        f"{summary.scaling_efficiency:.2f}, test accuracy {result.test_accuracy:.4f}; "
+        f"bottleneck: {summary.bottleneck}. The stages are its child runs: the "
+        "single-device baseline, the training compared with it, the evaluation.",
+    )

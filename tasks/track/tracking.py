@@ -1,0 +1,598 @@
+"""Everything MLflow: the only module that talks to the tracking server.
+
+A `Tracker` owns the store (the SQLite store under `track.store_dir`, or the server at
+`MLFLOW_TRACKING_URI`), its client and the system-metric monitors of the runs it opened.
+It logs result dataclasses by the type of each field (`fields_by_type`): numbers are
+metrics, strings and flags are tags, fields marked `PARAM` (how a run was set up) are
+params; lists and mappings (per-epoch history, per-class accuracy) are logged their own
+way or kept in the artifacts. A field added to a result is logged without touching this
+module.
+
+Per pipeline run: a parent run with child runs `baseline` and `distributed`, each opened
+when its training starts and fed its epochs as they end (`EpochLog`); the model is logged
+on the parent and registered. Per sweep: a parent with a child per cell. `tfscale train`
+and `evaluate` (and so the DVC stages) log a run each, tagged with the DVC stage.
+
+The experiment is a model-training one (MLflow's experiment kind), and carries a saved
+view of the runs table whose columns are the results (`RESULT_COLUMNS`); `tfscale ui`
+prints the address that opens it (`Tracker.results_url`). Metrics shown to people are
+rounded to `SIGNIFICANT` digits; the JSON artifacts keep every digit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.core.errors import UserError
+from tasks.core.fields import fields_by_type
+
+if TYPE_CHECKING:
+    from tasks.report.summary import PipelineRecord
+    from tasks.settings.config import TrackConfig
+
+_BATCH = 900  # MLflow takes at most 1000 metrics in one call
+SIGNIFICANT = 4
+SHORT_ID = 6  # a top-level run's name ends in this many characters of its id
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+TRAINING_PAGE = "workflowType=machine_learning"  # MLflow's UI: a page in model-training mode
+VIEW_KEY = "tfscale-results"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
+# the runs table's columns, in order: what a user came for
+RESULT_COLUMNS = (
+    ("metrics", "speedup"),
+    ("metrics", "scaling_efficiency"),
+    ("metrics", "test_accuracy"),
+    ("params", "strategy"),
+    ("params", "replicas"),
+    ("params", "precision"),
+    ("tags", "bottleneck"),
+    ("params", "dataset"),
+    ("params", "model"),
+    ("tags", "dvc_stage"),
+)
+
+
+class TrackingError(UserError, RuntimeError):
+    """The tracking server cannot be reached or refused what was logged."""
+
+
+def rounded(value: float) -> float:
+    """`value` to `SIGNIFICANT` significant digits (1.3180673662 -> 1.318)."""
+    return float(f"{value:.{SIGNIFICANT}g}")
+
+
+@functools.cache
+def _rounded_monitor() -> type:
+    """MLflow's system-metrics monitor, logging its figures rounded (`rounded`): 0.03264 MB
+    received, not 0.032642000001942506."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    class RoundedMonitor(SystemMetricsMonitor):
+        def aggregate_metrics(self) -> dict[str, float]:
+            return {name: rounded(v) for name, v in super().aggregate_metrics().items()}
+
+    return RoundedMonitor
+
+
+def results_view() -> dict[str, Any]:
+    """The runs table's saved view: result columns, newest first, each pipeline collapsed
+    to its parent row."""
+    columns = [f"{kind}.`{name}`" for kind, name in RESULT_COLUMNS]
+    return {
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+    }
+
+
+@dataclasses.dataclass
+class EpochLog:
+    """Logs each epoch's figures to one run as it ends (`tasks.core.progress.EpochWatcher`)."""
+
+    tracker: Tracker
+    run_id: str
+
+    def __call__(self, epoch: dict[str, float]) -> None:
+        figures = {k: v for k, v in epoch.items() if k != "epoch"}
+        self.tracker.log(self.run_id, metrics=figures, step=int(epoch["epoch"]))
+
+
+def run_tags(**extra: str) -> dict[str, str]:
+    """Tags every run carries: the commit, and the DVC stage when `dvc repro` runs it."""
+    tags = {"git_commit": git_commit(), **extra}
+    if os.environ.get("DVC_STAGE"):
+        tags["dvc_stage"] = os.environ["DVC_STAGE"]
+    return tags
+
+
+class Tracker:
+    """The tracking store, its client, and the monitors of the runs this tracker opened."""
+
+    def __init__(
+        self,
+        store_dir: str | Path = "mlflow",
+        experiment: str = "tfscale",
+        uri: str = "",
+        ui_url: str = "http://127.0.0.1:5000",
+    ):
+        self.store_dir = Path(store_dir)
+        self.experiment = experiment
+        self.ui_url = ui_url
+        self.uri = (
+            uri
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or f"sqlite:///{self.store_dir.resolve()}/mlflow.db"
+        )
+        self._client: Any = None
+        self._monitors: dict[str, Any] = {}
+
+    @classmethod
+    def for_config(cls, track: TrackConfig) -> Tracker:
+        return cls(track.store_dir, track.experiment, ui_url=track.ui_url)
+
+    def __getstate__(self) -> dict:  # the store, not the connection (Prefect hashes inputs)
+        return {
+            "store_dir": self.store_dir,
+            "experiment": self.experiment,
+            "uri": self.uri,
+            "ui_url": self.ui_url,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    @property
+    def local(self) -> bool:
+        return self.uri.startswith("sqlite:///")
+
+    @property
+    def artifact_root(self) -> str:
+        return (self.store_dir / "artifacts").resolve().as_uri()
+
+    def check_reachable(self, timeout_s: float = 7.0) -> None:
+        """Fails fast, after retrying for `timeout_s`, when a remote server does not answer.
+
+        Raises:
+            TrackingError: naming the URI and how to fix it.
+        """
+        if not self.uri.startswith(("http://", "https://")):
+            return
+        from tasks.core.network import wait_healthy
+
+        problem = wait_healthy(self.uri.rstrip("/") + "/health", timeout_s, interval_s=1.0)
+        if problem is not None:
+            raise TrackingError(
+                f"MLflow tracking server {self.uri} is unreachable ({problem})",
+                "start it, or unset MLFLOW_TRACKING_URI to use the embedded store under "
+                f"{self.store_dir}/.",
+            )
+
+    def check(self) -> None:
+        """The store can be used, checked before any work: a server answers, or the
+        embedded store's file is a database (`check_reachable`, `check_store`)."""
+        self.check_reachable()
+        self.check_store()
+
+    def check_store(self) -> None:
+        """Fails when the embedded store's file exists and is not an SQLite database (a
+        stray file, or a store copied in half): MLflow would fail deep in its migrations.
+
+        Raises:
+            TrackingError: naming the file and how to fix it.
+        """
+        if not self.local:
+            return
+        path = Path(self.uri.removeprefix("sqlite:///"))
+        if path.is_dir():
+            kind = "a directory, not an SQLite database"
+        elif path.is_file() and path.stat().st_size:
+            with path.open("rb") as file:
+                if file.read(16) == b"SQLite format 3\x00":
+                    return
+            kind = "not an SQLite database"
+        else:
+            return
+        raise TrackingError(
+            f"The MLflow store {path} is {kind}",
+            "move it aside (a new store is made in its place), point track.store_dir at "
+            "another directory, or set MLFLOW_TRACKING_URI to a tracking server.",
+        )
+
+    @property
+    def client(self) -> Any:
+        """The MlflowClient, made once, with the experiment created if it is new."""
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            if self.local:
+                self.store_dir.mkdir(parents=True, exist_ok=True)
+            self.check()
+            client = MlflowClient(self.uri)
+            experiment = client.get_experiment_by_name(self.experiment)
+            if experiment is None:
+                root = self.artifact_root if self.local else None
+                client.create_experiment(
+                    self.experiment, artifact_location=root, tags=dict([EXPERIMENT_KIND])
+                )
+                experiment = client.get_experiment_by_name(self.experiment)
+            view = json.dumps(results_view())
+            if experiment.tags.get(VIEW_TAG) != view:
+                client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, view)
+            if EXPERIMENT_KIND[0] not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
+            self._client = client
+        return self._client
+
+    def results_url(self, base: str) -> str:
+        """The experiment's runs table at `base` (an MLflow UI), opened on the result
+        columns."""
+        experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
+        query = f"{TRAINING_PAGE}&viewStateShareKey={VIEW_KEY}"
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{query}"
+
+    @property
+    def ui_base(self) -> str:
+        """Where a person opens this store: the server itself, or where `tfscale ui` serves
+        it (`track.ui_url`)."""
+        return self.uri if self.uri.startswith(("http://", "https://")) else self.ui_url
+
+    def run_url(self, base: str, run_id: str) -> str:
+        experiment = self.client.get_run(run_id).info.experiment_id
+        # the query opens it on model training in any MLflow UI, `tfscale ui`'s or not
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{TRAINING_PAGE}"
+
+    def start_run(
+        self,
+        name: str,
+        tags: dict[str, str],
+        parent_id: str | None = None,
+        system_metrics: bool = False,
+    ) -> str:
+        """Opens a run (a child of `parent_id` if given); returns its id. A top-level run's
+        name ends in the start of its id (`digits-cnn-mirrored-2x-10ep-85d88c`), so two
+        runs of one configuration differ in the table and match the console's run id."""
+        experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
+        if parent_id:
+            tags = {"mlflow.parentRunId": parent_id, **tags}
+        run_id = self.client.create_run(experiment, run_name=name, tags=tags).info.run_id
+        if not parent_id:
+            self.client.update_run(run_id, name=f"{name}-{run_id[:SHORT_ID]}")
+        if system_metrics:
+            monitor = _rounded_monitor()(run_id, sampling_interval=2, tracking_uri=self.uri)
+            monitor.start()
+            self._monitors[run_id] = monitor
+        return run_id
+
+    def log(
+        self,
+        run_id: str,
+        metrics: dict[str, float] | None = None,
+        params: dict[str, Any] | None = None,
+        tags: dict[str, Any] | None = None,
+        step: int = 0,
+    ) -> None:
+        """Metrics, params and tags in as few calls as MLflow allows."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in (metrics or {}).items()]
+        self._log_batch(
+            run_id,
+            items,
+            [Param(k, str(v)) for k, v in (params or {}).items()],
+            [RunTag(k, str(v)) for k, v in (tags or {}).items()],
+        )
+
+    def log_result(self, run_id: str, result: Any, prefix: str = "") -> None:
+        """Every field of a result dataclass, by its type (`fields_by_type`), numbers
+        rounded for the table."""
+        metrics, params, tags = fields_by_type(result, prefix)
+        self.log(run_id, {k: rounded(v) for k, v in metrics.items()}, params, tags)
+
+    def log_history(self, run_id: str, history: list[dict[str, float]]) -> None:
+        """Per-epoch figures as metric steps, one batched call per 900 points."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [
+            Metric(key, float(value), now, int(epoch["epoch"]))
+            for epoch in history
+            for key, value in epoch.items()
+            if key != "epoch"
+        ]
+        self._log_batch(run_id, points, [], [])
+
+    def log_artifacts(self, run_id: str, paths: list[Path]) -> None:
+        for path in paths:
+            self.client.log_artifact(run_id, str(path))
+
+    def log_model(self, run_id: str, model_path: str) -> str:
+        """The Keras model as an MLflow logged model of `run_id`, with pinned requirements
+        (given rather than inferred: MLflow's inference reloads the model, about 10 s).
+        Returns the logged model's id."""
+        import mlflow.keras
+        import numpy as np
+        from mlflow.entities import LoggedModelOutput
+        from mlflow.models import infer_signature
+
+        from tasks.train.models import load_trained_model
+
+        experiment = self.client.get_run(run_id).info.experiment_id
+        logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
+        model = load_trained_model(model_path)
+        example = np.zeros((1, *model.input_shape[1:]), dtype="float32")  # one input's shape
+        signature = infer_signature(example, np.asarray(model(example)))
+        with tempfile.TemporaryDirectory(prefix="tfscale-model-") as tmp:
+            local = Path(tmp) / "model"
+            local.mkdir()  # MLflow writes the input example before it makes the directory
+            mlflow.keras.save_model(
+                model,
+                str(local),
+                signature=signature,
+                input_example=example,
+                pip_requirements=_model_requirements(),
+            )
+            self.client.log_model_artifacts(logged.model_id, str(local))
+        self.client.finalize_logged_model(logged.model_id, "READY")
+        # the run's "Logged models" column and its outputs name the model
+        self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        return logged.model_id
+
+    def describe(self, run_id: str, markdown: str) -> None:
+        """The run's description on its MLflow page (markdown, within a tag's 8,000
+        characters)."""
+        self.log(run_id, tags={"mlflow.note.content": markdown[:8000]})
+
+    def register_model(self, name: str, model_id: str, run_id: str, tags: dict) -> str:
+        """A new version of registered model `name` from a logged model; its version."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(
+                name, description="tfscale's distributed model, with its speedup and accuracy"
+            )
+        version = self.client.create_model_version(
+            name,
+            source=self.client.get_logged_model(model_id).artifact_location,
+            run_id=run_id,
+            model_id=model_id,
+            tags={k: str(v) for k, v in tags.items()},
+        )
+        return version.version
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        """Stops the run's system metrics (if any) and closes it."""
+        monitor = self._monitors.pop(run_id, None)
+        if monitor is not None:
+            monitor.finish()
+        self.client.set_terminated(run_id, status=status)
+
+    def fail(self, run_id: str, error: str) -> None:
+        """Marks a run and every child still running as FAILED, with the error as a tag."""
+        experiment = self.client.get_run(run_id).info.experiment_id
+        children = self.client.search_runs(
+            [experiment],
+            filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
+        )
+        for child in children:
+            self.finish(child.info.run_id, status="FAILED")
+        self.log(run_id, tags={"error": error[:4000]})
+        self.finish(run_id, status="FAILED")
+
+    def log_training(self, run_id: str, result: Any, params: dict[str, Any]) -> None:
+        """A training's result in the run opened when it started: its fields, `params`, the
+        epochs if they were not logged live (a cached result) and metrics.json."""
+        self.log_result(run_id, result)
+        self.log(run_id, params=params)
+        if not self.client.get_metric_history(run_id, "loss"):
+            self.log_history(run_id, result.history)
+        self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
+
+    @contextlib.contextmanager
+    def run(self, name: str, tags: dict[str, str], stage_of: str | None = None) -> Iterator[str]:
+        """A run around a command's work: FINISHED when the block ends, FAILED (with the
+        error) when it raises. With `stage_of` (a pipeline run, `open_pipeline`), a child of
+        it, and the pipeline ends as its latest stage did."""
+        run_id = self.start_run(name, tags, parent_id=stage_of)
+        try:
+            yield run_id
+        except BaseException as exc:
+            self.fail(run_id, repr(exc))
+            if stage_of:
+                self.fail(stage_of, f"stage {name}: {exc!r}")
+            raise
+        self.finish(run_id)
+        if stage_of:
+            if "error" in self.client.get_run(stage_of).data.tags:  # an earlier stage's
+                self.client.delete_tag(stage_of, "error")
+            self.finish(stage_of)
+
+    def join_pipeline(
+        self, baselines: str | None, name: str, tags: dict[str, str], params: dict[str, Any]
+    ) -> str:
+        """The pipeline run a training compared with a baseline nests under: the baseline's
+        own (`baselines`) while it was opened for the same configuration (`params`) and has
+        no compared training yet; otherwise a new one (a baseline DVC kept from an earlier
+        repro serves another configuration), which `tags` link to the baseline."""
+        if baselines:
+            run = self.client.get_run(baselines)
+            same = all(run.data.params.get(k) == str(v) for k, v in params.items())
+            stages = self.client.search_runs(
+                [run.info.experiment_id], f"tags.mlflow.parentRunId = '{baselines}'"
+            )
+            if same and not any(s.info.run_name == "distributed" for s in stages):
+                return baselines
+        return self.open_pipeline(name, tags, params)
+
+    def open_pipeline(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """The parent of a compared pipeline whose stages run as separate commands (`dvc
+        repro`: baseline, train, evaluate): each stage's run nests under it (`run`'s
+        `stage_of`), and the evaluation puts the result on it."""
+        own = dict(tags)
+        if "dvc_stage" in own:  # not one stage: the repro's, in the table's stage column
+            own["dvc_stage"] = "repro"
+        run_id = self.start_run(name, {**own, "kind": "pipeline"})
+        self.log(run_id, params=params)
+        self.describe(
+            run_id,
+            "The stages of one compared pipeline, each a child run: the single-device "
+            "baseline, the training compared with it, and the evaluation that compares them.",
+        )
+        return run_id
+
+    def log_pipeline(self, parent_id: str, record: PipelineRecord) -> None:
+        """Logs a whole pipeline run on its parent (its children were closed as their
+        training ended): the summary, diagnosis, artifacts, and the registered model."""
+        context = record.context
+        common = pipeline_params(context)
+        _, distributed_params, _ = fields_by_type(record.distributed)
+        self.log_result(parent_id, record.summary)
+        # the diagnosis's figures; its words are the summary's bottleneck tags already
+        metrics, params, tags = fields_by_type(record.diagnosis, "diagnosis_")
+        shown = set(fields_by_type(record.summary)[2].values())
+        tags = {k: v for k, v in tags.items() if v not in shown}
+        self.log(parent_id, {k: rounded(v) for k, v in metrics.items()}, params, tags)
+        self.log(
+            parent_id,
+            metrics={k: rounded(v) for k, v in record.forecast.items()},
+            params={**common, **distributed_params},
+        )
+        artifacts = [
+            write_json_artifact("hardware.json", context["hardware"]),
+            write_json_artifact("manifest.json", context["manifest"]),
+            write_json_artifact("summary.json", record.summary.to_dict()),
+            *(record.files[k] for k in ("speedup_chart", "confusion_matrix", "evaluation")),
+            record.files["diagnosis"],
+            *(path for key, path in record.files.items() if key.startswith("forecast")),
+        ]
+        self.log_artifacts(parent_id, artifacts)
+        model_id = self.log_model(parent_id, record.distributed.model_path)
+        summary = record.summary
+        self.register_model(
+            f"tfscale-{common['dataset']}-{common['model']}",
+            model_id,
+            parent_id,
+            {
+                "speedup": rounded(summary.speedup),
+                "scaling_efficiency": rounded(summary.scaling_efficiency),
+                "test_accuracy": rounded(summary.test_accuracy),
+                "strategy": summary.strategy,
+                "replicas": summary.replicas,
+            },
+        )
+        self.finish(parent_id)
+
+    def log_forecast(self, forecast: Any, files: list[Path], source_run_dir: str) -> str:
+        """A `forecast` run: the fitted constants and predictions as metrics, the links and
+        scaling as params, forecast.json and the charts as artifacts. Returns its id."""
+        from tasks.report.forecast import forecast_metrics
+
+        run_id = self.start_run("forecast", {"source_run_dir": str(source_run_dir)})
+        params = {
+            "scaling": forecast.scaling,
+            **{f"link_{k}": v for k, v in forecast.links_gbit.items()},
+        }
+        self.log(run_id, metrics=forecast_metrics(forecast), params=params)
+        self.log_artifacts(run_id, files)
+        self.finish(run_id)
+        return run_id
+
+    def log_sweep(
+        self, parent_id: str, rows: list[Any], results: list[dict], files: dict[str, Path]
+    ) -> None:
+        """A child run per cell (each `SweepRow`'s fields by type, per-epoch metrics), then
+        the table and charts on the parent."""
+        for row, result in zip(rows, results, strict=True):
+            child = self.start_run(row.run_name, {}, parent_id=parent_id)
+            self.log_result(child, row)
+            self.log_history(child, result["history"])
+            self.finish(child)
+        self.log(parent_id, metrics={"cells": len(rows)})
+        self.log_artifacts(parent_id, list(files.values()))
+        self.finish(parent_id)
+
+    def _log_batch(self, run_id: str, metrics: list, params: list, tags: list) -> None:
+        for start in range(0, max(len(metrics), 1), _BATCH):
+            first = start == 0
+            self.client.log_batch(
+                run_id,
+                metrics=metrics[start : start + _BATCH],
+                params=params if first else [],
+                tags=tags if first else [],
+            )
+
+
+def write_json_artifact(name: str, value: Any) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="tfscale-")) / name
+    path.write_text(json.dumps(value, indent=2, default=str))
+    return path
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
+    """Hardware fingerprint, the strategy decision and its reason, git commit, manifest hash."""
+    return run_tags(
+        hardware_fingerprint=context["hardware_fingerprint"],
+        strategy=context["choice"]["kind"],
+        strategy_reason=context["choice"]["reason"],
+        precision=context["choice"]["precision"],
+        manifest_hash=context["manifest_digest"],
+    )
+
+
+def pipeline_run_name(run: Any) -> str:
+    """What tells a pipeline's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
+    choice, train = run.choice, run.train
+    split = {"stages": "st", "columns": "tp"}.get(choice.spec.splits)
+    devices = f"{choice.stages}{split}" if split else f"{choice.replicas}x"
+    return f"{run.manifest.dataset}-{train.model}-{choice.kind}-{devices}-{train.epochs}ep"
+
+
+def child_tags(tags: dict[str, str], choice: Any) -> dict[str, str]:
+    """A pipeline child's tags: the parent's, with the strategy and precision of the
+    training the child holds (`choice`: the baseline's are one device's), and its own
+    `reason` (logged with its result) instead of the parent's `strategy_reason`."""
+    own = {k: v for k, v in tags.items() if k != "strategy_reason"}
+    return {**own, "strategy": choice.kind, "precision": choice.precision}
+
+
+def pipeline_params(context: dict[str, Any]) -> dict[str, Any]:
+    """What every training run of a config shares: the data and the training settings
+    (`context`: `summary.pipeline_record`, or any dict with its `config` and `manifest`)."""
+    train, manifest = context["config"]["train"], context["manifest"]
+    return {
+        "dataset": manifest["dataset"],
+        "shards": len(manifest["shards"]),
+        "model": train["model"],
+        "scaling": train["scaling"],
+        "epochs": train["epochs"],
+        "base_learning_rate": train["learning_rate"],
+    }
+
+
+def _model_requirements() -> list[str]:
+    """What loading the model needs, pinned to what trained it."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("tensorflow", "keras", "mlflow")]

@@ -1,0 +1,212 @@
+"""The models tfscale trains, by name: `mlp`, `cnn`, a small `resnet` and a wide `embedding`
+model with a large table, in Keras 3 layers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+from keras import layers
+
+from tasks.core.errors import UsageError, UserError, system_error
+
+
+def load_trained_model(path: str) -> keras.Model:
+    """A model tfscale saved, without its optimizer (its learning-rate schedule is
+    registered with Keras in `tasks.train.steps`)."""
+    import zipfile
+
+    import tasks.train.steps  # noqa: F401  (registers WarmupSchedule)
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:  # not a model, or damaged
+        if isinstance(exc, OSError) and system_error(exc) is not None:
+            raise
+        first = str(exc).split(". ")[0]
+        raise UserError(
+            f"{path} is not a Keras model tfscale can load ({first})",
+            "give the model.keras a 'tfscale train' wrote (its run directory, or "
+            "--export-dir), or train again if that file was damaged.",
+        ) from None
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, ps_tasks: int = 0
+) -> keras.Model:
+    """A fresh model whose last layer gives float32 logits (also under mixed precision).
+
+    Args:
+        ps_tasks: parameter servers the model's variables live on (0: none); a table of
+            `2 * PARTITION_SHARD_BYTES` or more is split across them.
+
+    Raises:
+        UsageError: an unknown name, listing the known ones.
+    """
+    if name not in MODELS:
+        raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
+    inputs = keras.Input(shape=input_shape)
+    features = MODELS[name](inputs, ps_tasks) if name == "embedding" else MODELS[name](inputs)
+    logits = layers.Dense(num_classes, dtype="float32", name="logits")(features)
+    return keras.Model(inputs, logits, name=name)
+
+
+def _mlp(x):
+    x = layers.Flatten()(x)
+    for width in (256, 128):
+        x = layers.Dense(width, activation="relu")(x)
+    return x
+
+
+def _cnn(x):
+    """Three conv layers as in the Keras examples, sized to the input."""
+    for filters in (32, 64, 64):
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        if x.shape[1] >= 4:
+            x = layers.MaxPooling2D()(x)
+    x = layers.Flatten()(x)
+    return layers.Dense(128, activation="relu")(x)
+
+
+def _residual(x, filters: int, stride: int):
+    shortcut = x
+    y = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
+    y = layers.BatchNormalization()(y)
+    y = layers.Activation("relu")(y)
+    y = layers.Conv2D(filters, 3, padding="same", use_bias=False)(y)
+    y = layers.BatchNormalization()(y)
+    if stride != 1 or shortcut.shape[-1] != filters:
+        shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False)(shortcut)
+        shortcut = layers.BatchNormalization()(shortcut)
+    return layers.Activation("relu")(layers.Add()([y, shortcut]))
+
+
+def _resnet(x):
+    """A small residual net for 32x32 images: three stages of two blocks."""
+    x = layers.Conv2D(16, 3, padding="same", use_bias=False)(x)
+    x = layers.Activation("relu")(layers.BatchNormalization()(x))
+    for stage, filters in enumerate((16, 32, 64)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 and x.shape[1] >= 4 else 1
+            x = _residual(x, filters, stride)
+    return layers.GlobalAveragePooling2D()(x)
+
+
+EMBEDDING_ROWS, EMBEDDING_DIM = 65_536, 16  # float32: a 4 MiB table
+LEVELS = 16
+PARTITION_SHARD_BYTES = 1 << 20  # on parameter servers, tables of 2 MiB or more are split
+
+
+def table_shards(rows: int, dim: int, ps_tasks: int) -> int:
+    """Parts a table is split into: one per ps task, each at least PARTITION_SHARD_BYTES."""
+    return max(1, min(ps_tasks, rows * dim * 4 // PARTITION_SHARD_BYTES))
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class PartitionedEmbedding(layers.Layer):
+    """An embedding table split by row (`id % shards`) into `shards` variables.
+
+    A parameter-server strategy places variables on its ps tasks in turn, so each part
+    lands on its own ps. (TensorFlow's own variable partitioner makes a ShardedVariable,
+    which Keras 3's optimizer cannot update: "ShardedVariable doesn't support being used
+    as a reference".)
+    """
+
+    def __init__(self, rows: int, dim: int, shards: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.rows, self.dim, self.shards = rows, dim, shards
+        self.parts = [
+            self.add_weight(
+                shape=(-(-(rows - i) // shards), dim),
+                initializer="uniform",
+                name=f"part_{i}",
+            )
+            for i in range(shards)
+        ]
+
+    def call(self, ids):
+        part, row = ids % self.shards, ids // self.shards
+        out = 0.0
+        for i, table in enumerate(self.parts):
+            rows = keras.ops.take(table, keras.ops.minimum(row, table.shape[0] - 1), axis=0)
+            mask = keras.ops.expand_dims(keras.ops.cast(part == i, rows.dtype), -1)
+            out = out + rows * mask
+        return out
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "rows": self.rows, "dim": self.dim, "shards": self.shards}
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class ColumnSplitDense(layers.Layer):
+    """A Dense layer whose kernel (and bias) is split by columns into `parts`, each part's
+    variables and matmul on a device of its own (`devices`; none: wherever the caller is),
+    the outputs joined: Megatron's column-parallel linear layer. The activation is
+    elementwise, so the join equals the whole layer's output. Saved without its devices: it
+    loads on one device."""
+
+    def __init__(self, units: int, parts: int = 2, activation=None, devices=None, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.parts = units, parts
+        self.activation = keras.activations.get(activation)
+        self.devices = list(devices or [None] * parts)
+        self.widths = [units // parts + (1 if i < units % parts else 0) for i in range(parts)]
+
+    def build(self, input_shape):
+        import tensorflow as tf
+
+        self.kernels, self.biases = [], []
+        for i, (width, device) in enumerate(zip(self.widths, self.devices, strict=True)):
+            with tf.device(device):
+                self.kernels.append(
+                    self.add_weight(
+                        shape=(input_shape[-1], width),
+                        initializer="glorot_uniform",
+                        name=f"kernel_{i}",
+                    )
+                )
+                self.biases.append(
+                    self.add_weight(shape=(width,), initializer="zeros", name=f"bias_{i}")
+                )
+
+    def call(self, x):
+        import tensorflow as tf
+
+        outputs = []
+        for kernel, bias, device in zip(self.kernels, self.biases, self.devices, strict=True):
+            with tf.device(device):
+                outputs.append(self.activation(keras.ops.matmul(x, kernel) + bias))
+        return keras.ops.concatenate(outputs, axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.units)
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "parts": self.parts,
+            "activation": keras.activations.serialize(self.activation),
+        }
+
+
+def _embedding(x, ps_tasks: int = 0):
+    """A wide model: every (pixel position, intensity level) is a token, hashed into a large
+    embedding table; the mean of a picture's token vectors feeds one hidden layer. On a
+    parameter-server cluster the table is split across the ps tasks."""
+    flat = layers.Flatten()(x)
+    scaled = keras.ops.round(keras.ops.clip(flat, 0.0, 1.0) * (LEVELS - 1))
+    positions = keras.ops.arange(flat.shape[-1], dtype="int32") * LEVELS
+    tokens = ((positions + keras.ops.cast(scaled, "int32")) * 40_503) % EMBEDDING_ROWS
+    shards = table_shards(EMBEDDING_ROWS, EMBEDDING_DIM, ps_tasks)
+    vectors = PartitionedEmbedding(EMBEDDING_ROWS, EMBEDDING_DIM, shards, name="table")(tokens)
+    x = layers.GlobalAveragePooling1D()(vectors)
+    return layers.Dense(64, activation="relu")(x)
+
+
+MODELS: dict[str, Callable] = {
+    "mlp": _mlp,
+    "cnn": _cnn,
+    "resnet": _resnet,
+    "embedding": _embedding,
+}

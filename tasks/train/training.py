@@ -1,0 +1,455 @@
+"""The one training loop for every strategy: a custom loop around `strategy.run`.
+
+Keras 3 `fit` fails under MultiWorkerMirrored and ParameterServer strategies, and the
+optimizer's own gradient accumulation fails under Mirrored; this loop does neither.
+It accumulates gradients over micro-batches inside each step, scales the loss under
+mixed_float16, checkpoints every epoch and resumes from the last completed one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tasks.core.errors import UsageError
+from tasks.core.fields import PARAM, tracked_as
+from tasks.core.files import write_json_atomic
+from tasks.core.process import use_precision
+from tasks.core.progress import stage
+from tasks.data.inputs import build_dataset
+from tasks.data.manifest import Manifest
+from tasks.distribute.run import Run
+from tasks.distribute.strategy import StrategyChoice, build_strategy
+from tasks.settings.config import TrainConfig
+from tasks.settings.kinds import SpreadOver, cluster_spec_of
+from tasks.train.models import build_model
+from tasks.train.steps import FusedAdam, make_warmup_schedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainResult(SpreadOver):
+    """What a training run produced and how fast it went."""
+
+    run_dir: str
+    model_path: str
+    strategy: str = field(metadata=PARAM)
+    reason: str
+    replicas: int = field(metadata=PARAM)
+    workers: int = field(metadata=PARAM)
+    precision: str = field(metadata=PARAM)
+    per_replica_batch: int = field(metadata=PARAM)
+    global_batch: int = field(metadata=PARAM)
+    grad_accum_steps: int = field(metadata=PARAM)
+    learning_rate: float = field(metadata=PARAM)
+    steps_per_epoch: int = field(metadata=PARAM)
+    jit_compile: bool = field(default=False, metadata=PARAM)
+    history: list[dict[str, float]] = field(default_factory=list)
+    # over the epochs after the first (tracing); `examples_per_s` is each epoch's own curve
+    examples_per_s: float = field(default=0.0, metadata=tracked_as("examples_per_s_after_epoch_1"))
+    train_seconds: float = 0.0
+    resumed_from_epoch: int = field(default=0, metadata=PARAM)  # how it began: once
+    resumed_from_step: int = field(default=0, metadata=PARAM)
+    weights_digest: str = ""
+    # a pipeline (`tasks.train.gpipe`): its stages and micro-batches, where the model was cut,
+    # and the bytes of weights and optimizer slots each device holds (read from the placed
+    # variables)
+    stages: int = field(default=1, metadata=PARAM)
+    micro_batches: int = field(default=1, metadata=PARAM)
+    splits: str = ""  # "stages" (a pipeline), "columns" (its widest layer split), or ""
+    stage_plan: dict[str, Any] = field(default_factory=dict)
+    device_bytes: dict[str, int] = field(default_factory=dict)
+    device_bytes_max: int | None = None  # the fullest device's share (a split model only)
+    # the probes measured after training (`tasks.measure.in_place`, `.diagnosis`), when asked
+    probes: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def batch_sizes(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
+    """(per-replica, global) batch: weak scaling grows the global batch, strong keeps it."""
+    if cfg.scaling == "weak":
+        return cfg.per_replica_batch, cfg.per_replica_batch * replicas
+    per_replica = max(cfg.per_replica_batch // replicas, 1)
+    return per_replica, per_replica * replicas
+
+
+@dataclass
+class Trained:
+    """What training leaves for the steps after it (measuring, in the same process): the
+    strategy, model and optimizer it trained (`setup`) and its figures (`result`)."""
+
+    setup: TrainingSetup
+    result: TrainResult
+
+
+def train_model(run: Run, *, resolver: Any = None) -> Trained:
+    """Trains `run.train.model` on the manifest's train split under the run's strategy,
+    resuming from its run directory's last checkpoint (mid-epoch when a preemption saved
+    it there). Only the chief (`run.role`) writes the model and history.
+
+    A preemptible role (a worker process's main thread) saves a checkpoint at the current
+    step on every worker on SIGTERM and exits with `EXIT_PREEMPTED` (TensorFlow's
+    `PreemptionCheckpointHandler`). `resolver` is an in-process cluster's, when there is one.
+    """
+    cfg, choice, run_dir, chief = run.train, run.choice, run.run_dir, run.role.chief
+    timeout_s = run.config.cluster.collective_timeout_s
+    setup = set_up_training(cfg, run.manifest, choice, resolver, timeout_s)
+    step, manager = _restored(setup, run_dir, chief)
+    resumed_step = int(step.numpy())
+    preemption = _preemption_hook(setup.strategy, manager, step) if run.role.preemptible else None
+    after_steps = _StepCounter(step, resumed_step, preemption)
+    start_epoch, done_in_epoch = divmod(resumed_step, setup.steps)
+    history = _read_history(run_dir)[:start_epoch]
+    dataset_fn = train_dataset_fn(
+        cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
+    )
+    run_epoch = setup.epoch_runner(choice, dataset_fn)
+    for epoch in range(start_epoch, cfg.epochs):
+        steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
+        after_steps.epoch_ends_at = after_steps.count + steps
+        history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps))
+        # the epoch's record before its checkpoint: a run killed between the two resumes from
+        # the previous checkpoint and cuts the history to it (`[:start_epoch]` above), where
+        # the other order lost the epoch's record (seen once in a whole-suite run)
+        if chief:
+            _write_json(run_dir / "history.json", history)
+        manager.save(checkpoint_number=after_steps.count)
+        after_steps.check_preemption()  # at an epoch's end: after its record is written
+    model_path = run_dir / "model.keras"
+    if chief:
+        setup.model.save(model_path)
+    else:
+        shutil.rmtree(manager.directory, ignore_errors=True)
+    return Trained(setup, _result(setup, choice, run_dir, model_path, history, resumed_step))
+
+
+def _restored(setup: TrainingSetup, run_dir: Path, chief: bool) -> tuple[Any, Any]:
+    """The step counter and checkpoint manager of a training, restored from the run
+    directory's last checkpoint when there is one (and said so on the console)."""
+    with setup.strategy.scope():
+        step = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        checkpoint = tf.train.Checkpoint(model=setup.model, optimizer=setup.optimizer, step=step)
+    manager = _checkpoint_manager(checkpoint, run_dir, setup.strategy, chief)
+    latest = _latest_checkpoint(run_dir, manager)
+    if latest:
+        checkpoint.restore(latest)
+        stage("resuming", _resumed_from(latest, int(step.numpy()), setup.steps))
+    return step, manager
+
+
+class _StepCounter:
+    """The `after_steps` hook of the training loop: counts completed steps into the
+    checkpointed `step` (once per graph call, not per step), then checks for preemption,
+    except after an epoch's last call: there the loop checks once the epoch is recorded."""
+
+    def __init__(self, step: tf.Variable, count: int, check: Callable[[], None] | None):
+        self.step, self.count, self.check = step, count, check
+        self.epoch_ends_at = 0
+
+    def __call__(self, steps: int) -> None:
+        self.count += steps
+        self.step.assign(self.count)
+        if self.count < self.epoch_ends_at:
+            self.check_preemption()
+
+    def check_preemption(self) -> None:
+        if self.check is not None:
+            self.check()
+
+
+def _preemption_hook(strategy: Any, manager: Any, step: Any) -> Callable[[], None] | None:
+    """`save_checkpoint_if_preempted` of a PreemptionCheckpointHandler over the run's
+    checkpoints, for strategies whose workers agree on a step (not ParameterServer) in the
+    main thread (where signal handlers live); None elsewhere."""
+    import sys
+    import threading
+
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if resolver is not None and "ps" in resolver.cluster_spec().as_dict():
+        return None
+    from tasks.distribute.cluster import EXIT_PREEMPTED
+
+    def exit_preempted() -> None:
+        print(
+            f"preempted: checkpoint at step {int(step.numpy())} saved in {manager.directory}; "
+            f"exiting {EXIT_PREEMPTED}",
+            flush=True,
+        )
+        sys.exit(EXIT_PREEMPTED)
+
+    config = tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        resolver, manager, termination_config=config
+    )
+    return handler.save_checkpoint_if_preempted
+
+
+def train_dataset_fn(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    batch: int,
+    transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
+) -> Callable[[tf.distribute.InputContext | None], tf.data.Dataset]:
+    """The training input for each input pipeline (the strategy says which one it is),
+    repeated; `transform` (a probe's slowed pipeline) applies before the repeat."""
+
+    def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+        dataset = build_dataset(
+            manifest,
+            data_dir,
+            "train",
+            batch,
+            training=True,
+            num_pipelines=ctx.num_input_pipelines if ctx else 1,
+            pipeline_id=ctx.input_pipeline_id if ctx else 0,
+            seed=cfg.seed,
+            cache=cfg.cache,
+            shuffle_buffer=cfg.shuffle_buffer,
+        )
+        return (transform(dataset) if transform else dataset).repeat()
+
+    return dataset_fn
+
+
+def _timed_epoch(
+    run_epoch, epoch: int, steps: int, step_examples: int, after_steps: Callable[[int], None]
+) -> dict[str, float]:
+    started = time.perf_counter()
+    loss, correct = run_epoch(steps, after_steps)
+    seconds = time.perf_counter() - started
+    examples = steps * step_examples
+    return {
+        "epoch": epoch,
+        "loss": loss / steps,
+        "accuracy": correct / examples,
+        "seconds": seconds,
+        "examples": examples,
+        "examples_per_s": examples / seconds,
+    }
+
+
+def _result(
+    setup: TrainingSetup,
+    choice: StrategyChoice,
+    run_dir: Path,
+    model_path: Path,
+    history: list[dict[str, float]],
+    resumed_step: int,
+) -> TrainResult:
+    """The run's figures (throughput: `examples_per_s`)."""
+    return TrainResult(
+        run_dir=str(run_dir),
+        model_path=str(model_path),
+        strategy=choice.kind,
+        reason=choice.reason,
+        replicas=setup.replicas,
+        workers=setup.workers,
+        precision=choice.precision,
+        per_replica_batch=setup.per_replica,
+        global_batch=setup.global_batch,
+        grad_accum_steps=setup.accum_steps,
+        learning_rate=setup.learning_rate,
+        steps_per_epoch=setup.steps,
+        jit_compile=choice.jit_compile,
+        history=history,
+        examples_per_s=examples_per_s(history),
+        train_seconds=sum(h["seconds"] for h in history),
+        resumed_from_epoch=resumed_step // setup.steps,
+        resumed_from_step=resumed_step,
+        weights_digest=weights_digest(setup.model),
+        **_stage_figures(setup),
+    )
+
+
+def _stage_figures(setup: TrainingSetup) -> dict[str, Any]:
+    """A pipeline's stages, cut and bytes per device (none for other strategies)."""
+    plan = getattr(setup.strategy, "plan", None)
+    if plan is None:
+        return {}
+    from tasks.train.stage_models import bytes_by_device
+
+    placed = bytes_by_device([*setup.model.weights, *setup.optimizer.variables])
+    return {
+        "stages": len(setup.strategy.devices),
+        "micro_batches": setup.strategy.micro_batches,
+        "splits": setup.strategy.splits,
+        "stage_plan": plan.to_dict(),
+        "device_bytes": placed,
+        "device_bytes_max": max(placed.values()),
+    }
+
+
+def timed_epochs(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The epochs a run's throughput is taken over: all but the first (which traces the
+    step) when there are more."""
+    return history[1:] or history
+
+
+def examples_per_s(history: list[dict[str, float]]) -> float:
+    """A run's throughput: its examples over its seconds, over `timed_epochs`."""
+    timed = timed_epochs(history)
+    return sum(h["examples"] for h in timed) / sum(h["seconds"] for h in timed)
+
+
+def weights_digest(model: keras.Model) -> str:
+    """A hash of every weight's value: equal digests mean identical models."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(keras.ops.convert_to_numpy(weight.value).tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class TrainingSetup:
+    """The strategy, model and optimizer of a run, with its batch arithmetic."""
+
+    strategy: Any
+    model: keras.Model
+    optimizer: Any
+    replicas: int  # from the built strategy, never from the config
+    workers: int
+    per_replica: int
+    global_batch: int
+    accum_steps: int
+    step_examples: int
+    steps: int
+    learning_rate: float
+    steps_per_call: int = 1
+
+    def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
+        """The strategy kind's epoch runner over `dataset_fn`: `run(steps)` -> (loss, correct)."""
+        return choice.spec.epoch_runner(
+            self.strategy,
+            self.model,
+            self.optimizer,
+            dataset_fn,
+            self.accum_steps,
+            self.step_examples,
+            self.steps_per_call,
+            choice.jit_compile,
+        )
+
+
+def set_up_training(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    choice: StrategyChoice,
+    resolver: Any = None,
+    collective_timeout_s: float = 60.0,
+) -> TrainingSetup:
+    """Sets the run's precision policy, then builds the strategy, a seeded model and its
+    optimizer under the strategy's scope.
+
+    The learning rate grows linearly with the effective global batch, reached after
+    `cfg.warmup_epochs` of warm-up; under mixed_float16 the optimizer scales the loss.
+    """
+    use_precision(choice.precision)
+    strategy = build_strategy(choice, resolver, collective_timeout_s)
+    replicas, workers = choice.spec.replicas_of(strategy)
+    if (replicas, workers) != (choice.replicas, choice.workers):
+        log.info(
+            "the strategy has %d replicas on %d workers (the hardware report expected %d on %d)",
+            replicas, workers, choice.replicas, choice.workers,
+        )  # fmt: skip
+    per_replica, global_batch = batch_sizes(cfg, replicas)
+    k = cfg.grad_accum_steps
+    effective = global_batch * k
+    step_examples = choice.spec.step_examples(per_replica, global_batch, k)
+    steps = manifest.splits["train"] // step_examples
+    if steps < 1:
+        raise UsageError(
+            f"train split has {manifest.splits['train']} examples, fewer than one global batch "
+            f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
+        )
+    lr = cfg.learning_rate * effective / (cfg.per_replica_batch * k)
+    model, optimizer = _model_and_optimizer(cfg, manifest, choice, strategy, effective, lr, steps)
+    return TrainingSetup(
+        strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
+        step_examples, steps, lr, cfg.steps_per_call,
+    )  # fmt: skip
+
+
+def _model_and_optimizer(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    choice: StrategyChoice,
+    strategy: Any,
+    effective_batch: int,
+    lr: float,
+    steps: int,
+) -> tuple[keras.Model, Any]:
+    """A seeded model placed as the strategy wants it, and its optimizer warming up to `lr`
+    over `cfg.warmup_epochs` (scaling the loss under mixed_float16), built in its scope."""
+    keras.utils.set_random_seed(cfg.seed)
+    with strategy.scope():
+        ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
+        model = choice.spec.place_model(
+            strategy,
+            lambda: build_model(cfg.model, manifest.shape, manifest.num_classes, ps_tasks),
+            cfg.seed,
+            effective_batch,
+        )
+        optimizer = FusedAdam(
+            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
+        )
+        if choice.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):
+    directory = run_dir / "checkpoints"
+    if not is_chief:  # other workers must save too (collectives), but somewhere private
+        task_id = strategy.cluster_resolver.task_id if strategy.cluster_resolver else 0
+        directory = run_dir / f".worker-{task_id}-checkpoints"
+    return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=2)
+
+
+def _latest_checkpoint(run_dir: Path, manager: Any) -> str | None:
+    """Where every worker resumes from: the chief's latest checkpoint when this worker can
+    see it (a shared run directory), else its own. Other workers delete theirs once they
+    finish, so after a failure past that point only the chief's says where training got."""
+    return tf.train.latest_checkpoint(str(run_dir / "checkpoints")) or manager.latest_checkpoint
+
+
+def _resumed_from(checkpoint: str, step: int, steps_per_epoch: int) -> str:
+    """Where a resumed training goes on, as its console line says it."""
+    epoch, into = divmod(step, steps_per_epoch)
+    where = (
+        f"epoch {epoch + 1}, {into} of its {steps_per_epoch} steps done"
+        if into
+        else (f"the start of epoch {epoch + 1}")
+    )
+    return f"from step {step} ({where}), checkpoint {checkpoint}"
+
+
+def _read_history(run_dir: Path) -> list[dict[str, float]]:
+    path = run_dir / "history.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # the first epoch's record may come first
+    write_json_atomic(path, value)

@@ -1,0 +1,241 @@
+"""Prepare and verify on real files: round trip, determinism, resume, corruption, sharding."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import DEFAULTS
+
+from flows.cli import main
+from tasks.data.inputs import build_dataset
+from tasks.data.manifest import ShardError, verify_shards
+from tasks.data.preparation import dataset_dir, open_source, prepare_dataset
+
+
+def read_split(manifest, data_dir, split, **kw):
+    images, labels = [], []
+    for x, y in build_dataset(manifest, data_dir, split, batch_size=64, training=False, **kw):
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def test_digits_round_trip_matches_source(make_config):
+    config = make_config(prepare__num_shards=3)
+    result = prepare_dataset(config, progress=False)
+    manifest = result.manifest
+    assert manifest.splits == {"test": 360, "train": 1437}
+    assert len(manifest.files("train")) == 3
+    assert manifest.feature["class_names"] == [str(i) for i in range(10)]
+    source = open_source(config.prepare)
+    for split in ("train", "test"):
+        images, labels = read_split(manifest, result.data_dir, split)
+        expected = list(source.examples(split, 0, source.splits[split]))
+        np.testing.assert_allclose(images, np.stack([e[0] for e in expected]) / 255.0, atol=1e-6)
+        np.testing.assert_array_equal(labels, [e[1] for e in expected])
+
+
+def test_same_params_give_byte_identical_shards(tmp_path, make_config):
+    overrides = dict(
+        prepare__dataset="synthetic",
+        prepare__synthetic__train_examples=300,
+        prepare__synthetic__test_examples=50,
+        prepare__num_shards=2,
+    )
+    first = prepare_dataset(make_config(**overrides), progress=False)
+    other = make_config(**overrides, prepare__data_dir=str(tmp_path / "again"))
+    second = prepare_dataset(other, progress=False)
+    for shard in first.manifest.shards:
+        a = (Path(first.data_dir) / shard.file).read_bytes()
+        assert a == (Path(second.data_dir) / shard.file).read_bytes()
+    assert first.manifest.digest == second.manifest.digest
+
+
+def test_synthetic_labels_follow_class_prototypes(make_config):
+    config = make_config(
+        prepare__dataset="synthetic",
+        prepare__synthetic__classes=4,
+        prepare__synthetic__train_examples=400,
+    )
+    source = open_source(config.prepare)
+    images, labels = zip(*source.examples("train", 0, 400), strict=True)
+    flat = np.stack(images).reshape(400, -1).astype(np.float32)
+    centroids = np.stack([flat[np.array(labels) == c].mean(0) for c in range(4)])
+    nearest = np.argmin(((flat[:, None] - centroids[None]) ** 2).sum(-1), axis=1)
+    assert (nearest == np.array(labels)).mean() > 0.95
+
+
+def test_synthetic_ranges_match_a_full_pass_across_chunks(make_config):
+    config = make_config(prepare__dataset="synthetic", prepare__synthetic__train_examples=2100)
+    source = open_source(config.prepare)
+    full = list(source.examples("train", 0, 2100))
+    part = list(source.examples("train", 1000, 2050))
+    assert len(part) == 1050
+    pairs = zip(part, full[1000:2050], strict=True)
+    assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in pairs)
+
+
+def test_rerun_with_same_params_rewrites_nothing(make_config):
+    config = make_config()
+    prepare_dataset(config, progress=False)
+    mtimes = {p: p.stat().st_mtime_ns for p in dataset_dir(config).iterdir()}
+    again = prepare_dataset(config, progress=False)
+    assert (again.written, again.reused) == (0, len(again.manifest.shards))
+    assert {p: p.stat().st_mtime_ns for p in dataset_dir(config).iterdir()} == mtimes
+
+
+def test_interrupted_prepare_leaves_no_manifest_and_resumes(make_config, monkeypatch):
+    config = make_config(prepare__num_shards=4)
+    import tasks.data.shards as shards
+
+    real, calls = shards._write_one, []
+
+    def dies_on_third(source, shard, path):
+        calls.append(shard.file)
+        if len(calls) == 3:
+            path.with_name(f".{path.name}.tmp").write_bytes(b"partial")
+            raise KeyboardInterrupt
+        return real(source, shard, path)
+
+    monkeypatch.setattr(shards, "_write_one", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(config, progress=False)
+    out = dataset_dir(config)
+    assert not (out / "manifest.json").exists()
+    monkeypatch.setattr(shards, "_write_one", real)
+    resumed = prepare_dataset(config, progress=False)
+    assert (resumed.written, resumed.reused) == (6, 2)
+    assert not list(out.glob("*.tmp")) and not (out / ".journal.json").exists()
+    verify_shards(out)
+
+
+def test_changed_params_rewrite_and_drop_stale_shards(make_config):
+    prepare_dataset(make_config(prepare__num_shards=5), progress=False)
+    result = prepare_dataset(make_config(prepare__num_shards=2), progress=False)
+    assert result.written == 4
+    assert sorted(p.name for p in Path(result.data_dir).glob("*.tfrecord")) == sorted(
+        s.file for s in result.manifest.shards
+    )
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "delete"])
+def test_verify_names_the_damaged_shard(make_config, capsys, damage):
+    config = make_config()
+    result = prepare_dataset(config, progress=False)
+    victim = Path(result.data_dir) / result.manifest.shards[1].file
+    data = victim.read_bytes()
+    if damage == "truncate":
+        victim.write_bytes(data[:-10])
+    elif damage == "corrupt":
+        victim.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    else:
+        victim.unlink()
+    with pytest.raises(ShardError, match=victim.name):
+        verify_shards(result.data_dir)
+    argv = ["--params", DEFAULTS, "verify", "--data-dir", config.prepare.data_dir]
+    assert main(argv) == 1
+    assert victim.name in capsys.readouterr().err
+
+
+def test_verify_without_prepare_says_which_command_to_run(tmp_path, capsys):
+    assert main(["--params", DEFAULTS, "verify", "--data-dir", str(tmp_path)]) == 1
+    assert "tfscale prepare --dataset digits" in capsys.readouterr().err
+
+
+def test_shards_never_fewer_than_workers(make_config):
+    config = make_config(prepare__target_shard_mb=1000, train__workers=3)
+    manifest = prepare_dataset(config, progress=False).manifest
+    assert len(manifest.files("train")) == 3 and len(manifest.files("test")) == 3
+
+
+def test_evaluation_sees_every_example_once_across_pipelines(make_config, caplog):
+    result = prepare_dataset(make_config(prepare__num_shards=2), progress=False)
+    everything = read_split(result.manifest, result.data_dir, "test")[1]
+    for pipelines, warns in ((2, False), (3, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            parts = [
+                read_split(
+                    result.manifest, result.data_dir, "test", num_pipelines=pipelines, pipeline_id=i
+                )[1]
+                for i in range(pipelines)
+            ]
+        assert sum(len(p) for p in parts) == len(everything) == 360
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.sort(everything))
+        assert ("DATA sharding" in caplog.text) is warns
+
+
+def test_training_batches_are_static_and_seeded(make_config):
+    result = prepare_dataset(make_config(), progress=False)
+
+    def first_labels(seed):
+        ds = build_dataset(
+            result.manifest, result.data_dir, "train", batch_size=100, training=True, seed=seed
+        )
+        assert ds.element_spec[0].shape.as_list() == [100, 8, 8, 1]
+        return next(iter(ds))[1].numpy()
+
+    assert (
+        sum(
+            1
+            for _ in build_dataset(
+                result.manifest, result.data_dir, "train", batch_size=100, training=True
+            )
+        )
+        == 1437 // 100
+    )
+    assert not np.array_equal(first_labels(1), first_labels(2))
+
+
+def test_image_folder_round_trip(tmp_path, make_config):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    written = {}
+    for split, n in (("train", 6), ("test", 3)):
+        for i in range(n):
+            label = ("cat", "dog")[i % 2]
+            image = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+            path = tmp_path / "pets" / split / label / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(path)
+            written[(split, label, i)] = image
+    config = make_config(prepare__dataset=str(tmp_path / "pets"), prepare__min_shards=1)
+    result = prepare_dataset(config, progress=False)
+    assert result.manifest.feature["class_names"] == ["cat", "dog"]
+    assert Path(result.data_dir).name == "pets"
+    images, labels = read_split(result.manifest, result.data_dir, "train")
+    expected = sorted((k for k in written if k[0] == "train"), key=lambda k: (k[1], k[2]))
+    np.testing.assert_allclose(images * 255, np.stack([written[k] for k in expected]), atol=1e-3)
+    assert labels.tolist() == [("cat", "dog").index(k[1]) for k in expected]
+
+
+def test_unknown_dataset_is_a_clear_error(make_config, capsys):
+    argv = [
+        "--params",
+        DEFAULTS,
+        "prepare",
+        "--dataset",
+        "no_such_dataset_xyz",
+        "--data-dir",
+        make_config().prepare.data_dir,
+    ]
+    assert main(argv) == 1
+    assert "Unknown dataset 'no_such_dataset_xyz'" in capsys.readouterr().err
+
+
+def test_tfds_by_name_with_the_download_mocked(make_config):
+    import tensorflow_datasets as tfds
+
+    config = make_config(prepare__dataset="mnist", prepare__num_shards=2)
+    with tfds.testing.mock_data(num_examples=12):
+        result = prepare_dataset(config, progress=False)
+    manifest = result.manifest
+    assert manifest.dataset == "mnist" and manifest.shape == (28, 28, 1)
+    assert manifest.splits["train"] == manifest.splits["test"] == 12
+    images, labels = read_split(manifest, result.data_dir, "train")
+    assert images.shape == (12, 28, 28, 1) and labels.max() < 10
+    verify_shards(result.data_dir)

@@ -1,0 +1,612 @@
+"""What users get wrong, through the `tfscale` command's own entry, one row each.
+
+Every row runs the command in a project directory of its own (digits prepared once and
+copied in), and checks what a user sees and what is left behind: the documented exit
+code (2 config and usage, 1 at run time), an `error:` line naming the thing (and a `fix:`
+line, or the fix inside it), no traceback, nothing half-written (no manifest over partial
+shards, no run directory for a job that never started, no MLflow run left RUNNING).
+
+Rows run in this process through `flows.cli.main` (argv, working directory, environment
+and standard streams as the command would have them), one after another. Where the
+process is the claim, a row runs the installed console script: one row per exit code, and
+the killed worker (a real worker process killed). Those run beside the in-process rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import BIN, ROOT, free_port, run_main, tiny_params
+
+pytestmark = pytest.mark.integration
+
+Setup = Callable[[Path], None]
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]
+    code: int
+    says: tuple[str, ...]  # fragments of the error output, in any order
+    setup: Setup | None = None
+    env: dict[str, str] = field(default_factory=dict)  # {port}: a free port; {{ }}: braces
+    during: Callable[[subprocess.Popen, Path], None] | None = None  # acts on the running job
+    mount: str = ""  # "ro" (read-only runs dir) or "tiny" (a 256 KiB data dir)
+    no_manifest: bool = False  # a failed prepare leaves no manifest
+    process: bool = False  # through the installed console script, in a process of its own
+    # nothing new in the project (no mlflow/, runs/ or data): errors found before any work
+    writes_nothing: bool = False
+
+
+def params(**changes: dict) -> Setup:
+    """Rewrites params.yaml: {section: {key: value}} merged in."""
+
+    def setup(project: Path) -> None:
+        path = project / "params.yaml"
+        raw = yaml.safe_load(path.read_text())
+        for section, values in changes.items():
+            raw.setdefault(section, {}).update(values)
+        path.write_text(yaml.safe_dump(raw))
+
+    return setup
+
+
+def params_text(text: str) -> Setup:
+    def setup(project: Path) -> None:
+        (project / "params.yaml").write_text(text)
+
+    return setup
+
+
+def shard(damage: str) -> Setup:
+    """Damages the first training shard: flipped bytes, cut short, or gone."""
+
+    def setup(project: Path) -> None:
+        data = project / "tfrecords" / "digits"
+        manifest = json.loads((data / "manifest.json").read_text())
+        path = data / next(s["file"] for s in manifest["shards"] if s["split"] == "train")
+        if damage == "corrupted":
+            raw = bytearray(path.read_bytes())
+            raw[100:110] = bytes(b ^ 0xFF for b in raw[100:110])
+            path.write_bytes(bytes(raw))
+        elif damage == "truncated":
+            path.write_bytes(path.read_bytes()[:-100])
+        else:
+            path.unlink()
+
+    return setup
+
+
+def edit_manifest(project: Path) -> None:
+    path = project / "tfrecords" / "digits" / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw["splits"]["train"] += 100  # a hand edit: the shards did not change
+    path.write_text(json.dumps(raw, indent=2))
+
+
+def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
+    """SIGKILL to worker 1 of a local multi-worker job once it has started training."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        for pid in _worker_pids():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                here = os.readlink(f"/proc/{pid}/cwd") == str(project)
+            except OSError:  # gone already
+                continue
+            config = next((e for e in environ if e.startswith(b"TF_CONFIG=")), b"")
+            if here and b'"index": 1' in config:
+                time.sleep(1)  # into its training
+                os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.2)
+
+
+_HELD: list[socket.socket] = []  # ports held for the module's cases
+
+
+def ui_port_taken(project: Path) -> None:
+    """Something already listens where the UI is configured to serve."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    _HELD.append(held)
+    params(track={"ui_url": f"http://127.0.0.1:{held.getsockname()[1]}"})(project)
+
+
+def _worker_pids() -> list[int]:
+    """Worker processes, read from /proc (no subprocess: this runs in a thread beside the
+    in-process rows, which change the environment a child would inherit)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "flows.worker" in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found
+
+
+TRAIN = ["train", "--strategy", "one_device", "--no-diagnose"]
+CASES = [
+    # params.yaml
+    Case(
+        "unknown key",
+        ["run"],
+        2,
+        ("train.epoch",),
+        params(train={"epoch": 3}),
+        process=True,
+        writes_nothing=True,
+    ),
+    Case(
+        "wrong type",
+        ["run"],
+        2,
+        ("train.epochs", "integer"),
+        params(train={"epochs": "two"}),
+        writes_nothing=True,
+    ),
+    Case(
+        "out of range",
+        ["run"],
+        2,
+        ("train.epochs", "between"),
+        params(train={"epochs": 0}),
+        writes_nothing=True,
+    ),
+    Case(
+        "empty params",
+        ["run"],
+        2,
+        ("params.yaml is empty", "fix:"),
+        params_text(""),
+        writes_nothing=True,
+    ),
+    Case(
+        "invalid YAML",
+        ["run"],
+        2,
+        ("not valid YAML at line", "fix:"),
+        params_text("train:\n  epochs: [2\n"),
+        writes_nothing=True,
+    ),
+    Case(
+        "a params file that is not there",
+        ["--params", "nothing.yaml", "run"],
+        2,
+        ("--params nothing.yaml: no such file", "leave --params out"),
+        writes_nothing=True,
+    ),
+    Case(
+        "a UI address that is not a web address",
+        ["ui"],
+        2,
+        ("track.ui_url: expected a web address", "'localhost:5000'"),
+        params(track={"ui_url": "localhost:5000"}),
+        writes_nothing=True,
+    ),
+    Case(
+        "empty sweep grid",
+        ["sweep"],
+        2,
+        ("sweep.replicas", "non-empty"),
+        params(sweep={"replicas": []}),
+        writes_nothing=True,
+    ),
+    # names
+    Case(
+        "unknown dataset",
+        ["prepare", "--dataset", "nosuchset"],
+        1,
+        ("Unknown dataset 'nosuchset'", "'digits'"),
+        no_manifest=True,
+    ),
+    Case("unknown strategy", ["train", "--strategy", "ring"], 2, ("'ring'", "multi_worker")),
+    Case("unknown model", [*TRAIN, "--model", "gpt"], 2, ("train.model", "'gpt'")),
+    Case("unknown precision", [*TRAIN, "--precision", "fp8"], 2, ("train.precision", "'fp8'")),
+    Case("zero replicas", ["train", "--replicas", "0"], 2, ("train.replicas", "got 0")),
+    Case(
+        "XLA over several replicas",
+        [*TRAIN, "--strategy", "mirrored", "--jit-compile", "true"],
+        2,
+        ("jit_compile: true is not supported with mirrored", "fix:"),
+    ),
+    Case("XLA neither on nor off", [*TRAIN, "--jit-compile", "maybe"], 2, ("'maybe'", "auto")),
+    Case(
+        "more pipeline stages than devices",
+        ["train", "--strategy", "pipeline", "--stages", "64", "--no-diagnose"],
+        2,
+        ("train.stages (64) is more than this machine's", "fix:"),
+    ),
+    Case(
+        "micro-batches that do not divide the batch",
+        ["train", "--strategy", "pipeline", "--micro-batches", "5", "--no-diagnose"],
+        2,
+        ("train.micro_batches (5) does not divide the batch of 32", "fix:"),
+    ),
+    Case(
+        "a pipeline whose stages exceed the device memory",
+        ["train", "--strategy", "pipeline", "--device-memory-mb", "0.1", "--no-diagnose"],
+        2,
+        ("model mlp needs", "no cut into 2 stages keeps every stage within", "0.10 MB", "fix:"),
+    ),
+    Case(
+        "a whole model on each device over the device memory",
+        ["train", "--strategy", "mirrored", "--device-memory-mb", "0.5", "--no-diagnose"],
+        2,
+        ("mirrored keeps the whole model on each device", "0.50 MB", "--strategy pipeline"),
+    ),
+    Case(
+        "auto with a device memory no cut meets",
+        ["train", "--device-memory-mb", "0.1", "--no-diagnose"],
+        2,
+        ("model mlp needs", "no cut into 2 stages or fewer fits it", "fix:"),
+    ),
+    Case(
+        "flag of the wrong type", ["prepare", "--num-shards", "two"], 2, ("--num-shards", "'two'")
+    ),
+    Case(
+        "batch larger than the data",
+        [*TRAIN, "--batch-size-per-replica", "100000"],
+        2,
+        ("train split has 1437 examples", "--batch-size-per-replica"),
+    ),
+    Case(
+        "batch larger than the data, mid-pipeline",
+        ["run", "--batch-size-per-replica", "100000"],
+        2,
+        ("train split has 1437 examples",),
+        process=True,  # a Prefect flow: its logging set-up closes the streams it finds
+    ),
+    # data
+    Case(
+        "missing data dir",
+        [*TRAIN, "--data-dir", "elsewhere"],
+        1,
+        ("No prepared dataset at elsewhere/digits", "tfscale prepare --dataset digits"),
+        writes_nothing=True,
+    ),
+    Case("corrupted shard", TRAIN, 1, ("corrupted", "--force"), shard("corrupted"), process=True),
+    Case("truncated shard", TRAIN, 1, ("truncated", "--force"), shard("truncated")),
+    Case("missing shard", TRAIN, 1, (": missing", "--force"), shard("missing")),
+    Case("edited manifest", ["verify"], 1, ("was edited after prepare", "--force"), edit_manifest),
+    Case(
+        "full disk during prepare",
+        ["prepare", "--dataset", "synthetic", "--examples", "4000", "--data-dir", "tiny"],
+        1,
+        ("No space left", "tiny/synthetic", "fix:"),
+        mount="tiny",
+        no_manifest=True,
+    ),
+    # places and servers
+    Case(
+        "unreachable tracking server",
+        TRAIN,
+        1,
+        (
+            "MLflow tracking server http://127.0.0.1:{port} is unreachable",
+            "unset MLFLOW_TRACKING_URI",
+        ),
+        env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{port}"},
+        writes_nothing=True,  # found before any training
+    ),
+    Case(
+        "a tracking store that is not a database",
+        [*TRAIN, "--epochs", "1"],
+        1,
+        ("The MLflow store notes.db is not an SQLite database", "move it aside"),
+        setup=lambda project: (project / "notes.db").write_text("results, by hand\n"),
+        env={"MLFLOW_TRACKING_URI": "sqlite:///notes.db"},
+    ),
+    Case(
+        "the UI's port already taken",
+        ["ui"],
+        1,
+        ("is already in use", "tfscale ui --port N"),
+        ui_port_taken,
+    ),
+    Case(
+        "no Prefect server for serve",
+        ["serve"],
+        1,
+        ("prefect server start", "PREFECT_API_URL"),
+        env={"PREFECT_API_URL": ""},
+        writes_nothing=True,
+    ),
+    Case(
+        "serve against a Prefect server that is not there",
+        ["serve"],
+        1,
+        ("Prefect server http://127.0.0.1:{port}/api is unreachable", "prefect server start"),
+        env={"PREFECT_API_URL": "http://127.0.0.1:{port}/api"},
+        writes_nothing=True,
+        process=True,  # Prefect reads its API's address once, when imported
+    ),
+    Case(
+        "a sweep on a work pool with no Prefect server",
+        ["sweep", "--pool", "gpu-hosts"],
+        1,
+        ("sweep.work_pool", "PREFECT_API_URL is unset", "prefect server start"),
+        env={"PREFECT_API_URL": ""},
+    ),
+    Case("read-only runs dir", TRAIN, 1, ("Read-only", "runs", "fix:"), mount="ro"),
+    Case(
+        "killed worker",
+        [
+            "train",
+            "--strategy",
+            "multi_worker",
+            "--workers",
+            "2",
+            "--epochs",
+            "30",
+            "--no-diagnose",
+        ],
+        1,
+        ("worker 1 exited with code -9", "worker-1.log"),
+        during=kill_worker_one,
+        process=True,
+    ),
+    Case(
+        "a TF_CONFIG task outside its cluster",
+        ["train", "--no-diagnose"],
+        2,
+        ("TF_CONFIG's task worker:5 is not in its cluster (1 worker)", "fix:"),
+        env={"TF_CONFIG": '{{"cluster": {{"worker": ["127.0.0.1:1"]}}, "task": {{"index": 5}}}}'},
+    ),
+    Case(
+        "a TF_CONFIG that is not JSON",
+        ["train", "--no-diagnose"],
+        2,
+        ("TF_CONFIG is not a valid cluster description", "unset it"),
+        env={"TF_CONFIG": '{{"cluster": {{"worker": ["127.0.0.1:1"]'},  # cut short
+    ),
+    # models and runs
+    Case(
+        "missing model path",
+        ["evaluate", "--model-path", "nowhere/model.keras"],
+        1,
+        ("No model at nowhere/model.keras", "tfscale train"),
+    ),
+    Case("evaluate before any training", ["evaluate"], 1, ("No trained model for 'digits'",)),
+    Case(
+        "a model path that is not a model",
+        ["evaluate", "--model-path", "params.yaml"],
+        1,
+        ("params.yaml is not a Keras model tfscale can load", "model.keras"),
+    ),
+    Case(  # named before any work: here nothing is trained, and that is not what it says
+        "evaluate against a baseline that is not there",
+        ["evaluate", "--baseline", "nowhere"],
+        1,
+        ("No training metrics at nowhere/train_metrics.json", "--baseline"),
+    ),
+    Case(
+        "train against a baseline that is not there",
+        [*TRAIN, "--against-baseline", "nowhere"],
+        1,
+        ("No training metrics at nowhere/train_metrics.json", "--baseline"),
+    ),
+    Case("forecast with no run", ["forecast"], 1, ("with all-reduce measurements", "fix:")),
+    Case("forecast, unknown preset", ["forecast", "--preset", "warp"], 2, ("'warp'", "fix:")),
+    Case(
+        "an emulated link without worker processes",
+        [*TRAIN, "--strategy", "mirrored", "--link-gbit", "1"],
+        2,
+        ("train.link_gbit (1)", "--strategy multi_worker"),
+    ),
+    Case(
+        "a sweep link axis without worker processes",
+        ["sweep"],
+        2,
+        ("sweep.link_gbit [1.0]", "sweep.strategy: multi_worker"),
+        params(sweep={"link_gbit": [1.0], "replicas": [2]}),
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A project with digits prepared (in this process), copied into each case."""
+    root = tmp_path_factory.mktemp("prepared")
+    tiny_params(root)
+    raw = yaml.safe_load((root / "params.yaml").read_text())
+    raw["prepare"]["data_dir"] = "tfrecords"
+    raw["train"]["runs_dir"] = "runs"
+    raw["sweep"]["out_dir"] = "sweep"
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    from tasks.data.preparation import prepare_dataset
+    from tasks.settings.config import load_config
+
+    config = load_config(root / "params.yaml", {"prepare.data_dir": str(root / "tfrecords")})
+    prepare_dataset(config, progress=False)
+    return root
+
+
+ROOT_NEEDED = "mounting a tmpfs needs root"
+
+
+def runnable(case: Case) -> bool:
+    """A case that mounts a tmpfs runs only as root; the others run anywhere."""
+    return not case.mount or os.geteuid() == 0
+
+
+RAISED: dict[str, str] = {}  # case name: the class of the UserError it was reported as
+
+
+@pytest.fixture(scope="module")
+def outcomes(prepared, tmp_path_factory) -> dict[str, dict]:
+    """Every runnable case: those of a process of their own in threads, beside the
+    in-process ones, which run one after another (they share the working directory, the
+    environment and the standard streams)."""
+    base = tmp_path_factory.mktemp("cases")
+    cases = [case for case in CASES if runnable(case)]
+    environ = dict(os.environ)  # the processes' environment, before any case changes it
+    # MLflow and Prefect set up their logging once, when imported, closing the handlers
+    # they find: here, before any case redirects the standard streams
+    import flows.deployments  # noqa: F401, E401
+
+    with ThreadPoolExecutor(2) as pool:
+        running = {
+            case.name: pool.submit(run_case, case, prepared, base, environ)
+            for case in cases
+            if case.process
+        }
+        found = {
+            case.name: run_case(case, prepared, base, environ) for case in cases if not case.process
+        }
+        found.update({name: future.result() for name, future in running.items()})
+    return found
+
+
+def run_case(case: Case, prepared: Path, base: Path, environ: dict[str, str]) -> dict:
+    project = base / case.name.replace(" ", "-").replace(",", "")
+    shutil.copytree(prepared, project)
+    mounted = _mount(case.mount, project)
+    try:
+        if case.setup:
+            case.setup(project)
+        port = free_port()
+        env = {k: v.format(port=port) for k, v in case.env.items()}
+        before = {path.name for path in project.iterdir()}
+        if case.process:
+            code, out, err = _in_a_process(case, project, dict(environ, **env))
+        else:
+            code, out, err = _in_this_process(case, project, env)
+        return {
+            "code": code,
+            "err": err,
+            "out": out,
+            "port": port,
+            "new": sorted({path.name for path in project.iterdir()} - before),
+            "manifests": [
+                str(p) for p in project.rglob("manifest.json") if "digits" not in p.parts
+            ],
+            "partial": [str(p) for p in project.rglob("*.tmp")],
+            "running": _running_runs(project / "mlflow" / "mlflow.db"),
+        }
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mounted)], check=False, timeout=60)
+
+
+def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = subprocess.Popen(
+        [str(BIN / "tfscale"), *case.argv],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    if case.during:
+        case.during(proc, project)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        err += "\n(the test stopped it: no exit within 240 s)"
+    return proc.returncode, out, err
+
+
+def _in_this_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """`tfscale ARGV` through `flows.cli.main` in `project` (`helpers.run_main`), the class
+    of the error it reported recorded."""
+    return run_main(
+        case.argv, project, env, lambda exc: RAISED.__setitem__(case.name, type(exc).__name__)
+    )
+
+
+def _mount(kind: str, project: Path) -> Path | None:
+    """A read-only runs dir, or a data dir on a tmpfs too small for the data."""
+    if not kind:
+        return None
+    target = project / ("runs" if kind == "ro" else "tiny")
+    target.mkdir(parents=True, exist_ok=True)
+    options = "ro,size=64k" if kind == "ro" else "size=256k"
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], check=True, timeout=60
+    )
+    return target
+
+
+def _running_runs(db: Path) -> list[str]:
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select name from runs where status = 'RUNNING'").fetchall()
+    return [name for (name,) in rows]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_user_mistake_gets_one_clear_error(case, outcomes):
+    if not runnable(case):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs every case as root: {ROOT_NEEDED}")
+        pytest.skip(ROOT_NEEDED)
+    result = outcomes[case.name]
+    err = result["err"]
+    assert result["code"] == case.code, err[-2000:]
+    assert "Traceback" not in err and "Traceback" not in result["out"], err[-2000:]
+    assert "this is a bug in tfscale" not in err, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith(("error:", "fix:"))]
+    assert lines and lines[0].startswith("error:"), err[-2000:]
+    for fragment in case.says:
+        fragment = fragment.replace("{port}", str(result["port"]))
+        assert fragment in err, (fragment, err[-2000:])
+    if case.writes_nothing:  # refused before any work
+        assert not result["new"], f"written before the error: {result['new']}"
+    assert not result["running"], f"MLflow runs left RUNNING: {result['running']}"
+    if case.no_manifest:
+        assert not result["manifests"], result["manifests"]
+    assert not result["partial"], result["partial"]  # no half-written file left behind
+
+
+# errors a user meets where this table cannot reach them, and where each is checked
+CHECKED_ELSEWHERE = {
+    "TaskLost": "test_cluster (a killed worker, a cut link, a lost ps task)",
+    "ChiefNeverCame": "test_cluster's ps tasks; tasks.distribute.cluster.serve",
+    "RunInUse": "test_training (a run directory in use)",
+    "PoolError": "test_pool (a cell whose worker is lost)",
+    "NotShared": "test_pool (a data dir the pool's hosts cannot read)",
+    "WorkerError": "the killed worker row, in a process of its own",
+    "UnknownStrategy": "test_strategy (a kind no registry has); the CLI and params.yaml "
+    "name the choices first (the 'unknown strategy' row)",
+}
+
+
+def test_every_kind_of_user_error_has_a_row(outcomes):
+    """Each `UserError` class tfscale defines is the one some row was reported as (or is
+    checked elsewhere, named above): a new kind of error with no row fails here."""
+    import importlib
+
+    from tasks.core.errors import UserError
+
+    for path in sorted([*ROOT.glob("tasks/**/*.py"), *ROOT.glob("flows/*.py")]):
+        importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    defined, todo = set(), [UserError]
+    while todo:
+        cls = todo.pop()
+        defined.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    assert len(defined) > 10, defined
+    missing = defined - set(RAISED.values()) - set(CHECKED_ELSEWHERE)
+    assert not missing, f"no row is reported as {sorted(missing)}"
+    assert {c.code for c in CASES} == {1, 2}
+    processes = {c.code for c in CASES if c.process and not c.during}
+    assert processes == {1, 2}, "one row per exit code through the installed command"

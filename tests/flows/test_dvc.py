@@ -1,0 +1,313 @@
+"""`dvc repro` as a new user runs it: in a `git clone` of the project (with this working
+tree's changes on top, so uncommitted work is tested too), on tiny params. First repro, a
+no-op second one, a param change re-running only its dependents, metrics and plots, an
+experiment compared with `dvc exp show`, and every module a stage imports among its deps."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT, tiny_params
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+IMPORT_LOG_SITE = ROOT / "tests" / "support" / "import_log"
+STAGES = ("prepare", "baseline", "train", "evaluate", "sweep")
+
+
+def git(*args: str, cwd: Path) -> str:
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=60
+    )
+    return proc.stdout
+
+
+def clone_with_working_tree(dest: Path) -> None:
+    """`git clone` of the project, plus the files this working tree adds, changes or
+    deletes (what committing it would give), committed in the clone."""
+    git("clone", "-q", str(ROOT), str(dest), cwd=ROOT)
+    listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
+    for name in filter(None, listed.split("\0")):
+        source, target = ROOT / name, dest / name
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+        elif target.exists():
+            target.unlink()
+
+
+class Repo:
+    def __init__(self, path: Path, env: dict):
+        self.path, self.env = path, env
+
+    def run(self, *args: str) -> str:
+        proc = subprocess.run(
+            list(args), cwd=self.path, env=self.env, capture_output=True, text=True, timeout=900
+        )
+        assert proc.returncode == 0, f"{args}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout + proc.stderr
+
+    def dvc(self, *args: str) -> str:
+        return self.run(str(BIN / "dvc"), *args)
+
+    def commit(self, message: str) -> None:
+        self.run("git", "add", "-A")
+        self.run("git", "commit", "-q", "-m", message)
+
+
+def ran(output: str) -> set[str]:
+    return {stage for stage in STAGES if f"Running stage '{stage}'" in output}
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dvc")
+    path = tmp / "repo"
+    clone_with_working_tree(path)
+    params = yaml.safe_load(tiny_params(tmp).read_text())
+    params["prepare"]["data_dir"] = "data/tfrecords"
+    params["train"]["runs_dir"] = "runs"
+    params["sweep"]["out_dir"] = "sweep"
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        PYTHONPATH=f"{path}:{IMPORT_LOG_SITE}",  # the clone's code, and the import log
+        TFSCALE_IMPORT_LOG=str(tmp / "imports.jsonl"),
+        PREFECT_HOME=str(tmp / "prefect"),
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="tfscale test",
+        GIT_AUTHOR_EMAIL="test@localhost",
+        GIT_COMMITTER_NAME="tfscale test",
+        GIT_COMMITTER_EMAIL="test@localhost",
+    )
+    repo = Repo(path, env)
+    repo.commit("tiny params")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def repro_runs(clone):
+    """First repro, a second (timed), then the stages a repro would run after a train param
+    changed (`dvc repro --dry`: the experiment test runs such a repro for real)."""
+    repo = clone
+    first = repo.dvc("repro")
+    status_after_first = repo.run("git", "status", "--porcelain")
+    started = time.monotonic()
+    second = repo.dvc("repro")
+    second_s = time.monotonic() - started
+    print(f"no-op dvc repro took {second_s:.1f} s")
+    path = repo.path / "params.yaml"
+    kept = path.read_text()
+    params = yaml.safe_load(kept)
+    params["train"]["epochs"] = 3
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    would_run = ran(repo.dvc("repro", "--dry"))
+    path.write_text(kept)  # as the repros left it
+    head = repo.run("git", "rev-parse", "HEAD").strip()  # what the repros ran at
+    # the workspace as the repros left it (a later test's experiment or run rewrites it)
+    files = {
+        name: (repo.path / name).read_text()
+        for name in (
+            "models/digits/history.csv",
+            "models/digits/scaling.json",
+            "models/digits/eval.json",
+            "models/digits/diagnosis.json",
+            "models/digits/baseline/train_metrics.json",
+        )
+    }
+    shown = json.loads(repo.dvc("metrics", "show", "--json"))
+    return {
+        "outputs": (first, second),
+        "would run": would_run,
+        "status": status_after_first,
+        "commit": head,
+        "files": files,
+        "metrics shown": shown,
+    }
+
+
+def test_first_repro_runs_every_stage_and_leaves_only_dvc_lock_changed(repro_runs):
+    assert ran(repro_runs["outputs"][0]) == set(STAGES)
+    # each epoch as it ends, not a table after training (here no terminal: a line each)
+    assert "train       epoch 1/2" in repro_runs["outputs"][0]
+    assert "baseline    epoch 2/2" in repro_runs["outputs"][0]
+    # outputs are ignored: the only change git sees is the lock file DVC rewrote
+    changed = [line[3:] for line in repro_runs["status"].splitlines()]
+    assert set(changed) <= {"dvc.lock"}, repro_runs["status"]
+
+
+def test_second_repro_does_nothing(repro_runs):
+    assert ran(repro_runs["outputs"][1]) == set()
+
+
+def test_a_train_param_reruns_its_dependents_only(repro_runs):
+    """`train.epochs` changed: the two stages that read it would run again, prepare and the
+    sweep not (a dry run does not change the models, so it cannot show evaluate following
+    them; the experiment's real repro shows that: train, then evaluate)."""
+    assert repro_runs["would run"] == {"baseline", "train"}
+    history = repro_runs["files"]["models/digits/history.csv"].splitlines()
+    assert len(history) == 1 + 2  # the repro's own training: two epochs, a line each
+
+
+def test_metrics_show_the_speedup_efficiency_and_accuracy(repro_runs):
+    files = {
+        name: json.loads(text) for name, text in repro_runs["files"].items() if ".json" in name
+    }
+    metrics = {}
+    for found in repro_runs["metrics shown"][""]["data"].values():
+        metrics.update(found["data"])
+    scaling = files["models/digits/scaling.json"]
+    eval_json = files["models/digits/eval.json"]
+    # the speedup divides the medians of the rounds the train stage's diagnosis measured
+    rates = files["models/digits/diagnosis.json"]["rounds"]["rates"]
+    base, run = (statistics.median(rates[k]) for k in ("one_device_replica_batch", "end_to_end"))
+    assert (scaling["baseline_examples_per_s"], scaling["distributed_examples_per_s"]) == (
+        base,
+        run,
+    )
+    assert scaling["speedup"] == pytest.approx(run / base)
+    assert scaling["speedup_low"] <= scaling["speedup"] <= scaling["speedup_high"]
+    assert scaling["scaling_efficiency"] == pytest.approx(scaling["speedup"] / 2)
+    assert scaling["test_accuracy"] == eval_json["test_accuracy"]
+    assert eval_json["examples"] == 360
+    for key in ("speedup", "scaling_efficiency", "test_accuracy"):
+        assert key in metrics, key
+    baseline = files["models/digits/baseline/train_metrics.json"]
+    assert baseline["strategy"] == "one_device" and baseline["replicas"] == 1
+
+
+def test_every_stage_that_trains_or_evaluates_logs_an_mlflow_run(clone, repro_runs):
+    from mlflow import MlflowClient
+
+    repo = clone
+    client = MlflowClient(f"sqlite:///{repo.path}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    runs = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'")
+    by_stage: dict[str, list] = {}
+    for run in runs:  # the repros' runs (an experiment may have run since, at the same commit)
+        if run.data.tags.get("git_commit") == repro_runs["commit"]:
+            by_stage.setdefault(run.data.tags.get("dvc_stage"), []).append(run)
+    assert {"baseline", "train", "evaluate", "sweep"} <= set(by_stage)
+    (train, *_) = sorted(by_stage["train"], key=lambda r: r.info.start_time)
+    assert [m.step for m in client.get_metric_history(train.info.run_id, "loss")] == [1, 2]
+    # the first repro's: the earliest (the experiment's, if it ran, came later)
+    evaluate = min(by_stage["evaluate"], key=lambda r: r.info.start_time).data
+    assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(evaluate.metrics)
+    # the evaluate run names and links the training run it evaluated, and shows its setup
+    trained = evaluate.tags["training_run_id"]
+    assert trained in {r.info.run_id for r in by_stage["train"]}
+    link = f"/runs/{trained}?workflowType=machine_learning"  # opens on model training
+    assert evaluate.tags["training_run_url"].endswith(link)
+    assert trained in evaluate.tags["mlflow.note.content"]
+    assert (evaluate.tags["dataset"], evaluate.tags["model"]) == ("digits", "mlp")
+    assert evaluate.tags["strategy"] == "mirrored" and evaluate.tags["replicas"] == "2"
+
+
+def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{clone.path}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale").experiment_id
+    runs = client.search_runs([experiment], f"tags.git_commit = '{repro_runs['commit']}'")
+    parents = [  # not the experiment's (test_an_experiment_..., 1 replica, the same commit)
+        r
+        for r in runs
+        if r.data.tags.get("kind") == "pipeline"
+        and r.data.tags.get("dvc_stage") == "repro"
+        and r.data.params.get("replicas") == "2"
+    ]
+    assert len(parents) == 1  # the first repro's (the second did nothing)
+    for parent in parents:
+        children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        stages = {r.info.run_name: r.data.tags["dvc_stage"] for r in children}
+        assert stages == {"baseline": "baseline", "distributed": "train", "evaluate": "evaluate"}
+        assert all(r.info.status == "FINISHED" for r in [parent, *children])
+        # the pipeline's row in the results table: its setup and its result
+        assert parent.info.run_name.startswith("digits-mlp-mirrored-2x-")
+        params = parent.data.params
+        assert (params["strategy"], params["replicas"]) == ("mirrored", "2")
+        assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(parent.data.metrics)
+        assert parent.data.tags["dvc_stage"] == "repro" and parent.data.tags["bottleneck"]
+        description = parent.data.tags["mlflow.note.content"]  # the result, then the stages
+        assert "on 2 replicas (mirrored, float32), efficiency" in description
+    assert {p.info.run_name.split("-")[4] for p in parents} == {"2ep"}
+
+
+def test_plots_show_renders_the_curves(clone, repro_runs):
+    repo = clone
+    plots = json.loads(repo.dvc("plots", "show", "--json"))["data"]
+    assert "models/digits/history.csv" in plots
+    assert "models/digits/baseline/history.csv" in plots
+    assert "sweep/speedup.png" in plots
+
+
+def test_an_experiment_changes_replicas_and_exp_show_compares(clone, repro_runs):
+    repo = clone
+    output = repo.dvc("exp", "run", "-S", "train.replicas=1")
+    assert ran(output) == {"train", "evaluate"}  # the baseline does not depend on replicas
+    table = list(csv.DictReader(io.StringIO(repo.dvc("exp", "show", "--csv"))))
+    replicas = {row["train.replicas"] for row in table if row.get("speedup")}
+    assert {"1", "2"} <= replicas
+    assert all(row.get("scaling_efficiency") for row in table if row.get("speedup"))
+    # the kept baseline served 2 replicas; 1 replica is a pipeline run of its own, linked
+    # to it, not a second compared training under the baseline's
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo.path}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale").experiment_id
+    head = repo.run("git", "rev-parse", "HEAD").strip()
+    runs = client.search_runs([experiment], f"tags.git_commit = '{head}'")
+    (pipeline,) = [  # the experiment's (the repro's own, at the same commit, has 2 replicas)
+        r
+        for r in runs
+        if r.data.tags.get("kind") == "pipeline" and r.data.params.get("replicas") == "1"
+    ]
+    assert pipeline.data.params["replicas"] == "1" and "speedup" in pipeline.data.metrics
+    stages = {
+        r.info.run_name
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id
+    }
+    assert stages == {"distributed", "evaluate"}
+    baseline = client.get_run(pipeline.data.tags["baseline_run_id"])
+    assert baseline.info.run_name == "baseline" and baseline.data.params["replicas"] == "1"
+    assert baseline.data.tags["mlflow.parentRunId"] != pipeline.info.run_id
+
+
+def test_every_module_a_stage_imports_is_among_its_deps(clone, repro_runs):
+    repo = clone
+    stages = yaml.safe_load((repo.path / "dvc.yaml").read_text())["stages"]
+    by_command = {}
+    for name, stage in stages.items():
+        argv = stage["cmd"].split()
+        by_command[(argv[1], "--baseline" in argv)] = name
+    seen = set()
+    log = (Path(repo.env["TFSCALE_IMPORT_LOG"])).read_text().splitlines()
+    for line in map(json.loads, log):
+        if not line["argv"][0].endswith("tfscale"):
+            continue
+        stage = by_command.get((line["argv"][1], "--baseline" in line["argv"]))
+        if stage is None:
+            continue  # a command run beside the stages (tfscale run)
+        seen.add(stage)
+        deps = stages[stage]["deps"]
+        for module in line["modules"]:
+            path = module.replace(".", "/") + ".py"
+            if not (repo.path / path).exists():
+                continue  # a package (empty __init__)
+            covered = any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+            assert covered, f"stage {stage!r} imports {module} but {path} is not in its deps"
+    assert seen == set(STAGES)

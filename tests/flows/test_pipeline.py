@@ -1,0 +1,408 @@
+"""The pipeline with real parts: a Prefect flow, a SQLite MLflow store read back through
+MlflowClient, `dvc repro` in a temporary git repository, a real Prefect server serving the
+deployments, and `tfscale ui` serving the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from helpers import free_port, tiny_params, wait_until_healthy
+
+from tasks.settings.config import load_config
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def flow_run(tmp_path_factory):
+    """One real flow run (and a second, to see the baseline cached) into a temporary store,
+    named in the config: nothing is patched."""
+    import logging
+
+    from flows.pipeline import pipeline
+    from tasks.core.process import STAGE_MARK
+
+    tmp = tmp_path_factory.mktemp("flow")
+    store = tmp / "mlflow"
+    config = load_config(tiny_params(tmp), {"track.store_dir": str(store)})
+    lines: list[str] = []  # the first run's stage lines, as the console shows them
+    collect = logging.Handler()
+    collect.emit = lambda record: lines.append(record.getMessage())
+    collect.addFilter(lambda record: getattr(record, STAGE_MARK, False))
+    logging.getLogger().addHandler(collect)
+    try:
+        states = [pipeline(config, return_state=True)]
+    finally:
+        logging.getLogger().removeHandler(collect)
+    baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
+    stamp = baseline_metrics.stat().st_mtime_ns
+    states.append(pipeline(config, return_state=True))
+    reused = baseline_metrics.stat().st_mtime_ns == stamp
+    # cached results whose files are gone: the shards and the baseline's run directory
+    shutil.rmtree(tmp / "tfrecords")
+    shutil.rmtree(baseline_metrics.parent)
+    states.append(pipeline(config, return_state=True))
+    return {
+        "tmp": tmp,
+        "store": store,
+        "summaries": tuple(state.result() for state in states),
+        "flow_run_ids": [state.state_details.flow_run_id for state in states],
+        "stage_lines": lines,
+        "baseline_reused": reused,
+        "baseline_retrained": baseline_metrics.exists(),
+        "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
+    }
+
+
+def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 3
+    parent = parents[0]
+    children = {
+        r.info.run_name: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    assert set(children) == {"baseline", "distributed"}
+    # what differs between runs, and the start of the run's id
+    assert parent.info.run_name == f"digits-mlp-mirrored-2x-2ep-{parent.info.run_id[:6]}"
+    for name, strategy in (("baseline", "one_device"), ("distributed", "mirrored")):
+        child = children[name].data  # its tags and params agree, each tag once
+        assert child.tags["strategy"] == child.params["strategy"] == strategy
+        assert "strategy_reason" not in child.tags and child.tags["reason"]
+    assert parent.data.tags["strategy_reason"] and "reason" not in parent.data.tags
+    assert not {"diagnosis_bottleneck", "diagnosis_evidence"} & set(parent.data.tags)
+    assert parent.data.tags["bottleneck"] and parent.data.tags["bottleneck_evidence"]
+    # the run page: the summary as its description, the model in its outputs, with a
+    # signature and an input example
+    description = parent.data.tags["mlflow.note.content"]
+    assert "| speedup |" in description and "| test accuracy |" in description
+    from urllib.parse import urlparse
+
+    from mlflow.models import Model
+
+    (output,) = client.get_run(parent.info.run_id).outputs.model_outputs
+    stored = urlparse(client.get_logged_model(output.model_id).artifact_location).path
+    info = Model.load(Path(stored) / "MLmodel")
+    assert list(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 8, 8, 1]
+    assert info.saved_input_example_info is not None
+    for key in (
+        "dataset",
+        "shards",
+        "model",
+        "strategy",
+        "replicas",
+        "workers",
+        "precision",
+        "per_replica_batch",
+        "global_batch",
+        "scaling",
+        "epochs",
+        "learning_rate",
+    ):
+        assert key in children["distributed"].data.params, key
+    assert children["distributed"].data.params["strategy"] == "mirrored"
+    assert children["baseline"].data.params["strategy"] == "one_device"
+    for key in (
+        "hardware_fingerprint",
+        "strategy",
+        "strategy_reason",
+        "git_commit",
+        "manifest_hash",
+    ):
+        assert parent.data.tags[key]
+    for name, child in children.items():
+        run_id = child.info.run_id
+        for key in ("loss", "examples_per_s"):  # curves start at epoch 1, no step-0 point
+            history = client.get_metric_history(run_id, key)
+            assert [m.step for m in history] == [1, 2], (name, key)
+    # the run-level figure, named for what it is: the training's, after its first epoch
+    # (the last flow run's children: its trainings wrote the run directories' files last)
+    last = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[-1].info.run_id]
+    assert sorted(r.info.run_name for r in last) == ["baseline", "distributed"]
+    for child in last:
+        trained = json.loads((Path(child.data.tags["run_dir"]) / "metrics.json").read_text())
+        assert child.data.metrics["examples_per_s_after_epoch_1"] == pytest.approx(
+            trained["examples_per_s"], rel=1e-3
+        )
+    # logged live, epoch by epoch, into a run opened when training started
+    assert history[0].timestamp < history[1].timestamp
+    for child in children.values():
+        assert child.info.status == "FINISHED"
+        assert parent.info.start_time <= child.info.start_time < history[0].timestamp
+    assert children["baseline"].info.end_time <= children["distributed"].info.start_time
+    metrics = parent.data.metrics
+    for key in (
+        "speedup",
+        "scaling_efficiency",
+        "test_accuracy",
+        "test_loss",
+        "time_to_accuracy_s_baseline",
+    ):
+        assert key in metrics, key
+    assert metrics["speedup"] == pytest.approx(  # rounded to 4 significant digits
+        metrics["distributed_examples_per_s"] / metrics["baseline_examples_per_s"], rel=2e-3
+    )
+    assert metrics["scaling_efficiency"] == pytest.approx(metrics["speedup"] / 2, rel=2e-3)
+    assert len(repr(metrics["speedup"])) <= 6  # 1.318, not 1.3180673662313493
+    assert parent.data.params["replicas"] == "2" and parent.data.params["strategy"] == "mirrored"
+    assert any(k.startswith("system/") for k in metrics)
+    assert parent.data.tags["bottleneck"] in (
+        "input-bound",
+        "compute-bound",
+        "communication-bound",
+        "overhead-bound",
+        "undetermined",
+    )
+    assert metrics["speedup_low"] <= metrics["speedup"] <= metrics["speedup_high"]
+    for key in ("input", "compute", "end_to_end"):
+        assert metrics[f"diagnosis_{key}_examples_per_s"] > 0
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {
+        "hardware.json",
+        "manifest.json",
+        "speedup.png",
+        "confusion_matrix.png",
+        "eval.json",
+        "summary.json",
+        "forecast.json",
+        "forecast_speedup.png",
+        "forecast_efficiency.png",
+    } <= artifacts
+    # the Mirrored run's own measurements forecast it: constants with their fit errors,
+    # and each link's speedup at 64 devices, on the parent beside the speedup
+    assert metrics["forecast_gradient_bytes"] > 0 and metrics["forecast_latency_s"] >= 0
+    assert "forecast_comm_fit_error" in metrics and "forecast_epoch_overhead_s" in metrics
+    assert 0 < metrics["forecast_speedup_64w_ethernet_10g"] <= 64
+    models = client.search_logged_models([experiment.experiment_id])
+    (model,) = [m for m in models if m.source_run_id == parent.info.run_id]
+    versions = client.search_model_versions("name = 'tfscale-digits-mlp'")
+    assert len(versions) == 3  # one per pipeline run
+    (first,) = [v for v in versions if v.run_id == parent.info.run_id]
+    assert first.tags["speedup"] == str(metrics["speedup"])
+    assert first.tags["test_accuracy"] == str(metrics["test_accuracy"])
+    from mlflow.artifacts import download_artifacts
+
+    requirements = Path(download_artifacts(f"{model.artifact_location}/requirements.txt"))
+    assert "tensorflow==" in requirements.read_text()  # pinned, not inferred
+
+
+def test_experiment_opens_on_the_result_columns(flow_run):
+    import json
+
+    from mlflow import MlflowClient
+    from tasks.track.tracking import VIEW_TAG, Tracker
+
+    client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    columns = json.loads(experiment.tags[VIEW_TAG])["selectedColumns"]
+    assert columns[:3] == [
+        "metrics.`speedup`",
+        "metrics.`scaling_efficiency`",
+        "metrics.`test_accuracy`",
+    ]
+    url = Tracker(flow_run["store"]).results_url("http://127.0.0.1:5000")
+    assert url.endswith(
+        f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=tfscale-results"
+    )
+
+
+def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+    )
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    ids = flow_run["flow_run_ids"]
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["scaling-summary"])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)),
+            task_run_filter=TaskRunFilter(),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=50,
+            offset=0,
+        )
+    assert sorted(str(a.flow_run_id) for a in found) == sorted(map(str, ids))  # one each
+    first = flow_run["summaries"][0]
+    (mine,) = [a for a in found if a.flow_run_id == ids[0]]
+    assert f"**{first.speedup_text}**" in mine.data and "alternating rounds" in mine.data
+    assert mine.type == "markdown"
+    assert f"| test accuracy | **{first.test_accuracy:.4f}**" in mine.data
+    assert "| MLflow run | http://127.0.0.1:5000/#/experiments/" in mine.data
+
+
+def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
+    """Epoch lines seen by the watcher's own thread, which has no run context: a real flow
+    on the server, a history written an epoch at a time, each epoch seen before the next
+    is written (a pipeline's tiny epochs can all end before the watcher's first look)."""
+    import time
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.context import FlowRunContext
+
+    from tasks.core.progress import EpochWatcher
+
+    @flow(name="tfscale-epoch-log-check")
+    def training() -> str:
+        history = []
+        with EpochWatcher(tmp_path, epochs=3, label="distributed", interval_s=0.05) as watch:
+            for epoch in (1, 2, 3):
+                history.append(
+                    {"epoch": epoch, "loss": 1.0, "accuracy": 0.5, "examples_per_s": 100.0}
+                )
+                (tmp_path / "history.json").write_text(json.dumps(history))
+                deadline = time.monotonic() + 10
+                while watch.seen < epoch and time.monotonic() < deadline:
+                    time.sleep(0.02)  # seen by the thread, not by the exit's last look
+        return str(FlowRunContext.get().flow_run.id)
+
+    flow_run_id = training()
+    deadline = time.monotonic() + 30  # logs reach the server in batches
+    with get_client(sync_client=True) as client:
+        while True:
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                limit=50,
+                offset=0,
+            )
+            messages = [entry.message for entry in logs]
+            lines = [f"distributed epoch {epoch}/3" for epoch in (1, 2, 3)]
+            missing = [x for x in lines if not any(m.startswith(x) for m in messages)]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert not missing, messages
+
+
+def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_run):
+    """The summary's throughputs are the medians of the alternating rounds the distributed
+    run's diagnosis measured (its diagnosis.json), the speedup their ratio with the range
+    of the rounds' own ratios, and the split multiplies back to it."""
+    import json
+    import statistics
+
+    third = flow_run["summaries"][2]  # the last run wrote the files read here
+    runs = flow_run["tmp"] / "runs" / "digits"
+    (path,) = runs.glob("mirrored-*/diagnosis.json")
+    rates = json.loads(path.read_text())["rounds"]["rates"]
+    base, whole, run = (
+        rates[k] for k in ("one_device_replica_batch", "one_device_global_batch", "end_to_end")
+    )
+    assert third.baseline_examples_per_s == statistics.median(base)
+    assert third.distributed_examples_per_s == statistics.median(run)
+    assert third.speedup == pytest.approx(statistics.median(run) / statistics.median(base))
+    per_round = [r / b for r, b in zip(run, base, strict=True)]
+    assert (third.speedup_low, third.speedup_high) == (min(per_round), max(per_round))
+    assert third.speedup_from_batch == pytest.approx(
+        statistics.median(whole) / statistics.median(base)
+    )
+    assert third.speedup_from_batch * third.speedup_from_devices == pytest.approx(third.speedup)
+    assert third.scaling_efficiency == pytest.approx(third.speedup / 2)
+    assert third.measured_over.startswith(f"{len(run)} alternating rounds")
+    first = flow_run["summaries"][0]
+    assert first.replicas == 2 and first.test_accuracy > 0.5  # 2 epochs of an MLP on digits
+
+
+def test_the_strategy_line_names_what_trains_after_auto_measured(flow_run):
+    """One page, one answer: the console's `proposed` line is the hardware's proposal, and
+    the `strategy` line, after what `auto` measured, is what the summary says trained."""
+    first = flow_run["summaries"][0]
+    names = [line.split()[0] for line in flow_run["stage_lines"]]
+    assert names.index("proposed") < names.index("strategy") < names.index("baseline")
+    # the tiny params leave `auto` nothing to measure (precision and XLA set, one batch fits
+    # digits), and no line says it measured; where it does, its line comes before the
+    # strategy's (test_autotune's real `tfscale train`)
+    assert "auto" not in names
+    (line,) = [x for x in flow_run["stage_lines"] if x.startswith("strategy ")]
+    trained = f"{first.strategy}, {first.replicas} replicas, {first.precision}, XLA "
+    assert line.split(None, 1)[1].startswith(trained), (line, trained)
+
+
+def test_second_flow_run_reuses_the_cached_baseline(flow_run):
+    """The second run's baseline is the first's training, reused (its files untouched, its
+    figures logged again on the second run's baseline child)."""
+    from mlflow import MlflowClient
+
+    assert flow_run["baseline_reused"]
+    client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    parents = [r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    baselines = {
+        r.data.tags["mlflow.parentRunId"]: r.data.metrics["examples_per_s_after_epoch_1"]
+        for r in runs
+        if r.info.run_name == "baseline"
+    }
+    assert baselines[parents[0]] == baselines[parents[1]]
+
+
+def test_cached_results_whose_files_were_deleted_are_made_again(flow_run):
+    assert flow_run["reprepared"]
+    assert flow_run["baseline_retrained"]  # and the third run tracked it: three parents
+
+
+def test_ui_serves_the_store(flow_run):
+    """`tfscale ui` serves where the configured links point (`track.ui_url`), and starts
+    without MLflow's warnings."""
+    import yaml
+
+    port = free_port()
+    params = yaml.safe_load((flow_run["tmp"] / "params.yaml").read_text())
+    params.setdefault("track", {})["ui_url"] = f"http://127.0.0.1:{port}"
+    (flow_run["tmp"] / "ui-params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.Popen(
+        [str(BIN / "tfscale"), "--params", "ui-params.yaml", "ui"],
+        cwd=flow_run["tmp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_healthy(url)
+        experiment = requests.get(
+            f"{url}/api/2.0/mlflow/experiments/get-by-name",
+            params={"experiment_name": "tfscale"},
+            timeout=10,
+        ).json()
+        found = requests.post(
+            f"{url}/api/2.0/mlflow/runs/search",
+            timeout=10,
+            json={"experiment_ids": [experiment["experiment"]["experiment_id"]]},
+        ).json()
+        names = {r["info"]["run_name"] for r in found["runs"]}
+        assert {"baseline", "distributed"} <= names
+        # a new browser's pages open on model training, set before MLflow's script runs
+        head = requests.get(f"{url}/", timeout=10).text.split("</head>")[0]
+        defaults = head.index('"mlflow.workflowType_v1": "\\"machine_learning\\""')
+        assert defaults < head.index("static/js/main.")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    assert f"results: http://127.0.0.1:{port}/#/experiments/" in out
+    assert "Warning" not in out and "Registry store URI not provided" not in out, out

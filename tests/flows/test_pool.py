@@ -1,0 +1,183 @@
+"""A sweep spread over a Prefect work pool on hosts of our own (`poollab`): a real Prefect
+server on one network namespace, process workers on others, the submitter (`tfscale
+sweep --pool`) beside the server. The cells train on two hosts, each row and MLflow child
+run names its host, and a worker whose host dies mid-cell has its cell run again: the
+sweep completes with every row. With no live worker, it stops before submitting."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import BIN, needs, tiny_params
+from poollab import GRID, pool_lab, wait_for_text
+
+from tasks.distribute import netlab
+
+
+def sweep_on(lab, tmp: Path, *flags: str) -> subprocess.Popen:
+    """`tfscale sweep --pool` on the server's host, its output in sweep.log."""
+    params = tiny_params(tmp, **GRID, **{"track.store_dir": str(tmp / "mlflow")})
+    return lab.hosts.popen(
+        0,
+        [str(BIN / "tfscale"), "--params", str(params), "sweep", "--pool", lab.pool, *flags],
+        env=lab.env,
+        cwd=tmp,
+        stdout=open(tmp / "sweep.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.fixture
+def hosts_possible():
+    """Namespace hosts need root and iproute2: CI has both, and fails without them."""
+    needs(netlab.available(), "namespace hosts for the pool tests")
+
+
+@pytest.mark.integration
+def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_host(
+    tmp_path, hosts_possible
+):
+    """With no worker yet, the sweep stops before submitting, naming the command that
+    starts one. Then hosts 1 and 2 take a cell each; host 2 dies in its cell; a worker
+    started on host 3 joins. The lost cell runs again, and every row names host 1 or
+    host 3."""
+    from mlflow import MlflowClient
+
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    with pool_lab(0, tmp_path, spare=3) as lab:
+        code = sweep_on(lab, refused).wait(timeout=600)
+        assert_refused(code, refused)
+        lab.start_worker(1)
+        lab.start_worker(2)
+        sweep = sweep_on(lab, tmp_path)
+        wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
+        lab.kill_host(2)
+        lab.start_worker(3)
+        code = sweep.wait(timeout=900)
+        out = (tmp_path / "sweep.log").read_text(errors="replace")
+        assert code == 0, out[-5000:]
+        addresses = {lab.hosts.address(1), lab.hosts.address(3)}
+    assert "w2 stopped sending heartbeats; submitting it again" in out, out[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "sweep.csv")))
+    assert len(rows) == 4, rows
+    hosts = {row["host"] for row in rows}
+    assert {h.split("(")[-1].rstrip(")") for h in hosts} == addresses, hosts
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.tags["host"] for r in children) == sorted(row["host"] for row in rows)
+    print(f"\npool sweep: cells on {sorted(hosts)}; the dead host's cell retried")
+
+
+def assert_refused(code: int, tmp: Path) -> None:
+    """The sweep stopped before submitting: one clear error, no table, a failed run."""
+    from mlflow import MlflowClient
+
+    out = (tmp / "sweep.log").read_text(errors="replace")
+    assert code == 1 and "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
+    assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
+    assert not (tmp / "sweep" / "sweep.csv").exists()
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+# -- the pieces, in this process ------------------------------------------------------
+
+
+def test_a_cell_run_is_done_waited_on_lost_with_its_worker_or_failed():
+    from flows.pool import judge
+
+    alive = {"w1": True, "w2": False}
+    assert judge("COMPLETED", "w2", alive) == "done"
+    assert judge("RUNNING", "w1", alive) == "wait"
+    assert judge("PENDING", None, alive) == "wait"  # not taken yet
+    assert judge("SCHEDULED", None, alive) == "wait"
+    assert judge("RUNNING", "w2", alive) == "lost"
+    assert judge("PENDING", "w2", alive) == "lost"
+    assert judge("RUNNING", "w3", alive) == "wait"  # a worker the server has not listed
+    for state in ("FAILED", "CRASHED", "CANCELLED"):
+        assert judge(state, "w1", alive) == "failed"
+
+
+def test_a_worker_is_lost_after_three_missed_heartbeats_and_never_sooner_than_the_floor():
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from flows.pool import LOST_MIN_S, worker_lost
+
+    now = datetime(2026, 11, 24, 12, tzinfo=UTC)
+
+    def worker(age_s: float, interval: int | None) -> SimpleNamespace:
+        beat = now - timedelta(seconds=age_s)
+        return SimpleNamespace(last_heartbeat_time=beat, heartbeat_interval_seconds=interval)
+
+    assert not worker_lost(worker(89, 30), now) and worker_lost(worker(91, 30), now)
+    assert not worker_lost(worker(LOST_MIN_S - 1, 2), now)  # 3 beats of 2 s: the floor wins
+    assert worker_lost(worker(LOST_MIN_S + 1, 2), now)
+    assert worker_lost(worker(91, None), now)  # no interval reported: Prefect's default 30 s
+    assert not worker_lost(SimpleNamespace(last_heartbeat_time=None), now)
+
+
+def test_a_cell_refuses_a_host_that_does_not_share_the_sweep_or_the_data(tmp_path, digits):
+    from flows.pool import NotShared, check_data, check_shared, marker_path
+    from tasks.settings.config import load_config
+
+    marker_path(tmp_path).write_text("abc\n")
+    check_shared(tmp_path, "abc")
+    with pytest.raises(NotShared, match="another sweep") as info:
+        check_shared(tmp_path, "def")
+    assert "same path on every host" in info.value.fix
+    with pytest.raises(NotShared, match="no marker file"):
+        check_shared(tmp_path / "elsewhere", "abc")
+    overrides, manifest, _ = digits
+    config = load_config(None, overrides)
+    assert check_data(config, manifest.digest) == manifest
+    with pytest.raises(NotShared, match="has manifest digest .* the sweep prepared 000000"):
+        check_data(config, "0" * 64)
+    elsewhere = load_config(None, {"prepare.data_dir": str(tmp_path / "none")})
+    with pytest.raises(NotShared, match="has no prepared data at"):
+        check_data(elsewhere, manifest.digest)
+
+
+def test_a_pool_cell_gets_absolute_directories_and_the_same_run_directory(tmp_path, monkeypatch):
+    from flows.pool import absolute_paths
+    from tasks.settings.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, {})
+    shared = absolute_paths(config)
+    assert shared.prepare.data_dir == str(tmp_path / config.prepare.data_dir)
+    assert shared.train.runs_dir == str(tmp_path / config.train.runs_dir)
+    assert shared.sweep.out_dir == str(tmp_path / config.sweep.out_dir)
+    assert dataclasses.replace(shared.train, runs_dir=config.train.runs_dir) == config.train
+
+
+def test_a_host_is_named_with_the_address_it_reaches_a_server_from():
+    import socket
+
+    from tasks.core.network import host_name
+
+    assert host_name() == socket.gethostname()
+    assert host_name("http://127.0.0.1:4200/api") == socket.gethostname()  # loopback: no address
+    assert host_name("http://[::1]:4200/api") == socket.gethostname()  # not IPv4: the name
+
+
+def test_the_table_names_hosts_only_when_cells_trained_on_several():
+    from tasks.report.scaling_grid import SweepRow, format_table
+
+    def row(replicas: int, host: str) -> SweepRow:
+        return SweepRow(0, 32, "weak", "float32", replicas, None, None, 10.0, 1.0, 1.0, None,
+                        None, None, None, "mirrored", "overhead-bound", "runs/x", host)  # fmt: skip
+
+    one = format_table([row(1, "a"), row(2, "a")])
+    assert "host" not in one.splitlines()[0]
+    two = format_table([row(1, "a (10.0.0.2)"), row(2, "a (10.0.0.3)")])
+    assert two.splitlines()[0].endswith("host")
+    assert two.splitlines()[2].endswith("a (10.0.0.2)")
+    assert row(2, "a").run_name == "cell-0-b32-r2"

@@ -1,0 +1,169 @@
+"""Alternating rounds and their spreads, on synthetic timings: a slow spell falls on every
+configuration alike, and a ratio taken round by round cancels it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.measure.rounds import BLOCK_SECONDS, Spread, alternate, block_steps, ratio
+
+pytestmark = pytest.mark.unit
+
+
+def test_calls_alternate_after_a_warm_up_round_that_is_dropped():
+    order = []
+
+    def call(name: str, value: float):
+        return lambda: order.append(name) or value
+
+    values = alternate({"a": call("a", 1.0), "b": call("b", 2.0)}, rounds=3)
+    assert order == ["a", "b"] * 4  # one warm-up round, then three
+    assert values == {"a": [1.0] * 3, "b": [2.0] * 3}
+
+
+def test_a_slow_spell_moves_both_configurations_and_not_their_ratio():
+    """The machine runs at 100%, 70% and 100% speed over three rounds: each figure
+    spreads by 30%, the speedup taken round by round not at all."""
+    speed = iter([1.0, 1.0, 1.0, 1.0, 0.7, 0.7, 1.0, 1.0])  # warm-up round first
+    values = alternate({"one": lambda: 1000 * next(speed), "two": lambda: 1500 * next(speed)}, 3)
+    assert Spread.of(values["one"]) == Spread(1000.0, 700.0, 1000.0)
+    assert ratio(values["two"], values["one"]) == Spread(pytest.approx(1.5), 1.5, 1.5)
+
+
+def test_a_ratio_is_of_the_medians_and_spreads_as_its_rounds():
+    """1,500, 1,200 and 1,600 over 1,000, 800 and 1,000: 1,500 / 1,000 = 1.5 (what the
+    figures beside it give), between the rounds' own 1.5, 1.5 and 1.6."""
+    assert ratio([1500.0, 1200.0, 1600.0], [1000.0, 800.0, 1000.0]) == Spread(1.5, 1.5, 1.6)
+    # a ratio of medians always lies within the rounds' ratios
+    spread = ratio([3.0, 1.0, 2.0, 9.0], [1.0, 2.0, 4.0, 3.0])
+    assert spread.low <= spread.median <= spread.high
+
+
+def test_a_spread_reads_as_median_and_range_and_says_what_it_supports():
+    spread = Spread.of([1.15, 1.27, 1.21, 1.19, 1.24])
+    assert spread.text() == "1.21x (1.15-1.27)"
+    assert Spread.of([1290.0, 1340.0, 1380.0]).text(" ex/s", 0) == "1,340 ex/s (1,290-1,380)"
+    assert spread.above(1.1) and not spread.above(1.2)
+    assert spread.below(1.3) and not spread.below(1.2)
+    assert spread.holds(1.2) and not spread.holds(1.3)
+    with pytest.raises(ValueError):
+        Spread.of([])
+    with pytest.raises(ValueError):
+        alternate({"a": lambda: 1.0}, rounds=0)
+
+
+def test_a_busy_process_beside_a_measurement_is_seen():
+    """A second process spinning on a core while this one measures: the watch reports
+    other processes' CPU, and the page says so; a quiet stretch says nothing."""
+    import subprocess
+    import sys
+    import time
+
+    from tasks.core.machine_load import LoadWatch
+
+    spin = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)  # the spinner is running
+        with LoadWatch() as watch:
+            time.sleep(1.5)  # this process idles: the busy core is another's
+    finally:
+        busy.wait(timeout=60)
+    seen = watch.result
+    assert seen.known and seen.other_cores > 0.5, seen
+    assert seen.material and "other processes kept" in seen.text()
+
+
+def test_interference_below_the_thresholds_is_not_material():
+    from tasks.core.machine_load import Interference
+
+    quiet = Interference(other_cores=0.1, steal_share=0.01, cores=2, seconds=10, known=True)
+    assert not quiet.material and quiet.text() == ""
+    stolen = Interference(other_cores=0.0, steal_share=0.2, cores=2, seconds=10, known=True)
+    assert "the hypervisor took 20% of the CPU time" in stolen.text()
+    assert not Interference(other_cores=5.0).material  # unknown: no claim either way
+
+
+@pytest.mark.parametrize(
+    ("seconds_per_step", "most", "steps"),
+    [
+        (0.005, 100, 100),  # the default digits CNN: 0.5 s in 100 steps, the cap holds
+        (0.02, 100, 50),  # 50 steps make the block's second
+        (0.26, 100, 10),  # a CNN at batch 256: never fewer than 10 steps (2.6 s)
+        (0.26, 3, 3),  # a cap below the floor: the cap
+        (0.0, 100, 100),  # no time measured: the cap
+    ],
+)
+def test_a_block_lasts_about_a_second_between_its_floor_and_its_cap(seconds_per_step, most, steps):
+    assert block_steps(seconds_per_step, most, target_s=1.0) == steps
+    # the probes' blocks aim at BLOCK_SECONDS: the default is that target, whatever it is
+    assert block_steps(seconds_per_step, most) == block_steps(
+        seconds_per_step, most, target_s=BLOCK_SECONDS
+    )
+
+
+def test_a_block_of_half_a_second_takes_half_the_steps():
+    assert block_steps(0.02, 100, target_s=0.5) == 25
+    assert block_steps(0.02, 100, target_s=2.0) == 100  # the cap
+
+
+def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
+    """The probes' blocks (`tasks.measure.probes._sized`): the warm-up call traces, times a few
+    steps, and runs one block of the number that makes about a second, which every later
+    call times."""
+    from tasks.measure.probes import _sized
+
+    calls = []
+
+    def timed(n: int) -> float:  # 64 examples a step at 20 ms: 3,200 examples/s
+        calls.append(n)
+        return 3200.0
+
+    block = _sized(timed, most=100, examples=64)
+    block()
+    assert calls == [10, 10, 50]  # tracing, the timed sizing steps, then a whole block
+    assert [block(), block()] == [3200.0, 3200.0]
+    assert calls[3:] == [50, 50]
+
+
+@pytest.mark.parametrize(
+    ("scaling", "baseline"),
+    [("weak", "one_device_replica_batch"), ("strong", "one_device_global_batch")],
+)
+def test_a_round_times_the_speedup_next_to_its_baseline_and_the_input_last(scaling, baseline):
+    """The probes' order (`tasks.measure.probes._paired`): each ratio the speedup is read from is
+    of two blocks timed back to back, whatever order the calls were built in."""
+    from tasks.measure.probes import _paired
+
+    names = [
+        "end_to_end",
+        "compute",
+        "input",
+        "one_device_replica_batch",
+        "one_device_replica_batch_compute",
+        "one_device_global_batch",
+        "one_device_global_batch_compute",
+    ]
+    order = list(_paired(dict.fromkeys(names), scaling))
+    assert sorted(order) == sorted(names)
+    assert order[:4] == ["end_to_end", baseline, "compute", baseline + "_compute"]
+    assert order[-1] == "input"
+    # one device alone: the run's own three blocks, the input still last
+    assert list(_paired(dict.fromkeys(["end_to_end", "compute", "input"]), scaling)) == [
+        "end_to_end",
+        "compute",
+        "input",
+    ]
+
+
+def test_each_logical_cpu_device_gets_its_share_of_the_cores():
+    """The session split the CPU into 2 logical devices (conftest): TensorFlow's one
+    intra-op pool has half the cores this process may use, so one replica's small ops do
+    not wait for threads the other holds, and one device is one such share."""
+    import os
+
+    import tensorflow as tf
+
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert tf.config.threading.get_intra_op_parallelism_threads() == share
+    assert len(tf.config.list_logical_devices("CPU")) == 2

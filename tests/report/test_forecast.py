@@ -1,0 +1,194 @@
+"""The forecast's cost model: fitted to measurements made from known constants, and
+`tfscale forecast` with input it cannot use."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import DEFAULTS
+
+from flows.cli import main
+from tasks.report.forecast import CostModel, fit_cost_model, forecast, links_from
+from tasks.report.forecast_report import format_forecast
+
+C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
+ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s
+SYNC, GRADIENTS, BATCH = 0.0005, 204_800, 32
+
+
+def truth(workers: int = 2) -> CostModel:
+    return CostModel(C0, C1, 0.0, ALPHA, BANDWIDTH, 0.0, SYNC, 50_000.0, GRADIENTS, BATCH, 2)
+
+
+def synthetic_probes() -> dict:
+    """What a two-worker run would measure if the constants above were the machine."""
+    model = truth()
+
+    def comm(size: float) -> float:
+        return 2 * ALPHA + size / BANDWIDTH  # two workers: 2 hops, all the bytes
+
+    return {
+        "workers": 2,
+        "replica_examples": BATCH,
+        "gradient_bytes": GRADIENTS,
+        "local_step_s_by_batch": [[b, model.compute_s(b)] for b in (16, 32, 64)],
+        "comm_s_by_bytes": [[s, comm(s)] for s in (GRADIENTS / 4, GRADIENTS, 4 * GRADIENTS)],
+        "step_s": model.compute_s(BATCH) + comm(GRADIENTS) + SYNC,
+        "local_step_s": model.compute_s(BATCH),
+        "comm_s": comm(GRADIENTS),
+        "input_examples_per_s": [50_000.0, 60_000.0],
+    }
+
+
+def test_the_fit_recovers_known_constants_within_one_percent():
+    fitted = fit_cost_model(synthetic_probes())
+    for name, expected in (
+        ("compute_fixed_s", C0),
+        ("compute_per_example_s", C1),
+        ("latency_s", ALPHA),
+        ("bandwidth_bytes_per_s", BANDWIDTH),
+        ("sync_s", SYNC),
+    ):
+        assert getattr(fitted, name) == pytest.approx(expected, rel=0.01), name
+    assert fitted.compute_fit_error < 0.01 and fitted.comm_fit_error < 0.01
+    assert fitted.input_examples_per_s == 50_000.0  # the slowest worker's
+
+
+def test_a_model_fitted_on_two_workers_predicts_steps_it_never_saw():
+    """Fitted on a two-worker run's probes, the model gives the step of 4, 16 and 64
+    workers, and of a batch it never timed, as the true constants make them."""
+    fitted = fit_cost_model(synthetic_probes())
+    for n, batch in ((4, 32), (16, 32), (64, 128)):
+        hops = 2 * (n - 1)
+        truth_step = C0 + C1 * batch + hops * ALPHA + hops / n * GRADIENTS / BANDWIDTH + SYNC
+        predicted = fitted.predict(n, None, "strong", global_batch=batch * n).step_s
+        assert predicted == pytest.approx(truth_step, rel=0.01), n
+
+
+def test_predictions_follow_the_ring_formula():
+    """On the measured link a byte costs the hosts' time (1 / BANDWIDTH); on a named link
+    of L bytes/s, that plus its wire time (1 / L), and the wire time overlaps the step's
+    waiting (SYNC): a slow wire hides it, a fast one is hidden by it."""
+    model = truth()
+    for link in (1.25e9, 1.25e7):  # 10 Gbit/s: wire time under SYNC; 100 Mbit/s: over it
+        for n in (1, 2, 8, 64):
+            hops = 2 * (n - 1)
+            wire = hops / n * GRADIENTS / link
+            for on, extra in ((None, 0.0), (link, wire)):
+                comm = hops * ALPHA + hops / n * GRADIENTS / BANDWIDTH if n > 1 else 0.0
+                step = C0 + C1 * BATCH + comm + (max(SYNC, extra) if n > 1 else 0)
+                p = model.predict(n, on, "weak")
+                assert p.step_s == pytest.approx(step), (link, n, on)
+                assert p.speedup == pytest.approx(n * (C0 + C1 * BATCH) / step)
+    # strong scaling keeps the global batch (64 here): 8 workers get 8 examples each
+    strong = model.predict(8, None, "strong", global_batch=64)
+    assert strong.step_s == pytest.approx(
+        C0 + C1 * 8 + 14 * ALPHA + 1.75 * GRADIENTS / BANDWIDTH + SYNC
+    )
+    # a faster link helps only the wire time; the per-hop latency and the hosts' time stay,
+    # and a wire faster than the waiting it overlaps costs nothing more
+    slow, fast, faster = (
+        model.predict(64, b, "weak").step_s for b in (BANDWIDTH / 10, BANDWIDTH, 100 * BANDWIDTH)
+    )
+    assert slow > fast > faster == model.predict(64, None, "weak").step_s
+
+
+def test_an_epochs_fixed_cost_sets_the_dataset_size_below_which_it_binds():
+    """e0 is fitted from the history (the traced first epoch left out); D* = e0 * rate."""
+    probes = dict(synthetic_probes(), step_examples=2 * BATCH, end_to_end_s=0.002)
+    e0 = 0.25
+    history = [
+        {"seconds": 5.0 + steps * 0.002, "examples": steps * 2 * BATCH} for steps in (100,)
+    ] + [
+        {"seconds": e0 + jitter + steps * 0.002, "examples": steps * 2 * BATCH}
+        for steps, jitter in ((100, 0.01), (50, -0.01), (100, 0.0))
+    ]
+    model = fit_cost_model(probes, history)
+    assert model.epoch_overhead_s == pytest.approx(e0)
+    for n in (1, 8, 64):
+        p = model.predict(n, None, "weak")
+        assert p.epoch_bound_below == pytest.approx(e0 * p.examples_per_s)
+    # more workers, more throughput: a dataset of a given size is epoch-bound sooner
+    points = [model.predict(n, None, "weak").epoch_bound_below for n in (1, 8, 64)]
+    assert points == sorted(points)
+    assert fit_cost_model(probes).epoch_overhead_s == 0.0  # no history: unknown, not guessed
+
+
+def test_a_slow_input_pipeline_caps_the_forecast():
+    model = truth()
+    starved = CostModel(**{**model.__dict__, "input_examples_per_s": 1000.0})
+    p = starved.predict(4, None, "weak")
+    assert p.bottleneck == "input" and p.step_s == pytest.approx(BATCH / 1000.0)
+
+
+def test_links_and_presets():
+    links = links_from([10], ["pcie4-x16"], truth())
+    assert links == {"measured": pytest.approx(1.0), "10 Gbit/s": 10, "pcie4-x16": 252.0}
+    result = forecast(truth(), links, [1, 2, 4])
+    assert [p.workers for p in result.predictions["pcie4-x16"]] == [1, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected", "exit_code"),
+    [  # 2: usage (the flags are wrong); 1: an input is missing
+        (["--preset", "pcie9"], "unknown link preset 'pcie9'", 2),
+        (["--workers", "0,2"], "worker counts must be 1 or more", 2),
+        (["--link-gbit", "-1"], "a rate must be above 0", 2),
+        (["--workers", "two"], "expected a comma-separated list", 2),
+        (["--dataset", "nothing-here"], "no run of 'nothing-here' with all-reduce", 1),
+        (["--run-dir", "/nonexistent/run"], "no completed run in /nonexistent/run", 1),
+    ],
+)
+def test_bad_forecast_input_is_one_line_naming_the_fix(argv, expected, exit_code, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "digits" / "mw"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
+    args = ["--params", DEFAULTS, "forecast", "--runs-dir", str(tmp_path / "runs"), "--no-track"]
+    try:
+        code = main([*args, *argv])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == exit_code, (code, err)
+    assert expected in err and "Traceback" not in err
+    assert err.startswith("error: ") or "error: argument" in err
+    assert not (run_dir / "forecast.json").exists()  # nothing half-written
+
+
+def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "digits" / "mw"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
+    code = main(
+        [
+            "--params",
+            DEFAULTS,
+            "forecast",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--workers",
+            "1,2,4",
+            "--preset",
+            "ethernet-10g",
+            "--no-track",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "ethernet-10g" in out and "measured (1 Gbit/s)" in out
+    assert "epoch-bound below" in out and "an epoch's fixed cost 0 ms" in out  # no history
+    saved = json.loads((run_dir / "forecast.json").read_text())
+    assert [p["workers"] for p in saved["predictions"]["ethernet-10g"]] == [1, 2, 4]
+    assert (run_dir / "forecast_speedup.png").stat().st_size > 10_000
+    assert (run_dir / "forecast_efficiency.png").stat().st_size > 10_000
+
+
+def test_a_rate_with_no_cost_per_byte_reads_so_and_is_null_in_json():
+    """Devices in one process: the all-reduce did not grow with its size."""
+    flat = dict(synthetic_probes(), comm_s_by_bytes=[[1e4, 2e-4], [1e5, 2e-4], [1e6, 2e-4]])
+    model = fit_cost_model(flat)
+    result = forecast(model, links_from([], ["ethernet-1g"], model), [1, 2])
+    assert "no cost per byte measured" in format_forecast(result)
+    assert json.loads(json.dumps(result.to_dict()))["links_gbit"]["measured"] is None
+    assert model.predict(2, 1.25e7, "weak").step_s > model.predict(2, None, "weak").step_s

@@ -1,0 +1,283 @@
+"""The scaling sweep on a tiny grid: a child run per cell, table and charts holding every
+cell, and repeated cells reused instead of re-run."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tasks.report.forecast import fit_cost_model
+from tasks.report.scaling_grid import Cell, plan_cells, tabulate
+from tasks.settings.config import load_config
+
+
+def test_plan_always_includes_one_replica():
+    config = load_config(
+        None, {"sweep.replicas": [2, 4], "sweep.dataset_sizes": [100], "sweep.batch_sizes": [8, 16]}
+    )
+    cells = plan_cells(config)
+    assert len(cells) == 2 * 3
+    assert {c.replicas for c in cells} == {1, 2, 4}
+
+
+def test_speedup_divides_by_the_groups_one_replica_cell():
+    cells = [
+        Cell(100, 8, "weak", "float32", 1),
+        Cell(100, 8, "weak", "float32", 2),
+        Cell(200, 8, "weak", "float32", 1),
+        Cell(200, 8, "weak", "float32", 2),
+    ]
+    results = [
+        {"examples_per_s": v, "strategy": "s", "bottleneck": "b", "run_dir": "d"}
+        for v in (100.0, 150.0, 200.0, 400.0)
+    ]
+    rows = tabulate(cells, results)
+    assert [r.speedup for r in rows] == [1.0, 1.5, 1.0, 2.0]
+    assert [r.scaling_efficiency for r in rows] == [1.0, 0.75, 1.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    from flows.sweep import sweep_flow
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    config = load_config(
+        None,
+        {
+            "prepare.data_dir": str(tmp / "data"),
+            "train.runs_dir": str(tmp / "runs"),
+            "sweep.replicas": [1, 2],
+            "train.measure_rounds": 3,  # the cells' measurement at a few blocks' effort
+            "sweep.dataset_sizes": [256, 512],
+            "sweep.model": "mlp",
+            "sweep.epochs": 2,
+            "sweep.precision": ["float32"],
+            "sweep.out_dir": str(tmp / "out"),
+            "track.store_dir": str(tmp / "mlflow"),
+        },
+    )
+    first = sweep_flow(config)
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+    second = sweep_flow(config)
+    reused = stamps == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+    # a cell whose run directory is gone is trained again; the others are still reused
+    gone = sorted(stamps)[0]
+    shutil.rmtree(gone.parent)
+    sweep_flow(config)
+    after_delete = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
+    # another checkout (its own runs directory) never reuses this one's cells
+    other = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, runs_dir=str(tmp / "other" / "runs"))
+    )
+    sweep_flow(other)
+    return {
+        "tmp": tmp,
+        "rows": (first, second),
+        "reused": reused,
+        "deleted": gone,
+        "stamps": stamps,
+        "after_delete": after_delete,
+    }
+
+
+@pytest.mark.integration
+def test_every_cell_has_a_child_run_with_metrics(swept):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{swept['tmp']}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    assert len(parents) == 4
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == 4
+    for child in children:
+        assert {"examples_per_s", "speedup", "scaling_efficiency", "loss"} <= set(
+            child.data.metrics
+        )
+        assert child.data.tags["bottleneck"]
+    artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert {"sweep.csv", "sweep.json", "speedup.png", "efficiency.png"} <= artifacts
+
+
+@pytest.mark.integration
+def test_table_and_charts_hold_every_cell(swept):
+    out = swept["tmp"] / "out"
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert sorted((int(r["size"]), int(r["replicas"])) for r in rows) == [
+        (256, 1),
+        (256, 2),
+        (512, 1),
+        (512, 2),
+    ]
+    for size in (256, 512):
+        one, two = (
+            next(r for r in rows if int(r["size"]) == size and r["replicas"] == n)
+            for n in ("1", "2")
+        )
+        base, cell = (
+            json.loads((Path(r["run_dir"]) / "metrics.json").read_text()) for r in (one, two)
+        )
+        # the speedup: the 2-replica cell against one device in the same alternating rounds
+        # (its diagnosis.json), the ratio of their medians, with the rounds' range
+        rates = json.loads((Path(two["run_dir"]) / "diagnosis.json").read_text())["rounds"]
+        run, one = (
+            statistics.median(rates["rates"][k]) for k in ("end_to_end", "one_device_replica_batch")
+        )
+        assert float(two["speedup"]) == pytest.approx(run / one)
+        assert float(two["speedup_low"]) <= float(two["speedup"]) <= float(two["speedup_high"])
+        # the forecast column: the 2-replica cell's own probes, against that same baseline
+        predicted = fit_cost_model(cell["probes"], cell["history"]).predict(2, None, "weak")
+        assert float(two["forecast_speedup"]) == pytest.approx(
+            predicted.examples_per_s / base["examples_per_s"]
+        )
+    assert (out / "speedup.png").stat().st_size > 5000
+    assert (out / "efficiency.png").stat().st_size > 5000
+
+
+@pytest.mark.integration
+def test_repeated_cells_are_reused(swept):
+    first, second = swept["rows"]
+    assert swept["reused"]
+    assert [r.examples_per_s for r in first] == [r.examples_per_s for r in second]
+
+
+@pytest.mark.integration
+def test_a_cell_whose_run_directory_is_gone_is_trained_again(swept):
+    after = swept["after_delete"]
+    assert swept["deleted"] in after  # made again
+    untouched = {p: t for p, t in swept["stamps"].items() if p != swept["deleted"]}
+    assert {p: after[p] for p in untouched} == untouched  # the others reused
+
+
+@pytest.mark.integration
+def test_cached_results_live_in_the_project_and_do_not_cross_checkouts(swept):
+    tmp = swept["tmp"]
+    assert list((tmp / "runs" / ".prefect-results").iterdir())
+    other = list((tmp / "other" / "runs").rglob("metrics.json"))
+    assert len(other) == 4  # every cell trained afresh for the other checkout
+
+
+def test_links_need_worker_processes():
+    from tasks.settings.config import ConfigError
+
+    links = {"sweep.link_gbit": [0, 1], "sweep.replicas": [2], "sweep.dataset_sizes": [64]}
+    with pytest.raises(ConfigError, match="sweep.strategy: multi_worker"):
+        plan_cells(load_config(None, links))
+    cells = plan_cells(load_config(None, {**links, "sweep.strategy": "multi_worker"}))
+    # one baseline (it has no link), each cell of more replicas once per link
+    assert [(c.replicas, c.link_gbit) for c in cells] == [(1, None), (2, 0.0), (2, 1.0)]
+
+
+@pytest.mark.cluster
+def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
+    """Two worker processes on emulated hosts, over a full-speed link and over one shaped
+    to 0.1 Gbit/s: the sweep measures both; on the shaped link the all-reduce grows and the
+    cell is diagnosed communication-bound; the shaped line's forecast (from the full-speed
+    cell's measurements and the rate alone) lands near its measured step. The hosts are
+    gone afterwards. (1 Gbit/s is not checked: there the wire adds less to a step than the
+    step moves between runs, docs/forecast.md.)"""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from helpers import needs
+
+    from flows.sweep import sweep_flow
+    from tasks.distribute import netlab
+    from tasks.report.scaling_grid import forecast_lines, plan_cells
+
+    needs(netlab.available(), "emulated hosts for the link axis")
+    config = load_config(
+        None,
+        {  # its own data: two workers re-shard digits, which the session's copy must not see
+            "prepare.data_dir": str(tmp_path / "data"),
+            "train.runs_dir": str(tmp_path / "runs"),
+            "sweep.replicas": [2],
+            "sweep.dataset_sizes": [0],
+            "sweep.batch_sizes": [32],
+            "sweep.model": "mlp",
+            "sweep.epochs": 2,
+            "sweep.precision": ["float32"],
+            "sweep.strategy": "multi_worker",
+            "sweep.link_gbit": [0, 0.1],
+            "sweep.out_dir": str(tmp_path / "out"),
+            "track.store_dir": str(tmp_path / "mlflow"),
+        },
+    )
+    rows = sweep_flow(config)
+    names = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert f"tfs{os.getpid() % 100000}n" not in names  # every emulated host deleted
+    by_link = {r.link_gbit: r for r in rows}
+    assert set(by_link) == {None, 0.0, 0.1}
+    full, slow = by_link[0.0], by_link[0.1]
+    assert slow.speedup < full.speedup
+    diagnosed = {
+        link: json.loads((Path(r.run_dir) / "diagnosis.json").read_text())
+        for link, r in by_link.items()
+    }
+    slow_d, full_d = diagnosed[0.1], diagnosed[0.0]
+    assert slow.bottleneck == slow_d["bottleneck"] == "communication-bound", slow_d
+    assert slow_d["measured_in"] == "2 worker processes"
+    assert slow_d["comm_share"] > 0.5 and slow_d["comm_seconds"] > 3 * full_d["comm_seconds"]
+    assert full.forecast_speedup and slow.forecast_speedup < full.forecast_speedup
+    cells = plan_cells(config)
+    results = [
+        {**json.loads((Path(r.run_dir) / "metrics.json").read_text()), "bottleneck": ""}
+        for r in rows
+    ]
+    (slow_cell,) = [c for c in cells if c.link_gbit == 0.1]
+    predicted = {p.workers: p for p in forecast_lines(cells, results)[slow_cell.line]}[2]
+    measured = results[cells.index(slow_cell)]["probes"]["step_s"]
+    print(f"\n0.1 Gbit/s: forecast step {predicted.step_s * 1000:.2f} ms, measured "
+          f"{measured * 1000:.2f} ms: {predicted.step_s / measured:.2f}")  # fmt: skip
+    # as in test_cluster: a step of a few ms on two shared cores moves by a quarter between
+    # runs; a forecast blind to the link would be near 0.3 here
+    assert 0.6 <= predicted.step_s / measured <= 1.5
+    for chart in ("speedup.png", "speedup_by_link.png"):
+        assert (tmp_path / "out" / chart).stat().st_size > 5000
+
+
+@pytest.mark.integration  # a Prefect flow
+def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
+    """`sweep.strategy: pipeline`: its replicas are stages (a device each), each count once
+    per `sweep.micro_batches`, against one device at the same batch."""
+    from flows.sweep import sweep_flow
+
+    config = load_config(
+        None,
+        {
+            "prepare.data_dir": str(tmp_path / "data"),
+            "train.runs_dir": str(tmp_path / "runs"),
+            "sweep.strategy": "pipeline",
+            "train.measure_rounds": 3,
+            "sweep.replicas": [1, 2],
+            "sweep.micro_batches": [1, 4],
+            "sweep.dataset_sizes": [512],
+            "sweep.batch_sizes": [32],
+            "sweep.model": "mlp",
+            "sweep.epochs": 1,
+            "sweep.precision": ["float32"],
+            "sweep.out_dir": str(tmp_path / "out"),
+            "track.store_dir": str(tmp_path / "mlflow"),
+        },
+    )
+    rows = sweep_flow(config)
+    shape = [(r.replicas, r.micro_batches, r.strategy) for r in rows]
+    assert shape == [(1, None, "one_device"), (2, 1, "pipeline"), (2, 4, "pipeline")]
+    for row in rows[1:]:
+        metrics = json.loads((Path(row.run_dir) / "metrics.json").read_text())
+        assert (metrics["stages"], metrics["micro_batches"]) == (2, row.micro_batches)
+        assert row.speedup_low <= row.speedup <= row.speedup_high  # measured in rounds
+        assert row.run_name.endswith(f"-r2-m{row.micro_batches}")
+    assert rows[0].speedup == 1.0
+    assert (tmp_path / "out" / "speedup.png").exists()

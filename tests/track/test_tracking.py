@@ -1,0 +1,223 @@
+"""The typed tracking boundary: result fields logged by their type into a real SQLite
+store that the test hands the tracker (nothing patched, no environment changed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import pytest
+from helpers import ROOT
+
+from tasks.core.fields import PARAM, fields_by_type
+from tasks.core.files import write_json_atomic
+from tasks.core.progress import EpochWatcher
+from tasks.track.tracking import EpochLog, Tracker, rounded
+from tasks.train.training import TrainResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A result with one field of each kind, as a new result type would have."""
+
+    batch: int = dataclasses.field(default=64, metadata=PARAM)
+    rate: float = 1234.5
+    steps: int = 7
+    bottleneck: str = "compute-bound"
+    resumed: bool = False
+    history: list = dataclasses.field(default_factory=lambda: [{"epoch": 1}])
+    missing: float | None = None
+
+
+def test_fields_are_sorted_by_type_and_marked_params():
+    metrics, params, tags = fields_by_type(Probe(), prefix="probe_")
+    assert metrics == {"probe_rate": 1234.5, "probe_steps": 7.0}
+    assert params == {"probe_batch": "64"}
+    assert tags == {"probe_bottleneck": "compute-bound", "probe_resumed": "False"}
+
+
+def test_a_field_added_to_a_training_result_is_logged_without_touching_tracking():
+    Extended = dataclasses.make_dataclass(
+        "Extended",
+        [("peak_memory_mb", float, dataclasses.field(default=512.0))],
+        bases=(TrainResult,),
+        frozen=True,
+    )
+    result = Extended(
+        "runs/x", "runs/x/model.keras", "mirrored", "why", 2, 1, "float32", 32, 64, 1, 0.002, 10
+    )
+    metrics, params, tags = fields_by_type(result)
+    assert metrics["peak_memory_mb"] == 512.0
+    assert params["replicas"] == "2" and params["strategy"] == "mirrored"
+    assert "history" not in metrics and tags["run_dir"] == "runs/x"
+
+
+def test_a_tracker_logs_a_result_into_the_store_it_was_given(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    environment = dict(os.environ)
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    parent = tracker.start_run("parent", {"kind": "test"})
+    child = tracker.start_run("child", {}, parent_id=parent)
+    tracker.log_result(child, Probe())
+    tracker.log_history(child, [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": 0.25}])
+    tracker.finish(child)
+    tracker.finish(parent)
+    assert dict(os.environ) == environment
+    assert (tmp_path / "store" / "mlflow.db").exists()
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracker.uri).get_run(child)
+    assert run.data.metrics["rate"] == 1234.0 and run.data.params["batch"] == "64"  # rounded
+    assert run.data.tags["bottleneck"] == "compute-bound"
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.info.run_name == "child"  # a child is named by its role under the parent
+    top = MlflowClient(tracker.uri).get_run(parent).info
+    assert top.run_name == f"parent-{parent[:6]}"  # a top-level run also by its id's start
+    history = MlflowClient(tracker.uri).get_metric_history(child, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
+
+
+def test_figures_are_rounded_to_four_significant_digits():
+    assert rounded(1.3180673662313493) == 1.318
+    assert rounded(0.0028123) == 0.002812
+    assert rounded(62059.4) == 62060.0
+
+
+def test_system_metrics_are_logged_rounded(tmp_path):
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    run = tracker.start_run("run", {}, system_metrics=True)
+    deadline = time.monotonic() + 30
+    while not tracker.client.get_run(run).data.metrics and time.monotonic() < deadline:
+        time.sleep(0.5)
+    tracker.finish(run)
+    metrics = tracker.client.get_run(run).data.metrics
+    assert any(name.startswith("system/") for name in metrics), metrics
+    assert all(value == rounded(value) for value in metrics.values()), metrics
+
+
+def test_a_failed_pipeline_leaves_no_run_running(tmp_path):
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    parent = tracker.start_run("parent", {})
+    live = EpochLog(tracker, tracker.start_run("baseline", {}, parent_id=parent))
+    live({"epoch": 1, "loss": 0.5, "accuracy": 0.8})
+    tracker.fail(parent, "RuntimeError('worker 1 died')")
+
+    client = tracker.client
+    assert client.get_run(parent).info.status == "FAILED"
+    assert client.get_run(parent).data.tags["error"] == "RuntimeError('worker 1 died')"
+    assert client.get_run(live.run_id).info.status == "FAILED"
+    assert client.get_run(live.run_id).data.metrics == {"loss": 0.5, "accuracy": 0.8}
+
+
+def test_epochs_reach_the_callback_while_the_training_writes_them(tmp_path):
+    """The watcher follows history.json as the training process rewrites it."""
+    seen: list[tuple[int, float]] = []
+    path = tmp_path / "history.json"
+    history: list[dict] = []
+    with EpochWatcher(tmp_path, 3, "test", lambda e: seen.append((e["epoch"], time.time())), 0.05):
+        for epoch in (1, 2, 3):
+            history.append(
+                {"epoch": epoch, "loss": 1 / epoch, "accuracy": 0.5, "examples_per_s": 9}
+            )
+            write_json_atomic(path, history)
+            wrote = time.time()
+            deadline = wrote + 10
+            while len(seen) < epoch and time.time() < deadline:
+                time.sleep(0.01)
+            assert [e for e, _ in seen] == list(range(1, epoch + 1))  # before the next epoch
+    assert [e for e, _ in seen] == [1, 2, 3]
+
+
+def test_a_resumed_run_does_not_report_its_earlier_epochs_again(tmp_path):
+    write_json_atomic(
+        tmp_path / "history.json",
+        [{"epoch": 1, "loss": 1.0, "accuracy": 0.5, "examples_per_s": 9}],
+    )
+    seen: list[dict] = []
+    with EpochWatcher(tmp_path, 2, "test", seen.append, 0.05):
+        pass
+    assert seen == []
+
+
+BAR_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from tasks.core.progress import EpochWatcher
+run_dir = Path(sys.argv[1])
+history = []
+with EpochWatcher(run_dir, 3, "baseline", interval_s=0.05):
+    for epoch in (1, 2, 3):
+        history.append({"epoch": epoch, "loss": 0.5, "accuracy": 0.75, "examples_per_s": 9})
+        (run_dir / "history.json").write_text(json.dumps(history))
+        time.sleep(0.3)
+"""
+
+
+@pytest.mark.integration
+def test_a_terminal_shows_a_progress_bar_per_training(tmp_path):
+    """On a real pseudo-terminal, as a user's shell runs it."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BAR_SCRIPT, str(tmp_path)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    os.close(slave)
+    out = b""
+    while select.select([master], [], [], 30)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=30) == 0
+    text = out.decode(errors="replace")
+    assert "baseline" in text and "0/3" in text and "3/3" in text
+    assert "acc 0.7500" in text
+
+
+def test_the_quiet_console_drops_only_the_expected_warnings():
+    """TensorFlow's retracing warning (the diagnosis builds a runner per configuration on
+    purpose) stays off the console; any other warning reaches it."""
+    import logging
+
+    from tasks.core.process import _quiet_console
+
+    def record(level: int, message: str, name: str = "tensorflow") -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+    retraced = "5 out of the last 14 calls to <function f> triggered tf.function retracing."
+    assert not _quiet_console(record(logging.WARNING, retraced))
+    assert _quiet_console(record(logging.WARNING, "a real problem"))
+    assert not _quiet_console(record(logging.INFO, "a library notice"))
+    assert _quiet_console(record(logging.INFO, "a stage line", name="tasks.core.progress"))
+
+
+def test_links_point_where_the_ui_is(tmp_path):
+    """The configured UI address (`track.ui_url`, where `tfscale ui` serves), or the
+    tracking server itself; never a port the UI is not on."""
+    from tasks.settings.config import load_config
+
+    (tmp_path / "params.yaml").write_text("track:\n  ui_url: http://10.0.0.7:5123\n")
+    track = load_config(tmp_path / "params.yaml").track
+    assert track.ui_url == "http://10.0.0.7:5123"
+    local = Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/mlflow.db", ui_url=track.ui_url)
+    assert local.ui_base == "http://10.0.0.7:5123"
+    assert Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/m.db").ui_base == "http://127.0.0.1:5000"
+    server = Tracker(tmp_path, uri="http://mlflow.internal:8080", ui_url=track.ui_url)
+    assert server.ui_base == "http://mlflow.internal:8080"
