@@ -39,7 +39,7 @@ def cache_dir(config: Config) -> Path:
     return Path(config.train.runs_dir).resolve() / ".prefect-results"
 
 
-def cached(task_: Any, config: Config, files_present: bool) -> Any:
+def cached(task_: Any, config: Config, *, files_present: bool) -> Any:
     """`task_` reading and writing the project's cache; a cached result whose files are
     gone (`files_present` false) is computed again and replaces the cached one."""
     return task_.with_options(result_storage=cache_dir(config), refresh_cache=not files_present)

@@ -1,4 +1,10 @@
-"""What each `tfscale` subcommand does once its config is loaded."""
+"""What each `tfscale` subcommand does once its config is loaded.
+
+Each command imports what it uses inside its own function: a DVC stage runs one command
+and depends on exactly the modules that command imports (`dvc.yaml` lists them and
+`tests/flows/test_dvc.py` checks the list), so `prepare` does not re-run when the
+forecast's code changes; and TensorFlow (about 8 s to import), Prefect and MLflow are paid
+only by the commands that use them."""
 
 from __future__ import annotations
 
@@ -11,33 +17,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from flows.prefect_api import temporary_api
-from tasks.core.errors import MissingInput, UserError
-from tasks.core.network import port_taken
-from tasks.core.process import import_tensorflow, set_up_devices
-from tasks.core.progress import stage
-from tasks.data.manifest import verify_shards
-from tasks.data.preparation import dataset_dir, format_summary, prepare_dataset
-from tasks.distribute import cluster
-from tasks.distribute.cluster import CHIEF, EVALUATOR, SERVER, role_of
-from tasks.distribute.hardware import detect_hardware, format_report
-from tasks.distribute.run import Run
-from tasks.distribute.strategy import baseline_choice, select_strategy
-from tasks.measure.autotune import format_line
-from tasks.report.forecast import check_request
-from tasks.report.forecast_report import forecast_run, format_forecast, probed_run
-from tasks.report.scaling_grid import format_table
 from tasks.settings.config import Config
-from tasks.track.tracking import EpochLog, Tracker
 
 
 def prepare(config: Config, args: argparse.Namespace) -> int:
+    from tasks.data.preparation import format_summary, prepare_dataset
+
     result = prepare_dataset(config, force=args.force, progress=not args.no_progress)
     print(format_summary(result))
     return 0
 
 
 def verify(config: Config, args: argparse.Namespace) -> int:
+    from tasks.data.manifest import verify_shards
+    from tasks.data.preparation import dataset_dir
+
     manifest = verify_shards(dataset_dir(config), config.prepare.dataset)
     print(
         f"ok: {len(manifest.shards)} shards of {manifest.dataset} in {dataset_dir(config)} "
@@ -47,6 +41,9 @@ def verify(config: Config, args: argparse.Namespace) -> int:
 
 
 def hardware(config: Config, args: argparse.Namespace) -> int:
+    from tasks.distribute.hardware import detect_hardware, format_report
+    from tasks.distribute.strategy import select_strategy
+
     report = detect_hardware()
     choice = select_strategy(report, config.train)
     if args.json:
@@ -68,8 +65,16 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 
 
 def train(config: Config, args: argparse.Namespace) -> int:
+    from tasks.core.process import set_up_devices
+    from tasks.data.manifest import verify_shards
+    from tasks.data.preparation import dataset_dir
+    from tasks.distribute import cluster
+    from tasks.distribute.cluster import CHIEF, EVALUATOR, SERVER, role_of
+    from tasks.distribute.hardware import detect_hardware
+    from tasks.distribute.run import Run
+    from tasks.distribute.strategy import baseline_choice, select_strategy
+
     if args.against_baseline:  # the baseline it joins, named before any work
-        # TensorFlow (about 8 s to import) only where a command trains or evaluates
         from tasks.report.execute import load_exported
 
         load_exported(Path(args.against_baseline))
@@ -92,7 +97,6 @@ def train(config: Config, args: argparse.Namespace) -> int:
         run = run.with_choice(baseline_choice(run.choice))
     choice = run.choice
     if role == EVALUATOR:
-        # TensorFlow (about 8 s to import) only where a command trains or evaluates
         from tasks.report.execute import evaluate_as_sidecar
 
         print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
@@ -111,7 +115,7 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     """What `auto` left open, measured (`tasks.measure.autotune`). A baseline, or a run compared
     with one (`--against-baseline`, as the DVC stages are), keeps the proposed replicas and
     settles precision and XLA for them, so that both sides share them and one measurement."""
-    # TensorFlow (about 8 s to import) only where a command trains or evaluates
+    from tasks.measure.autotune import format_line
     from tasks.report.execute import settle_auto
 
     compared = args.baseline or args.against_baseline is not None
@@ -121,15 +125,15 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     return run
 
 
-def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool, compared: Any) -> None:
+def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compared: Any) -> None:
     """Trains and diagnoses `run`, logged as an MLflow run of its own when `tracked` (a
     cluster's chief, or a run of one process), then exports and reports it. A baseline
     opens the pipeline run its comparison nests under (`compared`: what it is the baseline
     of); a run `--against-baseline DIR` joins the pipeline of the baseline in DIR."""
-    # TensorFlow (about 8 s to import) only where a command trains or evaluates
     from tasks.measure.diagnosis import format_diagnosis
     from tasks.report.execute import export_run, train_and_diagnose
     from tasks.track import command_runs as mlflow_runs
+    from tasks.track.tracking import EpochLog
 
     choice, manifest = run.choice, run.manifest
     kind = "baseline" if args.baseline else "train"
@@ -167,7 +171,9 @@ def _train_tracked(run: Any, args: argparse.Namespace, tracked: bool, compared: 
 
 
 def evaluate(config: Config, args: argparse.Namespace) -> int:
-    # TensorFlow (about 8 s to import) only where a command trains or evaluates
+    from tasks.core.errors import MissingInput
+    from tasks.data.manifest import verify_shards
+    from tasks.data.preparation import dataset_dir
     from tasks.report.execute import latest_run, load_exported, pipeline_of, trained_by
     from tasks.report.summary import compare_exported
     from tasks.track import command_runs as mlflow_runs
@@ -215,8 +221,9 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
+    from tasks.track.tracking import Tracker
+
     summary = _run_flow("flows.pipeline", "pipeline", config)
-    # TensorFlow (about 8 s to import) only where a command trains or evaluates
     from tasks.report.summary import format_summary
 
     tracker = Tracker.for_config(config.track)
@@ -229,6 +236,10 @@ def run(config: Config, args: argparse.Namespace) -> int:
 def _run_flow(module: str, name: str, config: Config) -> Any:
     """Runs a flow against a Prefect API that boots (unless PREFECT_API_URL names one)
     while the flow's module imports TensorFlow."""
+    from flows.prefect_api import temporary_api
+    from tasks.core.process import import_tensorflow
+    from tasks.core.progress import stage
+
     stage("start", "loading TensorFlow while a Prefect API starts")
     with temporary_api() as api:
         import_tensorflow()
@@ -238,6 +249,10 @@ def _run_flow(module: str, name: str, config: Config) -> Any:
 
 
 def ui(config: Config, args: argparse.Namespace) -> int:
+    from tasks.core.errors import UserError
+    from tasks.core.network import port_taken
+    from tasks.track.tracking import Tracker
+
     tracker = Tracker.for_config(config.track)
     uri = tracker.uri
     configured = urlsplit(config.track.ui_url)  # links point there: serve there unless told
@@ -282,7 +297,6 @@ def ui(config: Config, args: argparse.Namespace) -> int:
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:
-    # Prefect (1-2 s to import) only where a command serves or submits
     from flows.deployments import serve_deployments
 
     serve_deployments(args.params or "params.yaml", args.cron)
@@ -290,6 +304,10 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 
 
 def forecast(config: Config, args: argparse.Namespace) -> int:
+    from tasks.report.forecast import check_request
+    from tasks.report.forecast_report import forecast_run, format_forecast, probed_run
+    from tasks.track.tracking import Tracker
+
     check_request(args.workers, args.link_gbit, args.preset)  # usage errors first
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
     result, written = forecast_run(
@@ -305,8 +323,9 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
+    from tasks.report.scaling_grid import format_table
+
     if config.sweep.work_pool:
-        # Prefect (1-2 s to import) only where a command serves or submits
         from flows.pool import check_server
 
         check_server()  # before the flow: the pool's workers cannot reach a temporary one

@@ -34,7 +34,7 @@ def _prepare_task(config: config_mod.Config):
 def prepare_task(config: config_mod.Config):
     """Prepare, reusing the cached result only while its shards are still on disk."""
     present = shards_present(preparation.dataset_dir(config))
-    prepared = cached(_prepare_task, config, present)(config)
+    prepared = cached(_prepare_task, config, files_present=present)(config)
     stage("prepare", preparation.format_line(prepared, reused=present))
     return prepared
 
@@ -91,7 +91,7 @@ def _baseline_task(run: Run, on_epoch=None):
 def baseline_task(run: Run, on_epoch=None):
     """The baseline, reusing the cached result only while its run directory is intact."""
     complete = run.is_complete
-    result = cached(_baseline_task, run.config, complete)(run, on_epoch)
+    result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch)
     stage("baseline", execute.format_line(result) + ("" if not complete else " (reused)"))
     return result
 

@@ -39,7 +39,7 @@ def _cell_task(run: Run) -> dict:
 def cell_task(config, manifest, data_dir: str, report) -> dict:
     """One cell, reusing a cached result only while its run directory is intact."""
     run = Run(config, manifest, data_dir, strategy.select_strategy(report, config.train), report)
-    return cached(_cell_task, config, run.is_complete)(run)
+    return cached(_cell_task, config, files_present=run.is_complete)(run)
 
 
 @task(name="train the cells on a work pool")

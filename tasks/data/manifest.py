@@ -118,7 +118,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def shard_problems(manifest: Manifest, data_dir: str | Path, hashes: bool = True) -> list[str]:
+def shard_problems(manifest: Manifest, data_dir: str | Path, *, hashes: bool = True) -> list[str]:
     """Every shard that is missing, has the wrong size or (with `hashes`) the wrong sha256."""
     problems = []
     for shard in manifest.shards:

@@ -33,7 +33,7 @@ def dataset_dir(config: Config) -> Path:
     return Path(config.prepare.data_dir) / slug
 
 
-def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> PrepareResult:
+def prepare_dataset(config: Config, *, force: bool = False, progress: bool = True) -> PrepareResult:
     """Writes (or reuses) the shards for `config.prepare.dataset`.
 
     Args:
@@ -51,7 +51,7 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
     )
 
 
-def format_line(result: PrepareResult, reused: bool = False) -> str:
+def format_line(result: PrepareResult, *, reused: bool = False) -> str:
     """One line: the dataset, its splits and whether shards were written (`reused`: a
     cached result, nothing written this time)."""
     m = result.manifest

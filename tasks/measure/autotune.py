@@ -113,6 +113,7 @@ def candidates(
     choice: StrategyChoice,
     cfg: TrainConfig,
     report: HardwareReport,
+    *,
     for_pipeline: bool,
     examples: int = 0,
 ) -> list[Candidate]:
@@ -140,7 +141,7 @@ def candidates(
 
     # a memory budget or a split model: the batch its fit was checked at (train/stage_plan.py)
     fixed = bool(choice.device_memory_mb) or bool(choice.spec.splits)
-    per_shape = {shape: batches(cfg, shape[1], examples, fixed) for shape in shapes}
+    per_shape = {shape: batches(cfg, shape[1], examples, fixed=fixed) for shape in shapes}
     named = any(len(b) > 1 for b in per_shape.values())  # the batch is one of the choices
     return [
         Candidate(kind, replicas, precision, jit, batch if named else 0)
@@ -151,7 +152,7 @@ def candidates(
     ]
 
 
-def batches(cfg: TrainConfig, replicas: int, examples: int, fixed: bool = False) -> list[int]:
+def batches(cfg: TrainConfig, replicas: int, examples: int, *, fixed: bool = False) -> list[int]:
     """The per-replica batches `auto` measures on `replicas` replicas over a training split
     of `examples`: the config's own when it names one; else DEFAULT_BATCH and its
     multiples (`BATCH_FACTORS`) while an epoch keeps `MIN_UPDATES` updates (DEFAULT_BATCH
@@ -224,12 +225,15 @@ def settle(
     report: HardwareReport,
     manifest: Manifest,
     measure: Measure,
+    *,
     for_pipeline: bool = False,
 ) -> Settled:
     """`choice` and `cfg` with what `auto` left open chosen by `measure`
     (`probes.time_candidates`, or a stand-in given speeds), from the cache when this
     hardware, model and batch were measured by this code before."""
-    options = candidates(choice, cfg, report, for_pipeline, manifest.splits["train"])
+    options = candidates(
+        choice, cfg, report, for_pipeline=for_pipeline, examples=manifest.splits["train"]
+    )
     if len(options) == 1:
         return Settled(options[0].applied_to(choice), options[0].applied_to_config(cfg))
     path = _cache_path(cfg, report, manifest, options)

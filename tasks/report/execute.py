@@ -48,6 +48,7 @@ def run_training(
     probe_steps: int = 0,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
+    *,
     epoch_lines: bool = False,
 ) -> TrainResult:
     """Trains where the choice says: in this process, N local workers, a local PS cluster,
@@ -149,7 +150,7 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     )
 
 
-def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
+def settle_auto(run: Run, *, for_pipeline: bool = False) -> tuple[Run, Settled]:
     """`run` with what its config left to `auto` chosen by measuring the candidates on its
     own model and data (`tasks.measure.autotune`), or as proposed when there is one candidate."""
     from tasks.measure.probes import time_candidates
@@ -161,7 +162,9 @@ def settle_auto(run: Run, for_pipeline: bool = False) -> tuple[Run, Settled]:
     def measure(options: list) -> list:
         return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)
 
-    settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_pipeline)
+    settled = settle(
+        run.choice, run.train, run.report, run.manifest, measure, for_pipeline=for_pipeline
+    )
     return run.with_choice(settled.choice).with_train(settled.train), settled
 
 
@@ -170,6 +173,7 @@ def train_and_diagnose(
     probe_steps: int | None = None,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
     label: str = "",
+    *,
     epoch_lines: bool = False,
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
@@ -186,7 +190,9 @@ def train_and_diagnose(
         probe_steps = run.train.measure_steps
     in_place = cluster is not None or not choice.spec.runs_here
     with hold(run.run_dir) if run.writes_outputs else contextlib.nullcontext():
-        result = run_training(run, probe_steps if in_place else 0, on_epoch, label, epoch_lines)
+        result = run_training(
+            run, probe_steps if in_place else 0, on_epoch, label, epoch_lines=epoch_lines
+        )
         if not probe_steps or (cluster is not None and not cluster.is_chief):
             return result, None
         cpu_flags = run.report.cpu_flags

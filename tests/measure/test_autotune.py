@@ -28,7 +28,7 @@ def config(tmp_path=None, **train):
 
 def options(hw, for_pipeline=False, **train):
     cfg = config(**train)
-    return candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline)
+    return candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline=for_pipeline)
 
 
 def labels(found: list[Candidate]) -> list[str]:
@@ -80,7 +80,7 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
     nothing about the batch to measure, and the labels do not name it."""
     hw = report(flags=AMX)
     cfg = config()
-    pipeline = candidates(select_strategy(hw, cfg), cfg, hw, True, examples=8192)
+    pipeline = candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline=True, examples=8192)
     assert labels(pipeline) == [
         "2 replicas, float32, XLA off, batch 32",
         "2 replicas, float32, XLA off, batch 64",
@@ -88,18 +88,26 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
         "2 replicas, mixed_bfloat16, XLA off, batch 64",
     ]
     one = config(replicas=1, precision="float32", jit_compile=False)
-    found = candidates(select_strategy(hw, one), one, hw, False, examples=8192)
+    found = candidates(select_strategy(hw, one), one, hw, for_pipeline=False, examples=8192)
     assert [c.batch for c in found] == [32, 64, 128]
-    digits = candidates(select_strategy(hw, cfg), cfg, hw, True, examples=1437)
+    digits = candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline=True, examples=1437)
     assert {c.batch for c in digits} == {0}
     assert labels(digits) == ["2 replicas, float32, XLA off", "2 replicas, mixed_bfloat16, XLA off"]
     named = config(batch_size_per_replica=16)
-    assert {c.batch for c in candidates(select_strategy(hw, named), named, hw, True, 8192)} == {0}
+    assert {
+        c.batch
+        for c in candidates(select_strategy(hw, named), named, hw, for_pipeline=True, examples=8192)
+    } == {0}
 
     def batches_of(**train):
         cfg_ = config(**train)
         return sorted(
-            {c.batch for c in candidates(select_strategy(hw, cfg_), cfg_, hw, True, 8192)}
+            {
+                c.batch
+                for c in candidates(
+                    select_strategy(hw, cfg_), cfg_, hw, for_pipeline=True, examples=8192
+                )
+            }
         )
 
     assert batches_of(device_memory_mb=64.0) == [0]  # a memory budget checked at 32

@@ -1,0 +1,135 @@
+"""The gradient noise scale's estimators and what they predict (`tasks/measure/noise_scale.py`),
+checked against a problem whose true gradient and covariance are known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tasks.measure.noise_scale import (
+    Hyperbola,
+    NoiseScale,
+    efficiency,
+    fit_steps_hyperbola,
+    predicted_steps,
+    replicas_estimates,
+    step_progress,
+    two_batch_estimates,
+)
+
+
+class LinearRegression:
+    """Squared loss 0.5 (x.w - y)^2 with x ~ N(0, I_D), y = x.w* + noise of variance s2,
+    at a fixed w: a per-example gradient is g = x (x.d - n), d = w - w*. Then
+    G = E[g] = d and S = Cov(g) = d d^T + (|d|^2 + s2) I, so tr(S) = |d|^2 (1 + D) + D s2."""
+
+    def __init__(self, dim: int = 8, noise: float = 0.5, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.d = self.rng.normal(size=dim) * 0.3
+        self.dim, self.noise = dim, noise
+
+    @property
+    def sq_norm(self) -> float:
+        return float(self.d @ self.d)
+
+    @property
+    def trace(self) -> float:
+        return self.sq_norm * (1 + self.dim) + self.dim * self.noise**2
+
+    def gradients(self, n: int) -> np.ndarray:
+        """`n` per-example gradients, one a row."""
+        x = self.rng.normal(size=(n, self.dim))
+        residual = x @ self.d - self.rng.normal(scale=self.noise, size=n)
+        return x * residual[:, None]
+
+
+def test_the_two_batch_estimates_are_unbiased_for_a_known_gradient_and_covariance():
+    """Data-parallel steps of 4 replicas of 8 examples: each replica's squared norm before
+    the all-reduce and the all-reduced one's. Over 20,000 steps the mean of each estimate
+    lies within 3 standard errors of the truth (and the truth is not trivially met: B_simple
+    is about 12 here, between the two batches)."""
+    problem, replicas, per_replica, steps = LinearRegression(), 4, 8, 20_000
+    g2s, traces = [], []
+    for _ in range(steps):
+        grads = problem.gradients(replicas * per_replica).reshape(replicas, per_replica, -1)
+        replica_means = grads.mean(axis=1)
+        small = [float(g @ g) for g in replica_means]
+        big = replica_means.mean(axis=0)
+        g2, trace = replicas_estimates(small, per_replica, float(big @ big))
+        g2s.append(g2)
+        traces.append(trace)
+    for estimates, truth in ((g2s, problem.sq_norm), (traces, problem.trace)):
+        mean, se = np.mean(estimates), np.std(estimates) / math.sqrt(steps)
+        assert abs(mean - truth) < 3 * se, (mean, truth, se)
+        assert se < 0.05 * truth  # precise enough for the check to mean something
+    assert 8 < problem.trace / problem.sq_norm < 32
+
+
+def test_the_moving_average_is_bias_corrected_and_skips_non_finite_steps():
+    scale = NoiseScale(beta=0.9)
+    assert math.isnan(scale.value())
+    scale.update(2.0, 10.0)
+    assert scale.sq_norm == pytest.approx(2.0) and scale.value() == pytest.approx(5.0)
+    scale.update(math.nan, 10.0)  # a step whose loss scale overflowed
+    scale.update(2.0, math.inf)
+    assert scale.value() == pytest.approx(5.0)
+    for _ in range(50):
+        scale.update(1.0, 10.0)
+    assert scale.value() == pytest.approx(10.0, rel=0.02)
+    scale.update(-5.0, 10.0)  # two replicas' |G|^2 estimate below zero: clamped, not negative
+    assert NoiseScale().value() != NoiseScale().value()  # nan before any step
+    gone = NoiseScale()
+    gone.update(-1.0, 3.0)
+    assert gone.value() == math.inf
+
+
+def test_the_efficiency_is_one_with_all_signal_the_base_over_the_batch_with_all_noise():
+    m0, m = 32, 512
+    assert efficiency(1e12, m0, m) == pytest.approx(1.0, rel=1e-6)
+    assert efficiency(math.inf, m0, m) == 1.0
+    assert efficiency(0.0, m0, m) == pytest.approx(m0 / m)
+    phis = [0.0, 1, 10, 100, 1_000, 10_000]
+    by_phi = [efficiency(phi, m0, m) for phi in phis]
+    assert by_phi == sorted(by_phi) and all(0 < e <= 1 for e in by_phi)
+    for phi in phis:
+        by_batch = [efficiency(phi, m0, b) for b in (32, 64, 128, 1024)]
+        assert by_batch == sorted(by_batch, reverse=True) and max(by_batch) <= 1
+        assert step_progress(phi, m0, m0) == 1.0
+
+
+def test_predicted_steps_go_from_perfect_scaling_to_none_as_the_noise_scale_falls():
+    base_steps, m0, m = 600, 32, 128
+    assert predicted_steps([1e12] * base_steps, m0, m) == pytest.approx(base_steps * m0 / m)
+    assert predicted_steps([0.0] * base_steps, m0, m) == pytest.approx(base_steps)
+    # a rising trajectory (the noise scale grows as training goes on): between the two
+    rising = list(np.linspace(40, 200, base_steps))
+    assert base_steps * m0 / m < predicted_steps(rising, m0, m) < base_steps
+    assert predicted_steps(rising, m0, m0) == pytest.approx(base_steps)
+    # the figures FACTS records for digits: phi about 200, M = 512 from M0 = 32
+    assert predicted_steps([200.0] * 550, 32, 512) == pytest.approx(550 * 32 / 512 * 712 / 232)
+
+
+def test_the_hyperbola_fit_recovers_the_planted_minimum_steps_and_examples():
+    planted = Hyperbola(s_min=150.0, b_noise=400.0)
+    batches = [16, 32, 64, 128, 512]
+    fitted = fit_steps_hyperbola(batches, [planted.steps(b) for b in batches])
+    assert fitted.s_min == pytest.approx(150.0) and fitted.e_min == pytest.approx(60_000.0)
+    assert fitted.b_crit == pytest.approx(400.0)
+    rng = np.random.default_rng(3)
+    noisy = [planted.steps(b) * rng.normal(1, 0.03) for b in batches]
+    rough = fit_steps_hyperbola(batches, noisy)
+    assert rough.s_min == pytest.approx(150.0, rel=0.2)
+    assert rough.e_min == pytest.approx(60_000.0, rel=0.2)
+
+
+def test_bad_inputs_are_refused_with_what_is_needed():
+    with pytest.raises(ValueError, match="small batch < big batch"):
+        two_batch_estimates(64, 1.0, 32, 1.0)
+    with pytest.raises(ValueError, match="at least 2 replicas"):
+        replicas_estimates([1.0], 32, 1.0)
+    with pytest.raises(ValueError, match="three or more"):
+        fit_steps_hyperbola([32, 64], [100, 60])
+    with pytest.raises(ValueError, match="do not fall"):
+        fit_steps_hyperbola([32, 64, 128], [50, 100, 200])
