@@ -119,7 +119,7 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     from tasks.report.execute import settle_auto
 
     compared = args.baseline or args.against_baseline is not None
-    run, settled = settle_auto(run, for_pipeline=compared)
+    run, settled = settle_auto(run, for_study=compared)
     if settled.timed:
         print(f"auto: {format_line(settled)}", flush=True)
     return run
@@ -128,8 +128,8 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
 def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compared: Any) -> None:
     """Trains and diagnoses `run`, logged as an MLflow run of its own when `tracked` (a
     cluster's chief, or a run of one process), then exports and reports it. A baseline
-    opens the pipeline run its comparison nests under (`compared`: what it is the baseline
-    of); a run `--against-baseline DIR` joins the pipeline of the baseline in DIR."""
+    opens the study run its comparison nests under (`compared`: what it is the baseline
+    of); a run `--against-baseline DIR` joins the study of the baseline in DIR."""
     from tasks.measure.diagnosis import format_diagnosis
     from tasks.report.execute import export_run, train_and_diagnose
     from tasks.track import command_runs as mlflow_runs
@@ -144,22 +144,22 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compare
     )
     params = mlflow_runs.training_params(run)
     against = Path(args.against_baseline) if args.against_baseline else None
-    pipeline = mlflow_runs.pipeline_run(
+    study = mlflow_runs.study_run(
         tracker, compared, tags, params, baseline=args.baseline, against=against
     )
     name = (
         ("baseline" if args.baseline else "distributed")
-        if pipeline
+        if study
         else f"{kind}-{manifest.dataset}-{choice.kind}"
     )
-    with mlflow_runs.training_run(tracker, name, tags, pipeline) as run_id:
+    with mlflow_runs.training_run(tracker, name, tags, study) as run_id:
         live = EpochLog(tracker, run_id) if tracker else None
         probe_steps = 0 if args.no_diagnose else min(30, run.train.measure_steps)
         result, diagnosis = train_and_diagnose(
             run, probe_steps, on_epoch=live, label=kind, epoch_lines=True
         )
         if tracker:
-            mlflow_runs.log_trained(tracker, run_id, result, diagnosis, params, pipeline)
+            mlflow_runs.log_trained(tracker, run_id, result, diagnosis, params, study)
     if diagnosis is not None:
         print(format_diagnosis(diagnosis))
     if args.export_dir:
@@ -174,7 +174,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.errors import MissingInput
     from tasks.data.manifest import verify_shards
     from tasks.data.preparation import dataset_dir
-    from tasks.report.execute import latest_run, load_exported, pipeline_of, trained_by
+    from tasks.report.execute import latest_run, load_exported, study_of, trained_by
     from tasks.report.summary import compare_exported
     from tasks.track import command_runs as mlflow_runs
     from tasks.train.evaluation import evaluate_model, write_evaluation
@@ -191,9 +191,9 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     model_dir = Path(model_path).parent
     trained = trained_by(model_dir)
     tracker, tags = mlflow_runs.command_tracker(config, **{**trained, "dataset": manifest.dataset})
-    pipeline = pipeline_of(model_dir)  # the training's pipeline, if a stage
-    name = "evaluate" if pipeline else f"evaluate-{manifest.dataset}"
-    with tracker.run(name, tags, stage_of=pipeline) as run_id:
+    study = study_of(model_dir)  # the training's study, if a stage
+    name = "evaluate" if study else f"evaluate-{manifest.dataset}"
+    with tracker.run(name, tags, nested_under=study) as run_id:
         mlflow_runs.describe_evaluation(tracker, run_id, trained, manifest.dataset)
         result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])
@@ -211,7 +211,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
                 config.train.scaling,
                 config.evaluate.target_accuracy,
             )
-            mlflow_runs.log_comparison(tracker, run_id, pipeline, result, summary, manifest.dataset)
+            mlflow_runs.log_comparison(tracker, run_id, study, result, summary, manifest.dataset)
             print(
                 f"speedup {summary.speedup_text} over the single-device baseline, scaling "
                 f"efficiency {summary.scaling_efficiency:.2f}; written to "
@@ -223,7 +223,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
 def run(config: Config, args: argparse.Namespace) -> int:
     from tasks.track.tracking import Tracker
 
-    summary = _run_flow("flows.pipeline", "pipeline", config)
+    summary = _run_flow("flows.study", "scaling_study", config)
     from tasks.report.summary import format_summary
 
     tracker = Tracker.for_config(config.track)
@@ -238,9 +238,9 @@ def _run_flow(module: str, name: str, config: Config) -> Any:
     while the flow's module imports TensorFlow."""
     from flows.prefect_api import temporary_api
     from tasks.core.process import import_tensorflow
-    from tasks.core.progress import stage
+    from tasks.core.progress import status
 
-    stage("start", "loading TensorFlow while a Prefect API starts")
+    status("start", "loading TensorFlow while a Prefect API starts")
     with temporary_api() as api:
         import_tensorflow()
         flow = getattr(importlib.import_module(module), name)

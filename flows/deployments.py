@@ -1,4 +1,4 @@
-"""Scheduled and on-demand deployments of the pipeline, served by a Prefect runner.
+"""Scheduled and on-demand deployments of the scaling study, served by a Prefect runner.
 
 Schedules fire only against a real Prefect server (not the temporary one Prefect starts
 when `PREFECT_API_URL` is unset): start one with `prefect server start` and point
@@ -62,18 +62,18 @@ def show_here(subflow_state, key: str) -> None:
 
 
 @flow(name="tfscale", log_prints=True)
-def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
-    """A deployment entry point: the pipeline on `params_path` with dotted overrides."""
+def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
+    """A deployment entry point: the scaling study on `params_path` with dotted overrides."""
     from tasks.core.process import import_tensorflow, set_up_process
-    from tasks.core.progress import stage
+    from tasks.core.progress import status
 
     set_up_process()  # a flow run's own process: before TensorFlow is imported
-    stage("start", "loading TensorFlow")  # on the run's page while it loads
+    status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
-    from flows.pipeline import pipeline
+    from flows.study import scaling_study
     from tasks.settings.config import load_config
 
-    state = pipeline(load_config(params_path, overrides or {}), return_state=True)
+    state = scaling_study(load_config(params_path, overrides or {}), return_state=True)
     show_here(state, "scaling-summary")
     return state.result().to_dict()
 
@@ -82,10 +82,10 @@ def scheduled_pipeline(params_path: str = "params.yaml", overrides: dict | None 
 def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
     """The scaling study on `params_path`: the nightly benchmark."""
     from tasks.core.process import import_tensorflow, set_up_process
-    from tasks.core.progress import stage
+    from tasks.core.progress import status
 
     set_up_process()  # a flow run's own process: before TensorFlow is imported
-    stage("start", "loading TensorFlow")  # on the run's page while it loads
+    status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     from flows.sweep import sweep_flow
     from tasks.settings.config import load_config
@@ -103,10 +103,10 @@ def build_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON
             parameters={"params_path": params_path},
             description="The scaling study (the sweep grid in params.yaml), every night.",
         ),
-        scheduled_pipeline.to_deployment(
+        scheduled_study.to_deployment(
             name="on-demand-train",
             parameters={"params_path": params_path, "overrides": {}},
-            description="One pipeline run; pass overrides such as {'train.epochs': 3}.",
+            description="One scaling study; pass overrides such as {'train.epochs': 3}.",
         ),
     ]
 

@@ -41,7 +41,7 @@ from tasks.core import process
 from tasks.core.errors import UserError
 from tasks.core.files import write_json_atomic
 from tasks.core.network import host_name
-from tasks.core.progress import stage
+from tasks.core.progress import status
 from tasks.data.manifest import ShardError, load_manifest
 from tasks.data.preparation import dataset_dir
 from tasks.distribute import hardware, strategy
@@ -179,7 +179,7 @@ def deploy_cell_flow(pool: str) -> str:
             client.read_work_pool(pool)
         except ObjectNotFound:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            stage("pool", f"made work pool {pool!r} (type process)")
+            status("pool", f"made work pool {pool!r} (type process)")
     source = sweep_cell_flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
     deployment = source.to_deployment(name=pool, work_pool_name=pool)
     return str(deployment.apply())
@@ -225,7 +225,7 @@ def run_cells_on_pool(
                 f"prefect worker start --pool {pool} --type process --limit 1",
             )
         attempts = [cells.submit(i, 1) for i in range(len(cell_configs))]
-        stage("pool", f"{len(attempts)} cells submitted to work pool {pool!r}")
+        status("pool", f"{len(attempts)} cells submitted to work pool {pool!r}")
         results: dict[int, dict] = {}
         try:
             while len(results) < len(attempts):
@@ -280,11 +280,11 @@ class _PoolCells:
             worker = (run.labels or {}).get("prefect.worker.name")
             if worker and attempt.worker is None:
                 attempt.worker = worker
-                stage("pool", f"{attempt.label} taken by worker {worker}")
+                status("pool", f"{attempt.label} taken by worker {worker}")
             step = judge(state, worker, workers)
             if step == "done":
                 results[attempt.index] = done = _read_result(self.sweep_dir, attempt, run)
-                stage(
+                status(
                     "pool",
                     f"{attempt.label} done on {done['host']} ({done['examples_per_s']:,.0f}"
                     f" ex/s; {len(results)}/{len(attempts)} cells)",
@@ -305,7 +305,7 @@ class _PoolCells:
                 "read the flow run's logs in the Prefect UI (or the worker's "
                 "output), fix the cause and run the sweep again.",
             )
-        stage("pool", f"{attempt.label}: {why}; submitting it again")
+        status("pool", f"{attempt.label}: {why}; submitting it again")
         return self.submit(attempt.index, attempt.number + 1)
 
 

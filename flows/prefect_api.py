@@ -7,9 +7,9 @@ and `tfscale sweep` start the same server (Prefect's app under uvicorn, UI off) 
 process first, import TensorFlow meanwhile, and then point the flow at it:
 
     with temporary_api() as api:
-        from flows.pipeline import pipeline   # the heavy imports, while the server boots
+        from flows.study import scaling_study  # the heavy imports, while the server boots
         api.wait()
-        pipeline(config)
+        scaling_study(config)
 """
 
 from __future__ import annotations

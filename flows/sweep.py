@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 
 from flows import pool
 from flows.caching import RESULTS, cached
-from flows.pipeline import check_tracking_task, detect_task, fail_tracking_task, prepare_task
+from flows.study import check_tracking_task, detect_task, fail_tracking_task, prepare_task
 from tasks.core import process
 from tasks.core.network import host_name
 from tasks.distribute import strategy

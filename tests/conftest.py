@@ -46,7 +46,7 @@ SLOWEST_FIRST = (
     "test_stages",
     "test_autotune",
     "test_sweep",
-    "test_pipeline",
+    "test_study",
 )
 
 

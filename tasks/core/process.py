@@ -39,14 +39,14 @@ NOISY_LOGGERS = ("tensorflow", "absl", "httpx")
 # pip's version unknown to MLflow in a uv environment
 HARMLESS_LOGGERS = ("mlflow.keras.save", "mlflow.utils.environment", "mlflow.models.model")
 OWN_LOGGERS = ("tfscale", "tasks", "flows")
-STAGE_MARK = "tfscale_stage"  # set on stage lines (tasks.core.progress)
+STATUS_MARK = "tfscale_status"  # set on status lines (tasks.core.progress)
 
 
 class ConsoleFormat(logging.Formatter):
     """tfscale's own lines as they are; a library's with its level and name."""
 
     def format(self, record: logging.LogRecord) -> str:
-        own = record.name.startswith(OWN_LOGGERS) or getattr(record, STAGE_MARK, False)
+        own = record.name.startswith(OWN_LOGGERS) or getattr(record, STATUS_MARK, False)
         if own and record.levelno == logging.INFO:
             return record.getMessage()
         return f"{record.levelname} {record.name}: {record.getMessage()}"
@@ -61,7 +61,7 @@ def _quiet_console(record: logging.LogRecord) -> bool:
     """tfscale's own progress lines, and anyone's warnings and errors but the expected."""
     if record.levelno >= logging.WARNING:
         return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
-    return record.name.startswith(OWN_LOGGERS) or getattr(record, STAGE_MARK, False)
+    return record.name.startswith(OWN_LOGGERS) or getattr(record, STATUS_MARK, False)
 
 
 def verbose() -> bool:

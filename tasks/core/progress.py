@@ -1,6 +1,7 @@
-"""What a user sees while work runs: one line per stage, a progress bar per training.
+"""What a user sees while work runs: a status line per step of the work, a progress bar per
+training.
 
-`stage(name, text)` writes one line to the console (quiet mode shows it; see
+`status(name, text)` writes one line to the console (quiet mode shows it; see
 `tasks.core.process`) and, inside a Prefect flow run, to that run's log on the server, so a
 deployment's page shows the same steps. `EpochWatcher` follows a training's
 `history.json`, which the process that trains (this one, or the chief of a multi-worker
@@ -19,19 +20,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.core.process import STAGE_MARK as STAGE
+from tasks.core.process import STATUS_MARK
 
 log = logging.getLogger("tfscale")
 
 
-def stage(name: str, text: str) -> None:
+def status(name: str, text: str) -> None:
     """`name  text` on the console, and in the current Prefect run's log if there is one."""
     line = f"{name:<11} {text}"
     run_logger = _prefect_run_logger()
     if run_logger is None:
-        log.info(line, extra={STAGE: True})
+        log.info(line, extra={STATUS_MARK: True})
     else:  # it reaches the console through the root handler, and the server
-        run_logger.info(line, extra={STAGE: True})
+        run_logger.info(line, extra={STATUS_MARK: True})
 
 
 def _prefect_run_logger() -> Any:
@@ -126,7 +127,7 @@ class EpochWatcher:
                 )
                 self._bar.update(1)
             elif self.lines:
-                stage(self.label, format_epoch(epoch, self.epochs))
+                status(self.label, format_epoch(epoch, self.epochs))
             else:  # not a terminal: the Prefect run's log (the console with --verbose)
                 self._log(f"{self.label:<11} {format_epoch(epoch, self.epochs)}")
 

@@ -5,7 +5,7 @@ the real model and data, in alternating rounds (`tasks.measure.rounds`), and kee
 `select_strategy` (`tasks.distribute.strategy`) proposes from the hardware alone; `settle` then
 measures where the proposal leaves a choice open and the run trains in this process:
 
-- strategy `auto` on several local replicas (`for_pipeline=False`, as `tfscale train`):
+- strategy `auto` on several local replicas (`for_study=False`, as `tfscale train`):
   one device against the replicas. The pipeline keeps the replicas, since its question is
   how they compare with one device; its summary recommends what to use.
 - precision `auto`: float32 against the mixed policy the hardware was proposed (none on a
@@ -114,7 +114,7 @@ def candidates(
     cfg: TrainConfig,
     report: HardwareReport,
     *,
-    for_pipeline: bool,
+    for_study: bool,
     examples: int = 0,
 ) -> list[Candidate]:
     """The configurations `auto` chooses among (one: nothing to measure), for a training
@@ -124,7 +124,7 @@ def candidates(
     if not choice.spec.runs_here or report.cluster is not None or report.tpu:
         return [proposed]
     shapes = [(choice.kind, choice.replicas)]
-    if cfg.strategy == "auto" and not for_pipeline and choice.replicas > 1:
+    if cfg.strategy == "auto" and not for_study and choice.replicas > 1:
         shapes.insert(0, (BASELINE.name, 1))
     precisions = [choice.precision]
     if cfg.precision == "auto" and choice.precision != "float32":
@@ -226,13 +226,13 @@ def settle(
     manifest: Manifest,
     measure: Measure,
     *,
-    for_pipeline: bool = False,
+    for_study: bool = False,
 ) -> Settled:
     """`choice` and `cfg` with what `auto` left open chosen by `measure`
     (`probes.time_candidates`, or a stand-in given speeds), from the cache when this
     hardware, model and batch were measured by this code before."""
     options = candidates(
-        choice, cfg, report, for_pipeline=for_pipeline, examples=manifest.splits["train"]
+        choice, cfg, report, for_study=for_study, examples=manifest.splits["train"]
     )
     if len(options) == 1:
         return Settled(options[0].applied_to(choice), options[0].applied_to_config(cfg))

@@ -150,7 +150,7 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     )
 
 
-def settle_auto(run: Run, *, for_pipeline: bool = False) -> tuple[Run, Settled]:
+def settle_auto(run: Run, *, for_study: bool = False) -> tuple[Run, Settled]:
     """`run` with what its config left to `auto` chosen by measuring the candidates on its
     own model and data (`tasks.measure.autotune`), or as proposed when there is one candidate."""
     from tasks.measure.probes import time_candidates
@@ -162,9 +162,7 @@ def settle_auto(run: Run, *, for_pipeline: bool = False) -> tuple[Run, Settled]:
     def measure(options: list) -> list:
         return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)
 
-    settled = settle(
-        run.choice, run.train, run.report, run.manifest, measure, for_pipeline=for_pipeline
-    )
+    settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_study=for_study)
     return run.with_choice(settled.choice).with_train(settled.train), settled
 
 
@@ -178,7 +176,7 @@ def train_and_diagnose(
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
     written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` is the most steps
-    a block of its rounds (None: `train.measure_steps`, as the pipeline measures); 0 skips the
+    a block of its rounds (None: `train.measure_steps`, as `tfscale run` measures); 0 skips the
     diagnosis; a task of a cluster that is not its chief takes part in the probes and
     leaves the diagnosis to the chief.
 
@@ -280,8 +278,8 @@ def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
 
 
-# beside a trained model: {"run_id", "url"} of its MLflow run, and "pipeline_run_id" when it
-# was a stage of a compared pipeline (`tfscale train --baseline`, `--against-baseline DIR`)
+# beside a trained model: {"run_id", "url"} of its MLflow run, and "study_run_id" when it
+# was a stage of a scaling study (`tfscale train --baseline`, `--against-baseline DIR`)
 TRACKED_AS = "mlflow_run.json"
 
 
@@ -320,11 +318,12 @@ def load_exported(export_dir: Path) -> TrainResult:
     return TrainResult(**{k: v for k, v in metrics.items() if k in names})
 
 
-def pipeline_of(model_dir: Path) -> str | None:
-    """The MLflow pipeline run the training beside this model was a stage of, if any."""
+def study_of(model_dir: Path) -> str | None:
+    """The MLflow study run the training beside this model was a stage of, if any."""
     if not (model_dir / TRACKED_AS).exists():
         return None
-    return json.loads((model_dir / TRACKED_AS).read_text()).get("pipeline_run_id")
+    tracked = json.loads((model_dir / TRACKED_AS).read_text())
+    return tracked.get("study_run_id") or tracked.get("pipeline_run_id")  # before 2026-11-26
 
 
 def export_run(result: TrainResult, export_dir: Path) -> None:

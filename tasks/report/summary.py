@@ -215,7 +215,7 @@ def compare_exported(
     scaling: str,
     target_accuracy: float,
 ) -> ScalingSummary:
-    """The pipeline's comparison for exported runs (the DVC stages), also written as
+    """The study's comparison for exported runs (the DVC stages), also written as
     `scaling.json` beside the distributed model."""
     diagnosis_path = model_dir / "diagnosis.json"
     diagnosis = (
@@ -335,8 +335,8 @@ def _split(summary: ScalingSummary) -> str:
     )
 
 
-def pipeline_record(run: Run) -> dict:
-    """What a pipeline run is about, as JSON-ready dicts, before any training."""
+def study_record(run: Run) -> dict:
+    """What a scaling study is about, as JSON-ready dicts, before any training."""
     from tasks.settings.config import config_to_dict
 
     return {
@@ -351,10 +351,10 @@ def pipeline_record(run: Run) -> dict:
 
 
 @dataclass(frozen=True)
-class PipelineRecord:
-    """What one pipeline run was about and what it produced: what tracking logs."""
+class StudyRecord:
+    """What one scaling study was about and what it produced: what tracking logs."""
 
-    context: dict  # config, hardware, choice, manifest and their digests (pipeline_record)
+    context: dict  # config, hardware, choice, manifest and their digests (study_record)
     baseline: TrainResult
     distributed: TrainResult
     evaluation: EvalResult
@@ -365,7 +365,7 @@ class PipelineRecord:
     forecast: dict[str, float] = field(default_factory=dict)
 
 
-def summarize_pipeline(
+def summarize_study(
     context: dict,
     baseline: TrainResult,
     distributed: TrainResult,
@@ -374,7 +374,7 @@ def summarize_pipeline(
     scaling: str,
     target_accuracy: float,
     class_names: list[str],
-) -> PipelineRecord:
+) -> StudyRecord:
     """Compares the runs and writes the chart, evaluation, diagnosis and summary beside the
     distributed model."""
     from tasks.train.evaluation import write_evaluation
@@ -403,6 +403,6 @@ def summarize_pipeline(
             zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True)
         )
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    return PipelineRecord(
+    return StudyRecord(
         context, baseline, distributed, evaluation, diagnosis, summary, files, forecast
     )

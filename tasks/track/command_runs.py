@@ -1,5 +1,5 @@
 """The MLflow runs of the `tfscale train` and `tfscale evaluate` commands, as the DVC stages
-run them: a baseline opens the pipeline run its comparison nests under, the training
+run them: a baseline opens the study run its comparison nests under, the training
 compared with it joins that run (found beside the baseline's exported model), and the
 evaluation with `--baseline` closes it with the speedup summary. `flows/commands.py` only
 calls these in order."""
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.files import write_json_atomic
-from tasks.report.execute import TRACKED_AS, pipeline_of, trained_by
+from tasks.report.execute import TRACKED_AS, study_of, trained_by
 from tasks.settings.config import Config, config_to_dict
-from tasks.track.tracking import Tracker, pipeline_params, pipeline_run_name, run_tags
+from tasks.track.tracking import Tracker, run_tags, study_params, study_run_name
 
 
 def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:
@@ -27,12 +27,12 @@ def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:
 
 
 def training_params(run: Any) -> dict[str, Any]:
-    """The params a training's run and its pipeline's row show: config and manifest."""
+    """The params a training's run and its study's row show: config and manifest."""
     context = {"config": config_to_dict(run.config), "manifest": json.loads(run.manifest.to_json())}
-    return pipeline_params(context)
+    return study_params(context)
 
 
-def pipeline_run(
+def study_run(
     tracker: Tracker | None,
     compared: Any,
     tags: dict,
@@ -41,30 +41,30 @@ def pipeline_run(
     baseline: bool,
     against: Path | None,
 ) -> str | None:
-    """The MLflow run a compared pipeline's stages nest under: opened by its `baseline`,
+    """The MLflow run a compared study's stages nest under: opened by its `baseline`,
     found by the run compared with it beside the baseline's model (`against`); None for a
     training that is neither, or is not tracked."""
     if tracker is None or not (baseline or against):
         return None
-    choice, name = compared.choice, pipeline_run_name(compared)
+    choice, name = compared.choice, study_run_name(compared)
     shown = {"strategy": choice.kind, "precision": choice.precision}
     table = {**shown, "replicas": choice.replicas, **params}  # the runs table's columns
     if baseline:
-        return tracker.open_pipeline(name, {**tags, **shown}, table)
+        return tracker.open_study(name, {**tags, **shown}, table)
     link = {
         k.replace("training_", "baseline_"): v
         for k, v in trained_by(against).items()
         if k in ("training_run_id", "training_run_url")
     }
-    return tracker.join_pipeline(pipeline_of(against), name, {**tags, **link}, table)
+    return tracker.join_study(study_of(against), name, {**tags, **link}, table)
 
 
-def training_run(tracker: Tracker | None, name: str, tags: dict, pipeline: str | None):
-    """The training's MLflow run (its id), nested under `pipeline` when there is one; an
+def training_run(tracker: Tracker | None, name: str, tags: dict, study: str | None):
+    """The training's MLflow run (its id), nested under `study` when there is one; an
     empty id when not tracked."""
     if tracker is None:
         return _no_run()
-    return tracker.run(name, tags, stage_of=pipeline)
+    return tracker.run(name, tags, nested_under=study)
 
 
 @contextlib.contextmanager
@@ -78,14 +78,14 @@ def log_trained(
     result: Any,
     diagnosis: Any,
     params: dict,
-    pipeline: str | None,
+    study: str | None,
 ) -> None:
     """A training's figures, params and diagnosis on its run, and beside its model the
-    link `evaluate` follows back to this run (and its pipeline)."""
+    link `evaluate` follows back to this run (and its study)."""
     tracker.log_training(run_id, result, params)
     link = {"run_id": run_id, "url": tracker.run_url(tracker.ui_base, run_id)}
-    if pipeline:
-        link["pipeline_run_id"] = pipeline
+    if study:
+        link["study_run_id"] = study
     write_json_atomic(Path(result.run_dir) / TRACKED_AS, link)  # for `evaluate`
     if diagnosis is not None:
         tracker.log_result(run_id, diagnosis, prefix="diagnosis_")
@@ -103,18 +103,18 @@ def describe_evaluation(tracker: Tracker, run_id: str, trained: dict, dataset: s
 
 
 def log_comparison(
-    tracker: Tracker, run_id: str, pipeline: str | None, result: Any, summary: Any, dataset: str
+    tracker: Tracker, run_id: str, study: str | None, result: Any, summary: Any, dataset: str
 ) -> None:
-    """The speedup summary on the evaluation's run and on its pipeline's row, with the
-    pipeline's description saying what it found."""
-    for on in (run_id, pipeline) if pipeline else (run_id,):  # the table's row too
+    """The speedup summary on the evaluation's run and on its study's row, with the
+    study's description saying what it found."""
+    for on in (run_id, study) if study else (run_id,):  # the table's row too
         tracker.log_result(on, summary)
         tracker.log(on, tags={"bottleneck": summary.bottleneck})
-    if not pipeline:
+    if not study:
         return
-    tracker.log_result(pipeline, result)
+    tracker.log_result(study, result)
     tracker.describe(
-        pipeline,
+        study,
         f"{dataset}: {summary.speedup_text} on {summary.shape} "
         f"({summary.strategy}, {summary.precision}), efficiency "
         f"{summary.scaling_efficiency:.2f}, test accuracy {result.test_accuracy:.4f}; "

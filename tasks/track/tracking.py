@@ -8,7 +8,7 @@ params; lists and mappings (per-epoch history, per-class accuracy) are logged th
 way or kept in the artifacts. A field added to a result is logged without touching this
 module.
 
-Per pipeline run: a parent run with child runs `baseline` and `distributed`, each opened
+Per scaling study: a parent run with child runs `baseline` and `distributed`, each opened
 when its training starts and fed its epochs as they end (`EpochLog`); the model is logged
 on the parent and registered. Per sweep: a parent with a child per cell. `tfscale train`
 and `evaluate` (and so the DVC stages) log a run each, tagged with the DVC stage.
@@ -37,7 +37,7 @@ from tasks.core.errors import UserError
 from tasks.core.fields import fields_by_type
 
 if TYPE_CHECKING:
-    from tasks.report.summary import PipelineRecord
+    from tasks.report.summary import StudyRecord
     from tasks.settings.config import TrackConfig
 
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
@@ -85,7 +85,7 @@ def _rounded_monitor() -> type:
 
 
 def results_view() -> dict[str, Any]:
-    """The runs table's saved view: result columns, newest first, each pipeline collapsed
+    """The runs table's saved view: result columns, newest first, each study collapsed
     to its parent row."""
     columns = [f"{kind}.`{name}`" for kind, name in RESULT_COLUMNS]
     return {
@@ -402,28 +402,30 @@ class Tracker:
         self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
 
     @contextlib.contextmanager
-    def run(self, name: str, tags: dict[str, str], stage_of: str | None = None) -> Iterator[str]:
+    def run(
+        self, name: str, tags: dict[str, str], nested_under: str | None = None
+    ) -> Iterator[str]:
         """A run around a command's work: FINISHED when the block ends, FAILED (with the
-        error) when it raises. With `stage_of` (a pipeline run, `open_pipeline`), a child of
-        it, and the pipeline ends as its latest stage did."""
-        run_id = self.start_run(name, tags, parent_id=stage_of)
+        error) when it raises. With `nested_under` (a study's run, `open_study`), a child of
+        it, and the study ends as its latest stage did."""
+        run_id = self.start_run(name, tags, parent_id=nested_under)
         try:
             yield run_id
         except BaseException as exc:
             self.fail(run_id, repr(exc))
-            if stage_of:
-                self.fail(stage_of, f"stage {name}: {exc!r}")
+            if nested_under:
+                self.fail(nested_under, f"stage {name}: {exc!r}")
             raise
         self.finish(run_id)
-        if stage_of:
-            if "error" in self.client.get_run(stage_of).data.tags:  # an earlier stage's
-                self.client.delete_tag(stage_of, "error")
-            self.finish(stage_of)
+        if nested_under:
+            if "error" in self.client.get_run(nested_under).data.tags:  # an earlier stage's
+                self.client.delete_tag(nested_under, "error")
+            self.finish(nested_under)
 
-    def join_pipeline(
+    def join_study(
         self, baselines: str | None, name: str, tags: dict[str, str], params: dict[str, Any]
     ) -> str:
-        """The pipeline run a training compared with a baseline nests under: the baseline's
+        """The study run a training compared with a baseline nests under: the baseline's
         own (`baselines`) while it was opened for the same configuration (`params`) and has
         no compared training yet; otherwise a new one (a baseline DVC kept from an earlier
         repro serves another configuration), which `tags` link to the baseline."""
@@ -435,29 +437,29 @@ class Tracker:
             )
             if same and not any(s.info.run_name == "distributed" for s in stages):
                 return baselines
-        return self.open_pipeline(name, tags, params)
+        return self.open_study(name, tags, params)
 
-    def open_pipeline(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
-        """The parent of a compared pipeline whose stages run as separate commands (`dvc
+    def open_study(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """The parent of a study whose stages run as separate commands (`dvc
         repro`: baseline, train, evaluate): each stage's run nests under it (`run`'s
-        `stage_of`), and the evaluation puts the result on it."""
+        `nested_under`), and the evaluation puts the result on it."""
         own = dict(tags)
         if "dvc_stage" in own:  # not one stage: the repro's, in the table's stage column
             own["dvc_stage"] = "repro"
-        run_id = self.start_run(name, {**own, "kind": "pipeline"})
+        run_id = self.start_run(name, {**own, "kind": "study"})
         self.log(run_id, params=params)
         self.describe(
             run_id,
-            "The stages of one compared pipeline, each a child run: the single-device "
+            "The stages of one scaling study, each a child run: the single-device "
             "baseline, the training compared with it, and the evaluation that compares them.",
         )
         return run_id
 
-    def log_pipeline(self, parent_id: str, record: PipelineRecord) -> None:
-        """Logs a whole pipeline run on its parent (its children were closed as their
+    def log_study(self, parent_id: str, record: StudyRecord) -> None:
+        """Logs a whole study on its parent (its children were closed as their
         training ended): the summary, diagnosis, artifacts, and the registered model."""
         context = record.context
-        common = pipeline_params(context)
+        common = study_params(context)
         _, distributed_params, _ = fields_by_type(record.distributed)
         self.log_result(parent_id, record.summary)
         # the diagnosis's figures; its words are the summary's bottleneck tags already
@@ -550,7 +552,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
+def study_tags(context: dict[str, Any]) -> dict[str, str]:
     """Hardware fingerprint, the strategy decision and its reason, git commit, manifest hash."""
     return run_tags(
         hardware_fingerprint=context["hardware_fingerprint"],
@@ -561,8 +563,8 @@ def pipeline_tags(context: dict[str, Any]) -> dict[str, str]:
     )
 
 
-def pipeline_run_name(run: Any) -> str:
-    """What tells a pipeline's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
+def study_run_name(run: Any) -> str:
+    """What tells a study's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
     choice, train = run.choice, run.train
     split = {"stages": "st", "columns": "tp"}.get(choice.spec.splits)
     devices = f"{choice.stages}{split}" if split else f"{choice.replicas}x"
@@ -570,16 +572,16 @@ def pipeline_run_name(run: Any) -> str:
 
 
 def child_tags(tags: dict[str, str], choice: Any) -> dict[str, str]:
-    """A pipeline child's tags: the parent's, with the strategy and precision of the
+    """A study child's tags: the parent's, with the strategy and precision of the
     training the child holds (`choice`: the baseline's are one device's), and its own
     `reason` (logged with its result) instead of the parent's `strategy_reason`."""
     own = {k: v for k, v in tags.items() if k != "strategy_reason"}
     return {**own, "strategy": choice.kind, "precision": choice.precision}
 
 
-def pipeline_params(context: dict[str, Any]) -> dict[str, Any]:
+def study_params(context: dict[str, Any]) -> dict[str, Any]:
     """What every training run of a config shares: the data and the training settings
-    (`context`: `summary.pipeline_record`, or any dict with its `config` and `manifest`)."""
+    (`context`: `summary.study_record`, or any dict with its `config` and `manifest`)."""
     train, manifest = context["config"]["train"], context["manifest"]
     return {
         "dataset": manifest["dataset"],

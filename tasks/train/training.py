@@ -25,7 +25,7 @@ from tasks.core.errors import UsageError
 from tasks.core.fields import PARAM, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.process import use_precision
-from tasks.core.progress import stage
+from tasks.core.progress import status
 from tasks.data.inputs import build_dataset
 from tasks.data.manifest import Manifest
 from tasks.distribute.run import Run
@@ -151,7 +151,7 @@ def _restored(setup: TrainingSetup, run_dir: Path, chief: bool) -> tuple[Any, An
     latest = _latest_checkpoint(run_dir, manager)
     if latest:
         checkpoint.restore(latest)
-        stage("resuming", _resumed_from(latest, int(step.numpy()), setup.steps))
+        status("resuming", _resumed_from(latest, int(step.numpy()), setup.steps))
     return step, manager
 
 

@@ -216,7 +216,7 @@ def test_every_stage_that_trains_or_evaluates_logs_an_mlflow_run(clone, repro_ru
     assert evaluate.tags["strategy"] == "mirrored" and evaluate.tags["replicas"] == "2"
 
 
-def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
+def test_each_repro_nests_its_stages_under_one_study_run(clone, repro_runs):
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{clone.path}/mlflow/mlflow.db")
@@ -225,7 +225,7 @@ def test_each_repro_nests_its_stages_under_one_pipeline_run(clone, repro_runs):
     parents = [  # not the experiment's (test_an_experiment_..., 1 replica, the same commit)
         r
         for r in runs
-        if r.data.tags.get("kind") == "pipeline"
+        if r.data.tags.get("kind") == "study"
         and r.data.tags.get("dvc_stage") == "repro"
         and r.data.params.get("replicas") == "2"
     ]
@@ -273,7 +273,7 @@ def test_an_experiment_changes_replicas_and_exp_show_compares(clone, repro_runs)
     (pipeline,) = [  # the experiment's (the repro's own, at the same commit, has 2 replicas)
         r
         for r in runs
-        if r.data.tags.get("kind") == "pipeline" and r.data.params.get("replicas") == "1"
+        if r.data.tags.get("kind") == "study" and r.data.params.get("replicas") == "1"
     ]
     assert pipeline.data.params["replicas"] == "1" and "speedup" in pipeline.data.metrics
     stages = {

@@ -26,9 +26,9 @@ def config(tmp_path=None, **train):
     return load_config(None, values).train
 
 
-def options(hw, for_pipeline=False, **train):
+def options(hw, for_study=False, **train):
     cfg = config(**train)
-    return candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline=for_pipeline)
+    return candidates(select_strategy(hw, cfg), cfg, hw, for_study=for_study)
 
 
 def labels(found: list[Candidate]) -> list[str]:
@@ -44,8 +44,8 @@ def test_a_cpu_without_bf16_measures_devices_and_xla_on_one_device():
     ]
 
 
-def test_the_pipeline_keeps_its_replicas_and_amx_adds_bfloat16():
-    assert labels(options(report(flags=AMX), for_pipeline=True)) == [
+def test_a_study_keeps_its_replicas_and_amx_adds_bfloat16():
+    assert labels(options(report(flags=AMX), for_study=True)) == [
         "2 replicas, float32, XLA off",
         "2 replicas, mixed_bfloat16, XLA off",
     ]
@@ -70,7 +70,7 @@ def test_the_pipeline_keeps_its_replicas_and_amx_adds_bfloat16():
 def test_nothing_to_measure_keeps_the_proposal(hw, train):
     cfg = config(**train)
     choice = select_strategy(hw, cfg)
-    found = candidates(choice, cfg, hw, for_pipeline=False)
+    found = candidates(choice, cfg, hw, for_study=False)
     assert found == [Candidate(choice.kind, choice.replicas, choice.precision, choice.jit_compile)]
 
 
@@ -80,7 +80,7 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
     nothing about the batch to measure, and the labels do not name it."""
     hw = report(flags=AMX)
     cfg = config()
-    pipeline = candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline=True, examples=8192)
+    pipeline = candidates(select_strategy(hw, cfg), cfg, hw, for_study=True, examples=8192)
     assert labels(pipeline) == [
         "2 replicas, float32, XLA off, batch 32",
         "2 replicas, float32, XLA off, batch 64",
@@ -88,15 +88,15 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
         "2 replicas, mixed_bfloat16, XLA off, batch 64",
     ]
     one = config(replicas=1, precision="float32", jit_compile=False)
-    found = candidates(select_strategy(hw, one), one, hw, for_pipeline=False, examples=8192)
+    found = candidates(select_strategy(hw, one), one, hw, for_study=False, examples=8192)
     assert [c.batch for c in found] == [32, 64, 128]
-    digits = candidates(select_strategy(hw, cfg), cfg, hw, for_pipeline=True, examples=1437)
+    digits = candidates(select_strategy(hw, cfg), cfg, hw, for_study=True, examples=1437)
     assert {c.batch for c in digits} == {0}
     assert labels(digits) == ["2 replicas, float32, XLA off", "2 replicas, mixed_bfloat16, XLA off"]
     named = config(batch_size_per_replica=16)
     assert {
         c.batch
-        for c in candidates(select_strategy(hw, named), named, hw, for_pipeline=True, examples=8192)
+        for c in candidates(select_strategy(hw, named), named, hw, for_study=True, examples=8192)
     } == {0}
 
     def batches_of(**train):
@@ -105,7 +105,7 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
             {
                 c.batch
                 for c in candidates(
-                    select_strategy(hw, cfg_), cfg_, hw, for_pipeline=True, examples=8192
+                    select_strategy(hw, cfg_), cfg_, hw, for_study=True, examples=8192
                 )
             }
         )
@@ -151,7 +151,7 @@ def test_settle_gives_the_config_at_the_batch_it_settled_on(tmp_path):
     def measure(found):
         return [Timed(c, (speeds[c.batch] * (1 + c.jit_compile),) * 5) for c in found]
 
-    settled = settle(select_strategy(hw, cfg), cfg, hw, big, measure, for_pipeline=True)
+    settled = settle(select_strategy(hw, cfg), cfg, hw, big, measure, for_study=True)
     assert settled.train.batch_size_per_replica == 64
     assert "2 replicas, float32, XLA off, batch 64: 1,200 ex/s" in settled.choice.reason
     workers = config(tmp_path, workers=2)

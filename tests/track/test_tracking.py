@@ -97,7 +97,7 @@ def test_system_metrics_are_logged_rounded(tmp_path):
     assert all(value == rounded(value) for value in metrics.values()), metrics
 
 
-def test_a_failed_pipeline_leaves_no_run_running(tmp_path):
+def test_a_failed_study_leaves_no_run_running(tmp_path):
     tracker = Tracker(tmp_path / "store", experiment="probe")
     parent = tracker.start_run("parent", {})
     live = EpochLog(tracker, tracker.start_run("baseline", {}, parent_id=parent))

@@ -1,4 +1,4 @@
-"""The pipeline with real parts: a Prefect flow, a SQLite MLflow store read back through
+"""The scaling study with real parts: a Prefect flow, a SQLite MLflow store read back through
 MlflowClient, `dvc repro` in a temporary git repository, a real Prefect server serving the
 deployments, and `tfscale ui` serving the store."""
 
@@ -29,8 +29,8 @@ def flow_run(tmp_path_factory):
     named in the config: nothing is patched."""
     import logging
 
-    from flows.pipeline import pipeline
-    from tasks.core.process import STAGE_MARK
+    from flows.study import scaling_study
+    from tasks.core.process import STATUS_MARK
 
     tmp = tmp_path_factory.mktemp("flow")
     store = tmp / "mlflow"
@@ -38,20 +38,20 @@ def flow_run(tmp_path_factory):
     lines: list[str] = []  # the first run's stage lines, as the console shows them
     collect = logging.Handler()
     collect.emit = lambda record: lines.append(record.getMessage())
-    collect.addFilter(lambda record: getattr(record, STAGE_MARK, False))
+    collect.addFilter(lambda record: getattr(record, STATUS_MARK, False))
     logging.getLogger().addHandler(collect)
     try:
-        states = [pipeline(config, return_state=True)]
+        states = [scaling_study(config, return_state=True)]
     finally:
         logging.getLogger().removeHandler(collect)
     baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
     stamp = baseline_metrics.stat().st_mtime_ns
-    states.append(pipeline(config, return_state=True))
+    states.append(scaling_study(config, return_state=True))
     reused = baseline_metrics.stat().st_mtime_ns == stamp
     # cached results whose files are gone: the shards and the baseline's run directory
     shutil.rmtree(tmp / "tfrecords")
     shutil.rmtree(baseline_metrics.parent)
-    states.append(pipeline(config, return_state=True))
+    states.append(scaling_study(config, return_state=True))
     return {
         "tmp": tmp,
         "store": store,
@@ -192,7 +192,7 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     models = client.search_logged_models([experiment.experiment_id])
     (model,) = [m for m in models if m.source_run_id == parent.info.run_id]
     versions = client.search_model_versions("name = 'tfscale-digits-mlp'")
-    assert len(versions) == 3  # one per pipeline run
+    assert len(versions) == 3  # one per study
     (first,) = [v for v in versions if v.run_id == parent.info.run_id]
     assert first.tags["speedup"] == str(metrics["speedup"])
     assert first.tags["test_accuracy"] == str(metrics["test_accuracy"])
@@ -256,7 +256,7 @@ def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
 def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
     """Epoch lines seen by the watcher's own thread, which has no run context: a real flow
     on the server, a history written an epoch at a time, each epoch seen before the next
-    is written (a pipeline's tiny epochs can all end before the watcher's first look)."""
+    is written (a study's tiny epochs can all end before the watcher's first look)."""
     import time
 
     from prefect import flow

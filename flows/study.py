@@ -1,5 +1,6 @@
-"""The tfscale pipeline as a Prefect flow: prepare, detect, select, baseline, distributed,
-evaluate, track. The flow only chains tasks; each task wraps a plain function in `tasks/`.
+"""The scaling study as a Prefect flow (what `tfscale run` runs): prepare, detect, select,
+baseline, distributed, evaluate, track. The flow only chains tasks; each task wraps a plain
+function in `tasks/`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.caching import RESULTS, cached
 from tasks.core import process
-from tasks.core.progress import stage
+from tasks.core.progress import status
 from tasks.data import preparation
 from tasks.data.manifest import shards_present
 from tasks.distribute import hardware, strategy
@@ -35,14 +36,14 @@ def prepare_task(config: config_mod.Config):
     """Prepare, reusing the cached result only while its shards are still on disk."""
     present = shards_present(preparation.dataset_dir(config))
     prepared = cached(_prepare_task, config, files_present=present)(config)
-    stage("prepare", preparation.format_line(prepared, reused=present))
+    status("prepare", preparation.format_line(prepared, reused=present))
     return prepared
 
 
 @task(name="detect hardware")
 def detect_task():
     report = hardware.detect_hardware()
-    stage("hardware", hardware.format_line(report))
+    status("hardware", hardware.format_line(report))
     return report
 
 
@@ -50,25 +51,25 @@ def detect_task():
 def select_task(report, config: config_mod.Config):
     choice = strategy.select_strategy(report, config.train)
     process.set_up_devices(choice.logical_cpus)
-    stage("proposed", f"{choice.kind}, {choice.shape}, {choice.precision}, from the hardware")
+    status("proposed", f"{choice.kind}, {choice.shape}, {choice.precision}, from the hardware")
     return choice
 
 
 @task(name="settle auto by measuring")
 def settle_task(run: Run) -> Run:
     """What `auto` left open (precision, XLA) timed on the run's model and data; the
-    strategy stays (the pipeline measures the replicas against one device) unless the model
+    strategy stays (the study measures the replicas against one device) unless the model
     does not fit a device's memory, when it is cut into pipeline stages. The `strategy` line
     is what trains, after the measured candidates (one page, one answer: the proposal's
     precision is not shown as the run's when `auto` kept another)."""
     proposed = run.choice.kind
-    run, settled = execute.settle_auto(run, for_pipeline=True)
+    run, settled = execute.settle_auto(run, for_study=True)
     choice = run.choice
     if settled.timed:
-        stage("auto", autotune.format_line(settled))
+        status("auto", autotune.format_line(settled))
     xla = "XLA on" if choice.jit_compile else "XLA off"
     over = " (over memory)" if choice.kind != proposed else ""  # cut into pipeline stages
-    stage("strategy", f"{choice.kind}, {choice.shape}, {choice.precision}, {xla}{over}")
+    status("strategy", f"{choice.kind}, {choice.shape}, {choice.precision}, {xla}{over}")
     return run
 
 
@@ -92,7 +93,7 @@ def baseline_task(run: Run, on_epoch=None):
     """The baseline, reusing the cached result only while its run directory is intact."""
     complete = run.is_complete
     result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch)
-    stage("baseline", execute.format_line(result) + ("" if not complete else " (reused)"))
+    status("baseline", execute.format_line(result) + ("" if not complete else " (reused)"))
     return result
 
 
@@ -100,9 +101,9 @@ def baseline_task(run: Run, on_epoch=None):
 def distributed_task(run: Run, on_epoch=None):
     """The distributed run and its bottleneck diagnosis."""
     result, diagnosis = execute.train_and_diagnose(run, on_epoch=on_epoch, label="distributed")
-    stage("distributed", execute.format_line(result))
+    status("distributed", execute.format_line(result))
     if diagnosis is not None:
-        stage("diagnosis", diagnosis.bottleneck)
+        status("diagnosis", diagnosis.bottleneck)
     return result, diagnosis
 
 
@@ -111,13 +112,13 @@ def evaluate_task(model_path: str, run: Run):
     result = evaluation.evaluate_model(
         model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
     )
-    stage("evaluate", f"test accuracy {result.test_accuracy:.4f} (loss {result.test_loss:.4f})")
+    status("evaluate", f"test accuracy {result.test_accuracy:.4f} (loss {result.test_loss:.4f})")
     return result
 
 
 @task(name="summarize")
 def summarize_task(context, baseline, distributed, result, diagnosis, run: Run):
-    return summary.summarize_pipeline(
+    return summary.summarize_study(
         context,
         baseline,
         distributed,
@@ -131,13 +132,13 @@ def summarize_task(context, baseline, distributed, result, diagnosis, run: Run):
 
 @task(name="close child run", retries=2, retry_delay_seconds=2)
 def close_child_task(live: tracking.EpochLog, result, context: dict):
-    live.tracker.log_training(live.run_id, result, tracking.pipeline_params(context))
+    live.tracker.log_training(live.run_id, result, tracking.study_params(context))
     live.tracker.finish(live.run_id)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_task(tracker: tracking.Tracker, parent_id: str, record):
-    tracker.log_pipeline(parent_id, record)
+    tracker.log_study(parent_id, record)
     url = tracker.run_url(tracker.ui_base, parent_id)
     markdown = summary.format_markdown(record.summary, record.context["manifest"]["dataset"], url)
     tracker.describe(parent_id, markdown)
@@ -146,7 +147,7 @@ def track_task(tracker: tracking.Tracker, parent_id: str, record):
         key="scaling-summary",
         description="speedup, scaling efficiency, accuracy and bottleneck of this run",
     )
-    stage("track", f"MLflow run {parent_id} in {tracker.uri}")
+    status("track", f"MLflow run {parent_id} in {tracker.uri}")
 
 
 @task(name="mark the runs failed")
@@ -154,8 +155,8 @@ def fail_tracking_task(tracker: tracking.Tracker, parent_id: str, error: str):
     tracker.fail(parent_id, error)
 
 
-@flow(name="tfscale-pipeline", log_prints=True)
-def pipeline(config: config_mod.Config) -> summary.ScalingSummary:
+@flow(name="tfscale-study", log_prints=True)
+def scaling_study(config: config_mod.Config) -> summary.ScalingSummary:
     """Prepare, detect, select, train baseline and distributed, evaluate, track."""
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)
@@ -164,9 +165,9 @@ def pipeline(config: config_mod.Config) -> summary.ScalingSummary:
     choice = select_task(report, config)
     run = settle_task(Run(config, prepared.manifest, prepared.data_dir, choice, report))
     choice = run.choice
-    context = summary.pipeline_record(run)
-    tags = tracking.pipeline_tags(context)
-    parent_id = start_tracking_task(tracker, tracking.pipeline_run_name(run), tags)
+    context = summary.study_record(run)
+    tags = tracking.study_tags(context)
+    parent_id = start_tracking_task(tracker, tracking.study_run_name(run), tags)
     try:
         base = run.with_choice(strategy.baseline_choice(choice))
         live = start_child_task(
