@@ -10,6 +10,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from flows import commands
+from tasks.core.errors import UserError, system_error
+from tasks.core.process import exit_now, import_tensorflow, set_up_process
+from tasks.settings.config import DEFAULT_PARAMS, load_config
+
 # flag -> (dotted config key, type, help)
 PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--dataset": (
@@ -164,12 +169,7 @@ TENSORFLOW_COMMANDS = {"hardware", "train", "evaluate"}
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from tasks.core.process import import_tensorflow, set_up_process
-
     set_up_process(args.verbose or None)
-    from flows import commands
-    from tasks.core.errors import UserError, system_error
-
     try:
         config = _load(args)
         if args.command in TENSORFLOW_COMMANDS:
@@ -195,8 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The `tfscale` command: `main`, then the exit without teardown (`exit_now`)."""
-    from tasks.core.process import exit_now
-
     exit_now(main())
 
 
@@ -420,8 +418,6 @@ def _add(sub: Any, name: str, help_text: str, flags: dict) -> argparse.ArgumentP
 
 
 def _load(args: argparse.Namespace):
-    from tasks.settings.config import DEFAULT_PARAMS, load_config
-
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     if overrides.get("prepare.synthetic.height") is not None:
         overrides["prepare.synthetic.width"] = overrides["prepare.synthetic.height"]

@@ -7,11 +7,28 @@ when `PREFECT_API_URL` is unset): start one with `prefect server start` and poin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactCreate
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterId,
+    TaskRunFilter,
+)
+from prefect.client.schemas.sorting import ArtifactSort
+from prefect.context import FlowRunContext
+from prefect.flows import _display_serve_start_message
+from prefect.runner import Runner
 
 from flows.prefect_api import check_prefect_server
+from tasks.core.process import import_tensorflow, set_up_process
+from tasks.core.progress import status
+from tasks.settings.config import load_config
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -19,17 +36,6 @@ NIGHTLY_CRON = "0 2 * * *"
 def show_here(subflow_state, key: str) -> None:
     """The artifact `key` of the subflow run that ended in `subflow_state`, on this
     (the deployment's) flow run's page too, where a person who started the run looks."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import ArtifactCreate
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterKey,
-        FlowRunFilter,
-        FlowRunFilterId,
-        TaskRunFilter,
-    )
-    from prefect.client.schemas.sorting import ArtifactSort
-    from prefect.context import FlowRunContext
 
     here = FlowRunContext.get()
     subflow_run_id = subflow_state.state_details.flow_run_id
@@ -64,14 +70,11 @@ def show_here(subflow_state, key: str) -> None:
 @flow(name="tfscale", log_prints=True)
 def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
     """A deployment entry point: the scaling study on `params_path` with dotted overrides."""
-    from tasks.core.process import import_tensorflow, set_up_process
-    from tasks.core.progress import status
-
     set_up_process()  # a flow run's own process: before TensorFlow is imported
     status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
+    # after the process's set-up: TensorFlow's and Prefect's settings are read at import
     from flows.study import scaling_study
-    from tasks.settings.config import load_config
 
     state = scaling_study(load_config(params_path, overrides or {}), return_state=True)
     show_here(state, "scaling-summary")
@@ -81,14 +84,11 @@ def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = N
 @flow(name="tfscale-nightly", log_prints=True)
 def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
     """The scaling study on `params_path`: the nightly benchmark."""
-    from tasks.core.process import import_tensorflow, set_up_process
-    from tasks.core.progress import status
-
     set_up_process()  # a flow run's own process: before TensorFlow is imported
     status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
+    # after the process's set-up: TensorFlow's and Prefect's settings are read at import
     from flows.sweep import sweep_flow
-    from tasks.settings.config import load_config
 
     state = sweep_flow(load_config(params_path, overrides or {}), return_state=True)
     show_here(state, "scaling-sweep")
@@ -117,10 +117,6 @@ def serve_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON
     Stopping it leaves the schedules active: the server keeps creating the nightly runs,
     and they run when `tfscale serve` (or any runner of these deployments) is back.
     """
-    import asyncio
-
-    from prefect.flows import _display_serve_start_message
-    from prefect.runner import Runner
 
     class _Runner(Runner):
         def handle_sigterm(self, *args: object, **kwargs: object) -> None:

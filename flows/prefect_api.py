@@ -10,10 +10,14 @@ process first, import TensorFlow meanwhile, and then point the flow at it:
         from flows.study import scaling_study  # the heavy imports, while the server boots
         api.wait()
         scaling_study(config)
+
+Prefect itself is imported inside the functions that talk to it: the server's process
+starts before this one pays Prefect's own import (1-2 s).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flows.errors import ServerUnavailable
-from tasks.core.network import free_ports
+from tasks.core.network import free_ports, wait_healthy
 
 
 class TemporaryAPI:
@@ -40,7 +44,6 @@ class TemporaryAPI:
         """
         if self.process is None:
             return
-        from tasks.core.network import wait_healthy
 
         alive = lambda: self.process.poll() is None  # noqa: E731
         problem = wait_healthy(f"{self.url}/health", timeout_s, interval_s=0.1, alive=alive)
@@ -58,7 +61,6 @@ class TemporaryAPI:
 
 def _start_server(port: int, log) -> subprocess.Popen:
     """Prefect's own temporary-server command (prefect.server.api.server)."""
-    import importlib.util
 
     prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
     env = dict(

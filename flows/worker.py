@@ -17,6 +17,7 @@ def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     core = os.environ.get("TFSCALE_PIN_CORE")
     set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
+    # after the worker's set-up: its threads and devices are fixed when TensorFlow starts
     from tasks.distribute.run import Role, Run
     from tasks.report.execute import train_and_probe
 
