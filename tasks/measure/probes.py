@@ -221,7 +221,7 @@ def _feed(
 
 
 def _one_batch(pipeline: Callable) -> Callable:
-    """The pipeline's first batch, cached and repeated: the step with no input cost."""
+    """The input pipeline's first batch, cached and repeated: the step with no input cost."""
 
     def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
         return pipeline(ctx).take(1).cache().repeat()

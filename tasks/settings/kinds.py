@@ -103,7 +103,7 @@ def shape_text(replicas: int, stages: int = 1, micro_batches: int = 1, splits: s
 
 class SpreadOver:
     """What a result trained over, from its `replicas`, `stages`, `micro_batches` and
-    `splits` fields (a training's result and a pipeline's summary share it)."""
+    `splits` fields (a training's result and a study's summary share it)."""
 
     replicas: int
     stages: int
