@@ -351,7 +351,7 @@ def _add_training_commands(sub: Any) -> None:
         help="this run is compared with a --baseline run (as in dvc.yaml): with --strategy "
         "auto it keeps the replicas rather than measuring them against one device, and "
         "settles precision and XLA as the baseline does; with the baseline's export DIR, "
-        "its MLflow run nests under the baseline's pipeline run",
+        "its MLflow run nests under the baseline's study run",
     )
     evaluate = _add(
         sub, "evaluate", "evaluate the latest trained model on the test split", EVALUATE_FLAGS
@@ -369,7 +369,7 @@ def _add_flow_commands(sub: Any) -> None:
     _add(
         sub,
         "run",
-        "the whole pipeline (prepare, baseline, distributed, evaluate, track)",
+        "the whole scaling study (prepare, baseline, distributed, evaluate, track)",
         TRAIN_FLAGS,
     )
     _add(
