@@ -262,7 +262,7 @@ def test_an_experiment_changes_replicas_and_exp_show_compares(clone, repro_runs)
     replicas = {row["train.replicas"] for row in table if row.get("speedup")}
     assert {"1", "2"} <= replicas
     assert all(row.get("scaling_efficiency") for row in table if row.get("speedup"))
-    # the kept baseline served 2 replicas; 1 replica is a pipeline run of its own, linked
+    # the kept baseline served 2 replicas; 1 replica is a study run of its own, linked
     # to it, not a second compared training under the baseline's
     from mlflow import MlflowClient
 
