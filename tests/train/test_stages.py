@@ -192,6 +192,8 @@ def test_a_budget_below_the_model_trains_it_in_stages_each_within_the_budget(dig
 
 
 @pytest.mark.integration
+@pytest.mark.serial  # classifies measured stage times: alone on the machine (seen to fail beside
+# other tests: 1.4 against 1.3 ms a stage, with 1.5 of the 2 cores busy elsewhere)
 def test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven_cut(
     digits, tmp_path
 ):
