@@ -290,12 +290,14 @@ class _PoolCells:
                     f" ex/s; {len(results)}/{len(attempts)} cells)",
                 )
             elif step != "wait":
-                attempts[attempt.index] = self.retry(client, attempt, run, step, retries)
+                attempts[attempt.index] = self.retry(client, attempt, run, step, worker, retries)
 
-    def retry(self, client: Any, attempt: Attempt, run: Any, step: str, retries: int) -> Attempt:
-        """A failed or lost cell submitted again, or the sweep's error once it has no
-        retry left."""
-        why = _why(run, step, (run.labels or {}).get("prefect.worker.name"))
+    def retry(
+        self, client: Any, attempt: Attempt, run: Any, step: str, worker: str | None, retries: int
+    ) -> Attempt:
+        """A failed or lost cell (`worker`: the one its flow run names) submitted again, or
+        the sweep's error once it has no retry left."""
+        why = _why(run, step, worker)
         if step == "lost":  # so the Prefect UI shows what happened to it
             client.set_flow_run_state(run.id, Crashed(message=why), force=True)
         if attempt.number > retries:

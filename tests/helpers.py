@@ -176,33 +176,3 @@ def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = T
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
-
-
-def kill_mid_run_and_rerun(
-    argv: list[str], runs: Path, epochs: int, after: int = 3, run_dirs: str = "*"
-) -> tuple:
-    """Starts the training `argv` (of `epochs` epochs, writing its run directory under
-    `runs`, the only one named like `run_dirs`), kills it with
-    SIGKILL once `after` epochs are recorded, checks the kill landed mid-run, and runs it
-    again to its end. Returns (the rerun's metrics, the epochs the killed run recorded)."""
-    import json
-    import signal
-    import time
-
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        done = list(runs.glob(f"{run_dirs}/history.json"))
-        if done and len(json.loads(done[0].read_text() or "[]")) >= after:
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    (path,) = runs.glob(f"{run_dirs}/history.json")
-    finished = len(json.loads(path.read_text()))
-    assert after <= finished < epochs and not (path.parent / "metrics.json").exists()  # mid-run
-    subprocess.run(argv, check=True, capture_output=True, timeout=600)
-    metrics = json.loads((path.parent / "metrics.json").read_text())
-    assert metrics["resumed_from_epoch"] >= finished - 1
-    assert [h["epoch"] for h in metrics["history"]] == list(range(1, epochs + 1))
-    return metrics, finished

@@ -130,9 +130,8 @@ def candidates(
     if cfg.precision == "auto" and choice.precision != "float32":
         precisions.insert(0, "float32")
 
-    def jits(
-        kind: str,
-    ) -> list[bool]:  # XLA compiles one device's step (`tasks.distribute.strategy`)
+    # XLA compiles one device's step (`tasks.distribute.strategy`)
+    def jits(kind: str) -> list[bool]:
         return (
             [False, True]
             if cfg.jit_compile == "auto" and kind == BASELINE.name

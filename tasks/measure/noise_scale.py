@@ -73,10 +73,6 @@ class NoiseScale:
         self._weight = self.beta * self._weight + (1 - self.beta)
 
     @property
-    def steps_seen(self) -> bool:
-        return self._weight > 0
-
-    @property
     def sq_norm(self) -> float:
         """The averaged |G|^2, bias-corrected."""
         return self._g2 / self._weight if self._weight else math.nan

@@ -389,9 +389,8 @@ def _shown_type(annotation: str) -> tuple[str, str]:
     if "Literal[" in inner:
         values = inner.split("Literal[", 1)[1].split("]", 1)[0]
         literal = values.replace("'", "").replace('"', "")
-        inner = inner.replace(f"Literal[{values}]", "bool" if "True" in values else "str")
-        if "True" in values:
-            inner = "str or bool"
+        bools = "True" in values  # Literal["auto", True, False]
+        inner = "str or bool" if bools else inner.replace(f"Literal[{values}]", "str")
     kind = inner.replace(" | ", " or ").replace("None", "null")
     return (f"list of {kind}" if listed else kind), literal
 

@@ -440,7 +440,7 @@ def _resumed_from(checkpoint: str, step: int, steps_per_epoch: int) -> str:
     where = (
         f"epoch {epoch + 1}, {into} of its {steps_per_epoch} steps done"
         if into
-        else (f"the start of epoch {epoch + 1}")
+        else f"the start of epoch {epoch + 1}"
     )
     return f"from step {step} ({where}), checkpoint {checkpoint}"
 

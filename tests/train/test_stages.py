@@ -240,18 +240,36 @@ def test_on_gpus_each_stage_gets_a_gpu_and_the_smallest_gpu_memory_is_the_budget
 
 @pytest.mark.integration
 def test_a_killed_pipeline_resumes_from_its_checkpoint_on_its_stages(digits, tmp_path):
+    import json
+    import signal
+    import subprocess
     import sys
+    import time
 
-    from helpers import DEFAULTS, kill_mid_run_and_rerun
+    from helpers import DEFAULTS
 
     overrides, _, _ = digits
     argv = [sys.executable, "-m", "flows.cli", "--params", DEFAULTS, "train", "--no-diagnose"]
     argv += ["--strategy", "pipeline", "--model", "mlp", "--epochs", "15"]
     argv += ["--precision", "float32", "--jit-compile", "false"]
     argv += ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = tmp_path / "runs" / "digits"
-    metrics, _ = kill_mid_run_and_rerun(argv, runs, epochs=15, run_dirs="pipeline-*")
-    assert metrics["stages"] == 2
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list(runs.glob("pipeline-*/history.json"))
+        if done and len(json.loads(done[0].read_text() or "[]")) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    (path,) = runs.glob("pipeline-*/history.json")
+    finished = len(json.loads(path.read_text()))
+    assert 3 <= finished < 15 and not (path.parent / "metrics.json").exists()  # mid-run
+    subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    metrics = json.loads((path.parent / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= finished - 1 and metrics["stages"] == 2
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, 16))
     losses = [h["loss"] for h in metrics["history"]]
     assert losses[metrics["resumed_from_epoch"]] < losses[0] / 2  # it went on from its weights
     assert set(metrics["device_bytes"]) == {"CPU:0", "CPU:1"}

@@ -251,21 +251,13 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     assert len(written) == 3 and all(path.exists() for path in written)
 
 
-def mlp_in(overrides: dict, tmp_path: Path, epochs: int) -> list[str]:
-    """`tfscale train` flags: the MLP in float32 for `epochs` on the session's digits,
-    its run directory under `tmp_path`."""
-    return [
-        *("--model", "mlp", "--epochs", str(epochs), "--precision", "float32"),
-        *("--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")),
-    ]
-
-
 @pytest.mark.cluster(alone=False)  # one process; the diagnosis's class not asserted
 def test_parameter_server_on_an_in_process_cluster(digits, tmp_path):
     overrides, _, _ = digits
     out = run_cli(
-        ["train", "--strategy", "parameter_server", "--workers", "2"]
-        + mlp_in(overrides, tmp_path, epochs=2)
+        ["train", "--strategy", "parameter_server", "--workers", "2", "--model", "mlp"]
+        + ["--epochs", "2", "--precision", "float32", "--data-dir", overrides["prepare.data_dir"]]
+        + ["--runs-dir", str(tmp_path / "runs")]
     )
     assert "parameter_server, 2 replicas" in out
     assert "measured:   in the coordinator and 2 workers" in out  # diagnosed in place
