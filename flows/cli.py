@@ -51,6 +51,17 @@ def _auto_or_bool(text: str) -> str | bool:
 _auto_or_bool.__name__ = "auto|true|false"
 
 
+def _bool(text: str) -> bool:
+    """`true` or `false` as the config takes them."""
+    value = _auto_or_bool(text)
+    if value == "auto":
+        raise argparse.ArgumentTypeError("expected true or false; got 'auto'")
+    return bool(value)
+
+
+_bool.__name__ = "true|false"
+
+
 def _auto_or_int(text: str) -> str | int:
     """`auto` or a whole number, as the config takes them."""
     if text.lower() == "auto":
@@ -129,6 +140,23 @@ TRAIN_FLAGS = {
         float,
         "multi_worker: each worker on an emulated host of its own (a network namespace; "
         "needs root), over links of this many Gbit/s (0: full speed)",
+    ),
+    "--target-accuracy": (
+        "evaluate.target_accuracy",
+        float,
+        "held-out accuracy whose first crossing gives the time, steps and examples to target "
+        "(0.95)",
+    ),
+    "--evaluate-every": (
+        "evaluate.every_epochs",
+        float,
+        "evaluate the held-out split every this many epochs while training, on the clock "
+        "(0.5; 0: never)",
+    ),
+    "--stop-at-target": (
+        "train.stop_at_target",
+        _bool,
+        "true: end the training at the first evaluation that reaches the target (false)",
     ),
     "--collective-timeout": (
         "cluster.collective_timeout_s",

@@ -134,6 +134,7 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compare
     from tasks.report.execute import export_run, train_and_diagnose
     from tasks.track import command_runs as mlflow_runs
     from tasks.track.tracking import EpochLog
+    from tasks.train.to_target import ToTarget
 
     choice, manifest = run.choice, run.manifest
     kind = "baseline" if args.baseline else "train"
@@ -164,6 +165,8 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compare
         print(format_diagnosis(diagnosis))
     if args.export_dir:
         export_run(result, Path(args.export_dir))
+    if result.to_target:
+        print(f"held-out:   {ToTarget(**result.to_target).text()}")
     print(
         f"{result.examples_per_s:,.0f} examples/s (after the first epoch), global batch "
         f"{result.global_batch}; outputs in {result.run_dir}"

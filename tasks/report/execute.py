@@ -29,6 +29,7 @@ from tasks.measure.autotune import Settled, settle
 from tasks.measure.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
 from tasks.measure.in_place import InPlaceProbes, probe_in_place
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
+from tasks.train.to_target import ToTarget
 from tasks.train.training import TrainResult, timed_epochs, train_model
 
 
@@ -223,10 +224,13 @@ def format_line(result: TrainResult) -> str:
         if left_out
         else "over its one epoch"
     )
-    return (
+    line = (
         f"{result.examples_per_s:,.0f} examples/s {over}, {result.shape}, global batch "
         f"{result.global_batch}, train accuracy {last['accuracy']:.4f}"
     )
+    if result.to_target:
+        line += f"; held-out {ToTarget(**result.to_target).text()}"
+    return line
 
 
 def write_metrics(result: TrainResult, run: Run) -> Path:

@@ -110,6 +110,8 @@ class TrainConfig:
     cut_after: tuple[int, ...] = _spec((), lo=1, empty=True)  # empty: balanced by compute
     # one device's memory for training in MB (0: not checked; GPUs: from TensorFlow when 0)
     device_memory_mb: float = _spec(0.0, lo=0.0)
+    # end the training at the first held-out evaluation that reaches evaluate.target_accuracy
+    stop_at_target: bool = False
 
     @property
     def per_replica_batch(self) -> int:
@@ -121,10 +123,15 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    """How the held-out split is evaluated, and the accuracy that time-to-accuracy aims at."""
+    """How the held-out split is evaluated, and the accuracy time to target aims at."""
 
     batch_size: int = _spec(256, lo=1, hi=1_000_000)
-    target_accuracy: float = _spec(0.9, lo=0.0, hi=1.0)
+    # held-out accuracy whose first crossing during training gives the time, steps and
+    # examples to target (`tasks.train.to_target`)
+    target_accuracy: float = _spec(0.95, lo=0.0, hi=1.0)
+    # the held-out split is evaluated during training every this many epochs of training
+    # examples, on the clock (0: never; the time to target is then not measured)
+    every_epochs: float = _spec(0.5, lo=0.0, hi=1000.0)
 
 
 @dataclass(frozen=True)

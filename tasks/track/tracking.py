@@ -313,6 +313,31 @@ class Tracker:
         ]
         self._log_batch(run_id, points, [], [])
 
+    def log_evaluations(self, run_id: str, result: Any) -> None:
+        """A training's held-out evaluations as the curve `heldout_accuracy_by_examples`
+        (its step: the training examples seen), and its examples, steps and time to target
+        where it reached it (`tasks.train.to_target`)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [
+            Metric("heldout_accuracy_by_examples", float(e["accuracy"]), now, int(e["examples"]))
+            for e in result.evaluations
+        ]
+        target = result.to_target
+        if target.get("reached"):
+            reached = {"examples": "examples", "steps": "steps", "seconds": "time"}
+            points += [
+                Metric(
+                    f"{name}_to_target" + ("_s" if name == "time" else ""),
+                    rounded(float(target[key])),
+                    now,
+                    0,
+                )
+                for key, name in reached.items()
+            ]
+        self._log_batch(run_id, points, [], [])
+
     def log_artifacts(self, run_id: str, paths: list[Path]) -> None:
         for path in paths:
             self.client.log_artifact(run_id, str(path))
@@ -399,6 +424,7 @@ class Tracker:
         self.log(run_id, params=params)
         if not self.client.get_metric_history(run_id, "loss"):
             self.log_history(run_id, result.history)
+        self.log_evaluations(run_id, result)
         self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
 
     @contextlib.contextmanager

@@ -8,6 +8,7 @@ mixed_float16, checkpoints every epoch and resumes from the last completed one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver, cluster_spec_of
 from tasks.train.models import build_model
 from tasks.train.steps import FusedAdam, make_warmup_schedule
+from tasks.train.to_target import Evaluation, HeldOut, TargetClock, interval_examples
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ class TrainResult(SpreadOver):
     device_bytes_max: int | None = None  # the fullest device's share (a split model only)
     # the probes measured after training (`tasks.measure.in_place`, `.diagnosis`), when asked
     probes: dict[str, Any] = field(default_factory=dict)
+    # the held-out split's accuracy against `evaluate.target_accuracy` while training
+    # (`tasks.train.to_target.ToTarget`), evaluated every `evaluate.every_epochs`
+    to_target: dict[str, Any] = field(default_factory=dict)
+    evaluations: list[dict[str, float]] = field(default_factory=list)  # `to_target.Evaluation`s
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,23 +123,55 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
     )
     run_epoch = setup.epoch_runner(choice, dataset_fn)
+    clock = _target_clock(run, setup, resumed_step)
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
         after_steps.epoch_ends_at = after_steps.count + steps
-        history.append(_timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps))
+        record = _timed_epoch(
+            run_epoch, epoch + 1, steps, setup.step_examples, after_steps, clock, cfg.stop_at_target
+        )
+        history.append(record)
         # the epoch's record before its checkpoint: a run killed between the two resumes from
         # the previous checkpoint and cuts the history to it (`[:start_epoch]` above), where
         # the other order lost the epoch's record (seen once in a whole-suite run)
         if chief:
+            _write_json(run_dir / "evaluations.json", [asdict(e) for e in clock.evaluations])
             _write_json(run_dir / "history.json", history)
         manager.save(checkpoint_number=after_steps.count)
         after_steps.check_preemption()  # at an epoch's end: after its record is written
+        if cfg.stop_at_target and clock.reached:
+            break
     model_path = run_dir / "model.keras"
     if chief:
         setup.model.save(model_path)
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
-    return Trained(setup, _result(setup, choice, run_dir, model_path, history, resumed_step))
+    result = _result(setup, choice, run_dir, model_path, history, resumed_step)
+    held_out = {
+        "to_target": clock.result().to_dict() if clock.on else {},
+        "evaluations": [asdict(e) for e in clock.evaluations],
+    }
+    return Trained(setup, dataclasses.replace(result, **held_out))
+
+
+def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetClock:
+    """The held-out evaluations of this training (`tasks.train.to_target`), with those a
+    resumed training recorded before its checkpoint."""
+    evaluate = run.config.evaluate
+    train_examples = run.manifest.splits["train"]
+    every = interval_examples(evaluate.every_epochs, train_examples)
+    has_test = run.manifest.splits.get("test", 0) > 0
+    held_out = (
+        HeldOut(setup.model, run.manifest, run.data_dir, evaluate.batch_size)
+        if every and has_test
+        else None
+    )
+    path = run.run_dir / "evaluations.json"
+    earlier = [Evaluation(**e) for e in json.loads(path.read_text())] if path.exists() else []
+    earlier = [e for e in earlier if e.steps <= resumed_step]
+    return TargetClock(
+        held_out, evaluate.target_accuracy, every, setup.step_examples, train_examples, earlier
+    )
 
 
 def _restored(setup: TrainingSetup, run_dir: Path, chief: bool) -> tuple[Any, Any]:
@@ -233,20 +271,43 @@ def train_dataset_fn(
 
 
 def _timed_epoch(
-    run_epoch, epoch: int, steps: int, step_examples: int, after_steps: Callable[[int], None]
+    run_epoch,
+    epoch: int,
+    steps: int,
+    step_examples: int,
+    after_steps: _StepCounter,
+    clock: TargetClock,
+    stop_at_target: bool = False,
 ) -> dict[str, float]:
-    started = time.perf_counter()
-    loss, correct = run_epoch(steps, after_steps)
-    seconds = time.perf_counter() - started
-    examples = steps * step_examples
-    return {
+    """One epoch of `steps` steps, cut where the held-out split is evaluated (`clock`); its
+    seconds are training's alone. With `stop_at_target` it ends at the evaluation that
+    reaches the target."""
+    first = after_steps.count
+    clock.start()
+    loss = correct = seconds = 0.0
+    done = 0
+    evaluate_at = clock.cuts(first, first + steps)
+    for cut in sorted({*evaluate_at, first + steps}):
+        started = time.perf_counter()
+        part_loss, part_correct = run_epoch(cut - first - done, after_steps)
+        seconds += time.perf_counter() - started
+        loss, correct, done = loss + part_loss, correct + part_correct, cut - first
+        if cut in evaluate_at:
+            clock.evaluate(cut)
+            if stop_at_target and clock.reached:
+                break
+    examples = done * step_examples
+    record = {
         "epoch": epoch,
-        "loss": loss / steps,
+        "loss": loss / done,
         "accuracy": correct / examples,
         "seconds": seconds,
         "examples": examples,
         "examples_per_s": examples / seconds,
     }
+    if clock.evaluations and clock.evaluations[-1].steps > first:
+        record["heldout_accuracy"] = clock.evaluations[-1].accuracy
+    return record
 
 
 def _result(

@@ -152,7 +152,8 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         "scaling_efficiency",
         "test_accuracy",
         "test_loss",
-        "time_to_accuracy_s_baseline",
+        "time_to_target_speedup",
+        "examples_to_target_baseline",
     ):
         assert key in metrics, key
     assert metrics["speedup"] == pytest.approx(  # rounded to 4 significant digits

@@ -1,0 +1,84 @@
+"""The summary's time to target: the examples/s speedup corrected by the examples each
+training needed to reach the target, with the speedup's range."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tasks.report.summary import compare_runs, format_summary
+from tasks.train.training import TrainResult
+
+
+def _pair(base_target: dict, dist_target: dict) -> tuple[TrainResult, TrainResult]:
+    """One device at batch 16 and 2 replicas at 32, 1.50x (1.50-1.60) epoch by epoch."""
+
+    def history(*rates: float) -> list[dict]:
+        return [
+            {"epoch": i, "examples_per_s": r, "seconds": 1.0, "accuracy": 0.5}
+            for i, r in enumerate(rates, 1)
+        ]
+
+    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    base = dataclasses.replace(
+        base, examples_per_s=930, history=history(90, 1000, 800, 1000), to_target=base_target
+    )
+    dist = dataclasses.replace(
+        base,
+        strategy="mirrored",
+        replicas=2,
+        global_batch=32,
+        examples_per_s=1420,
+        history=history(9, 1500, 1280, 1500),
+        to_target=dist_target,
+    )
+    return base, dist
+
+
+def _reached(examples: int, seconds: float) -> dict:
+    return {"reached": True, "examples": examples, "seconds": seconds, "steps": examples // 16}
+
+
+EVALUATION = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
+
+
+def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
+    """The baseline reached 95% at 4,000 examples, 2 replicas at 5,000 (their larger batch
+    learns less per example): 1.50x (1.50-1.60) in examples/s is 1.20x (1.20-1.28) in time
+    to the target."""
+    base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
+    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    assert (
+        summary.time_to_target_speedup,
+        summary.time_to_target_speedup_low,
+        summary.time_to_target_speedup_high,
+    ) == pytest.approx((1.2, 1.2, 1.28))
+    assert (summary.examples_to_target_baseline, summary.examples_to_target_distributed) == (
+        4000,
+        5000,
+    )
+    assert (summary.time_to_target_s_baseline, summary.time_to_target_s_distributed) == (4.1, 3.6)
+    assert summary.to_target == (
+        "time to 95% held-out accuracy: 2 replicas 1.20x (1.20-1.28) one device's, in "
+        "examples/s 1.50x (1.50-1.60): 5,000 examples to it against 4,000 (1.25x as many) at "
+        "global batch 32 against 16"
+    )
+    assert f"to target               {summary.to_target}" in format_summary(summary, "ui")
+
+
+def test_a_target_one_training_missed_says_who_and_the_best_it_reached():
+    missed = {"reached": False, "best_accuracy": 0.9411, "best_examples": 14080}
+    base, dist = _pair(_reached(4000, 4.1), missed)
+    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.955)
+    assert summary.time_to_target_speedup is None and summary.examples_to_target_distributed is None
+    assert summary.to_target == (
+        "time to 95.5% held-out accuracy: the 2 replicas did not reach it (best 0.9411 at "
+        "14,080 examples); more epochs or a lower target"
+    )
+
+
+def test_no_evaluation_during_training_says_the_time_to_target_was_not_measured():
+    summary = compare_runs(*_pair({}, {}), EVALUATION, None, "weak", 0.95)
+    assert summary.time_to_target_speedup is None
+    assert "not measured (evaluate.every_epochs is 0" in summary.to_target
