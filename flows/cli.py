@@ -36,6 +36,17 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--image-size": ("prepare.synthetic.height", int, "synthetic: image height and width"),
     "--channels": ("prepare.synthetic.channels", int, "synthetic: image channels"),
     "--classes": ("prepare.synthetic.classes", int, "synthetic: number of classes"),
+    "--signal": (
+        "prepare.synthetic.signal",
+        float,
+        "synthetic: each pixel's share from its class's prototype, the rest noise (0.75; lower "
+        "is harder)",
+    ),
+    "--label-noise": (
+        "prepare.synthetic.label_noise",
+        float,
+        "synthetic: the share of labels replaced by a random class (0)",
+    ),
 }
 DATASET_FLAGS = {k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir")}
 

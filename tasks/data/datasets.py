@@ -90,15 +90,23 @@ def load_digits_source(seed: int, test_fraction: float) -> ArraySource:
 
 @dataclass
 class SyntheticSource:
-    """Seeded images: a fixed random prototype per class blended with per-example noise.
+    """Seeded images: a fixed random prototype per class blended with per-example noise,
+    `signal` of each pixel the prototype's; a `label_noise` share of labels replaced by a
+    uniformly drawn class (which may be the true one).
 
-    The label is learnable (the prototype dominates), so accuracy means something,
-    and any example can be generated on its own, in chunks, from its index.
+    At the default (signal 0.75, no label noise) the label is easy to learn, so accuracy
+    means something at once. A lower signal and some label noise give a task of known
+    difficulty for time to a target: the best accuracy a model can reach is
+    `1 - label_noise * (classes - 1) / classes`, and the examples it needs to get near it
+    grow as the signal falls. Any example can be generated on its own, in chunks, from its
+    index.
     """
 
     seed: int
     spec: FeatureSpec
     splits: dict[str, int]
+    signal: float = 0.75
+    label_noise: float = 0.0
     name: str = "synthetic"
     version: str = "1.0.0"
 
@@ -121,7 +129,14 @@ class SyntheticSource:
         rng = np.random.default_rng([self.seed, split_id, chunk])
         labels = rng.integers(0, self.spec.num_classes, size=n)
         noise = rng.integers(0, 256, size=(n, *self.spec.shape), dtype=np.uint8)
-        images = (self._prototypes[labels] // 4) * 3 + noise // 4
+        if self.signal == 0.75:  # the original blend, kept to the byte
+            images = (self._prototypes[labels] // 4) * 3 + noise // 4
+        else:
+            blend = self.signal * self._prototypes[labels] + (1 - self.signal) * noise
+            images = np.rint(blend).astype(np.uint8)
+        if self.label_noise > 0:
+            flipped = rng.random(n) < self.label_noise
+            labels = np.where(flipped, rng.integers(0, self.spec.num_classes, size=n), labels)
         return images, labels
 
 
@@ -131,7 +146,8 @@ def synthetic_source(cfg: PrepareConfig) -> SyntheticSource:
         shape=(s.height, s.width, s.channels),
         class_names=tuple(f"class_{i}" for i in range(s.classes)),
     )
-    return SyntheticSource(cfg.seed, spec, {"train": s.train_examples, "test": s.test_examples})
+    splits = {"train": s.train_examples, "test": s.test_examples}
+    return SyntheticSource(cfg.seed, spec, splits, s.signal, s.label_noise)
 
 
 @dataclass

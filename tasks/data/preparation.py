@@ -30,6 +30,8 @@ def dataset_dir(config: Config) -> Path:
     if config.prepare.dataset == "synthetic":
         s = config.prepare.synthetic
         slug += f"-{s.train_examples}-{s.height}x{s.width}x{s.channels}"
+        if (s.signal, s.label_noise) != (0.75, 0.0):  # a task of another difficulty
+            slug += f"-signal{s.signal:g}-noise{s.label_noise:g}"
     return Path(config.prepare.data_dir) / slug
 
 

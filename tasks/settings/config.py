@@ -55,6 +55,11 @@ class SyntheticConfig:
     width: int = _spec(32, lo=1, hi=4096)
     channels: int = _spec(3, lo=1, hi=4)
     classes: int = _spec(10, lo=2, hi=100_000)
+    # each pixel's share from its class's prototype (the rest is noise): lower is harder
+    signal: float = _spec(0.75, lo=0.0, hi=1.0)
+    # the share of labels replaced by a uniformly drawn class: the best accuracy reachable is
+    # 1 - label_noise x (classes - 1) / classes
+    label_noise: float = _spec(0.0, lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True)

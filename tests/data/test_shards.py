@@ -68,6 +68,34 @@ def test_synthetic_labels_follow_class_prototypes(make_config):
     assert (nearest == np.array(labels)).mean() > 0.95
 
 
+def test_a_harder_synthetic_task_flips_its_label_noise_share_and_blends_less_signal(
+    make_config,
+):
+    """signal 0.2, label noise 0.3 over 4 classes: a quarter of the flipped labels land on
+    the true class again, so 0.3 x 3/4 = 22.5% of labels differ from the prototype's class
+    (its nearest centroid, with a weaker signal still found); the images are the prototype
+    and the noise blended 0.2 to 0.8, in a directory of their own."""
+    values = dict(prepare__dataset="synthetic", prepare__synthetic__classes=4)
+    values |= dict(prepare__synthetic__train_examples=4000)
+    easy = open_source(make_config(**values).prepare)
+    hard_config = make_config(
+        **values, prepare__synthetic__signal=0.2, prepare__synthetic__label_noise=0.3
+    )
+    hard = open_source(hard_config.prepare)
+    easy_images, easy_labels = zip(*easy.examples("train", 0, 4000), strict=True)
+    hard_images, hard_labels = zip(*hard.examples("train", 0, 4000), strict=True)
+    differ = np.mean(np.array(easy_labels) != np.array(hard_labels))
+    assert differ == pytest.approx(0.225, abs=0.02)
+    prototypes = easy._prototypes.astype(np.float64)
+    flat = np.stack(hard_images).reshape(4000, -1).astype(np.float64)
+    nearest = np.argmin(((flat[:, None] - prototypes.reshape(4, -1)[None]) ** 2).sum(-1), axis=1)
+    assert (nearest == np.array(easy_labels)).mean() > 0.99  # the true class, still there
+    # same noise: hard = 0.2 p + 0.8 n, easy = 0.75 p + 0.25 n (to the byte, floored)
+    assert np.abs(np.mean(hard_images[0]) - np.mean(easy_images[0])) < 40
+    assert dataset_dir(hard_config).name.endswith("-signal0.2-noise0.3")
+    assert dataset_dir(make_config(**values)).name == "synthetic-4000-32x32x3"
+
+
 def test_synthetic_ranges_match_a_full_pass_across_chunks(make_config):
     config = make_config(prepare__dataset="synthetic", prepare__synthetic__train_examples=2100)
     source = open_source(config.prepare)
