@@ -116,8 +116,18 @@ def evaluate_task(model_path: str, run: Run):
     return result
 
 
+@task(name="repeat to the target with more seeds")
+def repeat_task(base: Run, run: Run) -> tuple[list[dict], list[dict]]:
+    """Both trainings again with each further seed (`evaluate.seeds`), to the target only."""
+    seeds = run.config.evaluate.seeds
+    return (
+        execute.repeat_to_target(base, seeds, "baseline"),
+        execute.repeat_to_target(run, seeds, "distributed"),
+    )
+
+
 @task(name="summarize")
-def summarize_task(context, baseline, distributed, result, diagnosis, run: Run):
+def summarize_task(context, baseline, distributed, result, diagnosis, run: Run, repeats):
     return summary.summarize_study(
         context,
         baseline,
@@ -127,6 +137,7 @@ def summarize_task(context, baseline, distributed, result, diagnosis, run: Run):
         run.train.scaling,
         run.config.evaluate.target_accuracy,
         run.manifest.feature["class_names"],
+        repeats,
     )
 
 
@@ -181,7 +192,8 @@ def scaling_study(config: config_mod.Config) -> summary.ScalingSummary:
         distributed, diagnosis = distributed_task(run, live)
         close_child_task(live, distributed, context)
         result = evaluate_task(distributed.model_path, run)
-        record = summarize_task(context, baseline, distributed, result, diagnosis, run)
+        repeats = repeat_task(base, run)
+        record = summarize_task(context, baseline, distributed, result, diagnosis, run, repeats)
         track_task(tracker, parent_id, record)
     except BaseException as exc:
         fail_tracking_task(tracker, parent_id, repr(exc))

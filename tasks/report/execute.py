@@ -22,7 +22,7 @@ from typing import Any
 
 from tasks.core.errors import MissingInput, UsageError
 from tasks.core.files import atomic_path, write_json_atomic
-from tasks.core.progress import EpochWatcher
+from tasks.core.progress import EpochWatcher, status
 from tasks.core.run_lock import hold
 from tasks.distribute.run import Role, Run
 from tasks.measure.autotune import Settled, settle
@@ -210,6 +210,19 @@ def train_and_diagnose(
         (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
         write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
         return result, diagnosis
+
+
+def repeat_to_target(run: Run, seeds: int, label: str) -> list[dict[str, Any]]:
+    """`run`'s time to target again with each of the `seeds - 1` seeds after its own, each
+    training ending at the target (`train.stop_at_target`), unmeasured: their `to_target`
+    records, as MLPerf Training repeats a run to give its time with the spread of seeds."""
+    records = []
+    for seed in range(run.train.seed + 1, run.train.seed + seeds):
+        train = dataclasses.replace(run.train, seed=seed, stop_at_target=True)
+        result = run_training(run.with_train(train), label=f"{label} seed {seed}")
+        status(f"seed {seed}", f"{label}: {ToTarget(**result.to_target).text()}")
+        records.append(result.to_target)
+    return records
 
 
 def format_line(result: TrainResult) -> str:

@@ -18,6 +18,7 @@ from tasks.measure.rounds import Spread
 from tasks.report.execute import load_exported
 from tasks.settings.kinds import SpreadOver, shape_text
 from tasks.train.evaluation import EvalResult
+from tasks.train.to_target import over_seeds
 from tasks.train.training import TrainResult
 
 
@@ -69,6 +70,9 @@ class ScalingSummary(SpreadOver):
     time_to_target_speedup_low: float | None = None
     time_to_target_speedup_high: float | None = None
     to_target: str = ""  # the time-to-target answer in a sentence (`target_sentence`)
+    seeds: int = field(default=1, metadata=PARAM)  # each training's, for the time to target
+    # examples to target of each seed: [baseline's, distributed's] (None: not reached)
+    examples_to_target_by_seed: list[list[float | None]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,27 +86,44 @@ class ScalingSummary(SpreadOver):
 
 
 def target_figures(
-    baseline: TrainResult, distributed: TrainResult, target: float, speedup: Spread
+    baseline: TrainResult,
+    distributed: TrainResult,
+    target: float,
+    speedup: Spread,
+    repeats: tuple[list[dict], list[dict]] = ([], []),
 ) -> dict[str, Any]:
     """Examples and time to `target` of both trainings, and the time-to-target speedup:
     the examples/s `speedup` times the baseline's examples to target over the
-    distributed's, so it has the speedup's range (the examples are counted, not timed)."""
-    base, dist = baseline.to_target, distributed.to_target
+    distributed's. With `repeats` (each training's `to_target` records for more seeds,
+    `tasks.report.execute.repeat_to_target`) the examples and times are MLPerf's means over
+    the seeds (`tasks.train.to_target.over_seeds`). The range takes the speedup's range and
+    the seeds' spread together: its low end is the speedup's lowest round over the fewest
+    examples the baseline needed against the most the distributed run did."""
+    base = [baseline.to_target, *repeats[0]]
+    dist = [distributed.to_target, *repeats[1]]
+    examples = [over_seeds([_reached(t, "examples") for t in side]) for side in (base, dist)]
+    seconds = [over_seeds([_reached(t, "seconds") for t in side]) for side in (base, dist)]
     figures: dict[str, Any] = {
-        "examples_to_target_baseline": base.get("examples"),
-        "examples_to_target_distributed": dist.get("examples"),
-        "time_to_target_s_baseline": base.get("seconds"),
-        "time_to_target_s_distributed": dist.get("seconds"),
+        "seeds": len(base),
+        "examples_to_target_baseline": examples[0].mean,
+        "examples_to_target_distributed": examples[1].mean,
+        "time_to_target_s_baseline": seconds[0].mean,
+        "time_to_target_s_distributed": seconds[1].mean,
+        "examples_to_target_by_seed": [list(examples[0].values), list(examples[1].values)],
     }
-    if base.get("reached") and dist.get("reached"):
-        ratio = base["examples"] / dist["examples"]
+    (b, d) = examples
+    if b.mean is not None and d.mean is not None:
         figures.update(
-            time_to_target_speedup=speedup.median * ratio,
-            time_to_target_speedup_low=speedup.low * ratio,
-            time_to_target_speedup_high=speedup.high * ratio,
+            time_to_target_speedup=speedup.median * b.mean / d.mean,
+            time_to_target_speedup_low=speedup.low * b.low / d.high,
+            time_to_target_speedup_high=speedup.high * b.high / d.low,
         )
     figures["to_target"] = target_sentence(baseline, distributed, target, speedup, figures)
     return figures
+
+
+def _reached(to_target: dict, key: str) -> float | None:
+    return to_target.get(key) if to_target.get("reached") else None
 
 
 def target_sentence(
@@ -113,20 +134,29 @@ def target_sentence(
     figures: dict[str, Any],
 ) -> str:
     """`time to 95%: 2 replicas 0.93x (0.88-1.02) one device's, in examples/s 1.24x (...):
-    5,632 examples to it against 4,224 at global batch 64 against 32`, or who did not
-    reach it and the best they reached."""
+    5,632 examples to it against 4,224 at global batch 64 against 32`, over how many seeds,
+    or who did not reach it and the best they reached."""
     base, dist = baseline.to_target, distributed.to_target
     head = f"time to {target:.1%} held-out accuracy".replace(".0%", "%")
     if not base or not dist:
         return f"{head}: not measured (evaluate.every_epochs is 0, or there is no test split)"
-    missed = [
-        f"the {name} did not reach it (best {t['best_accuracy']:.4f} at "
-        f"{t['best_examples']:,} examples)"
-        if t.get("best_accuracy") is not None
-        else f"the {name} ended before its first evaluation"
-        for name, t in (("baseline", base), (distributed.shape, dist))
-        if not t.get("reached")
-    ]
+    seeds, by_seed = figures["seeds"], figures["examples_to_target_by_seed"]
+    sides = (("baseline", "baseline", base), (distributed.shape, "distributed", dist))
+    if seeds > 1:
+        missed = [
+            f"the {name} missed it in {sum(v is None for v in values)} of {seeds} seeds"
+            for (name, key, _), values in zip(sides, by_seed, strict=True)
+            if figures[f"examples_to_target_{key}"] is None
+        ]
+    else:
+        missed = [
+            f"the {name} did not reach it (best {t['best_accuracy']:.4f} at "
+            f"{t['best_examples']:,} examples)"
+            if t.get("best_accuracy") is not None
+            else f"the {name} ended before its first evaluation"
+            for name, _, t in sides
+            if not t.get("reached")
+        ]
     if missed:
         return f"{head}: " + "; ".join(missed) + "; more epochs or a lower target"
     spread = Spread(
@@ -134,13 +164,23 @@ def target_sentence(
         figures["time_to_target_speedup_low"],
         figures["time_to_target_speedup_high"],
     )
-    more = dist["examples"] / base["examples"]
-    return (
+    b, d = figures["examples_to_target_baseline"], figures["examples_to_target_distributed"]
+    text = (
         f"{head}: {distributed.shape} {spread.text()} one device's, in examples/s "
-        f"{speedup.text()}: {dist['examples']:,} examples to it against {base['examples']:,} "
-        f"({more:.2f}x as many) at global batch {distributed.global_batch} against "
-        f"{baseline.global_batch}"
+        f"{speedup.text()}: {d:,.0f} examples to it against {b:,.0f} ({d / b:.2f}x as many) "
+        f"at global batch {distributed.global_batch} against {baseline.global_batch}"
     )
+    if seeds > 1:
+        dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
+        ranges = [
+            f"{min(v):,.0f}-{max(v):,.0f}"
+            for v in (sorted(x)[1:-1] if seeds >= 3 else x for x in by_seed)
+        ]
+        text += (
+            f"; the mean of {seeds} seeds each{dropped} (MLPerf's score; the baseline's kept "
+            f"seeds {ranges[0]}, the {distributed.shape}' {ranges[1]})"
+        )
+    return text
 
 
 def compare_runs(
@@ -150,6 +190,7 @@ def compare_runs(
     diagnosis: Diagnosis | None,
     scaling: str,
     target_accuracy: float,
+    repeats: tuple[list[dict], list[dict]] = ([], []),
 ) -> ScalingSummary:
     """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
     the devices (replicas, or a pipeline's stages; 1.0 is linear scaling).
@@ -178,7 +219,7 @@ def compare_runs(
         micro_batches=distributed.micro_batches,
         splits=distributed.splits,
         target_accuracy=target_accuracy,
-        **target_figures(baseline, distributed, target_accuracy, _speedup_spread(figures)),
+        **target_figures(baseline, distributed, target_accuracy, _speedup_spread(figures), repeats),
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
         reason=distributed.reason,
@@ -436,12 +477,15 @@ def summarize_study(
     scaling: str,
     target_accuracy: float,
     class_names: list[str],
+    repeats: tuple[list[dict], list[dict]] = ([], []),
 ) -> StudyRecord:
     """Compares the runs and writes the chart, evaluation, diagnosis and summary beside the
     distributed model."""
     from tasks.train.evaluation import write_evaluation
 
-    summary = compare_runs(baseline, distributed, evaluation, diagnosis, scaling, target_accuracy)
+    summary = compare_runs(
+        baseline, distributed, evaluation, diagnosis, scaling, target_accuracy, repeats
+    )
     out_dir = Path(distributed.run_dir)
     files = {
         "evaluation": write_evaluation(evaluation, out_dir, class_names),

@@ -195,3 +195,32 @@ class TargetClock:
 
     def result(self) -> ToTarget:
         return to_target(self.evaluations, self.target, self.every_examples, self.train_examples)
+
+
+@dataclass(frozen=True)
+class OverSeeds:
+    """A to-target figure over seeds, scored as MLPerf Training scores its runs: with three
+    or more, the mean without the fastest and the slowest, a seed that never reached the
+    target counting as the slowest; with fewer, the mean. `mean` is None where a seed kept
+    did not reach the target. `low` and `high` span the seeds kept."""
+
+    values: tuple[float | None, ...]
+    mean: float | None
+    low: float | None
+    high: float | None
+
+    @property
+    def seeds(self) -> int:
+        return len(self.values)
+
+    @property
+    def missed(self) -> int:
+        return sum(v is None for v in self.values)
+
+
+def over_seeds(values: list[float | None]) -> OverSeeds:
+    ordered = sorted(values, key=lambda v: math.inf if v is None else v)
+    kept = ordered[1:-1] if len(ordered) >= 3 else ordered
+    if not kept or any(v is None for v in kept):
+        return OverSeeds(tuple(values), None, None, None)
+    return OverSeeds(tuple(values), sum(kept) / len(kept), min(kept), max(kept))

@@ -114,3 +114,22 @@ def test_evaluation_off_measures_nothing_and_trains_as_before(digits, tmp_path):
     result = train_model(run).result
     assert result.evaluations == [] and result.to_target == {}
     assert "heldout_accuracy" not in result.history[0]
+
+
+@pytest.mark.parametrize(
+    ("values", "mean", "low", "high"),
+    [
+        ([5.0, 1.0, 3.0, 4.0, 9.0], 4.0, 3.0, 5.0),  # 1 and 9 dropped
+        ([5.0, None, 3.0, 4.0, 2.0], 4.0, 3.0, 5.0),  # the miss counts as the slowest
+        ([5.0, None, 3.0, None, 2.0], None, None, None),  # a miss among those kept
+        ([6.0, 2.0], 4.0, 2.0, 6.0),  # too few to drop any
+        ([7.0], 7.0, 7.0, 7.0),
+        ([None], None, None, None),
+    ],
+)
+def test_seeds_are_scored_as_mlperf_scores_runs(values, mean, low, high):
+    from tasks.train.to_target import over_seeds
+
+    got = over_seeds(values)
+    assert (got.mean, got.low, got.high) == (mean, low, high)
+    assert got.seeds == len(values) and got.missed == values.count(None)
