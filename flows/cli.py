@@ -164,6 +164,11 @@ TRAIN_FLAGS = {
         "evaluate the held-out split every this many epochs while training, on the clock "
         "(0.5; 0: never)",
     ),
+    "--noise-scale": (
+        "train.noise_scale",
+        _bool,
+        "record the gradient noise scale in the step (true; false: plain steps)",
+    ),
     "--seeds": (
         "evaluate.seeds",
         int,

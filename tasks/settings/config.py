@@ -117,6 +117,9 @@ class TrainConfig:
     device_memory_mb: float = _spec(0.0, lo=0.0)
     # end the training at the first held-out evaluation that reaches evaluate.target_accuracy
     stop_at_target: bool = False
+    # record the gradient noise scale in the step (`tasks.train.steps.GradientNoise`): each
+    # micro-batch's gradient norm before the all-reduce and the all-reduced one's
+    noise_scale: bool = True
 
     @property
     def per_replica_batch(self) -> int:

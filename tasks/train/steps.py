@@ -56,7 +56,18 @@ class FusedAdam(keras.optimizers.Adam):
     traces the step, 0.63 against 0.86 s (digits) and 0.42-0.70 against 0.92-0.93 s.
 
     AMSGrad and sparse gradients (an embedding's `IndexedSlices`) take Keras's own update.
+
+    `noise` (a `GradientNoise`, None by default) records the gradient noise scale's norms
+    at the all-reduce.
     """
+
+    noise: Any = None
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        reduced = super()._all_reduce_sum_gradients(grads_and_vars)
+        if self.noise is not None:
+            self.noise.record([g for g, _ in reduced])
+        return reduced
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
@@ -94,12 +105,18 @@ def replica_step(model, optimizer, images, labels, accum_steps: int, effective_b
 
     The loss is averaged over the effective global batch, so summing across replicas
     (which the optimizer does) gives the mean gradient. Returns (loss, correct count).
+
+    While the optimizer records the gradient noise scale (`GradientNoise`, on `FusedAdam`),
+    each micro-batch's gradient is kept for it, and a lone replica splits a batch of no
+    micro-batches in two, so that there is a smaller batch to compare the whole with.
     """
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    grads, total_loss, correct = None, 0.0, 0
-    for images_i, labels_i in zip(
-        tf.split(images, accum_steps), tf.split(labels, accum_steps), strict=True
-    ):
+    noise = getattr(optimizer.inner_optimizer if scaled else optimizer, "noise", None)
+    splits = accum_steps
+    if noise is not None and noise.split_batch:
+        splits = 2
+    grads, total_loss, correct, micro = None, 0.0, 0, []
+    for images_i, labels_i in zip(tf.split(images, splits), tf.split(labels, splits), strict=True):
         with tf.GradientTape() as tape:
             logits = model(images_i, training=True)
             per_example = keras.losses.sparse_categorical_crossentropy(
@@ -108,14 +125,115 @@ def replica_step(model, optimizer, images, labels, accum_steps: int, effective_b
             loss = tf.reduce_sum(per_example) / effective_batch
             target = optimizer.scale_loss(loss) if scaled else loss
         step_grads = tape.gradient(target, model.trainable_variables)
+        if noise is not None:
+            micro.append(step_grads)
         grads = (
             step_grads if grads is None else [a + b for a, b in zip(grads, step_grads, strict=True)]
         )
         total_loss += loss
         predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
         correct += tf.reduce_sum(tf.cast(predicted == labels_i, tf.int32))
+    if noise is not None:
+        scale = optimizer.scale_loss(1.0) if scaled else 1.0
+        noise.stage(micro, model.trainable_variables, effective_batch / images_i.shape[0], scale)
     optimizer.apply(grads, model.trainable_variables)
     return total_loss, correct
+
+
+class GradientNoise:
+    """Sums, one copy per replica (sync-on-read), of the squared gradient norms the gradient
+    noise scale is estimated from (`tasks.measure.noise_scale`): each micro-batch's gradient
+    before the all-reduce (a batch of `small_batch` examples) and the all-reduced gradient
+    (`big_batch`), raw and as Adam preconditions them (divided by sqrt(v_hat) + epsilon,
+    with v_hat the second moment before this step's gradient), over the steps since the
+    last `read`.
+
+    Gradients are taken in float32, with the loss scale undone; a step whose norms are not
+    finite is not counted (LossScaleOptimizer skips such steps before the all-reduce, so
+    they never reach `record`). Set on `FusedAdam.noise`, it is staged by `replica_step`
+    and recorded by the optimizer's all-reduce, the one place both gradients exist.
+    """
+
+    KEYS = ("small", "big", "small_adam", "big_adam", "steps", "adam_steps")
+
+    def __init__(self, strategy: Any, optimizer: FusedAdam, replicas: int, per_replica: int,
+                 accum_steps: int, effective_batch: int):  # fmt: skip
+        self.optimizer, self.replicas = optimizer, replicas
+        # one replica with whole batches: its batch in two halves (an even batch only)
+        self.split_batch = replicas == 1 and accum_steps == 1 and per_replica % 2 == 0
+        splits = 2 if self.split_batch else accum_steps
+        self.small_batch, self.big_batch = per_replica // splits, effective_batch
+        self.on = self.small_batch < self.big_batch
+        self.sums = _replica_sums(strategy, len(self.KEYS))
+        # what each replica staged, by its replica context: Mirrored traces its replicas'
+        # steps in threads of their own, at once
+        self._staged: dict[int, tuple[Any, Any, list[Any]]] = {}
+
+    def stage(self, micro: list[list], variables: list, factor: float, scale: Any) -> None:
+        """The micro-batches' gradients of this step (of the loss over the effective batch,
+        times `scale`): each one's mean gradient is `factor / scale` times it."""
+        adam = self.optimizer
+        t = tf.cast(adam.iterations, tf.float32)
+        unbias = 1.0 - tf.pow(tf.cast(adam.beta_2, tf.float32), t)
+        precondition = [
+            tf.sqrt(_f32(adam._velocities[adam._get_variable_index(v)]) / unbias) + adam.epsilon
+            for v in variables
+        ]
+        to_mean = tf.cast(factor, tf.float32) / tf.cast(scale, tf.float32)
+        means = [[_f32(g) * to_mean for g in grads] for grads in micro]
+        self._staged[id(tf.distribute.get_replica_context())] = (
+            tf.add_n([_sq_norm(g) for g in means]) / len(means),
+            tf.add_n([_sq_norm(g, precondition) for g in means]) / len(means),
+            precondition,
+        )
+
+    def record(self, reduced: list[Any]) -> None:
+        """The all-reduced gradient of the step staged last: adds both norms, divided by the
+        replicas (each replica adds its share; reading sums them)."""
+        staged = self._staged.pop(id(tf.distribute.get_replica_context()), None)
+        if staged is None:
+            return
+        small, small_adam, precondition = staged
+        big = _sq_norm([_f32(g) for g in reduced])
+        big_adam = _sq_norm([_f32(g) for g in reduced], precondition)
+        share = 1.0 / self.replicas
+        raw_ok = tf.math.is_finite(small) & tf.math.is_finite(big)
+        adam_ok = tf.math.is_finite(small_adam) & tf.math.is_finite(big_adam)
+        for total, value, ok in zip(
+            self.sums,
+            (small, big, small_adam, big_adam, 1.0, 1.0),
+            (raw_ok, raw_ok, adam_ok, adam_ok, raw_ok, adam_ok),
+            strict=True,
+        ):
+            total.assign_add(tf.where(ok, tf.cast(value, tf.float32) * share, 0.0))
+
+    def read(self) -> dict[str, float]:
+        """The means over the steps since the last read (of every replica's micro-batches
+        for `small`), with the batches, then starts over."""
+        totals = dict(zip(self.KEYS, (float(s.read_value()) for s in self.sums), strict=True))
+        for total in self.sums:
+            total.assign(0.0)
+        steps, adam_steps = totals.pop("steps"), totals.pop("adam_steps")
+        return {
+            "small": totals["small"] / steps if steps else None,
+            "big": totals["big"] / steps if steps else None,
+            "small_adam": totals["small_adam"] / adam_steps if adam_steps else None,
+            "big_adam": totals["big_adam"] / adam_steps if adam_steps else None,
+            "steps": round(steps),
+            "small_batch": self.small_batch,
+            "big_batch": self.big_batch,
+        }
+
+
+def _f32(value: Any) -> tf.Tensor:
+    return tf.cast(tf.convert_to_tensor(value), tf.float32)
+
+
+def _sq_norm(grads: list[Any], divisors: list[Any] | None = None) -> tf.Tensor:
+    """The squared norm of a list of gradients (each divided elementwise by its divisor)."""
+    if divisors is not None:
+        grads = [g / d for g, d in zip(grads, divisors, strict=True)]
+    return tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads if g is not None])
 
 
 def replica_batches(strategy, dataset_fn) -> Callable[[], tuple]:

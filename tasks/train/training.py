@@ -34,10 +34,14 @@ from tasks.distribute.strategy import StrategyChoice, build_strategy
 from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver, cluster_spec_of
 from tasks.train.models import build_model
-from tasks.train.steps import FusedAdam, make_warmup_schedule
+from tasks.train.steps import FusedAdam, GradientNoise, make_warmup_schedule
 from tasks.train.to_target import Evaluation, HeldOut, TargetClock, interval_examples
 
 log = logging.getLogger(__name__)
+
+# the kinds whose step is `replica_step` under `strategy.run`: the gradient noise scale is
+# recorded at their all-reduce
+NOISE_KINDS = ("one_device", "mirrored", "multi_worker", "tpu")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class TrainResult(SpreadOver):
     # (`tasks.train.to_target.ToTarget`), evaluated every `evaluate.every_epochs`
     to_target: dict[str, Any] = field(default_factory=dict)
     evaluations: list[dict[str, float]] = field(default_factory=list)  # `to_target.Evaluation`s
+    # the gradient noise scale's norms (`tasks.train.steps.GradientNoise.read`), a window of
+    # steps each, read at each evaluation and epoch end: `tasks.measure.noise_scale` uses them
+    gradient_noise: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,13 +131,13 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     )
     run_epoch = setup.epoch_runner(choice, dataset_fn)
     clock = _target_clock(run, setup, resumed_step)
+    watch = _Watch(clock, _gradient_noise(setup, choice, cfg), cfg.stop_at_target)
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
         after_steps.epoch_ends_at = after_steps.count + steps
-        record = _timed_epoch(
-            run_epoch, epoch + 1, steps, setup.step_examples, after_steps, clock, cfg.stop_at_target
+        history.append(
+            _timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps, watch)
         )
-        history.append(record)
         # the epoch's record before its checkpoint: a run killed between the two resumes from
         # the previous checkpoint and cuts the history to it (`[:start_epoch]` above), where
         # the other order lost the epoch's record (seen once in a whole-suite run)
@@ -141,6 +148,8 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         after_steps.check_preemption()  # at an epoch's end: after its record is written
         if cfg.stop_at_target and clock.reached:
             break
+    if watch.noise is not None:  # later steps (the measuring rounds') are plain
+        watch.noise.optimizer.noise = None
     model_path = run_dir / "model.keras"
     if chief:
         setup.model.save(model_path)
@@ -150,6 +159,7 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     held_out = {
         "to_target": clock.result().to_dict() if clock.on else {},
         "evaluations": [asdict(e) for e in clock.evaluations],
+        "gradient_noise": watch.windows,
     }
     return Trained(setup, dataclasses.replace(result, **held_out))
 
@@ -270,18 +280,49 @@ def train_dataset_fn(
     return dataset_fn
 
 
+@dataclass
+class _Watch:
+    """What a training watches besides its loss: the held-out split against the target
+    (`clock`), the gradient noise scale's norms (`noise`, None when off; a window of them
+    read at each evaluation, or each epoch's end without evaluations), and whether to stop
+    at the target."""
+
+    clock: TargetClock
+    noise: GradientNoise | None
+    stop_at_target: bool
+    windows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _gradient_noise(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig):
+    """The gradient noise scale's recorder, set on the optimizer, where the config asks for
+    it and the strategy's step is `replica_step` under `strategy.run` (not a parameter
+    server's or a pipeline's)."""
+    if not cfg.noise_scale or choice.kind not in NOISE_KINDS:
+        return None
+    optimizer = setup.optimizer
+    adam = optimizer.inner_optimizer if hasattr(optimizer, "inner_optimizer") else optimizer
+    noise = GradientNoise(
+        setup.strategy, adam, setup.replicas, setup.per_replica, setup.accum_steps,
+        setup.step_examples,
+    )  # fmt: skip
+    if not noise.on:
+        return None
+    adam.noise = noise
+    return noise
+
+
 def _timed_epoch(
     run_epoch,
     epoch: int,
     steps: int,
     step_examples: int,
     after_steps: _StepCounter,
-    clock: TargetClock,
-    stop_at_target: bool = False,
+    watch: _Watch,
 ) -> dict[str, float]:
-    """One epoch of `steps` steps, cut where the held-out split is evaluated (`clock`); its
-    seconds are training's alone. With `stop_at_target` it ends at the evaluation that
-    reaches the target."""
+    """One epoch of `steps` steps, cut where the held-out split is evaluated (`watch.clock`);
+    its seconds are training's alone. With `watch.stop_at_target` it ends at the evaluation
+    that reaches the target."""
+    clock = watch.clock
     first = after_steps.count
     clock.start()
     loss = correct = seconds = 0.0
@@ -292,9 +333,11 @@ def _timed_epoch(
         part_loss, part_correct = run_epoch(cut - first - done, after_steps)
         seconds += time.perf_counter() - started
         loss, correct, done = loss + part_loss, correct + part_correct, cut - first
+        if watch.noise is not None and (cut in evaluate_at or not clock.on):
+            watch.windows.append({"end_step": cut, **watch.noise.read()})
         if cut in evaluate_at:
             clock.evaluate(cut)
-            if stop_at_target and clock.reached:
+            if watch.stop_at_target and clock.reached:
                 break
     examples = done * step_examples
     record = {

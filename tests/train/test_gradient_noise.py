@@ -1,0 +1,123 @@
+"""The gradient noise scale's norms, recorded in the training step: checked against the same
+norms computed directly from each replica's and the whole batch's gradient, raw and with
+Adam's preconditioning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _model_and_data(seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(3)])
+    rng = np.random.default_rng(seed)
+    images = rng.normal(size=(16, 6)).astype("float32")
+    labels = rng.integers(0, 3, size=16).astype("int32")
+    return model, images, labels
+
+
+def _mean_gradient(model, images, labels) -> list[np.ndarray]:
+    import keras
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        loss = tf.reduce_mean(
+            keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        )
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def _sq(grads, divisors=None) -> float:
+    divisors = divisors or [1.0] * len(grads)
+    return float(sum(np.sum((g / d) ** 2) for g, d in zip(grads, divisors, strict=True)))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
+    replicas, two_logical_cpus
+):
+    """Two steps on 16 examples: 2 replicas of 8 (Mirrored over 2 logical CPUs), or one
+    device whose batch is split in halves of 8. The second step's norms, read apart, are
+    the mean of the halves' squared gradient norms and the whole batch's, each computed
+    here from the model's weights before that step; Adam's variant divides each gradient
+    by sqrt(v_hat) + epsilon, v_hat from the first step's gradient alone."""
+    import tensorflow as tf
+
+    from tasks.train.steps import FusedAdam, GradientNoise, replica_step
+
+    devices = two_logical_cpus[:replicas]
+    # as tfscale builds it: the CPU default's collective instances collide across strategies
+    strategy = tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    model, images, labels = _model_and_data()
+    with strategy.scope():
+        model = type(model).from_config(model.get_config())
+        model.set_weights(_model_and_data()[0].get_weights())
+        adam = FusedAdam(1e-2)
+        adam.build(model.trainable_variables)
+    noise = GradientNoise(strategy, adam, replicas, 16 // replicas, 1, 16)
+    assert (noise.small_batch, noise.big_batch, noise.split_batch) == (8, 16, replicas == 1)
+    adam.noise = noise
+    per_replica = 16 // replicas
+    dataset = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (
+            images[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
+            labels[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
+        )
+    )
+
+    @tf.function
+    def step(batch):
+        strategy.run(lambda x, y: replica_step(model, adam, x, y, 1, 16), args=batch)
+
+    first = _mean_gradient(model, images, labels)
+    step(dataset)
+    noise.read()  # the first step's (Adam's variant not counted: no v_hat yet)
+    halves = [_mean_gradient(model, images[i : i + 8], labels[i : i + 8]) for i in (0, 8)]
+    whole = _mean_gradient(model, images, labels)
+    step(dataset)
+    got = noise.read()
+    assert got["steps"] == 1 and (got["small_batch"], got["big_batch"]) == (8, 16)
+    assert got["small"] == pytest.approx(np.mean([_sq(h) for h in halves]), rel=1e-4)
+    assert got["big"] == pytest.approx(_sq(whole), rel=1e-4)
+    # Adam's second moment after one step: (1 - beta_2) g^2, unbiased by (1 - beta_2)
+    precondition = [np.sqrt(g**2) + adam.epsilon for g in first]
+    assert got["small_adam"] == pytest.approx(
+        np.mean([_sq(h, precondition) for h in halves]), rel=1e-3
+    )
+    assert got["big_adam"] == pytest.approx(_sq(whole, precondition), rel=1e-3)
+    assert got["small"] > got["big"]  # a smaller batch's gradient is noisier
+
+
+def test_a_training_records_a_window_at_each_evaluation_and_plain_steps_after(digits, tmp_path):
+    """Under Mirrored, every evaluation ends a window of the steps since the last; the
+    noise scale's figures are finite; with `train.noise_scale: false` none are kept."""
+    from tasks.distribute.hardware import detect_hardware
+    from tasks.distribute.run import Run
+    from tasks.distribute.strategy import select_strategy
+    from tasks.settings.config import load_config
+    from tasks.train.training import train_model
+
+    overrides, manifest, data_dir = digits
+    values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.model": "mlp"}
+    values |= {"train.strategy": "mirrored", "train.epochs": 2, "train.precision": "float32"}
+    values |= {"train.jit_compile": False}
+    report = detect_hardware()
+    config = load_config(None, values)
+    run = Run(config, manifest, data_dir, select_strategy(report, config.train), report)
+    trained = train_model(run)
+    windows, evaluations = trained.result.gradient_noise, trained.result.evaluations
+    assert [w["end_step"] for w in windows] == [e["steps"] for e in evaluations]
+    assert sum(w["steps"] for w in windows) == evaluations[-1]["steps"]
+    assert all(w["small"] > w["big"] > 0 for w in windows)
+    assert (windows[0]["small_batch"], windows[0]["big_batch"]) == (32, 64)
+    adam = trained.setup.optimizer
+    assert adam.noise is None  # the measuring rounds after training time plain steps
+    off = load_config(None, {**values, "train.noise_scale": False, "train.epochs": 1})
+    plain = train_model(run.with_train(off.train)).result
+    assert plain.gradient_noise == []
