@@ -162,3 +162,88 @@ def fit_steps_hyperbola(batches: Sequence[float], steps: Sequence[float]) -> Hyp
             "the way the model needs (S_min > 0, B_noise >= 0)"
         )
     return Hyperbola(s_min, slope / s_min)
+
+
+VARIANTS = ("raw", "adam")  # the gradient as it is, and as Adam preconditions it
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A training's noise scale over its steps, from the windows of norms it recorded
+    (`tasks.train.steps.GradientNoise.read`): after each window that recorded steps, its
+    end step, the window's own B_simple and the moving average's (`NoiseScale`, over the
+    windows so far), for each variant."""
+
+    end_steps: tuple[int, ...]
+    window: dict[str, tuple[float, ...]]
+    averaged: dict[str, tuple[float, ...]]
+    recorded_steps: int
+
+    def at(self, step: int, variant: str) -> float:
+        """The averaged noise scale in force at `step`: the last window's that ended at or
+        before it (the first window's before any ended)."""
+        values = self.averaged[variant]
+        if not values:
+            return math.nan
+        done = [v for end, v in zip(self.end_steps, values, strict=True) if end <= step]
+        return done[-1] if done else values[0]
+
+    def spread(self, variant: str, until: int | None = None) -> tuple[float, float, float]:
+        """The windows' own noise scales up to step `until`: (lower quartile, median, upper
+        quartile), the estimate's spread."""
+        values = sorted(
+            v
+            for end, v in zip(self.end_steps, self.window[variant], strict=True)
+            if (until is None or end <= until) and math.isfinite(v)
+        )
+        if not values:
+            return (math.nan, math.nan, math.nan)
+        pick = lambda q: values[min(int(q * len(values)), len(values) - 1)]  # noqa: E731
+        return pick(0.25), pick(0.5), pick(0.75)
+
+
+def trajectory(windows: Sequence[dict], beta: float = 0.5) -> Trajectory:
+    """The noise scale over a training's recorded windows: each window's two-batch
+    estimates (its norms are means over its steps, so unbiased over the window), and the
+    bias-corrected moving average of the estimates over windows (`beta`: each window weighs
+    as much as all before it, at 0.5)."""
+    end_steps: list[int] = []
+    window: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    averaged: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    scales = {v: NoiseScale(beta) for v in VARIANTS}
+    recorded = 0
+    for w in windows:
+        if not w.get("steps") or w.get("small") is None:
+            continue
+        recorded += w["steps"]
+        end_steps.append(int(w["end_step"]))
+        for variant in VARIANTS:
+            key = "" if variant == "raw" else "_adam"
+            small, big = w.get(f"small{key}"), w.get(f"big{key}")
+            if small is None or big is None:
+                g2, trace = math.nan, math.nan
+            else:
+                g2, trace = two_batch_estimates(w["small_batch"], small, w["big_batch"], big)
+            scales[variant].update(g2, trace)
+            own = NoiseScale(0.0)
+            own.update(g2, trace)
+            window[variant].append(own.value())
+            averaged[variant].append(scales[variant].value())
+    return Trajectory(
+        tuple(end_steps),
+        {k: tuple(v) for k, v in window.items()},
+        {k: tuple(v) for k, v in averaged.items()},
+        recorded,
+    )
+
+
+def predicted_steps_to(
+    path: Trajectory, steps_to_target: int, base_batch: float, batch: float, variant: str
+) -> float:
+    """The steps a training at global batch `batch` needs to the target a training at
+    `base_batch` reached in `steps_to_target` steps along `path`: each of its steps at the
+    noise scale then in force (`predicted_steps`)."""
+    scales = [path.at(step, variant) for step in range(1, steps_to_target + 1)]
+    return predicted_steps(
+        [s if math.isfinite(s) or s > 0 else math.inf for s in scales], base_batch, batch
+    )

@@ -6,6 +6,7 @@ update one fused kernel (`FusedAdam`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -100,18 +101,19 @@ def make_warmup_schedule(base: float, target: float, warmup_steps: int) -> Warmu
     return WarmupSchedule(base, target, warmup_steps)
 
 
-def replica_step(model, optimizer, images, labels, accum_steps: int, effective_batch: int):
+def replica_step(
+    model, optimizer, images, labels, accum_steps: int, effective_batch: int, noise=None
+):
     """One optimizer update from `accum_steps` micro-batches of this replica's batch.
 
     The loss is averaged over the effective global batch, so summing across replicas
     (which the optimizer does) gives the mean gradient. Returns (loss, correct count).
 
-    While the optimizer records the gradient noise scale (`GradientNoise`, on `FusedAdam`),
-    each micro-batch's gradient is kept for it, and a lone replica splits a batch of no
+    With `noise` (a `GradientNoise`, also set on the `FusedAdam` whose all-reduce records
+    it), each micro-batch's gradient is kept for it, and a lone replica splits a batch of no
     micro-batches in two, so that there is a smaller batch to compare the whole with.
     """
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    noise = getattr(optimizer.inner_optimizer if scaled else optimizer, "noise", None)
     splits = accum_steps
     if noise is not None and noise.split_batch:
         splits = 2
@@ -155,36 +157,57 @@ class GradientNoise:
     """
 
     KEYS = ("small", "big", "small_adam", "big_adam", "steps", "adam_steps")
+    # the graph calls that record, one in this many (`train.noise_scale_every`): on the
+    # default training (digits, the CNN, 1-2 ms steps that are mostly per-op dispatch) a
+    # recording call costs 9-11% more than a plain one, one call in 5 4-6%, one in 10 under
+    # 1% (`benchmarks/noise_scale_cost.py`, 15 alternating rounds)
+    EVERY_CALLS = 10
 
-    def __init__(self, strategy: Any, optimizer: FusedAdam, replicas: int, per_replica: int,
-                 accum_steps: int, effective_batch: int):  # fmt: skip
+    def __init__(
+        self,
+        strategy: Any,
+        optimizer: FusedAdam,
+        replicas: int,
+        per_replica: int,
+        accum_steps: int,
+        effective_batch: int,
+        every_calls: int = EVERY_CALLS,
+    ):
         self.optimizer, self.replicas = optimizer, replicas
+        self.every_calls = every_calls  # as an epoch runner made now will record
         # one replica with whole batches: its batch in two halves (an even batch only)
         self.split_batch = replicas == 1 and accum_steps == 1 and per_replica % 2 == 0
         splits = 2 if self.split_batch else accum_steps
         self.small_batch, self.big_batch = per_replica // splits, effective_batch
         self.on = self.small_batch < self.big_batch
-        self.sums = _replica_sums(strategy, len(self.KEYS))
+        self.sums = _replica_sums(strategy, 1, shape=(len(self.KEYS),))[0]
         # what each replica staged, by its replica context: Mirrored traces its replicas'
         # steps in threads of their own, at once
         self._staged: dict[int, tuple[Any, Any, list[Any]]] = {}
 
     def stage(self, micro: list[list], variables: list, factor: float, scale: Any) -> None:
         """The micro-batches' gradients of this step (of the loss over the effective batch,
-        times `scale`): each one's mean gradient is `factor / scale` times it."""
+        times `scale`): each one's mean gradient is `factor / scale` times it.
+
+        Each list of gradients is flattened into one vector first, so that a norm is a
+        handful of ops whatever the model's variable count (the step of a small model is
+        mostly per-op dispatch)."""
         adam = self.optimizer
         t = tf.cast(adam.iterations, tf.float32)
         unbias = 1.0 - tf.pow(tf.cast(adam.beta_2, tf.float32), t)
-        precondition = [
-            tf.sqrt(_f32(adam._velocities[adam._get_variable_index(v)]) / unbias) + adam.epsilon
-            for v in variables
-        ]
-        to_mean = tf.cast(factor, tf.float32) / tf.cast(scale, tf.float32)
-        means = [[_f32(g) * to_mean for g in grads] for grads in micro]
+        velocity = _flat([adam._velocities[adam._get_variable_index(v)] for v in variables])
+        precondition = tf.sqrt(velocity / unbias) + adam.epsilon
+        weights = 1.0 / tf.square(precondition)  # |g / p|^2 = sum(g^2 w)
+        to_mean = tf.square(tf.cast(factor, tf.float32) / tf.cast(scale, tf.float32))
+        raw, adam_sq = [], []
+        for grads in micro:
+            squares = tf.square(_flat(grads))
+            raw.append(tf.reduce_sum(squares))
+            adam_sq.append(tf.reduce_sum(squares * weights))
         self._staged[id(tf.distribute.get_replica_context())] = (
-            tf.add_n([_sq_norm(g) for g in means]) / len(means),
-            tf.add_n([_sq_norm(g, precondition) for g in means]) / len(means),
-            precondition,
+            tf.add_n(raw) * to_mean / len(micro),
+            tf.add_n(adam_sq) * to_mean / len(micro),
+            weights,
         )
 
     def record(self, reduced: list[Any]) -> None:
@@ -193,26 +216,20 @@ class GradientNoise:
         staged = self._staged.pop(id(tf.distribute.get_replica_context()), None)
         if staged is None:
             return
-        small, small_adam, precondition = staged
-        big = _sq_norm([_f32(g) for g in reduced])
-        big_adam = _sq_norm([_f32(g) for g in reduced], precondition)
-        share = 1.0 / self.replicas
+        small, small_adam, weights = staged
+        squares = tf.square(_flat(reduced))
+        big, big_adam = tf.reduce_sum(squares), tf.reduce_sum(squares * weights)
         raw_ok = tf.math.is_finite(small) & tf.math.is_finite(big)
         adam_ok = tf.math.is_finite(small_adam) & tf.math.is_finite(big_adam)
-        for total, value, ok in zip(
-            self.sums,
-            (small, big, small_adam, big_adam, 1.0, 1.0),
-            (raw_ok, raw_ok, adam_ok, adam_ok, raw_ok, adam_ok),
-            strict=True,
-        ):
-            total.assign_add(tf.where(ok, tf.cast(value, tf.float32) * share, 0.0))
+        values = tf.stack([small, big, small_adam, big_adam, 1.0, 1.0])
+        ok = tf.stack([raw_ok, raw_ok, adam_ok, adam_ok, raw_ok, adam_ok])
+        self.sums.assign_add(tf.where(ok, values / self.replicas, 0.0))
 
     def read(self) -> dict[str, float]:
         """The means over the steps since the last read (of every replica's micro-batches
         for `small`), with the batches, then starts over."""
-        totals = dict(zip(self.KEYS, (float(s.read_value()) for s in self.sums), strict=True))
-        for total in self.sums:
-            total.assign(0.0)
+        totals = dict(zip(self.KEYS, self.sums.read_value().numpy().tolist(), strict=True))
+        self.sums.assign(tf.zeros(len(self.KEYS)))
         steps, adam_steps = totals.pop("steps"), totals.pop("adam_steps")
         return {
             "small": totals["small"] / steps if steps else None,
@@ -225,15 +242,11 @@ class GradientNoise:
         }
 
 
-def _f32(value: Any) -> tf.Tensor:
-    return tf.cast(tf.convert_to_tensor(value), tf.float32)
-
-
-def _sq_norm(grads: list[Any], divisors: list[Any] | None = None) -> tf.Tensor:
-    """The squared norm of a list of gradients (each divided elementwise by its divisor)."""
-    if divisors is not None:
-        grads = [g / d for g, d in zip(grads, divisors, strict=True)]
-    return tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads if g is not None])
+def _flat(values: list[Any]) -> tf.Tensor:
+    """Tensors (gradients, variables) as one float32 vector, in order."""
+    return tf.concat(
+        [tf.reshape(tf.cast(tf.convert_to_tensor(v), tf.float32), [-1]) for v in values], 0
+    )
 
 
 def replica_batches(strategy, dataset_fn) -> Callable[[], tuple]:
@@ -300,22 +313,38 @@ def make_epoch_runner(
     """
     next_batches = replica_batches(strategy, dataset_fn)
     sums = _replica_sums(strategy, 2)
+    noise = _noise_of(optimizer)
 
-    def step_and_count(images, labels):
-        loss, correct = replica_step(model, optimizer, images, labels, accum_steps, effective_batch)
-        sums[0].assign_add(loss)
-        sums[1].assign_add(tf.cast(correct, tf.float32))
+    def steps_fn(recorder: GradientNoise | None) -> Callable:
+        def step_and_count(images, labels):
+            loss, correct = replica_step(
+                model, optimizer, images, labels, accum_steps, effective_batch, recorder
+            )
+            sums[0].assign_add(loss)
+            sums[1].assign_add(tf.cast(correct, tf.float32))
 
-    def one_step(images, labels):
-        strategy.run(step_and_count, args=(images, labels))
+        def one_step(images, labels):
+            strategy.run(step_and_count, args=(images, labels))
 
-    step = tf.function(one_step, jit_compile=True) if jit_compile else one_step
+        step = tf.function(one_step, jit_compile=True) if jit_compile else one_step
 
-    @tf.function
-    def train_steps(n):
-        for _ in tf.range(n):
-            images, labels = next_batches()
-            step(images, labels)
+        @tf.function
+        def train_steps(n):
+            for _ in tf.range(n):
+                images, labels = next_batches()
+                step(images, labels)
+
+        return train_steps
+
+    plain = steps_fn(None)
+    calls = itertools.count()
+    if noise is None:
+        train_steps = plain
+    else:  # one call in `every_calls` records the noise scale, the first among them
+        recording, every = steps_fn(noise), noise.every_calls
+
+        def train_steps(n):
+            (recording if next(calls) % every == 0 else plain)(n)
 
     @tf.function
     def reset():
@@ -329,12 +358,19 @@ def make_epoch_runner(
     return run_epoch
 
 
-def _replica_sums(strategy: Any, n: int) -> list[Any]:
-    """`n` float sums, one copy per replica (sync-on-read), added together when read."""
+def _noise_of(optimizer: Any) -> GradientNoise | None:
+    """The gradient noise scale's recorder set on the optimizer (`FusedAdam.noise`), if any."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return getattr(inner, "noise", None)
+
+
+def _replica_sums(strategy: Any, n: int, shape: tuple[int, ...] = ()) -> list[Any]:
+    """`n` float sums (of `shape`), one copy per replica (sync-on-read), added together
+    when read."""
     with strategy.scope():
         return [
             tf.Variable(
-                0.0,
+                tf.zeros(shape),
                 trainable=False,
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM,

@@ -129,9 +129,9 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     dataset_fn = train_dataset_fn(
         cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
     )
-    run_epoch = setup.epoch_runner(choice, dataset_fn)
     clock = _target_clock(run, setup, resumed_step)
     watch = _Watch(clock, _gradient_noise(setup, choice, cfg), cfg.stop_at_target)
+    run_epoch = setup.epoch_runner(choice, dataset_fn)  # recording where `watch.noise` is set
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
         after_steps.epoch_ends_at = after_steps.count + steps
@@ -303,7 +303,7 @@ def _gradient_noise(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConf
     adam = optimizer.inner_optimizer if hasattr(optimizer, "inner_optimizer") else optimizer
     noise = GradientNoise(
         setup.strategy, adam, setup.replicas, setup.per_replica, setup.accum_steps,
-        setup.step_examples,
+        setup.step_examples, cfg.noise_scale_every,
     )  # fmt: skip
     if not noise.on:
         return None

@@ -132,3 +132,58 @@ def test_bad_inputs_are_refused_with_what_is_needed():
         fit_steps_hyperbola([32, 64], [100, 60])
     with pytest.raises(ValueError, match="do not fall"):
         fit_steps_hyperbola([32, 64, 128], [50, 100, 200])
+
+
+def _window(end: int, steps: int, g2: float, trace: float, small=16, big=32, adam=None) -> dict:
+    """A window of norms as a training records it, from a planted |G|^2 and tr(S)."""
+    a_g2, a_trace = adam or (g2, trace)
+    return {
+        "end_step": end,
+        "steps": steps,
+        "small": g2 + trace / small,
+        "big": g2 + trace / big,
+        "small_adam": a_g2 + a_trace / small,
+        "big_adam": a_g2 + a_trace / big,
+        "small_batch": small,
+        "big_batch": big,
+    }
+
+
+def test_a_trajectory_recovers_each_windows_planted_noise_scale_and_averages_them():
+    """Windows planted at B_simple 20, then 60 (and 200 under Adam's preconditioning): each
+    window's own value is exact; the averages of |G|^2 and tr(S) weigh the newer window
+    twice the older (beta 0.5, bias-corrected: the first window is its own), and an empty
+    window (no recorded call) adds nothing."""
+    from tasks.measure.noise_scale import trajectory
+
+    windows = [
+        _window(22, 10, 1.0, 20.0, adam=(1.0, 200.0)),
+        {"end_step": 44, "steps": 0, "small": None, "big": None, "small_batch": 16},
+        _window(66, 10, 0.5, 30.0, adam=(1.0, 200.0)),
+    ]
+    path = trajectory(windows)
+    assert path.end_steps == (22, 66) and path.recorded_steps == 20
+    assert path.window["raw"] == pytest.approx((20.0, 60.0))
+    assert path.window["adam"] == pytest.approx((200.0, 200.0))
+    # after the second window: |G|^2 (0.25 x 1 + 0.5 x 0.5)/0.75, tr(S) (0.25 x 20 + 0.5 x 30)
+    # /0.75: 40
+    assert path.averaged["raw"] == pytest.approx((20.0, 40.0))
+    assert path.at(10, "raw") == pytest.approx(20.0)  # before any window ended: the first
+    assert path.at(66, "raw") == pytest.approx(40.0)
+    assert path.spread("raw") == pytest.approx((20.0, 60.0, 60.0))
+    assert path.spread("raw", until=30) == pytest.approx((20.0, 20.0, 20.0))
+
+
+def test_steps_to_target_at_another_batch_follow_the_efficiency_of_each_step():
+    """A constant noise scale phi = 32: a training at 32 that reached the target in 100
+    steps needs 100 x (32/64) x (32+64)/(32+32) = 75 steps at 64 (a quarter saved, not
+    half); with no noise (phi near 0) every example counts as at 32 and 64 saves nothing
+    (100 steps: each step's progress is 1); with all noise, half (50)."""
+    from tasks.measure.noise_scale import predicted_steps_to, trajectory
+
+    path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
+    assert predicted_steps_to(path, 100, 32, 64, "raw") == pytest.approx(75.0)
+    noiseless = trajectory([_window(50, 10, 1.0, 1e-9, small=16, big=32)])
+    assert predicted_steps_to(noiseless, 100, 32, 64, "raw") == pytest.approx(100.0, rel=1e-6)
+    all_noise = trajectory([_window(50, 10, 1.0, 1e9, small=16, big=32)])
+    assert predicted_steps_to(all_noise, 100, 32, 64, "raw") == pytest.approx(50.0, rel=1e-6)
