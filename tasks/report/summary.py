@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from tasks.core.files import write_json_atomic
 from tasks.core.provenance import code_version
 from tasks.distribute.run import Run
 from tasks.measure.diagnosis import Diagnosis
+from tasks.measure.noise_scale import efficiency, predicted_steps_to, trajectory
 from tasks.measure.probes import RoundRates
 from tasks.measure.rounds import Spread
 from tasks.report.execute import load_exported
@@ -71,6 +73,15 @@ class ScalingSummary(SpreadOver):
     time_to_target_speedup_high: float | None = None
     to_target: str = ""  # the time-to-target answer in a sentence (`target_sentence`)
     seeds: int = field(default=1, metadata=PARAM)  # each training's, for the time to target
+    # the baseline's gradient noise scale (B_simple of Adam's preconditioned gradient, the
+    # median of its windows up to the target, with their quartiles; `noise_scale_raw`, the
+    # raw gradient's), and the examples to target it predicts at the distributed run's global
+    # batch (`tasks.measure.noise_scale.predicted_steps_to`)
+    noise_scale: float | None = None
+    noise_scale_low: float | None = None
+    noise_scale_high: float | None = None
+    noise_scale_raw: float | None = None
+    predicted_examples_to_target_distributed: float | None = None
     # examples to target of each seed: [baseline's, distributed's] (None: not reached)
     examples_to_target_by_seed: list[list[float | None]] = field(default_factory=list)
 
@@ -118,8 +129,31 @@ def target_figures(
             time_to_target_speedup_low=speedup.low * b.low / d.high,
             time_to_target_speedup_high=speedup.high * b.high / d.low,
         )
+    figures.update(noise_figures(baseline, distributed))
     figures["to_target"] = target_sentence(baseline, distributed, target, speedup, figures)
     return figures
+
+
+def noise_figures(baseline: TrainResult, distributed: TrainResult) -> dict[str, Any]:
+    """The baseline's noise scale up to its target (or over its training, where it missed
+    it), and the examples to target it predicts at the distributed run's global batch."""
+    path = trajectory(baseline.gradient_noise)
+    if not path.end_steps:
+        return {}
+    steps = baseline.to_target.get("steps") if baseline.to_target.get("reached") else None
+    low, median, high = path.spread("adam", until=steps)
+    figures: dict[str, Any] = {
+        "noise_scale": median,
+        "noise_scale_low": low,
+        "noise_scale_high": high,
+        "noise_scale_raw": path.spread("raw", until=steps)[1],
+    }
+    if steps:
+        predicted = predicted_steps_to(
+            path, steps, baseline.global_batch, distributed.global_batch, "adam"
+        )
+        figures["predicted_examples_to_target_distributed"] = predicted * distributed.global_batch
+    return {k: v for k, v in figures.items() if v is None or math.isfinite(v)}
 
 
 def _reached(to_target: dict, key: str) -> float | None:
@@ -170,6 +204,7 @@ def target_sentence(
         f"{speedup.text()}: {d:,.0f} examples to it against {b:,.0f} ({d / b:.2f}x as many) "
         f"at global batch {distributed.global_batch} against {baseline.global_batch}"
     )
+    text += _noise_clause(baseline, distributed, figures)
     if seeds > 1:
         dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
         ranges = [
@@ -228,6 +263,27 @@ def compare_runs(
         advice=bottleneck[2],
         **figures,
     )
+
+
+def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict) -> str:
+    """`; the baseline's gradient noise scale 45 (30-60) predicted 5,300 examples for 2
+    replicas`, and whether the distributed global batch is past it (each example then
+    does less: the statistical efficiency against the baseline's batch)."""
+    phi = figures.get("noise_scale")
+    if phi is None:
+        return ""
+    low, high = figures["noise_scale_low"], figures["noise_scale_high"]
+    text = f"; the baseline's gradient noise scale {phi:,.0f} ({low:,.0f}-{high:,.0f})"
+    predicted = figures.get("predicted_examples_to_target_distributed")
+    if predicted is not None:
+        text += f" predicted {predicted:,.0f} examples for {distributed.shape}"
+    if distributed.global_batch > phi:
+        share = efficiency(phi, baseline.global_batch, distributed.global_batch)
+        text += (
+            f"; global batch {distributed.global_batch} is past it: an example there does "
+            f"{share:.2f} of one at {baseline.global_batch}"
+        )
+    return text
 
 
 def _speedup_spread(figures: dict[str, Any]) -> Spread:

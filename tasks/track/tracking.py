@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -324,6 +325,7 @@ class Tracker:
             Metric("heldout_accuracy_by_examples", float(e["accuracy"]), now, int(e["examples"]))
             for e in result.evaluations
         ]
+        points += self._noise_points(result, now)
         target = result.to_target
         if target.get("reached"):
             reached = {"examples": "examples", "steps": "steps", "seconds": "time"}
@@ -337,6 +339,28 @@ class Tracker:
                 for key, name in reached.items()
             ]
         self._log_batch(run_id, points, [], [])
+
+    @staticmethod
+    def _noise_points(result: Any, now: int) -> list:
+        """The gradient noise scale against step: `noise_scale` (of Adam's preconditioned
+        gradient, averaged over the windows so far), `noise_scale_raw` (the raw gradient's)
+        and `noise_scale_window` (each window's own: its spread around the average)."""
+        from mlflow.entities import Metric
+
+        from tasks.measure.noise_scale import trajectory
+
+        path = trajectory(getattr(result, "gradient_noise", []))
+        curves = {
+            "noise_scale": path.averaged.get("adam", ()),
+            "noise_scale_raw": path.averaged.get("raw", ()),
+            "noise_scale_window": path.window.get("adam", ()),
+        }
+        return [
+            Metric(name, rounded(value), now, step)
+            for name, values in curves.items()
+            for step, value in zip(path.end_steps, values, strict=True)
+            if math.isfinite(value)
+        ]
 
     def log_artifacts(self, run_id: str, paths: list[Path]) -> None:
         for path in paths:
