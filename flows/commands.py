@@ -326,7 +326,7 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
-    from tasks.report.scaling_grid import format_table
+    from tasks.report.scaling_grid import CriticalBatch, format_table
 
     if config.sweep.work_pool:
         from flows.pool import check_server
@@ -335,5 +335,8 @@ def sweep(config: Config, args: argparse.Namespace) -> int:
     rows = _run_flow("flows.sweep", "sweep_flow", config)
     print()
     print(format_table(rows))
+    critical = json.loads((Path(config.sweep.out_dir) / "critical_batch.json").read_text())
+    for fitted in critical:
+        print(f"critical batch: {CriticalBatch(**fitted).text()}")
     print(f"table and charts in {config.sweep.out_dir}/; open the MLflow UI with 'tfscale ui'")
     return 0

@@ -68,7 +68,9 @@ def start_sweep_tracking_task(tracker: tracking.Tracker, report, config):
 def tabulate_task(cells, results, config):
     forecasts = scaling_grid.forecast_lines(cells, results)
     rows = scaling_grid.tabulate(cells, results, forecasts)
-    return rows, scaling_grid.write_outputs(rows, Path(config.sweep.out_dir), forecasts)
+    critical = scaling_grid.critical_batches(rows, results)
+    out_dir = Path(config.sweep.out_dir)
+    return rows, scaling_grid.write_outputs(rows, out_dir, forecasts, critical)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,17 @@ class SweepRow:
     bottleneck: str
     run_dir: str
     host: str  # where the cell trained: a host name (and address, on a work pool)
+    # the held-out target (`evaluate.target_accuracy`) first reached after this many
+    # training examples and steps (None: not reached in the cell's epochs)
+    examples_to_target: int | None = None
+    steps_to_target: int | None = None
+
+    @property
+    def global_batch(self) -> int:
+        """Examples a step: weak scaling grows the per-replica batch by the replicas (a
+        pipeline's stages share one batch)."""
+        grows = self.scaling == "weak" and not self.micro_batches
+        return self.batch * self.replicas if grows else self.batch
 
     @property
     def run_name(self) -> str:
@@ -279,9 +291,92 @@ def tabulate(
                 bottleneck=result["bottleneck"],
                 run_dir=result["run_dir"],
                 host=result.get("host", ""),
+                **_to_target(result),
             )
         )
     return rows
+
+
+def _to_target(result: dict) -> dict[str, Any]:
+    target = result.get("to_target") or {}
+    if not target.get("reached"):
+        return {}
+    return {"examples_to_target": target["examples"], "steps_to_target": target["steps"]}
+
+
+@dataclass(frozen=True)
+class CriticalBatch:
+    """McCandlish's hyperbola S = S_min(1 + B_noise/B) fitted to the steps to target that
+    cells of one dataset, scaling and precision measured at three or more global batches;
+    B_noise is the critical batch (E_min/S_min), beside the noise scale B_simple the
+    smallest batch's cell measured in its steps (None where it recorded none)."""
+
+    size: int
+    scaling: str
+    precision: str
+    batches: tuple[int, ...]
+    steps: tuple[float, ...]  # each batch's mean over its cells
+    s_min: float
+    e_min: float
+    b_crit: float
+    noise_scale: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        data = f"{self.size} examples" if self.size else "dataset"
+        simple = f", B_simple {self.noise_scale:,.0f}" if self.noise_scale is not None else ""
+        points = ", ".join(
+            f"{s:,.0f} at {b}" for b, s in zip(self.batches, self.steps, strict=True)
+        )
+        return (
+            f"{data}, {self.scaling}, {self.precision}: critical batch {self.b_crit:,.0f}"
+            f"{simple} (steps to target {points}; S_min {self.s_min:,.0f}, E_min "
+            f"{self.e_min:,.0f})"
+        )
+
+
+def critical_batches(table: list[SweepRow], results: list[dict]) -> list[CriticalBatch]:
+    """The critical batch of every group of cells (dataset, scaling, precision) that reached
+    the target at three or more global batches; a group whose steps do not fall as the
+    batch grows is left out."""
+    from tasks.measure.noise_scale import fit_steps_hyperbola, trajectory
+
+    groups: dict[tuple, list[tuple[SweepRow, dict]]] = {}
+    for row, result in zip(table, results, strict=True):
+        if row.steps_to_target is not None:
+            groups.setdefault((row.size, row.scaling, row.precision), []).append((row, result))
+    found = []
+    for (size, scaling, precision), members in groups.items():
+        by_batch: dict[int, list[int]] = {}
+        for row, _ in members:
+            by_batch.setdefault(row.global_batch, []).append(row.steps_to_target)
+        if len(by_batch) < 3:
+            continue
+        batches = sorted(by_batch)
+        steps = [sum(by_batch[b]) / len(by_batch[b]) for b in batches]
+        try:
+            fitted = fit_steps_hyperbola(batches, steps)
+        except ValueError:
+            continue
+        smallest = min(members, key=lambda m: (m[0].global_batch, m[0].replicas))
+        path = trajectory(smallest[1].get("gradient_noise") or [])
+        simple = path.spread("adam")[1] if path.end_steps else math.nan
+        found.append(
+            CriticalBatch(
+                size,
+                scaling,
+                precision,
+                tuple(batches),
+                tuple(steps),
+                fitted.s_min,
+                fitted.e_min,
+                fitted.b_crit,
+                None if math.isnan(simple) else simple,
+            )  # fmt: skip
+        )
+    return found
 
 
 def _rounds_speedup(result: dict) -> Any:
@@ -295,13 +390,19 @@ def _rounds_speedup(result: dict) -> Any:
 
 
 def write_outputs(
-    table: list[SweepRow], out_dir: Path, forecasts: dict | None = None
+    table: list[SweepRow],
+    out_dir: Path,
+    forecasts: dict | None = None,
+    critical: list[CriticalBatch] = (),  # type: ignore[assignment]
 ) -> dict[str, Path]:
-    """`sweep.csv` and `sweep.json` (DVC plots and metrics) and the two charts, with each
-    line's forecast (`forecast_lines`) drawn over its measured points."""
+    """`sweep.csv` and `sweep.json` (DVC plots and metrics), the two charts, with each
+    line's forecast (`forecast_lines`) drawn over its measured points, and
+    `critical_batch.json` (`critical_batches`; an empty list where none was fitted)."""
     rows = [row.to_dict() for row in table]
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"table": out_dir / "sweep.csv", "json": out_dir / "sweep.json"}
+    files["critical_batch"] = out_dir / "critical_batch.json"
+    files["critical_batch"].write_text(json.dumps([c.to_dict() for c in critical], indent=2))
     with open(files["table"], "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -432,8 +533,8 @@ def format_table(table: list[SweepRow]) -> str:
     width = max((len(row.bottleneck) for row in table), default=10)
     header = (
         f"{'size':>8} {'batch':>6} {'scaling':>7} {'precision':>15} {'replicas':>8} {'link':>6} "
-        f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8}  "
-        + (f"{'bottleneck':<{width}}  host" if hosts else "bottleneck")
+        f"{'examples/s':>11} {'speedup':>8} {'efficiency':>10} {'forecast':>8} "
+        f"{'to target':>10}  " + (f"{'bottleneck':<{width}}  host" if hosts else "bottleneck")
     )
     lines = [header, "-" * len(header)]
     for r in (row.to_dict() for row in table):
@@ -441,10 +542,16 @@ def format_table(table: list[SweepRow]) -> str:
             f"{r['size'] or '-':>8} {r['batch']:>6} {r['scaling']:>7} {r['precision']:>15} "
             f"{r['replicas']:>8} {_link(r['link_gbit']):>6} {r['examples_per_s']:>11,.0f} "
             f"{r['speedup']:>8.2f} "
-            f"{r['scaling_efficiency']:>10.2f} {_figure(r['forecast_speedup']):>8}"
+            f"{r['scaling_efficiency']:>10.2f} {_figure(r['forecast_speedup']):>8} "
+            f"{_examples(r['examples_to_target']):>10}"
             + (f"  {r['bottleneck']:<{width}}  {r['host']}" if hosts else f"  {r['bottleneck']}")
         )
     return "\n".join(lines)
+
+
+def _examples(value: int | None) -> str:
+    """Examples to target for the table ('-': not reached)."""
+    return "-" if value is None else f"{value:,}"
 
 
 def _figure(value: float | None) -> str:

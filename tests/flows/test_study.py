@@ -131,6 +131,14 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         for key in ("loss", "examples_per_s"):  # curves start at epoch 1, no step-0 point
             history = client.get_metric_history(run_id, key)
             assert [m.step for m in history] == [1, 2], (name, key)
+        # the held-out split every half epoch, by the examples seen; the noise scale by step
+        trained = json.loads((Path(child.data.tags["run_dir"]) / "metrics.json").read_text())
+        held_out = client.get_metric_history(run_id, "heldout_accuracy_by_examples")
+        assert [m.step for m in held_out] == [e["examples"] for e in trained["evaluations"]]
+        assert len(held_out) == 3, name  # 2 epochs of 22 or 44 steps: 2,816 examples
+        recorded = [w["end_step"] for w in trained["gradient_noise"] if w["steps"]]
+        noise = client.get_metric_history(run_id, "noise_scale_raw")
+        assert recorded and [m.step for m in noise] == recorded, name
     # the run-level figure, named for what it is: the training's, after its first epoch
     # (the last flow run's children: its trainings wrote the run directories' files last)
     last = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[-1].info.run_id]

@@ -42,6 +42,42 @@ def test_speedup_divides_by_the_groups_one_replica_cell():
     assert [r.scaling_efficiency for r in rows] == [1.0, 0.75, 1.0, 1.0]
 
 
+def test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batches():
+    """Cells planted on S = 100 (1 + 64/B): one replica at 16 and 32 per replica, two at
+    both (weak: global 32 and 64), so global batches 16, 32, 64; the two cells at 32 average.
+    The fit gives S_min 100 and the critical batch 64; the noise scale comes from the
+    smallest batch's cell. A group at two batches, or one that never reached the target,
+    gets none."""
+    from tasks.report.scaling_grid import critical_batches
+
+    def steps(batch: int) -> int:
+        return round(100 * (1 + 64 / batch))
+
+    cells = [Cell(0, b, "weak", "float32", r) for b in (16, 32) for r in (1, 2)]
+    cells += [Cell(512, 16, "weak", "float32", r) for r in (1, 2)]
+    window = {"end_step": 10, "steps": 10, "small_batch": 8, "big_batch": 16}
+    window |= {"small": 1 + 40 / 8, "big": 1 + 40 / 16, "small_adam": 1.5, "big_adam": 1.25}
+    results = []
+    for cell in cells:
+        global_batch = cell.batch * cell.replicas
+        reached = {"reached": True, "steps": steps(global_batch)}
+        reached["examples"] = reached["steps"] * global_batch
+        results.append(
+            {"examples_per_s": 100.0, "strategy": "s", "bottleneck": "b", "run_dir": "d"}
+            | {"to_target": reached, "gradient_noise": [window] if global_batch == 16 else []}
+        )
+    rows = tabulate(cells, results, forecasts={})
+    assert [r.steps_to_target for r in rows[:4]] == [500, 300, 300, 200]
+    (fitted,) = critical_batches(rows, results)
+    assert (fitted.size, fitted.batches) == (0, (16, 32, 64))
+    assert (fitted.s_min, fitted.b_crit) == pytest.approx((100.0, 64.0), rel=1e-6)
+    assert fitted.e_min == pytest.approx(6400.0, rel=1e-6)
+    assert fitted.noise_scale == pytest.approx(4.0)  # Adam's: tr(S) 4 over |G|^2 1
+    assert "critical batch 64, B_simple 4 (steps to target 500 at 16" in fitted.text()
+    missed = [dict(r, to_target={"reached": False}) for r in results]
+    assert critical_batches(tabulate(cells, missed, forecasts={}), missed) == []
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     from flows.sweep import sweep_flow
