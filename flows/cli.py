@@ -156,7 +156,7 @@ TRAIN_FLAGS = {
         "evaluate.target_accuracy",
         float,
         "held-out accuracy whose first crossing gives the time, steps and examples to target "
-        "(0.95)",
+        "(0.96)",
     ),
     "--evaluate-every": (
         "evaluate.every_epochs",

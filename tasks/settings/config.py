@@ -139,7 +139,7 @@ class EvaluateConfig:
     batch_size: int = _spec(256, lo=1, hi=1_000_000)
     # held-out accuracy whose first crossing during training gives the time, steps and
     # examples to target (`tasks.train.to_target`)
-    target_accuracy: float = _spec(0.95, lo=0.0, hi=1.0)
+    target_accuracy: float = _spec(0.96, lo=0.0, hi=1.0)
     # the held-out split is evaluated during training every this many epochs of training
     # examples, on the clock (0: never; the time to target is then not measured)
     every_epochs: float = _spec(0.5, lo=0.0, hi=1000.0)
