@@ -75,6 +75,10 @@ def main() -> None:
     params["prepare"]["data_dir"] = str(project / "data")
     params["track"]["store_dir"] = str(project / "mlflow")
     params["train"]["epochs"] = 40
+    prepared = project / "params.yaml"
+    prepared.write_text(yaml.safe_dump(params))
+    tfscale = str(Path(sys.executable).parent / "tfscale")
+    subprocess.run([tfscale, "--params", str(prepared), "prepare"], cwd=project, check=True)
     measured: dict[int, list[float | None]] = {}
     base: dict = {}
     for batch in BATCHES:
