@@ -362,7 +362,7 @@ def critical_batches(table: list[SweepRow], results: list[dict]) -> list[Critica
             continue
         smallest = min(members, key=lambda m: (m[0].global_batch, m[0].replicas))
         path = trajectory(smallest[1].get("gradient_noise") or [])
-        simple = path.spread("adam")[1] if path.end_steps else math.nan
+        simple = path.spread("raw")[1] if path.end_steps else math.nan
         found.append(
             CriticalBatch(
                 size,

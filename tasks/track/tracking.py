@@ -342,18 +342,19 @@ class Tracker:
 
     @staticmethod
     def _noise_points(result: Any, now: int) -> list:
-        """The gradient noise scale against step: `noise_scale` (of Adam's preconditioned
-        gradient, averaged over the windows so far), `noise_scale_raw` (the raw gradient's)
-        and `noise_scale_window` (each window's own: its spread around the average)."""
+        """The gradient noise scale against step: `noise_scale` (of the raw gradient,
+        averaged over the windows so far), `noise_scale_adam` (of the gradient as Adam
+        preconditions it) and `noise_scale_window` (each window's own raw one: its spread
+        around the average)."""
         from mlflow.entities import Metric
 
         from tasks.measure.noise_scale import trajectory
 
         path = trajectory(getattr(result, "gradient_noise", []))
         curves = {
-            "noise_scale": path.averaged.get("adam", ()),
-            "noise_scale_raw": path.averaged.get("raw", ()),
-            "noise_scale_window": path.window.get("adam", ()),
+            "noise_scale": path.averaged.get("raw", ()),
+            "noise_scale_adam": path.averaged.get("adam", ()),
+            "noise_scale_window": path.window.get("raw", ()),
         }
         return [
             Metric(name, rounded(value), now, step)

@@ -137,7 +137,7 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         assert [m.step for m in held_out] == [e["examples"] for e in trained["evaluations"]]
         assert len(held_out) == 3, name  # 2 epochs of 22 or 44 steps: 2,816 examples
         recorded = [w["end_step"] for w in trained["gradient_noise"] if w["steps"]]
-        noise = client.get_metric_history(run_id, "noise_scale_raw")
+        noise = client.get_metric_history(run_id, "noise_scale")
         assert recorded and [m.step for m in noise] == recorded, name
     # the run-level figure, named for what it is: the training's, after its first epoch
     # (the last flow run's children: its trainings wrote the run directories' files last)

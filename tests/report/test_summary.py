@@ -119,19 +119,19 @@ def test_more_seeds_give_mlperfs_mean_and_widen_the_range_by_their_spread():
 
 
 def test_the_baselines_noise_scale_predicts_the_examples_at_the_distributed_batch():
-    """The baseline (batch 16) recorded windows whose Adam-preconditioned gradient has
-    noise scale 16 (raw 40) and reached the target at step 100: at batch 32 a step does
-    (32/16) x (16+16)/(16+32) = 1.33 of its steps, so 75 steps, 2,400 examples; batch 32 is
-    past the noise scale, where an example does 0.67 of one at 16."""
+    """The baseline (batch 16) recorded windows whose raw gradient has noise scale 16
+    (Adam's preconditioned one 40) and reached the target at step 100: at batch 32 a step
+    does (32/16) x (16+16)/(16+32) = 1.33 of its steps, so 75 steps, 2,400 examples; batch 32
+    is past the noise scale, where an example does 0.67 of one at 16."""
     window = {"steps": 10, "small_batch": 8, "big_batch": 16}
-    window |= {"small": 1 + 40 / 8, "big": 1 + 40 / 16}  # |G|^2 1, tr(S) 40
-    window |= {"small_adam": 2 + 32 / 8, "big_adam": 2 + 32 / 16}  # |G|^2 2, tr(S) 32
+    window |= {"small": 2 + 32 / 8, "big": 2 + 32 / 16}  # |G|^2 2, tr(S) 32
+    window |= {"small_adam": 1 + 40 / 8, "big_adam": 1 + 40 / 16}  # |G|^2 1, tr(S) 40
     windows = [dict(window, end_step=end) for end in (30, 60, 90, 120)]
     base, dist = _pair(_reached(1600, 1.0), _reached(2000, 1.0))
     base = dataclasses.replace(base, gradient_noise=windows, to_target=_reached(1600, 1.0))
     base.to_target["steps"] = 100
     summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
-    assert (summary.noise_scale, summary.noise_scale_raw) == pytest.approx((16.0, 40.0))
+    assert (summary.noise_scale, summary.noise_scale_adam) == pytest.approx((16.0, 40.0))
     assert (summary.noise_scale_low, summary.noise_scale_high) == pytest.approx((16.0, 16.0))
     assert summary.predicted_examples_to_target_distributed == pytest.approx(2400.0)
     assert summary.to_target.endswith(

@@ -56,7 +56,7 @@ def test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batche
     cells = [Cell(0, b, "weak", "float32", r) for b in (16, 32) for r in (1, 2)]
     cells += [Cell(512, 16, "weak", "float32", r) for r in (1, 2)]
     window = {"end_step": 10, "steps": 10, "small_batch": 8, "big_batch": 16}
-    window |= {"small": 1 + 40 / 8, "big": 1 + 40 / 16, "small_adam": 1.5, "big_adam": 1.25}
+    window |= {"small": 1.5, "big": 1.25, "small_adam": 1 + 40 / 8, "big_adam": 1 + 40 / 16}
     results = []
     for cell in cells:
         global_batch = cell.batch * cell.replicas
@@ -72,7 +72,7 @@ def test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batche
     assert (fitted.size, fitted.batches) == (0, (16, 32, 64))
     assert (fitted.s_min, fitted.b_crit) == pytest.approx((100.0, 64.0), rel=1e-6)
     assert fitted.e_min == pytest.approx(6400.0, rel=1e-6)
-    assert fitted.noise_scale == pytest.approx(4.0)  # Adam's: tr(S) 4 over |G|^2 1
+    assert fitted.noise_scale == pytest.approx(4.0)  # the raw gradient's: tr(S) 4 over |G|^2 1
     assert "critical batch 64, B_simple 4 (steps to target 500 at 16" in fitted.text()
     missed = [dict(r, to_target={"reached": False}) for r in results]
     assert critical_batches(tabulate(cells, missed, forecasts={}), missed) == []
