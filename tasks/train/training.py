@@ -84,7 +84,8 @@ class TrainResult(SpreadOver):
     to_target: dict[str, Any] = field(default_factory=dict)
     evaluations: list[dict[str, float]] = field(default_factory=list)  # `to_target.Evaluation`s
     # the gradient noise scale's norms (`tasks.train.steps.GradientNoise.read`), a window of
-    # steps each, read at each evaluation and epoch end: `tasks.measure.noise_scale` uses them
+    # steps each, read at each evaluation (each epoch's end without evaluations):
+    # `tasks.measure.noise_scale` makes the noise scale of them
     gradient_noise: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
