@@ -4,7 +4,7 @@ Runs `tfscale run --seeds N` on two tasks, each in a temporary project of its ow
 - `digits`: the embedded default, params.yaml as it is (its `evaluate.target_accuracy`);
 - `synthetic`: a task of known difficulty: 4,096 training images of 16x16x3, each pixel
   20% its class's prototype and 80% noise, 10% of labels replaced by a random class (the
-  best accuracy reachable is 0.91), to a held-out 4,096, target 0.71, 14 epochs.
+  best accuracy reachable is 0.91), to a held-out 4,096, target 0.73, 14 epochs.
 
 For each it prints every seed's examples to the target on both sides, MLPerf's score (the
 mean without the fastest and the slowest seed), the time-to-target speedup beside the
@@ -46,7 +46,7 @@ TASKS = {
             },
         },
         "train": {"epochs": 14},
-        "evaluate": {"target_accuracy": 0.71},
+        "evaluate": {"target_accuracy": 0.73},
     },
 }
 

@@ -138,3 +138,21 @@ def test_the_baselines_noise_scale_predicts_the_examples_at_the_distributed_batc
         "; the baseline's gradient noise scale 16 (16-16) predicted 2,400 examples for 2 "
         "replicas; global batch 32 is past it: an example there does 0.67 of one at 16"
     )
+
+
+def test_the_recommendation_says_when_the_time_to_target_disagrees_with_examples_per_s():
+    """1.50x (1.50-1.60) in examples/s, but 2 replicas needed 7,000 examples against 4,000:
+    0.86x (0.86-0.91) in time to target, slower over its whole range, and the `use` line
+    says so beside the examples/s answer; where both agree it says that too."""
+    base, dist = _pair(_reached(4000, 4.0), _reached(7000, 4.7))
+    slower = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    assert slower.recommendation == (
+        "2 replicas: 1.50x (1.50-1.60) one device's speed, faster in every epoch; to the "
+        "target, though, 2 replicas took longer: 0.86x (0.86-0.91) (one seed; --seeds 5 to "
+        "be sure)"
+    )
+    base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
+    agrees = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    assert agrees.recommendation.endswith(
+        "; to the target too: 1.20x (1.20-1.28) (one seed; --seeds 5 to be sure)"
+    )
