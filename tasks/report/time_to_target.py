@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tasks.measure.noise_scale import efficiency, predicted_steps_to, trajectory
+from tasks.measure.noise_scale import predicted_steps_to, trajectory
 from tasks.measure.rounds import Spread
+from tasks.train.noise_estimates import efficiency
 from tasks.train.to_target import over_seeds
 from tasks.train.training import TrainResult
 

@@ -8,12 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from tasks.measure.noise_scale import (
-    Hyperbola,
+from tasks.measure.noise_scale import Hyperbola, fit_steps_hyperbola, predicted_steps
+from tasks.train.noise_estimates import (
     NoiseScale,
     efficiency,
-    fit_steps_hyperbola,
-    predicted_steps,
     replicas_estimates,
     step_progress,
     two_batch_estimates,

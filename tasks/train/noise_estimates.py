@@ -1,0 +1,99 @@
+"""The gradient noise scale's estimators, used while training (the learning-rate gain of
+`train.lr_scaling: adascale` and `auto`) and after it (`tasks.measure.noise_scale`).
+
+A gradient averaged over a batch of B examples has E|G_B|^2 = |G|^2 + tr(S)/B, where G is
+the true gradient and S the per-example gradients' covariance (McCandlish et al. 2018).
+Two batch sizes give unbiased estimates of both (`two_batch_estimates`); their ratio, the
+simple noise scale B_simple = tr(S)/|G|^2, is not unbiased, so `NoiseScale` keeps a
+bias-corrected moving average of each and divides the averages. With noise scale phi a
+step at global batch M does `step_progress` of the work of one at M0: (M/M0) times the
+statistical efficiency (phi + M0)/(phi + M) of an example (Pollux, OSDI 2021), which is
+also AdaScale's gain for SGD.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def two_batch_estimates(
+    small_batch: float, small_sq_norm: float, big_batch: float, big_sq_norm: float
+) -> tuple[float, float]:
+    """Unbiased estimates of (|G|^2, tr(S)) from the squared norm of a gradient averaged
+    over `small_batch` examples and of one averaged over `big_batch` examples (McCandlish
+    et al., Appendix A.1). Either may come out negative on one pair: average before
+    dividing."""
+    if not 0 < small_batch < big_batch:
+        raise ValueError(f"need 0 < small batch < big batch, got {small_batch}, {big_batch}")
+    g2 = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
+    return g2, trace
+
+
+def replicas_estimates(
+    replica_sq_norms: Sequence[float], per_replica: float, global_sq_norm: float
+) -> tuple[float, float]:
+    """`two_batch_estimates` from a data-parallel step: the replicas' squared gradient norms
+    before the all-reduce (their mean is the small batch's), and the all-reduced
+    gradient's over every replica's examples."""
+    replicas = len(replica_sq_norms)
+    if replicas < 2:
+        raise ValueError("the two-batch estimate needs at least 2 replicas (or micro-batches)")
+    small = sum(replica_sq_norms) / replicas
+    return two_batch_estimates(per_replica, small, per_replica * replicas, global_sq_norm)
+
+
+@dataclass
+class NoiseScale:
+    """Bias-corrected exponential moving averages of |G|^2 and tr(S), and the noise scale
+    as the ratio of the averages. `beta` weighs the past (0.9: about the last ten steps
+    count)."""
+
+    beta: float = 0.9
+    _g2: float = 0.0
+    _trace: float = 0.0
+    _weight: float = 0.0  # 1 - beta^n: what the averages' zero start leaves out
+
+    def update(self, g2: float, trace: float) -> None:
+        """One step's estimates; a step whose figures are not finite is skipped."""
+        if not (math.isfinite(g2) and math.isfinite(trace)):
+            return
+        self._g2 = self.beta * self._g2 + (1 - self.beta) * g2
+        self._trace = self.beta * self._trace + (1 - self.beta) * trace
+        self._weight = self.beta * self._weight + (1 - self.beta)
+
+    @property
+    def sq_norm(self) -> float:
+        """The averaged |G|^2, bias-corrected."""
+        return self._g2 / self._weight if self._weight else math.nan
+
+    @property
+    def trace(self) -> float:
+        """The averaged tr(S), bias-corrected."""
+        return self._trace / self._weight if self._weight else math.nan
+
+    def value(self, floor: float = 1e-12) -> float:
+        """B_simple = tr(S)/|G|^2 of the averages. An averaged |G|^2 at or below `floor`
+        (two replicas' estimate can fall below zero; near zero loss it vanishes) gives
+        infinity: every batch is then below the noise scale."""
+        if not self._weight:
+            return math.nan
+        trace = max(self.trace, 0.0)
+        return math.inf if self.sq_norm <= floor else trace / self.sq_norm
+
+
+def efficiency(noise_scale: float, base_batch: float, batch: float) -> float:
+    """The statistical efficiency of an example at global batch `batch` against one at
+    `base_batch` (Pollux): (phi + M0)/(phi + M). 1 as the noise scale phi grows, M0/M as it
+    shrinks; for a batch at or above the base, never above 1."""
+    if math.isinf(noise_scale):
+        return 1.0
+    return (noise_scale + base_batch) / (noise_scale + batch)
+
+
+def step_progress(noise_scale: float, base_batch: float, batch: float) -> float:
+    """How much of a step at `base_batch` one step at `batch` achieves: (M/M0) times the
+    efficiency. Between 1 (all noise: phi far below both) and M/M0 (no noise)."""
+    return batch / base_batch * efficiency(noise_scale, base_batch, batch)
