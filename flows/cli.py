@@ -130,7 +130,13 @@ TRAIN_FLAGS = {
     "--learning-rate": (
         "train.learning_rate",
         float,
-        "base rate, scaled linearly with the global batch after warm-up",
+        "base rate, scaled with the global batch after warm-up (--lr-scaling)",
+    ),
+    "--lr-scaling": (
+        "train.lr_scaling",
+        str,
+        "how the rate grows with the global batch: auto (Adam: the square root of AdaScale's "
+        "gain, from the noise scale measured as it trains) | linear | sqrt | adascale | none",
     ),
     "--warmup-epochs": ("train.warmup_epochs", int, "epochs of linear learning-rate warm-up"),
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),

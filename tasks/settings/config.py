@@ -93,6 +93,12 @@ class TrainConfig:
     batch_size_per_replica: int | Literal["auto"] = _spec("auto", lo=1, hi=1_000_000)
     scaling: Literal["weak", "strong"] = "weak"
     learning_rate: float = _spec(0.001, lo=0.0, hi=10.0)
+    # how the rate grows with the global batch (M, against one replica's M0): linear (M/M0),
+    # sqrt, none, adascale (AdaScale's gain (M/M0)(phi+M0)/(phi+M), from the noise scale phi
+    # measured as the training runs), auto (the optimizer's rule: Adam takes the square
+    # root of AdaScale's gain); where no noise scale is recorded, adascale is linear and
+    # auto sqrt
+    lr_scaling: Literal["auto", "linear", "sqrt", "adascale", "none"] = "linear"
     warmup_epochs: int = _spec(1, lo=0)
     grad_accum_steps: int = _spec(1, lo=1, hi=1024)
     steps_per_call: int = _spec(10, lo=1, hi=100_000)

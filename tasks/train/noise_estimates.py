@@ -97,3 +97,42 @@ def step_progress(noise_scale: float, base_batch: float, batch: float) -> float:
     """How much of a step at `base_batch` one step at `batch` achieves: (M/M0) times the
     efficiency. Between 1 (all noise: phi far below both) and M/M0 (no noise)."""
     return batch / base_batch * efficiency(noise_scale, base_batch, batch)
+
+
+LR_RULES = ("auto", "linear", "sqrt", "adascale", "none")
+
+
+def static_gain(rule: str, scale: float) -> float:
+    """The learning-rate gain a fixed rule gives a global batch `scale` times the one the
+    base rate was set for: linear, its square root, or none. AdaScale's rules (`adascale`,
+    `auto`) start from 1 and follow the noise scale (`AdaptiveGain`)."""
+    return {"linear": scale, "sqrt": math.sqrt(scale), "none": 1.0}.get(rule, 1.0)
+
+
+class AdaptiveGain:
+    """AdaScale's learning-rate gain, from the noise scale measured as the training runs:
+    r = (M/M0)(phi + M0)/(phi + M) for global batch M against the base rate's M0, between 1
+    (phi far below both: a larger batch does no more) and M/M0 (linear, far below the
+    critical batch); with `sqrt` (Adam: `auto`) its square root. Each window of norms
+    (`tasks.train.steps.GradientNoise.read`) updates the moving averages; the gain goes to
+    `variable`, which the learning-rate schedule multiplies its target by."""
+
+    def __init__(self, variable, base_batch: float, batch: float, sqrt: bool, beta: float = 0.5):
+        self.variable, self.base_batch, self.batch, self.sqrt = variable, base_batch, batch, sqrt
+        self.noise = NoiseScale(beta)
+
+    def update(self, window: dict) -> float | None:
+        """The gain after `window` (unchanged by a window that recorded no step)."""
+        if not window.get("steps") or window.get("small") is None:
+            return None
+        self.noise.update(
+            *two_batch_estimates(window["small_batch"], window["small"], window["big_batch"],
+                                 window["big"])
+        )  # fmt: skip
+        phi = self.noise.value()
+        if math.isnan(phi):
+            return None
+        gain = step_progress(phi, self.base_batch, self.batch)
+        gain = math.sqrt(gain) if self.sqrt else gain
+        self.variable.assign(gain)
+        return gain

@@ -28,16 +28,19 @@ SUM = tf.distribute.ReduceOp.SUM
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from the base rate to the (linearly scaled) target rate."""
+    """Linear warm-up from the base rate to the target rate; with `gain` (a variable that
+    an adaptive rule updates as the training runs, `noise_estimates.AdaptiveGain`), to the
+    target times the gain."""
 
-    def __init__(self, base: float, target: float, warmup_steps: int):
-        self.base, self.target, self.warmup_steps = base, target, warmup_steps
+    def __init__(self, base: float, target: float, warmup_steps: int, gain=None):
+        self.base, self.target, self.warmup_steps, self.gain = base, target, warmup_steps, gain
 
     def __call__(self, step):
+        target = self.target if self.gain is None else self.target * self.gain
         if self.warmup_steps <= 0:
-            return tf.constant(self.target, tf.float32)
+            return tf.cast(target, tf.float32)
         fraction = tf.minimum(tf.cast(step, tf.float32) / self.warmup_steps, 1.0)
-        return self.base + (self.target - self.base) * fraction
+        return self.base + (target - self.base) * fraction
 
     def get_config(self) -> dict:
         return {"base": self.base, "target": self.target, "warmup_steps": self.warmup_steps}
@@ -97,8 +100,10 @@ def _handle(variable) -> tf.Tensor:
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
-def make_warmup_schedule(base: float, target: float, warmup_steps: int) -> WarmupSchedule:
-    return WarmupSchedule(base, target, warmup_steps)
+def make_warmup_schedule(
+    base: float, target: float, warmup_steps: int, gain=None
+) -> WarmupSchedule:
+    return WarmupSchedule(base, target, warmup_steps, gain)
 
 
 def replica_step(

@@ -34,6 +34,7 @@ from tasks.distribute.strategy import StrategyChoice, build_strategy
 from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver, cluster_spec_of
 from tasks.train.models import build_model
+from tasks.train.noise_estimates import AdaptiveGain, static_gain
 from tasks.train.steps import FusedAdam, GradientNoise, make_warmup_schedule
 from tasks.train.to_target import Evaluation, HeldOut, TargetClock, interval_examples
 
@@ -60,6 +61,9 @@ class TrainResult(SpreadOver):
     grad_accum_steps: int = field(metadata=PARAM)
     learning_rate: float = field(metadata=PARAM)
     steps_per_epoch: int = field(metadata=PARAM)
+    # the rule the rate followed (`learning_rate_rule`: a tag); an adaptive rule's gain is
+    # in each window of `gradient_noise` (`lr_gain`)
+    lr_scaling: str = "none"
     jit_compile: bool = field(default=False, metadata=PARAM)
     history: list[dict[str, float]] = field(default_factory=list)
     # over the epochs after the first (tracing); `examples_per_s` is each epoch's own curve
@@ -131,7 +135,12 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
     )
     clock = _target_clock(run, setup, resumed_step)
-    watch = _Watch(clock, _gradient_noise(setup, choice, cfg), cfg.stop_at_target)
+    noise = _gradient_noise(setup, choice, cfg)
+    gain = None
+    if setup.lr_gain is not None and noise is not None:
+        sqrt = setup.lr_scaling == "auto"  # Adam's: the square root of AdaScale's gain
+        gain = AdaptiveGain(setup.lr_gain, setup.base_batch, setup.step_examples, sqrt)
+    watch = _Watch(clock, noise, cfg.stop_at_target, gain)
     run_epoch = setup.epoch_runner(choice, dataset_fn)  # recording where `watch.noise` is set
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
@@ -291,6 +300,7 @@ class _Watch:
     clock: TargetClock
     noise: GradientNoise | None
     stop_at_target: bool
+    gain: AdaptiveGain | None = None  # an adaptive learning-rate rule's, fed each window
     windows: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -335,7 +345,10 @@ def _timed_epoch(
         seconds += time.perf_counter() - started
         loss, correct, done = loss + part_loss, correct + part_correct, cut - first
         if watch.noise is not None and (cut in evaluate_at or not clock.on):
-            watch.windows.append({"end_step": cut, **watch.noise.read()})
+            window = {"end_step": cut, **watch.noise.read()}
+            if watch.gain is not None:
+                window["lr_gain"] = watch.gain.update(window)
+            watch.windows.append(window)
         if cut in evaluate_at:
             clock.evaluate(cut)
             if watch.stop_at_target and clock.reached:
@@ -375,6 +388,7 @@ def _result(
         global_batch=setup.global_batch,
         grad_accum_steps=setup.accum_steps,
         learning_rate=setup.learning_rate,
+        lr_scaling=setup.lr_scaling,
         steps_per_epoch=setup.steps,
         jit_compile=choice.jit_compile,
         history=history,
@@ -441,6 +455,9 @@ class TrainingSetup:
     steps: int
     learning_rate: float
     steps_per_call: int = 1
+    lr_scaling: str = "none"  # the rule the rate follows (`learning_rate_rule`)
+    lr_gain: Any = None  # an adaptive rule's gain variable (`noise_estimates.AdaptiveGain`)
+    base_batch: int = 0  # the batch the base rate is for
 
     def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
         """The strategy kind's epoch runner over `dataset_fn`: `run(steps)` -> (loss, correct)."""
@@ -466,8 +483,9 @@ def set_up_training(
     """Sets the run's precision policy, then builds the strategy, a seeded model and its
     optimizer under the strategy's scope.
 
-    The learning rate grows linearly with the effective global batch, reached after
-    `cfg.warmup_epochs` of warm-up; under mixed_float16 the optimizer scales the loss.
+    The learning rate grows with the effective global batch as `train.lr_scaling` says
+    (`learning_rate_rule`), reached after `cfg.warmup_epochs` of warm-up; under
+    mixed_float16 the optimizer scales the loss.
     """
     use_precision(choice.precision)
     strategy = build_strategy(choice, resolver, collective_timeout_s)
@@ -487,12 +505,31 @@ def set_up_training(
             f"train split has {manifest.splits['train']} examples, fewer than one global batch "
             f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
         )
-    lr = cfg.learning_rate * effective / (cfg.per_replica_batch * k)
-    model, optimizer = _model_and_optimizer(cfg, manifest, choice, strategy, effective, lr, steps)
+    base_batch = cfg.per_replica_batch * k  # the batch the base rate is for
+    rule, adaptive = learning_rate_rule(cfg, choice, effective / base_batch)
+    lr = cfg.learning_rate * static_gain(rule, effective / base_batch)
+    model, optimizer, gain = _model_and_optimizer(
+        cfg, manifest, choice, strategy, effective, lr, steps, adaptive
+    )
     return TrainingSetup(
         strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
-        step_examples, steps, lr, cfg.steps_per_call,
+        step_examples, steps, lr, cfg.steps_per_call, rule, gain, base_batch,
     )  # fmt: skip
+
+
+def learning_rate_rule(cfg: TrainConfig, choice: StrategyChoice, scale: float) -> tuple[str, bool]:
+    """The rule `train.lr_scaling` comes to for a global batch `scale` times the base
+    rate's, and whether it adapts to the noise scale as the training runs: AdaScale's rules
+    need the noise scale recorded (`NOISE_KINDS`, `train.noise_scale`); without it adascale
+    is linear and auto sqrt. At the base batch every rule is 1: `none`."""
+    rule = cfg.lr_scaling
+    if scale == 1:
+        return "none", False
+    if rule not in ("auto", "adascale"):
+        return rule, False
+    if cfg.noise_scale and choice.kind in NOISE_KINDS:
+        return rule, True
+    return ("linear" if rule == "adascale" else "sqrt"), False
 
 
 def _model_and_optimizer(
@@ -503,9 +540,11 @@ def _model_and_optimizer(
     effective_batch: int,
     lr: float,
     steps: int,
-) -> tuple[keras.Model, Any]:
+    adaptive: bool = False,
+) -> tuple[keras.Model, Any, Any]:
     """A seeded model placed as the strategy wants it, and its optimizer warming up to `lr`
-    over `cfg.warmup_epochs` (scaling the loss under mixed_float16), built in its scope."""
+    over `cfg.warmup_epochs` (scaling the loss under mixed_float16), built in its scope;
+    `adaptive`, times a gain variable (returned; else None) the noise scale sets."""
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
@@ -515,13 +554,14 @@ def _model_and_optimizer(
             cfg.seed,
             effective_batch,
         )
+        gain = tf.Variable(1.0, trainable=False, name="lr_gain") if adaptive else None
         optimizer = FusedAdam(
-            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps)
+            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps, gain)
         )
         if choice.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    return model, optimizer
+    return model, optimizer, gain
 
 
 def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):

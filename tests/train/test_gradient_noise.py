@@ -126,3 +126,73 @@ def test_a_training_records_a_window_at_each_evaluation_and_plain_steps_after(di
     off = load_config(None, {**values, "train.noise_scale": False, "train.epochs": 1})
     plain = train_model(run.with_train(off.train)).result
     assert plain.gradient_noise == []
+
+
+@pytest.mark.parametrize(
+    ("rule", "kind", "noise", "got"),
+    [
+        ("linear", "mirrored", True, ("linear", False, 4.0)),
+        ("sqrt", "mirrored", True, ("sqrt", False, 2.0)),
+        ("none", "mirrored", True, ("none", False, 1.0)),
+        ("adascale", "mirrored", True, ("adascale", True, 1.0)),  # from 1, then measured
+        ("auto", "multi_worker", True, ("auto", True, 1.0)),
+        ("auto", "parameter_server", True, ("sqrt", False, 2.0)),  # no noise scale there
+        ("adascale", "mirrored", False, ("linear", False, 4.0)),  # train.noise_scale: false
+    ],
+)
+def test_each_learning_rate_rule_at_four_times_the_base_batch(rule, kind, noise, got):
+    from types import SimpleNamespace
+
+    from tasks.settings.config import load_config
+    from tasks.train.noise_estimates import static_gain
+    from tasks.train.training import learning_rate_rule
+
+    cfg = load_config(None, {"train.lr_scaling": rule, "train.noise_scale": noise}).train
+    applied, adaptive = learning_rate_rule(cfg, SimpleNamespace(kind=kind), 4.0)
+    assert (applied, adaptive, static_gain(applied, 4.0)) == got
+    assert learning_rate_rule(cfg, SimpleNamespace(kind=kind), 1.0) == ("none", False)
+
+
+def test_adascales_gain_follows_the_noise_scale_and_auto_takes_its_square_root():
+    """Windows planted at noise scale 32 (|G|^2 1, tr(S) 32) for batch 64 against the base
+    rate's 32: AdaScale's gain is 2 x (32+32)/(32+64) = 1.33, Adam's rule 1.15; a window
+    that recorded no step changes nothing."""
+    import tensorflow as tf
+
+    from tasks.train.noise_estimates import AdaptiveGain
+
+    window = {"steps": 10, "small_batch": 32, "big_batch": 64}
+    window |= {"small": 1 + 32 / 32, "big": 1 + 32 / 64}
+    for sqrt, expected in ((False, 4 / 3), (True, (4 / 3) ** 0.5)):
+        variable = tf.Variable(1.0)
+        gain = AdaptiveGain(variable, 32, 64, sqrt)
+        assert gain.update({"steps": 0, "small": None}) is None and float(variable) == 1.0
+        assert gain.update(window) == pytest.approx(expected)
+        assert float(variable) == pytest.approx(expected)
+
+
+def test_an_adascale_training_sets_its_rate_from_the_noise_scale_it_measures(digits, tmp_path):
+    """Mirrored over 2 logical CPUs at 32 a replica (64 against the base rate's 32),
+    `train.lr_scaling: adascale`: each window that recorded steps sets the gain, between 1
+    and 2, and after the warm-up the optimizer's rate is the base rate times the last."""
+    from tasks.distribute.hardware import detect_hardware
+    from tasks.distribute.run import Run
+    from tasks.distribute.strategy import select_strategy
+    from tasks.settings.config import load_config
+    from tasks.train.training import train_model
+
+    overrides, manifest, data_dir = digits
+    values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.model": "mlp"}
+    values |= {"train.strategy": "mirrored", "train.epochs": 3, "train.precision": "float32"}
+    values |= {"train.jit_compile": False, "train.noise_scale_every": 2}
+    values |= {"train.lr_scaling": "adascale", "train.warmup_epochs": 1}
+    report = detect_hardware()
+    config = load_config(None, values)
+    run = Run(config, manifest, data_dir, select_strategy(report, config.train), report)
+    trained = train_model(run)
+    result = trained.result
+    gains = [w["lr_gain"] for w in result.gradient_noise if w["steps"]]
+    assert result.lr_scaling == "adascale" and gains and all(1.0 <= g <= 2.0 for g in gains)
+    optimizer = trained.setup.optimizer
+    rate = float(optimizer.learning_rate)  # the schedule at the optimizer's step
+    assert rate == pytest.approx(0.001 * gains[-1], rel=1e-5)
