@@ -127,7 +127,7 @@ class TrainConfig:
     # micro-batch's gradient norm before the all-reduce and the all-reduced one's
     noise_scale: bool = True
     # one graph call in this many records it (1: every call; on the default digits CNN a
-    # recording call is 9-11% slower, one in 10 costs under 1%)
+    # recording call is 9-13% slower, one in 10 costs 0-3%)
     noise_scale_every: int = _spec(10, lo=1, hi=100_000)
 
     @property

@@ -164,8 +164,8 @@ class GradientNoise:
     KEYS = ("small", "big", "small_adam", "big_adam", "steps", "adam_steps")
     # the graph calls that record, one in this many (`train.noise_scale_every`): on the
     # default training (digits, the CNN, 1-2 ms steps that are mostly per-op dispatch) a
-    # recording call costs 9-11% more than a plain one, one call in 5 4-6%, one in 10 under
-    # 1% (`benchmarks/noise_scale_cost.py`, 15 alternating rounds)
+    # recording call costs 9-13% more than a plain one, one call in 5 4-6%, one in 10 0-3%
+    # (`benchmarks/noise_scale_cost.py`, two runs of 15 alternating rounds)
     EVERY_CALLS = 10
 
     def __init__(
