@@ -12,6 +12,7 @@ examples/s speedup (both from the run's own alternating rounds), and the trainin
 times on the clock.
 
     uv run python benchmarks/time_to_accuracy.py [--seeds 5] [--task digits|synthetic|both]
+        [--lr-scaling auto|linear|sqrt|adascale|none]
 
 Targets, per task: the baseline needs at least 5 epochs to the target (a figure that is
 not the first epoch's tracing); the seeds kept agree, the most examples any needed at most
@@ -58,13 +59,16 @@ def merged(base: dict, changes: dict) -> dict:
     return out
 
 
-def study(task: str, seeds: int) -> tuple[dict, dict]:
-    """The summary of one `tfscale run --seeds` on `task`, and its config."""
+def study(task: str, seeds: int, lr_scaling: str | None = None) -> tuple[dict, dict]:
+    """The summary of one `tfscale run --seeds` on `task` (with `lr_scaling`, that
+    `train.lr_scaling`), and its config."""
     project = Path(tempfile.mkdtemp(prefix=f"tfscale-tta-{task}-"))
     params = merged(yaml.safe_load((ROOT / "params.yaml").read_text()), TASKS[task])
     params["prepare"]["data_dir"] = str(project / "data")
     params["train"]["runs_dir"] = str(project / "runs")
     params["track"]["store_dir"] = str(project / "mlflow")
+    if lr_scaling:
+        params["train"]["lr_scaling"] = lr_scaling
     path = project / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     tfscale = str(Path(sys.executable).parent / "tfscale")
@@ -86,7 +90,11 @@ def train_examples(params: dict) -> int:
 def report(task: str, summary: dict, params: dict) -> list[bool]:
     per_epoch = train_examples(params)
     target = summary["target_accuracy"]
-    print(f"\n## {task}: target {target:g} held-out accuracy, {summary['seeds']} seeds a side")
+    rule = params["train"].get("lr_scaling", "linear")
+    print(
+        f"\n## {task}: target {target:g} held-out accuracy, {summary['seeds']} seeds a side, "
+        f"learning rate scaled {rule}"
+    )
     names = ("baseline (1 device)", f"{summary['replicas']} replicas")
     met = []
     for name, values in zip(names, summary["examples_to_target_by_seed"], strict=True):
@@ -131,11 +139,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--task", choices=[*TASKS, "both"], default="both")
+    parser.add_argument(
+        "--lr-scaling",
+        choices=("auto", "linear", "sqrt", "adascale", "none"),
+        default=None,
+        help="train.lr_scaling for both sides (default: params.yaml's)",
+    )
     args = parser.parse_args()
     tasks = list(TASKS) if args.task == "both" else [args.task]
     results = {}
     for task in tasks:
-        summary, params = study(task, args.seeds)
+        summary, params = study(task, args.seeds, args.lr_scaling)
         results[task] = report(task, summary, params)
     print()
     for task, met in results.items():
