@@ -180,6 +180,11 @@ class Prediction:
     bottleneck: str  # the largest part of a step: input, compute, communication or sync
     # examples per epoch below which the epoch's fixed cost outweighs its steps (D*)
     epoch_bound_below: float = 0.0
+    # the steps to the run's held-out target at this global batch, predicted from its
+    # gradient noise scale, and the time to it against one device's
+    # (`forecast_report.with_time_to_target`); None where the run did not reach the target
+    steps_to_target: float | None = None
+    time_to_target_speedup: float | None = None
 
 
 @dataclass
@@ -318,4 +323,7 @@ def forecast_metrics(f: Forecast) -> dict[str, float]:
         last = points[-1]
         metrics[f"forecast_speedup_{last.workers}w_{key}"] = last.speedup
         metrics[f"forecast_efficiency_{last.workers}w_{key}"] = last.efficiency
+        if last.time_to_target_speedup is not None:
+            name = f"forecast_time_to_target_speedup_{last.workers}w_{key}"
+            metrics[name] = last.time_to_target_speedup
     return metrics

@@ -30,6 +30,42 @@ def moved(m: CostModel) -> str:
     return "no cost per byte measured (the devices share one process)"
 
 
+def with_time_to_target(f: Forecast, metrics: dict[str, Any]) -> Forecast:
+    """`f` with each prediction's steps and time to the run's held-out target: the steps
+    at the prediction's global batch from the run's own steps to it and its gradient
+    noise scale (`tasks.measure.noise_scale.predicted_steps_to`), times the predicted step;
+    against one device at the baseline's batch, likewise. Unchanged where the run did not
+    reach the target or recorded no noise scale."""
+    import dataclasses
+
+    from tasks.measure.noise_scale import predicted_steps_to, trajectory
+
+    target = metrics.get("to_target") or {}
+    path = trajectory(metrics.get("gradient_noise") or [])
+    if not target.get("reached") or not path.end_steps:
+        return f
+    m = f.model
+    measured_batch = metrics["global_batch"] * metrics.get("grad_accum_steps", 1)
+
+    def steps_at(batch: float) -> float:
+        return predicted_steps_to(path, target["steps"], measured_batch, batch, "raw")
+
+    whole = metrics["global_batch"]
+    one_batch = m.per_replica_batch if f.scaling == "weak" else whole
+    one_device = steps_at(one_batch) * m.compute_s(one_batch)
+    for name, points in f.predictions.items():
+        placed = []
+        for p in points:
+            batch = p.workers * m.per_replica_batch if f.scaling == "weak" else whole
+            steps = steps_at(batch)
+            speedup = one_device / (steps * p.step_s)
+            placed.append(
+                dataclasses.replace(p, steps_to_target=steps, time_to_target_speedup=speedup)
+            )
+        f.predictions[name] = placed
+    return f
+
+
 def format_forecast(f: Forecast) -> str:
     m = f.model
     lines = [
@@ -43,14 +79,17 @@ def format_forecast(f: Forecast) -> str:
         f"ex/s per worker; an epoch's fixed cost {m.epoch_overhead_s * 1000:.0f} ms",
         "",
         f"{'link':<28}{'workers':>8}{'step ms':>10}{'ex/s':>12}{'speedup':>9}"
-        f"{'efficiency':>12}  {'bottleneck':<14}epoch-bound below",
+        f"{'efficiency':>12}{'to target':>11}  {'bottleneck':<14}epoch-bound below",
     ]
     for name, points in f.predictions.items():
         label = f"{name} ({gbit_text(f.links_gbit[name])})" if name == MEASURED else name
         for p in points:
+            to_target = (
+                "-" if p.time_to_target_speedup is None else f"{p.time_to_target_speedup:.2f}x"
+            )
             lines.append(
                 f"{label:<28}{p.workers:>8}{p.step_s * 1000:>10.2f}{p.examples_per_s:>12,.0f}"
-                f"{p.speedup:>8.2f}x{p.efficiency:>12.2f}  {p.bottleneck:<14}"
+                f"{p.speedup:>8.2f}x{p.efficiency:>12.2f}{to_target:>11}  {p.bottleneck:<14}"
                 f"{p.epoch_bound_below:,.0f} examples"
             )
             label = ""
@@ -59,13 +98,17 @@ def format_forecast(f: Forecast) -> str:
 
 def headline(f: Forecast, counts: tuple[int, ...] = (8, 64)) -> str:
     """One line for the run's summary: the speedup at a few worker counts on each named
-    link, and what bounds the largest."""
+    link (and in time to the target, where predicted), and what bounds the largest."""
     parts, bound = [], ""
     for name, points in f.predictions.items():
         chosen = [p for p in points if p.workers in counts]
         if name == MEASURED or not chosen:
             continue
-        parts.append(f"{' / '.join(f'{p.speedup:.1f}x' for p in chosen)} on {name}")
+        part = f"{' / '.join(f'{p.speedup:.1f}x' for p in chosen)} on {name}"
+        if all(p.time_to_target_speedup is not None for p in chosen):
+            to_target = " / ".join(f"{p.time_to_target_speedup:.1f}x" for p in chosen)
+            part += f" ({to_target} to the target)"
+        parts.append(part)
         bound = bound or f"{chosen[-1].bottleneck} at {chosen[-1].workers}"
     if not parts:
         return ""
@@ -162,6 +205,7 @@ def forecast_run(
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     links = links_from(gbits, presets, model)
     result = forecast(model, links, workers, scaling, metrics.get("global_batch"))
+    result = with_time_to_target(result, metrics)
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [write_json_atomic(out / "forecast.json", result.to_dict())]

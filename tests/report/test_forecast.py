@@ -192,3 +192,35 @@ def test_a_rate_with_no_cost_per_byte_reads_so_and_is_null_in_json():
     assert "no cost per byte measured" in format_forecast(result)
     assert json.loads(json.dumps(result.to_dict()))["links_gbit"]["measured"] is None
     assert model.predict(2, 1.25e7, "weak").step_s > model.predict(2, None, "weak").step_s
+
+
+def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
+    """A 2-worker run at global batch 2 x BATCH reached the target in 100 steps with noise
+    scale phi = BATCH (constant): at N workers (weak) the steps are 100 x (2/N) x
+    (phi + N B)/(phi + 2B), one device's 100 x 2 x (phi + B)/(phi + 2B) = 133; the time to
+    target against one device's is theirs times the predicted steps' times."""
+    from tasks.report.forecast_report import format_forecast, headline, with_time_to_target
+
+    window = {"end_step": 50, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
+    window |= {"small": 1 + BATCH / BATCH, "big": 1 + BATCH / (2 * BATCH)}  # |G|^2 1, phi B
+    metrics = {
+        "global_batch": 2 * BATCH,
+        "to_target": {"reached": True, "steps": 100},
+        "gradient_noise": [window],
+    }
+    model = truth()
+    result = with_time_to_target(forecast(model, {"ethernet-10g": 10.0}, [1, 2, 4, 8]), metrics)
+    points = result.predictions["ethernet-10g"]
+    one_device = 100 * 2 * (BATCH + BATCH) / (BATCH + 2 * BATCH) * model.compute_s(BATCH)
+    for p in points:
+        steps = 100 * (2 / p.workers) * (BATCH + p.workers * BATCH) / (BATCH + 2 * BATCH)
+        assert p.steps_to_target == pytest.approx(steps)
+        assert p.time_to_target_speedup == pytest.approx(one_device / (steps * p.step_s))
+    assert points[0].time_to_target_speedup == pytest.approx(1.0)  # one device is itself
+    # past the noise scale, time to target gains less than examples/s
+    assert points[-1].time_to_target_speedup < points[-1].speedup
+    assert "to target" in format_forecast(result)
+    line = headline(result, counts=(2, 8))
+    assert "to the target)" in line
+    unreached = with_time_to_target(forecast(model, {"ethernet-10g": 10.0}, [1, 2]), {})
+    assert unreached.predictions["ethernet-10g"][1].time_to_target_speedup is None
