@@ -180,10 +180,11 @@ class GradientNoise:
     ):
         self.optimizer, self.replicas = optimizer, replicas
         self.every_calls = every_calls  # as an epoch runner made now will record
-        # one replica with whole batches: its batch in two halves (an even batch only)
+        # one replica with whole batches: its batch in two halves (an even batch only); with
+        # gradient accumulation each micro-batch is `per_replica` examples
         self.split_batch = replicas == 1 and accum_steps == 1 and per_replica % 2 == 0
-        splits = 2 if self.split_batch else accum_steps
-        self.small_batch, self.big_batch = per_replica // splits, effective_batch
+        self.small_batch = per_replica // 2 if self.split_batch else per_replica
+        self.big_batch = effective_batch
         self.on = self.small_batch < self.big_batch
         self.sums = _replica_sums(strategy, 1, shape=(len(self.KEYS),))[0]
         # what each replica staged, by its replica context: Mirrored traces its replicas'

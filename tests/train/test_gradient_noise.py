@@ -94,6 +94,25 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     assert got["small"] > got["big"]  # a smaller batch's gradient is noisier
 
 
+def test_the_small_batch_is_a_half_batch_alone_and_a_micro_batch_with_accumulation(
+    two_logical_cpus,
+):
+    """One replica of 32 splits into halves of 16; with 4 micro-batches of accumulation
+    each micro-batch of 32 is the small batch (the replica's batch holds 4 x 32), and 2
+    replicas at 32 compare 32 with 64; a lone replica's odd batch has no smaller one."""
+    import tensorflow as tf
+
+    from tasks.train.steps import FusedAdam, GradientNoise
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    adam = FusedAdam(1e-3)
+    cases = {(1, 32, 1, 32): (16, 32, True), (1, 32, 4, 128): (32, 128, True)}
+    cases |= {(2, 32, 1, 64): (32, 64, True), (1, 31, 1, 31): (31, 31, False)}
+    for (replicas, per_replica, accum, effective), expected in cases.items():
+        noise = GradientNoise(strategy, adam, replicas, per_replica, accum, effective)
+        assert (noise.small_batch, noise.big_batch, noise.on) == expected
+
+
 def test_a_training_records_a_window_at_each_evaluation_and_plain_steps_after(digits, tmp_path):
     """Under Mirrored, every evaluation ends a window of the steps recorded since the last
     (one graph call in three records, as set); the noise scale's figures are finite; with
