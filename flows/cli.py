@@ -347,6 +347,45 @@ def _add_forecast_command(sub: Any) -> None:
     forecast.add_argument(
         "--no-track", action="store_true", help="do not log the forecast to MLflow"
     )
+    _add_plan(sub)
+
+
+def _add_plan(sub: Any) -> None:
+    text = "the fastest way to a held-out target on up to N devices, from a run's measurements"
+    plan = sub.add_parser(
+        "plan",
+        help=text,
+        description=text + ". Prices every device count (powers of 2 up to --devices) and "
+        "per-replica batch (16 to 512) as predicted steps to the target (the run's own steps "
+        "and gradient noise scale) x predicted step time (its cost model on --link), and "
+        "recommends the fastest; writes plan.json beside the run.",
+    )
+    plan.add_argument(
+        "--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]"
+    )
+    plan.add_argument(
+        "--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]"
+    )
+    plan.add_argument(
+        "--run-dir",
+        help="the run to plan from (default: the newest run of several replicas with a "
+        "diagnosis, as `tfscale run` leaves)",
+    )
+    plan.add_argument("--devices", type=int, default=8, help="the most devices (8)")
+    plan.add_argument(
+        "--link",
+        default="measured",
+        help="the link between devices: a preset (ethernet-10g, nvlink4, ...; see forecast "
+        "--help), a rate in Gbit/s, or measured (the run's own; default)",
+    )
+    plan.add_argument(
+        "--target",
+        type=float,
+        help="held-out accuracy (default: the run's evaluate.target_accuracy); the run must "
+        "have reached it",
+    )
+    plan.add_argument("--json", action="store_true", help="print plan.json instead of the table")
+    plan.add_argument("--no-track", action="store_true", help="do not log the plan to MLflow")
 
 
 def _add_forecast_grid(forecast: Any) -> None:

@@ -325,6 +325,48 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(config: Config, args: argparse.Namespace) -> int:
+    from tasks.core.files import write_json_atomic
+    from tasks.report.forecast import LINK_PRESETS, MEASURED
+    from tasks.report.forecast_report import probed_run
+    from tasks.report.plan import format_plan, make_plan
+    from tasks.track.tracking import Tracker
+
+    name, gbit = _link_of(args.link, LINK_PRESETS, MEASURED)
+    run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
+    metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+    result = make_plan(metrics, args.devices, name, gbit, args.target)
+    path = write_json_atomic(Path(run_dir) / "plan.json", result.to_dict())
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+    if not args.json:
+        print(f"written: {path}")
+    if not args.no_track:
+        run_id = Tracker.for_config(config.track).log_plan(result, path)
+        if not args.json:
+            print(f"tracked: MLflow run {run_id} ('tfscale ui' shows it)")
+    return 0
+
+
+def _link_of(text: str, presets: dict[str, float], measured: str) -> tuple[str, float]:
+    """`--link`: a preset's name, a rate in Gbit/s, or the run's own (measured)."""
+    from tasks.core.errors import UsageError
+
+    if text == measured:
+        return measured, 0.0
+    if text in presets:
+        return text, presets[text]
+    try:
+        gbit = float(text)
+    except ValueError:
+        raise UsageError(
+            f"unknown link {text!r}",
+            f"use measured, a rate in Gbit/s, or one of: {', '.join(presets)}.",
+        ) from None
+    if gbit <= 0:
+        raise UsageError(f"a link of {gbit:g} Gbit/s", "give a rate above 0.")
+    return f"{gbit:g} Gbit/s", gbit
+
+
 def sweep(config: Config, args: argparse.Namespace) -> int:
     from tasks.report.scaling_grid import CriticalBatch, format_table
 

@@ -563,6 +563,27 @@ class Tracker:
         self.finish(run_id)
         return run_id
 
+    def log_plan(self, plan: Any, path: Path) -> str:
+        """A `plan` run: the fastest configuration's figures as metrics and its settings
+        as params, where each figure came from as tags, plan.json as an artifact."""
+        best = plan.fastest
+        asdict = dataclasses.asdict
+        run_id = self.start_run("plan", {"source_run_dir": plan.run_dir, "link": plan.link})
+        self.log(
+            run_id,
+            metrics={
+                k: rounded(float(v))
+                for k, v in asdict(best).items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            }
+            | {"target_accuracy": plan.target},
+            params={"devices": best.devices, "per_replica_batch": best.per_replica_batch},
+            tags={f"source_{k.replace(' ', '_')}": v for k, v in plan.sources.items()},
+        )
+        self.log_artifacts(run_id, [path])
+        self.finish(run_id)
+        return run_id
+
     def log_sweep(
         self, parent_id: str, rows: list[Any], results: list[dict], files: dict[str, Path]
     ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import free_port, tiny_params, wait_until_healthy
+from helpers import free_port, run_main, tiny_params, wait_until_healthy
 
 from tasks.settings.config import load_config
 
@@ -419,3 +419,28 @@ def test_ui_serves_the_store(flow_run):
         out = proc.communicate(timeout=30)[0]
     assert f"results: http://127.0.0.1:{port}/#/experiments/" in out
     assert "Warning" not in out and "Registry store URI not provided" not in out, out
+
+
+def test_plan_reads_the_studys_run_and_says_what_each_figure_came_from(flow_run):
+    """`tfscale plan` on the study's distributed run: a target it never reached is refused,
+    naming the best it reached; one it did gives the table and the fastest configuration,
+    plan.json beside the run, and a `plan` run in MLflow."""
+    from mlflow import MlflowClient
+
+    tmp = flow_run["tmp"]
+    common = ["--params", str(tmp / "params.yaml"), "plan", "--devices", "4"]
+    code, out, err = run_main([*common, "--target", "0.999"], tmp)
+    assert code == 2 and "did not reach 0.999 held-out accuracy (best 0." in err, err
+    code, out, err = run_main([*common, "--target", "0.5", "--link", "ethernet-10g"], tmp)
+    assert code == 0, err
+    assert "the fastest way to 0.5 held-out accuracy on ethernet-10g" in out
+    assert "fastest: " in out and "steps to target the run's " in out
+    assert "written: " in out, out
+    (written,) = (tmp / "runs" / "digits").glob("mirrored-*/plan.json")
+    plan = json.loads(written.read_text())
+    assert {r["devices"] for r in plan["rows"]} == {1, 2, 4} and plan["target"] == 0.5
+    client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
+    tracked = client.get_run(out.split("tracked: MLflow run ")[1].split()[0])
+    assert tracked.info.run_name.startswith("plan-") and tracked.info.status == "FINISHED"
+    assert tracked.data.params["devices"] == str(plan["rows"][plan["best"]]["devices"])
+    assert tracked.data.tags["source_steps_to_target"].startswith("the run's ")

@@ -224,3 +224,62 @@ def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
     assert "to the target)" in line
     unreached = with_time_to_target(forecast(model, {"ethernet-10g": 10.0}, [1, 2]), {})
     assert unreached.predictions["ethernet-10g"][1].time_to_target_speedup is None
+
+
+def _planned_run(noise_scale: float = 64.0) -> dict:
+    """The metrics of a 2-worker run at global batch 64 measured from the constants above:
+    96% reached at step 100, its windows at a constant noise scale."""
+    window = {"end_step": 50, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
+    window |= {"small": 1 + noise_scale / BATCH, "big": 1 + noise_scale / (2 * BATCH)}
+    return {
+        "run_dir": "runs/x",
+        "probes": synthetic_probes(),
+        "global_batch": 2 * BATCH,
+        "learning_rate": 0.002,
+        "lr_scaling": "linear",
+        "to_target": {"target": 0.96, "reached": True, "steps": 100},
+        "evaluations": [
+            {"steps": 60, "accuracy": 0.9},
+            {"steps": 100, "accuracy": 0.96},
+            {"steps": 140, "accuracy": 0.97},
+        ],
+        "gradient_noise": [window],
+    }
+
+
+def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
+    """Noise scale 64: at global batch M the steps to 96% are 100 / ((M/64)(64+64)/(64+M));
+    the step time is the cost model's on the link; one device at 32 is the reference (its
+    time to target 1.00x), and the fastest row has the least time."""
+    from tasks.report.plan import make_plan
+    from tasks.train.noise_estimates import step_progress
+
+    plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
+    assert sorted({r.devices for r in plan.rows}) == [1, 2, 4, 8]
+    model = fit_cost_model(synthetic_probes())
+    for r in plan.rows:
+        assert r.steps == pytest.approx(100 / step_progress(64.0, 64, r.global_batch), rel=1e-6)
+        priced = CostModel(**{**model.__dict__, "per_replica_batch": r.per_replica_batch})
+        step = priced.predict(r.devices, 10.0 * 1e9 / 8, "weak").step_s
+        assert r.step_s == pytest.approx(step) and r.time_s == pytest.approx(r.steps * step)
+        assert r.past_noise_scale == (r.global_batch > 64)
+        assert r.learning_rate == pytest.approx(0.001 * r.global_batch / BATCH)
+    (one,) = [r for r in plan.rows if (r.devices, r.per_replica_batch) == (1, BATCH)]
+    assert one.time_speedup == pytest.approx(1.0) and one.examples_per_s_speedup == 1.0
+    assert plan.fastest.time_s == min(r.time_s for r in plan.rows)
+    assert "the run's 100 steps to 0.96 at global batch 64" in plan.sources["steps to target"]
+    # another target: the first evaluation at or above it
+    assert (
+        "the run's 60 steps to 0.9"
+        in make_plan(_planned_run(), 2, "measured", 0.0, 0.9).sources["steps to target"]
+    )
+
+
+def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_scale():
+    from tasks.core.errors import UsageError
+    from tasks.report.plan import make_plan
+
+    with pytest.raises(UsageError, match=r"did not reach 0.99 held-out accuracy \(best 0.9700\)"):
+        make_plan(_planned_run(), 8, "measured", 0.0, 0.99)
+    with pytest.raises(UsageError, match="recorded no gradient noise scale"):
+        make_plan({**_planned_run(), "gradient_noise": []}, 8, "measured", 0.0)

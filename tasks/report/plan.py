@@ -1,0 +1,202 @@
+"""`tfscale plan`: the fastest way to a held-out target on up to N devices, from one run's
+measurements. Every configuration of devices (powers of 2 up to N, and N) and per-replica
+batch is priced as time to target = predicted steps x predicted step time:
+
+- the step time from the run's cost model (`tasks.report.forecast`: compute per example,
+  all-reduce, sync, input) on the named link;
+- the steps from the run's own steps to the target and its gradient noise scale
+  (`tasks.measure.noise_scale.predicted_steps_to`), with the interval of the noise scale's
+  quartiles.
+
+Each figure says which measurement it came from (`Plan.sources`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tasks.core.errors import UsageError
+from tasks.measure.noise_scale import predicted_steps_to, trajectory
+from tasks.report.forecast import MEASURED, fit_cost_model
+from tasks.train.noise_estimates import static_gain, step_progress
+
+BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    devices: int
+    per_replica_batch: int
+    global_batch: int
+    learning_rate: float  # by the run's own rule (`train.lr_scaling`)
+    steps: float  # to the target, predicted
+    steps_low: float
+    steps_high: float
+    step_s: float
+    time_s: float
+    time_low_s: float
+    time_high_s: float
+    examples_per_s_speedup: float  # against one device at the run's per-replica batch
+    time_speedup: float  # time to target, against the same
+    past_noise_scale: bool  # the global batch above the noise scale B_simple
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_dir: str
+    target: float
+    link: str
+    noise_scale: float
+    rows: list[PlanRow]
+    best: int  # the fastest row's index
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def fastest(self) -> PlanRow:
+        return self.rows[self.best]
+
+
+def _steps_to(metrics: dict, target: float | None) -> tuple[float, int]:
+    """The run's target and its steps to it: the first evaluation at or above `target`
+    (default: the run's own target)."""
+    own = metrics.get("to_target") or {}
+    target = own.get("target") if target is None else target
+    evaluations = metrics.get("evaluations") or []
+    if target is None or not evaluations:
+        raise UsageError(
+            f"{metrics.get('run_dir')} has no held-out evaluations during training",
+            "plan from a run trained with evaluate.every_epochs above 0 (the default).",
+        )
+    for e in evaluations:
+        if e["accuracy"] >= target:
+            return target, int(e["steps"])
+    best = max(e["accuracy"] for e in evaluations)
+    raise UsageError(
+        f"{metrics.get('run_dir')} did not reach {target:g} held-out accuracy (best {best:.4f})",
+        "give a lower --target, or plan from a run that reached it (more --epochs).",
+    )
+
+
+def make_plan(
+    metrics: dict,
+    devices: int,
+    link_name: str,
+    link_gbit: float,
+    target: float | None = None,
+    batches: tuple[int, ...] = BATCHES,
+) -> Plan:
+    """Every (devices, per-replica batch) priced from the run's `metrics` (its
+    metrics.json), on a link of `link_gbit` (`link_name`; MEASURED: the run's own)."""
+    if devices < 1:
+        raise UsageError(f"--devices must be 1 or more, not {devices}")
+    target, steps_run = _steps_to(metrics, target)
+    path = trajectory(metrics.get("gradient_noise") or [])
+    if not path.end_steps:
+        raise UsageError(
+            f"{metrics.get('run_dir')} recorded no gradient noise scale",
+            "plan from a run with train.noise_scale: true (the default) on one_device, "
+            "mirrored or multi_worker.",
+        )
+    low_phi, phi, high_phi = path.spread("raw", until=steps_run)
+    model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
+    accum = metrics.get("grad_accum_steps", 1)
+    run_batch = metrics["global_batch"] * accum
+    own_per_replica = model.per_replica_batch
+    link = None if link_name == MEASURED else link_gbit * 1e9 / 8
+    rule = metrics.get("lr_scaling") or "linear"
+    base_rate = metrics["learning_rate"] / static_gain(rule, run_batch / (own_per_replica * accum))
+
+    def steps_at(batch: float) -> tuple[float, float, float]:
+        steps = predicted_steps_to(path, steps_run, run_batch, batch, "raw")
+        ends = [steps_run / step_progress(q, run_batch, batch) for q in (low_phi, high_phi)]
+        return steps, min(ends), max(ends)
+
+    one_step = model.compute_s(own_per_replica)
+    one_time = steps_at(own_per_replica * accum)[0] * one_step
+    one_rate = own_per_replica / one_step
+    counts = sorted({*(2**i for i in range(devices.bit_length()) if 2**i <= devices), devices})
+    rows = []
+    for n in counts:
+        for b in batches:
+            priced = dataclasses.replace(model, per_replica_batch=b)
+            p = priced.predict(n, link, "weak")
+            batch = n * b * accum
+            steps, low, high = steps_at(batch)
+            rows.append(
+                PlanRow(
+                    devices=n,
+                    per_replica_batch=b,
+                    global_batch=n * b,
+                    learning_rate=base_rate * static_gain(rule, batch / (own_per_replica * accum)),
+                    steps=steps,
+                    steps_low=low,
+                    steps_high=high,
+                    step_s=p.step_s,
+                    time_s=steps * p.step_s,
+                    time_low_s=low * p.step_s,
+                    time_high_s=high * p.step_s,
+                    examples_per_s_speedup=p.examples_per_s / one_rate,
+                    time_speedup=one_time / (steps * p.step_s),
+                    past_noise_scale=batch > phi,
+                )
+            )
+    best = min(range(len(rows)), key=lambda i: rows[i].time_s)
+    sources = {
+        "step time": f"the cost model fitted to the run's probes (compute at per-replica "
+        f"batches {_probed_batches(metrics)}, the all-reduce at 3 sizes; fit errors "
+        f"{model.compute_fit_error:.1%} and {model.comm_fit_error:.1%}); other batches "
+        "extrapolate its line",
+        "steps to target": f"the run's {steps_run} steps to {target:g} at global batch "
+        f"{run_batch}, scaled by its gradient noise scale {phi:,.0f} (quartiles "
+        f"{low_phi:,.0f}-{high_phi:,.0f}, {path.recorded_steps} steps recorded)",
+        "learning rate": f"the run's base rate {base_rate:g} scaled {rule}",
+        "link": link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)",
+    }
+    return Plan(str(metrics.get("run_dir")), target, link_name, phi, rows, best, sources)
+
+
+def _probed_batches(metrics: dict) -> str:
+    measured = (metrics.get("probes") or {}).get("local_step_s_by_batch") or []
+    return ", ".join(str(int(b)) for b, _ in measured) or "?"
+
+
+def format_plan(plan: Plan) -> str:
+    """The table, the recommendation and where each figure came from."""
+    head = (
+        f"{'devices':>7} {'batch':>6} {'global':>7} {'rate':>9} {'steps':>8} {'step ms':>8} "
+        f"{'time to target':>22} {'ex/s':>6} {'to target':>9}  past B_simple"
+    )
+    lines = [
+        f"the fastest way to {plan.target:g} held-out accuracy on {plan.link}, from {plan.run_dir}",
+        "",
+        head,
+        "-" * len(head),
+    ]
+    for i, r in enumerate(plan.rows):
+        time = f"{r.time_s:.3g} s ({r.time_low_s:.3g}-{r.time_high_s:.3g})"
+        mark = " <- fastest" if i == plan.best else ""
+        lines.append(
+            f"{r.devices:>7} {r.per_replica_batch:>6} {r.global_batch:>7} "
+            f"{r.learning_rate:>9.2g} {r.steps:>8,.0f} {r.step_s * 1000:>8.2f} {time:>22} "
+            f"{r.examples_per_s_speedup:>5.2f}x {r.time_speedup:>8.2f}x  "
+            f"{'yes' if r.past_noise_scale else 'no'}{mark}"
+        )
+    f = plan.fastest
+    lines += [
+        "",
+        f"fastest: {f.devices} device{'s' if f.devices > 1 else ''} at {f.per_replica_batch} "
+        f"per replica (global {f.global_batch}): {f.time_s:.3g} s to {plan.target:g} "
+        f"({f.time_low_s:.3g}-{f.time_high_s:.3g}), {f.time_speedup:.2f}x one device's time; "
+        f"in examples/s {f.examples_per_s_speedup:.2f}x",
+        "from:",
+        *[f"  {k:<16}{v}" for k, v in plan.sources.items()],
+    ]
+    if not math.isfinite(plan.noise_scale):
+        lines.append("  (the noise scale is unbounded: every batch counts in full)")
+    return "\n".join(lines)
