@@ -384,6 +384,13 @@ def _add_plan(sub: Any) -> None:
         help="held-out accuracy (default: the run's evaluate.target_accuracy); the run must "
         "have reached it",
     )
+    plan.add_argument(
+        "--device-memory-mb",
+        type=float,
+        default=0.0,
+        help="a device's memory: only the per-replica batches whose weights, Adam's slots and "
+        "activations fit it (0: not checked)",
+    )
     plan.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     plan.add_argument("--no-track", action="store_true", help="do not log the plan to MLflow")
 

@@ -329,13 +329,23 @@ def plan(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.files import write_json_atomic
     from tasks.report.forecast import LINK_PRESETS, MEASURED
     from tasks.report.forecast_report import probed_run
-    from tasks.report.plan import format_plan, make_plan
+    from tasks.report.plan import BATCHES, format_plan, make_plan
     from tasks.track.tracking import Tracker
 
     name, gbit = _link_of(args.link, LINK_PRESETS, MEASURED)
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
     metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
-    result = make_plan(metrics, args.devices, name, gbit, args.target)
+    batches = BATCHES
+    if args.device_memory_mb:  # the model's footprint: built, so TensorFlow, quietly
+        from tasks.core.process import import_tensorflow
+        from tasks.data.manifest import load_manifest
+        from tasks.data.preparation import dataset_dir
+        from tasks.train.stage_plan import batches_that_fit
+
+        import_tensorflow()
+        manifest = load_manifest(dataset_dir(config))
+        batches = batches_that_fit(metrics["model"], manifest, args.device_memory_mb, BATCHES)
+    result = make_plan(metrics, args.devices, name, gbit, args.target, batches)
     path = write_json_atomic(Path(run_dir) / "plan.json", result.to_dict())
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
     if not args.json:

@@ -95,6 +95,12 @@ def make_plan(
     metrics.json), on a link of `link_gbit` (`link_name`; MEASURED: the run's own)."""
     if devices < 1:
         raise UsageError(f"--devices must be 1 or more, not {devices}")
+    if not batches:
+        raise UsageError(
+            f"no per-replica batch of {', '.join(map(str, BATCHES))} fits a device of the "
+            "memory given",
+            "give a larger --device-memory-mb, or cut the model into pipeline stages.",
+        )
     target, steps_run = _steps_to(metrics, target)
     path = trajectory(metrics.get("gradient_noise") or [])
     if not path.end_steps:
@@ -157,6 +163,8 @@ def make_plan(
         f"{low_phi:,.0f}-{high_phi:,.0f}, {path.recorded_steps} steps recorded)",
         "learning rate": f"the run's base rate {base_rate:g} scaled {rule}",
         "link": link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)",
+        "batches": ", ".join(map(str, batches))
+        + ("" if batches == BATCHES else " (those that fit --device-memory-mb)"),
     }
     return Plan(str(metrics.get("run_dir")), target, link_name, phi, rows, best, sources)
 

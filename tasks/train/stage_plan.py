@@ -245,6 +245,18 @@ def _balanced(
     return found[1] if found else None
 
 
+def batches_that_fit(
+    model_name: str, manifest: Any, device_memory_mb: float, batches: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The per-replica batches at which the whole model (weights, Adam's slots and the
+    activations kept for backward, `footprint`) fits a device of `device_memory_mb`."""
+    from tasks.train.models import build_model
+
+    costs = layer_costs(build_model(model_name, manifest.shape, manifest.num_classes))
+    budget = device_memory_mb * MB
+    return tuple(b for b in batches if footprint(costs, b).total <= budget)
+
+
 def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
     """`choice`, or, when the model does not fit one device's memory (`choice.device_memory_mb`;
     0: not checked), the fewest pipeline stages that hold it where the strategy is `auto`. A

@@ -283,3 +283,26 @@ def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_
         make_plan(_planned_run(), 8, "measured", 0.0, 0.99)
     with pytest.raises(UsageError, match="recorded no gradient noise scale"):
         make_plan({**_planned_run(), "gradient_noise": []}, 8, "measured", 0.0)
+
+
+def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():
+    """The digits CNN's footprint (weights, Adam's slots, activations kept for backward)
+    grows with the batch: a device between its size at 32 and at 64 takes 16 and 32 only,
+    and the plan says so; a device too small for any is refused."""
+    from types import SimpleNamespace
+
+    from tasks.core.errors import UsageError
+    from tasks.report.plan import make_plan
+    from tasks.train.models import build_model
+    from tasks.train.stage_plan import MB, batches_that_fit, footprint, layer_costs
+
+    manifest = SimpleNamespace(shape=(8, 8, 1), num_classes=10)
+    costs = layer_costs(build_model("cnn", manifest.shape, manifest.num_classes))
+    between = (footprint(costs, 32).total + footprint(costs, 64).total) / 2 / MB
+    assert batches_that_fit("cnn", manifest, between, (16, 32, 64, 128)) == (16, 32)
+    assert batches_that_fit("cnn", manifest, 0.01, (16, 32)) == ()
+    plan = make_plan(_planned_run(), 2, "measured", 0.0, None, (16, 32))
+    assert {r.per_replica_batch for r in plan.rows} == {16, 32}
+    assert plan.sources["batches"] == "16, 32 (those that fit --device-memory-mb)"
+    with pytest.raises(UsageError, match="no per-replica batch of 16, 32, 64"):
+        make_plan(_planned_run(), 2, "measured", 0.0, None, ())
