@@ -309,7 +309,10 @@ def plot_speedup(
 
 
 def format_summary(summary: ScalingSummary, ui_command: str) -> str:
-    rows = [
+    rows = [  # the answer first: examples/s and time to target, then how it was had
+        ("speedup", summary.speedup_text + _split(summary)),
+        ("to target", summary.to_target),
+        ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
         ("strategy", f"{summary.strategy} ({summary.reason})"),
         ("replicas", str(summary.replicas)) if summary.stages == 1 else ("stages", summary.shape),
         ("precision", summary.precision),
@@ -318,9 +321,6 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         *([("interference", summary.interference)] if summary.interference else []),
         ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
-        ("speedup", summary.speedup_text + _split(summary)),
-        ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
-        ("to target", summary.to_target),
         ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
         *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],

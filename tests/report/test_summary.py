@@ -64,7 +64,10 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
         "examples/s 1.50x (1.50-1.60): 5,000 examples to it against 4,000 (1.25x as many) at "
         "global batch 32 against 16"
     )
-    assert f"to target               {summary.to_target}" in format_summary(summary, "ui")
+    # the answer first: the speedup, then the time to target
+    lines = format_summary(summary, "ui").splitlines()
+    assert lines[0].startswith("speedup ") and "1.50x (1.50-1.60)" in lines[0]
+    assert lines[1] == f"to target               {summary.to_target}"
 
 
 def test_a_target_one_training_missed_says_who_and_the_best_it_reached():
