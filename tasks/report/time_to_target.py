@@ -11,7 +11,7 @@ from typing import Any
 from tasks.measure.noise_scale import predicted_steps_to, trajectory
 from tasks.measure.rounds import Spread
 from tasks.train.noise_estimates import efficiency
-from tasks.train.to_target import over_seeds
+from tasks.train.to_target import OverSeeds, over_seeds
 from tasks.train.training import TrainResult
 
 
@@ -49,7 +49,7 @@ def target_figures(
             time_to_target_speedup_high=speedup.high * b.high / d.low,
         )
     figures.update(noise_figures(baseline, distributed))
-    figures["to_target"] = target_sentence(baseline, distributed, target, speedup, figures)
+    figures["to_target"] = target_sentence(baseline, distributed, target, speedup, figures, (b, d))
     return figures
 
 
@@ -85,21 +85,23 @@ def target_sentence(
     target: float,
     speedup: Spread,
     figures: dict[str, Any],
+    examples: tuple[OverSeeds, OverSeeds],
 ) -> str:
     """`time to 95%: 2 replicas 0.93x (0.88-1.02) one device's, in examples/s 1.24x (...):
-    5,632 examples to it against 4,224 at global batch 64 against 32`, over how many seeds,
-    or who did not reach it and the best they reached."""
+    5,632 examples to it against 4,224 at global batch 64 against 32`, over how many seeds
+    (`examples`: each side's, `target_figures`), or who did not reach it and the best they
+    reached."""
     base, dist = baseline.to_target, distributed.to_target
     head = f"time to {target:.1%} held-out accuracy".replace(".0%", "%")
     if not base or not dist:
         return f"{head}: not measured (evaluate.every_epochs is 0, or there is no test split)"
-    seeds, by_seed = figures["seeds"], figures["examples_to_target_by_seed"]
-    sides = (("baseline", "baseline", base), (distributed.shape, "distributed", dist))
+    seeds = figures["seeds"]
+    sides = ((("baseline", base), examples[0]), ((distributed.shape, dist), examples[1]))
     if seeds > 1:
         missed = [
-            f"the {name} missed it in {sum(v is None for v in values)} of {seeds} seeds"
-            for (name, key, _), values in zip(sides, by_seed, strict=True)
-            if figures[f"examples_to_target_{key}"] is None
+            f"the {name} missed it in {over.missed} of {seeds} seeds"
+            for (name, _), over in sides
+            if over.mean is None
         ]
     else:
         missed = [
@@ -107,7 +109,7 @@ def target_sentence(
             f"{t['best_examples']:,} examples)"
             if t.get("best_accuracy") is not None
             else f"the {name} ended before its first evaluation"
-            for name, _, t in sides
+            for (name, t), _ in sides
             if not t.get("reached")
         ]
     if missed:
@@ -126,10 +128,7 @@ def target_sentence(
     text += _noise_clause(baseline, distributed, figures)
     if seeds > 1:
         dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
-        ranges = [
-            f"{min(v):,.0f}-{max(v):,.0f}"
-            for v in (sorted(x)[1:-1] if seeds >= 3 else x for x in by_seed)
-        ]
+        ranges = [f"{over.low:,.0f}-{over.high:,.0f}" for over in examples]
         text += (
             f"; the mean of {seeds} seeds each{dropped} (MLPerf's score; the baseline's kept "
             f"seeds {ranges[0]}, the {distributed.shape}' {ranges[1]})"

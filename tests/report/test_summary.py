@@ -115,6 +115,12 @@ def test_more_seeds_give_mlperfs_mean_and_widen_the_range_by_their_spread():
         "the mean of 5 seeds each, the fastest and slowest dropped (MLPerf's score; the "
         "baseline's kept seeds 3,500-4,500, the 2 replicas' 5,000-6,000)"
     )
+    # one seed that never reached it counts as the slowest and is dropped, with the fastest
+    # (4,000): 5,000, 5,500 and 9,000 kept, mean 6,500
+    one_miss = [{"reached": False}, *dist_seeds[1:]]
+    dropped = compare_runs(base, dist, EVALUATION, None, "weak", 0.95, (base_seeds, one_miss))
+    assert dropped.examples_to_target_distributed == pytest.approx(6500)
+    assert dropped.to_target.endswith("the 2 replicas' 5,000-9,000)")
     missing = [{"reached": False}, {"reached": False}, *dist_seeds[2:]]
     missed = compare_runs(base, dist, EVALUATION, None, "weak", 0.95, (base_seeds, missing))
     assert missed.time_to_target_speedup is None
