@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tasks.train.noise_estimates import NoiseScale, step_progress, two_batch_estimates
+from tasks.train.noise_estimates import NoiseScale, step_progress, window_estimates
 
 
 def predicted_steps(noise_scales: Sequence[float], base_batch: float, batch: float) -> float:
@@ -128,17 +128,12 @@ def trajectory(windows: Sequence[dict], beta: float = 0.5) -> Trajectory:
     scales = {v: NoiseScale(beta) for v in VARIANTS}
     recorded = 0
     for w in windows:
-        if not w.get("steps") or w.get("small") is None:
+        estimates = {variant: window_estimates(w, variant) for variant in VARIANTS}
+        if estimates["raw"] is None:  # no step recorded in it
             continue
         recorded += w["steps"]
         end_steps.append(int(w["end_step"]))
-        for variant in VARIANTS:
-            key = "" if variant == "raw" else "_adam"
-            small, big = w.get(f"small{key}"), w.get(f"big{key}")
-            if small is None or big is None:
-                g2, trace = math.nan, math.nan
-            else:
-                g2, trace = two_batch_estimates(w["small_batch"], small, w["big_batch"], big)
+        for variant, (g2, trace) in estimates.items():
             scales[variant].update(g2, trace)
             own = NoiseScale(0.0)
             own.update(g2, trace)

@@ -99,6 +99,20 @@ def step_progress(noise_scale: float, base_batch: float, batch: float) -> float:
     return batch / base_batch * efficiency(noise_scale, base_batch, batch)
 
 
+def window_estimates(window: dict, variant: str = "raw") -> tuple[float, float] | None:
+    """`two_batch_estimates` of a window of norms a training recorded
+    (`tasks.train.steps.GradientNoise.read`): of the raw gradient, or (`adam`) as Adam
+    preconditions it; None for a window that recorded no step; NaNs where the variant has
+    no norms in a window that did."""
+    if not window.get("steps") or window.get("small") is None:
+        return None
+    key = "" if variant == "raw" else f"_{variant}"
+    small, big = window.get(f"small{key}"), window.get(f"big{key}")
+    if small is None or big is None:
+        return math.nan, math.nan
+    return two_batch_estimates(window["small_batch"], small, window["big_batch"], big)
+
+
 LR_RULES = ("auto", "linear", "sqrt", "adascale", "none")
 
 
@@ -123,12 +137,10 @@ class AdaptiveGain:
 
     def update(self, window: dict) -> float | None:
         """The gain after `window` (unchanged by a window that recorded no step)."""
-        if not window.get("steps") or window.get("small") is None:
+        estimates = window_estimates(window)
+        if estimates is None:
             return None
-        self.noise.update(
-            *two_batch_estimates(window["small_batch"], window["small"], window["big_batch"],
-                                 window["big"])
-        )  # fmt: skip
+        self.noise.update(*estimates)
         phi = self.noise.value()
         if math.isnan(phi):
             return None
