@@ -364,10 +364,14 @@ def make_epoch_runner(
     return run_epoch
 
 
+def adam_of(optimizer: Any) -> Any:
+    """The optimizer itself, or the one a LossScaleOptimizer wraps (mixed_float16)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def _noise_of(optimizer: Any) -> GradientNoise | None:
     """The gradient noise scale's recorder set on the optimizer (`FusedAdam.noise`), if any."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return getattr(inner, "noise", None)
+    return getattr(adam_of(optimizer), "noise", None)
 
 
 def _replica_sums(strategy: Any, n: int, shape: tuple[int, ...] = ()) -> list[Any]:

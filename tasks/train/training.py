@@ -35,7 +35,7 @@ from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver, cluster_spec_of
 from tasks.train.models import build_model
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
-from tasks.train.steps import FusedAdam, GradientNoise, make_warmup_schedule
+from tasks.train.steps import FusedAdam, GradientNoise, adam_of, make_warmup_schedule
 from tasks.train.to_target import Evaluation, HeldOut, TargetClock, interval_examples
 
 log = logging.getLogger(__name__)
@@ -310,8 +310,7 @@ def _gradient_noise(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConf
     server's or a pipeline's)."""
     if not cfg.noise_scale or choice.kind not in NOISE_KINDS:
         return None
-    optimizer = setup.optimizer
-    adam = optimizer.inner_optimizer if hasattr(optimizer, "inner_optimizer") else optimizer
+    adam = adam_of(setup.optimizer)
     noise = GradientNoise(
         setup.strategy, adam, setup.replicas, setup.per_replica, setup.accum_steps,
         setup.step_examples, cfg.noise_scale_every,
