@@ -329,17 +329,7 @@ def _add_forecast_command(sub: Any) -> None:
         "and bandwidth, sync, input, an epoch's fixed cost) and predicts each worker count "
         "on each link, with the dataset size below which an epoch's fixed cost binds.",
     )
-    forecast.add_argument(
-        "--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]"
-    )
-    forecast.add_argument(
-        "--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]"
-    )
-    forecast.add_argument(
-        "--run-dir",
-        help="the run to forecast from (default: the newest run of several replicas with a "
-        "diagnosis)",
-    )
+    _add_run_source(forecast, "forecast from")
     _add_forecast_grid(forecast)
     forecast.add_argument(
         "--out-dir", help="where forecast.json and the charts go (default: the run's directory)"
@@ -348,6 +338,22 @@ def _add_forecast_command(sub: Any) -> None:
         "--no-track", action="store_true", help="do not log the forecast to MLflow"
     )
     _add_plan(sub)
+
+
+def _add_run_source(parser: Any, verb: str, note: str = "") -> None:
+    """The run a command reads its measurements from: `--run-dir`, or the newest probed
+    run of `--dataset` under `--runs-dir`."""
+    parser.add_argument(
+        "--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]"
+    )
+    parser.add_argument(
+        "--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]"
+    )
+    parser.add_argument(
+        "--run-dir",
+        help=f"the run to {verb} (default: the newest run of several replicas with a "
+        f"diagnosis{note})",
+    )
 
 
 def _add_plan(sub: Any) -> None:
@@ -360,17 +366,7 @@ def _add_plan(sub: Any) -> None:
         "and gradient noise scale) x predicted step time (its cost model on --link), and "
         "recommends the fastest; writes plan.json beside the run.",
     )
-    plan.add_argument(
-        "--dataset", dest="prepare.dataset", help="the run's dataset [prepare.dataset]"
-    )
-    plan.add_argument(
-        "--runs-dir", dest="train.runs_dir", help="where runs are (runs) [train.runs_dir]"
-    )
-    plan.add_argument(
-        "--run-dir",
-        help="the run to plan from (default: the newest run of several replicas with a "
-        "diagnosis, as `tfscale run` leaves)",
-    )
+    _add_run_source(plan, "plan from", ", as `tfscale run` leaves")
     plan.add_argument("--devices", type=int, default=8, help="the most devices (8)")
     plan.add_argument(
         "--link",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tensorflow as tf
-from helpers import slowed
+from helpers import epoch_history, slowed
 
 from tasks.data.preparation import prepare_dataset
 from tasks.distribute.strategy import StrategyChoice
@@ -279,21 +279,15 @@ def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range(
     from tasks.report.summary import compare_runs, format_summary
     from tasks.train.training import TrainResult
 
-    def history(*rates: float) -> list[dict]:
-        return [
-            {"epoch": i, "examples_per_s": r, "seconds": 1.0, "accuracy": 0.5}
-            for i, r in enumerate(rates, 1)
-        ]
-
     base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
-    base = dataclasses.replace(base, examples_per_s=930, history=history(90, 1000, 800, 1000))
+    base = dataclasses.replace(base, examples_per_s=930, history=epoch_history(90, 1000, 800, 1000))
     dist = dataclasses.replace(
         base,
         strategy="multi_worker",
         replicas=2,
         global_batch=32,
         examples_per_s=1420,
-        history=history(9, 1500, 1280, 1500, 1700),
+        history=epoch_history(9, 1500, 1280, 1500, 1700),
     )
     evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
     summary = compare_runs(base, dist, evaluation, None, "weak", 0.9)

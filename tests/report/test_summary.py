@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import epoch_history
 
 from tasks.report.summary import compare_runs, format_summary
 from tasks.train.training import TrainResult
@@ -13,16 +14,9 @@ from tasks.train.training import TrainResult
 
 def _pair(base_target: dict, dist_target: dict) -> tuple[TrainResult, TrainResult]:
     """One device at batch 16 and 2 replicas at 32, 1.50x (1.50-1.60) epoch by epoch."""
-
-    def history(*rates: float) -> list[dict]:
-        return [
-            {"epoch": i, "examples_per_s": r, "seconds": 1.0, "accuracy": 0.5}
-            for i, r in enumerate(rates, 1)
-        ]
-
     base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
     base = dataclasses.replace(
-        base, examples_per_s=930, history=history(90, 1000, 800, 1000), to_target=base_target
+        base, examples_per_s=930, history=epoch_history(90, 1000, 800, 1000), to_target=base_target
     )
     dist = dataclasses.replace(
         base,
@@ -30,7 +24,7 @@ def _pair(base_target: dict, dist_target: dict) -> tuple[TrainResult, TrainResul
         replicas=2,
         global_batch=32,
         examples_per_s=1420,
-        history=history(9, 1500, 1280, 1500),
+        history=epoch_history(9, 1500, 1280, 1500),
         to_target=dist_target,
     )
     return base, dist
