@@ -335,7 +335,14 @@ def diagnose_run(
     A run across processes is probed in place: `diagnose_in_place`."""
     started = time.perf_counter()
     r = measure_rounds(
-        cfg, manifest, data_dir, choice, steps, input_transform, rounds=cfg.measure_rounds
+        cfg,
+        manifest,
+        data_dir,
+        choice,
+        steps,
+        input_transform,
+        rounds=cfg.measure_rounds,
+        aim=cfg.measure_precision,
     )
     bottleneck, evidence = classify(r)
     advice = recommend(bottleneck, cfg, manifest, choice, cpu_flags)

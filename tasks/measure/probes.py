@@ -32,7 +32,15 @@ from tasks.data.manifest import Manifest
 from tasks.distribute.strategy import StrategyChoice, baseline_choice
 from tasks.measure import autotune
 from tasks.measure.autotune import Candidate, Timed
-from tasks.measure.rounds import MIN_BLOCK_STEPS, Spread, alternate, block_steps, ratio
+from tasks.measure.rounds import (
+    MIN_BLOCK_STEPS,
+    Settling,
+    Spread,
+    alternate,
+    block_steps,
+    ratio,
+    ratio_interval,
+)
 from tasks.measure.timing import all_reduce_by_size, gradient_bytes
 from tasks.settings.config import TrainConfig
 from tasks.train.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
@@ -64,6 +72,9 @@ class RoundRates:
     comm_s_by_bytes: list[list[float]] = field(default_factory=list)
     # what else used the machine during the rounds (`tasks.core.machine_load.Interference`)
     interference: dict = field(default_factory=dict)
+    # why the rounds ended (`tasks.measure.rounds.Settled`): the watched figure's interval
+    # narrow enough, or the cap
+    settled: dict = field(default_factory=dict)
 
     @property
     def interfered(self) -> str:
@@ -85,10 +96,12 @@ class RoundRates:
 
     @property
     def speedup(self) -> Spread | None:
-        """The run end to end over one device end to end, round by round."""
+        """The run end to end over one device end to end: the ratio of their medians, with
+        the 95% confidence interval of the rounds' median ratio (`rounds.ratio_interval`;
+        the lowest and highest round while there are too few rounds for one)."""
         if self.replicas == 1:
             return None
-        return ratio(self.rates["end_to_end"], self.rates[self.baseline])
+        return ratio_interval(self.rates["end_to_end"], self.rates[self.baseline])
 
     @property
     def from_batch(self) -> Spread | None:
@@ -130,10 +143,13 @@ def measure_rounds(
     steps: int,
     transform: Transform | None = None,
     rounds: int = ROUNDS,
+    aim: float = 0.0,
 ) -> RoundRates:
     """Times every configuration of `cfg` under `choice` the figures need (module
-    docstring) in `rounds` alternating rounds of up to `steps` steps each (about
-    `rounds.BLOCK_SECONDS` a block)."""
+    docstring) in alternating rounds of up to `steps` steps each (about
+    `rounds.BLOCK_SECONDS` a block): until the speedup's median round ratio (one device:
+    the run's examples/s) is known to `aim` (+-, relative, 95% confidence), at most
+    `rounds` rounds; `aim` 0 runs all `rounds`."""
     run = set_up_training(cfg, manifest, choice)
     feed = _feed(cfg, manifest, data_dir, run, transform)
     calls = {
@@ -156,8 +172,14 @@ def measure_rounds(
             calls[name] = _steps_block(setup, one, one_feed, steps)
             calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
     scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
+    rule, verdict = Settling(aim, rounds), []
+
+    def settled(values: dict[str, list[float]]) -> bool:
+        verdict[:] = [rule.check(watched_figure(values, scaling))]
+        return verdict[0] is not None
+
     with LoadWatch() as watch:
-        rates = alternate(_paired(calls, scaling), rounds)
+        rates = alternate(_paired(calls, scaling), rounds, settled)
     grad_bytes, by_bytes = 0, []
     if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
         grad_bytes = gradient_bytes(run.model)
@@ -170,7 +192,17 @@ def measure_rounds(
         grad_bytes,
         by_bytes,
         watch.result.to_dict(),
+        verdict[0].to_dict(),
     )
+
+
+def watched_figure(values: dict[str, list[float]], scaling: str) -> list[float]:
+    """What the rounds go on measuring until it is known well enough: the speedup's ratio in
+    each round (end to end over the one-device baseline), or with one device its examples/s."""
+    base = baseline_name(scaling)
+    if base not in values:
+        return values["end_to_end"]
+    return [a / b for a, b in zip(values["end_to_end"], values[base], strict=True)]
 
 
 def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:

@@ -3,12 +3,22 @@ C ...), after a warm-up round that is left out, so that a slow spell of a shared
 falls on every configuration alike. A figure is a median with its spread over the rounds;
 a ratio of two configurations is the ratio of their medians, spread as its rounds' ratios.
 
-Ownership: `alternate` runs the calls it is given and owns nothing else; a `Spread` is a
-value.
+How many rounds: as many as the figure needs, as benchmark tools decide (criterion.rs
+samples until its estimate is good enough; pyperf calibrates its runs). After each round a
+`Settling` rule reads the figure's values so far: once the 95% confidence interval of
+their median (`median_interval`: order statistics, no assumption about the distribution,
+so a shared machine's odd slow round does not widen it as it would a mean's) is within the
+aimed precision (e.g. +-3%) the rounds stop, and at its cap they stop anyway, saying so
+(`Settled`). Never fewer rounds than the interval needs: below 6, even the lowest and
+highest round hold the median with less than 95% confidence.
+
+Ownership: `alternate` runs the calls it is given and owns nothing else; a `Spread`, a
+`Settling` rule and its `Settled` verdict are values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -66,9 +76,14 @@ def block_steps(
     return max(floor, min(most, math.ceil(target_s / seconds_per_step)))
 
 
-def alternate(calls: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each call once per round, in the order given, for `rounds` rounds after one warm-up
-    round whose values are dropped. Returns each call's values, one per timed round."""
+def alternate(
+    calls: dict[str, Callable[[], float]],
+    rounds: int,
+    settled: Callable[[dict[str, list[float]]], bool] | None = None,
+) -> dict[str, list[float]]:
+    """Each call once per round, in the order given, for up to `rounds` rounds after one
+    warm-up round whose values are dropped, and fewer once `settled(values so far)` says
+    so after a round. Returns each call's values, one per timed round."""
     if rounds < 1:
         raise ValueError(f"rounds must be 1 or more, not {rounds}")
     for call in calls.values():  # warm-up: tracing, caches, the first allocation
@@ -77,7 +92,122 @@ def alternate(calls: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
     for _ in range(rounds):
         for name, call in calls.items():
             values[name].append(call())
+        if settled is not None and settled(values):
+            break
     return values
+
+
+def ratio_interval(numerator: list[float], denominator: list[float]) -> Spread:
+    """`numerator / denominator` as `ratio` gives it (the ratio of the medians), between the
+    bounds of the 95% confidence interval of the rounds' median ratio
+    (`median_interval`), widened to hold that figure when it falls outside; with fewer
+    rounds than an interval needs, the lowest and highest round, as `ratio`. Unlike the
+    range of the rounds, which only widens as rounds are added (one slow round of a shared
+    machine is enough to cross 1), the interval narrows: what rounds that go on until a
+    figure is settled (`Settling`) need to report."""
+    point = ratio(numerator, denominator)
+    per_round = [a / b for a, b in zip(numerator, denominator, strict=True)]
+    interval = median_interval(per_round)
+    if interval is None:
+        return point
+    return Spread(point.median, min(interval.low, point.median), max(interval.high, point.median))
+
+
+CONFIDENCE = 0.95
+
+
+def median_rank(n: int, confidence: float = CONFIDENCE) -> int | None:
+    """The largest k for which the k-th lowest and the k-th highest of `n` values hold the
+    median of the distribution they were drawn from with at least `confidence`: that
+    interval misses it only when k or fewer values fall on one side, so its confidence is
+    1 - 2 P(Binomial(n, 1/2) < k). None when even the lowest and highest are not enough
+    (fewer than 6 values at 95%)."""
+    best, tail = None, 0.0
+    for k in range(1, n // 2 + 1):
+        tail += math.comb(n, k - 1) / 2**n
+        if 1 - 2 * tail < confidence:
+            break
+        best = k
+    return best
+
+
+def least_rounds(confidence: float = CONFIDENCE) -> int:
+    """The fewest values whose median has an interval at `confidence` (6 at 95%)."""
+    n = 1
+    while median_rank(n, confidence) is None:
+        n += 1
+    return n
+
+
+def median_interval(values: list[float], confidence: float = CONFIDENCE) -> Spread | None:
+    """The median of `values` with its distribution-free confidence interval (the
+    `median_rank`-th lowest and highest value), or None when there are too few values."""
+    k = median_rank(len(values), confidence)
+    if k is None:
+        return None
+    ordered = sorted(values)
+    return Spread(statistics.median(values), ordered[k - 1], ordered[-k])
+
+
+def half_width(interval: Spread) -> float:
+    """The wider side of an interval around its median, relative to it: 0.03 is +-3%."""
+    return max(interval.median - interval.low, interval.high - interval.median) / abs(
+        interval.median
+    )
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Why a figure's rounds ended: its interval reached the aimed precision
+    (`ended_by="precision"`), or the cap of rounds came first (`"cap"`)."""
+
+    rounds: int
+    ended_by: str  # precision | cap
+    aim: float  # the half-width aimed at, relative (0 when rounds were not to end early)
+    cap: int
+    half_width: float | None = None  # the interval's, when the rounds gave one
+    low: float | None = None
+    high: float | None = None
+    median: float | None = None
+
+    def text(self, figure: str = "the figure") -> str:
+        """Why the rounds ended, after their count: `until the speedup's median was known to
+        +-2.7% (95% confidence)`, or at the cap what they reached against the aim."""
+        known = (
+            f"{figure}'s median known to +-{self.half_width:.1%} (95% confidence)"
+            if self.half_width is not None
+            else f"too few for {figure}'s interval (it needs {least_rounds()} rounds)"
+        )
+        if self.ended_by == "precision":
+            return f"until {known.replace('known', 'was known', 1)}"
+        if not self.aim:
+            return f"a fixed count: {known}"
+        return f"the most allowed: {known}, aimed at +-{self.aim:.0%}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Settling:
+    """Rounds go on until the 95% interval of the watched figure's median is within
+    `aim` of it (relative half-width), or until `cap` rounds; `aim` 0 always runs `cap`."""
+
+    aim: float
+    cap: int
+
+    def check(self, values: list[float]) -> Settled | None:
+        """The verdict on a figure's values after a round: None to go on."""
+        interval = median_interval(values)
+        width = half_width(interval) if interval is not None else None
+        if width is not None and self.aim and width <= self.aim:
+            ended_by = "precision"
+        elif len(values) >= self.cap:
+            ended_by = "cap"
+        else:
+            return None
+        figures = dataclasses.asdict(interval) if interval is not None else {}
+        return Settled(len(values), ended_by, self.aim, self.cap, width, **figures)
 
 
 def ratio(numerator: list[float], denominator: list[float]) -> Spread:

@@ -14,7 +14,7 @@ from tasks.core.provenance import code_version
 from tasks.distribute.run import Run
 from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
-from tasks.measure.rounds import Spread
+from tasks.measure.rounds import Settled, Spread
 from tasks.report.execute import load_exported
 from tasks.report.time_to_target import target_figures
 from tasks.settings.kinds import SpreadOver, shape_text
@@ -180,8 +180,9 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
         "speedup_high": speedup.high,
         "speedup_from_batch": from_batch.median if from_batch else None,
         "speedup_from_devices": from_devices.median if from_devices else None,
-        "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds (the "
-        "trainings' own examples/s are on their stage lines and MLflow child runs)",
+        "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds"
+        + (f", {Settled(**rounds.settled).text('the speedup')}" if rounds.settled else "")
+        + " (the trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
         "recommendation": recommend_devices(speedup, shape),
     }
@@ -189,21 +190,24 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
 
 def recommend_devices(speedup: Spread, replicas: int | str, over: str = "round") -> str:
     """One device or several (`replicas`: a count, or what the run spread over, as
-    `2 stages x 4 micro-batches`), where every round (or epoch: `over`) agrees;
-    neither where they differ."""
+    `2 stages x 4 micro-batches`), where the speedup's 95% interval over the rounds lies
+    on one side of 1 (or, over the trainings' epochs, `over="epoch"`, every epoch agrees);
+    neither where it does not."""
     if isinstance(replicas, int):
         replicas = shape_text(replicas)
+    rounds = over == "round"
+    side = "its 95% interval {} 1" if rounds else f"{{}} in every {over}"
     if speedup.below(1.0):
+        why = side.format("below") if rounds else side.format("faster")
         return (
             f"one device: it trained {1 / speedup.median:.2f}x as fast as {replicas}, "
-            f"faster in every {over} (--strategy one_device)"
+            f"{why} (--strategy one_device)"
         )
     if speedup.above(1.0):
-        return f"{replicas}: {speedup.text()} one device's speed, faster in every {over}"
-    return (
-        f"either: {replicas} ran at {speedup.text()} one device's speed, on both "
-        f"sides of 1 over the {over}s"
-    )
+        why = side.format("above") if rounds else side.format("faster")
+        return f"{replicas}: {speedup.text()} one device's speed, {why}"
+    both = "its 95% interval holds 1" if rounds else f"on both sides of 1 over the {over}s"
+    return f"either: {replicas} ran at {speedup.text()} one device's speed, {both}"
 
 
 def _figures_of_trainings(
@@ -292,7 +296,7 @@ def plot_speedup(
         linestyle="--",
         label=f"ideal ({summary.devices}x baseline)",
     )
-    bars.set_ylabel(f"examples/s (median over {summary.measured_over})")
+    bars.set_ylabel("examples/s (median)")  # over what: the summary's `measured over`
     bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")
     bars.legend()
     for result, label in ((baseline, "baseline"), (distributed, summary.strategy)):

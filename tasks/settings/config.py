@@ -102,11 +102,15 @@ class TrainConfig:
     warmup_epochs: int = _spec(1, lo=0)
     grad_accum_steps: int = _spec(1, lo=1, hi=1024)
     steps_per_call: int = _spec(10, lo=1, hi=100_000)
-    # the measuring rounds after a training (`tasks.measure.probes`): timed rounds, and most steps a
-    # block (each sized to about a second). The defaults hold five default runs' speedups
-    # within 1.10 of each other (docs/benchmarks.md); fewer is quicker and noisier
-    measure_rounds: int = _spec(11, lo=1, hi=1000)
-    measure_steps: int = _spec(300, lo=1, hi=100_000)
+    # the measuring rounds after a training (`tasks.measure.probes`): they go on until the
+    # speedup's median round ratio is known to +-measure_precision (95% confidence), at
+    # most measure_rounds rounds (0 precision: always that many), of at most measure_steps
+    # steps a block (each sized to about a second). 100-step blocks of the digits CNN vary
+    # from round to round as much as 300-step ones (8.0% and 7.6% over 40 rounds) at a
+    # third of the time, so more of them settle the speedup sooner (docs/benchmarks.md)
+    measure_rounds: int = _spec(25, lo=1, hi=1000)
+    measure_precision: float = _spec(0.03, lo=0.0, hi=1.0)
+    measure_steps: int = _spec(100, lo=1, hi=100_000)
     cache: bool = True
     shuffle_buffer: int = _spec(4096, lo=1)
     seed: int = _spec(42, lo=0)

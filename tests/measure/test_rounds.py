@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.measure.rounds import BLOCK_SECONDS, Spread, alternate, block_steps, ratio
+from tasks.measure.rounds import (
+    BLOCK_SECONDS,
+    Settled,
+    Settling,
+    Spread,
+    alternate,
+    block_steps,
+    least_rounds,
+    median_interval,
+    median_rank,
+    ratio,
+    ratio_interval,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +62,92 @@ def test_a_spread_reads_as_median_and_range_and_says_what_it_supports():
         Spread.of([])
     with pytest.raises(ValueError):
         alternate({"a": lambda: 1.0}, rounds=0)
+
+
+def test_the_median_interval_is_the_order_statistics_that_hold_it_with_95_percent():
+    """Binomial coverage: 5 rounds leave even the lowest and highest at 93.8% (1 - 2/32),
+    6 give them 96.9%; 9 rounds are the first whose second lowest and highest give 96.1%,
+    and 11 rounds still stop there (their third would be 93.5%)."""
+    assert [median_rank(n) for n in (5, 6, 8, 9, 11, 12, 20)] == [None, 1, 1, 2, 2, 3, 6]
+    assert least_rounds() == 6
+    assert median_interval([1.0, 1.1, 1.2, 1.3, 1.4]) is None
+    values = [1.30, 1.21, 1.10, 1.25, 1.23, 1.22, 1.19, 1.24, 1.60]  # 9: the 2nd from each end
+    assert median_interval(values) == Spread(1.23, 1.19, 1.30)
+    # one wild round moves the interval no further than any other high round would
+    assert median_interval([*values[:-1], 9.0]) == median_interval(values)
+
+
+def test_the_speedups_interval_narrows_with_rounds_where_the_range_only_widens():
+    """Twelve rounds at 1.2-1.3x and one at 0.8x (another process took the machine for a
+    block): the range of the rounds crosses 1, the 95% interval of their median does not,
+    and it holds the ratio of the medians it is reported beside."""
+    base = [1000.0] * 13
+    run = [1200.0, 1250.0, 1220.0, 1300.0, 1240.0, 800.0, 1260.0, 1230.0, 1210.0, 1280.0]
+    run += [1270.0, 1225.0, 1245.0]
+    assert ratio(run, base).low == 0.8
+    interval = ratio_interval(run, base)
+    assert interval == Spread(pytest.approx(1.24), 1.21, 1.27)  # the 3rd of 13 from each end
+    assert interval.above(1.0) and interval.holds(interval.median)
+    # with fewer rounds than an interval needs: the rounds' range, as before
+    assert ratio_interval(run[:5], base[:5]) == ratio(run[:5], base[:5])
+
+
+def ratios_of(*values: float):
+    """A figure's rounds as `alternate` delivers them, one round at a time."""
+    return [list(values[: n + 1]) for n in range(len(values))]
+
+
+def test_rounds_stop_once_the_interval_is_as_narrow_as_aimed():
+    """Six rounds within 1.19-1.21 of a 1.20 median: +-1.7%, under +-3%: settled at the
+    sixth, the first round the interval exists; before it, always go on."""
+    rule = Settling(aim=0.03, cap=25)
+    rounds = ratios_of(1.20, 1.21, 1.19, 1.20, 1.21, 1.19, 1.40)
+    assert [rule.check(r) for r in rounds[:5]] == [None] * 5
+    verdict = rule.check(rounds[5])
+    assert verdict is not None and (verdict.rounds, verdict.ended_by) == (6, "precision")
+    assert verdict.half_width == pytest.approx(0.01 / 1.20)
+    assert (verdict.low, verdict.median, verdict.high) == (1.19, pytest.approx(1.20), 1.21)
+    assert verdict.text("the speedup") == (
+        "until the speedup's median was known to +-0.8% (95% confidence)"
+    )
+
+
+def test_rounds_go_on_while_the_interval_is_wide_and_stop_at_the_cap_saying_so():
+    """Rounds spread 1.0-1.4: the interval stays wider than +-3%, so the rounds go on to
+    the cap, which ends them with the precision reached beside the one aimed at."""
+    spread = [1.0, 1.4, 1.1, 1.3, 1.2, 1.05, 1.35, 1.15, 1.25, 1.2]
+    rule = Settling(aim=0.03, cap=10)
+    assert all(rule.check(r) is None for r in ratios_of(*spread)[:9])
+    verdict = rule.check(spread)
+    assert (verdict.rounds, verdict.ended_by) == (10, "cap")
+    assert verdict.half_width == pytest.approx(0.30 / 2 / 1.2 * 1.0, abs=0.02)  # 1.05-1.35
+    assert verdict.text("the speedup").startswith("the most allowed: the speedup's median")
+    assert verdict.text("the speedup").endswith("aimed at +-3%")
+
+
+def test_a_cap_below_what_the_interval_needs_says_there_was_none():
+    verdict = Settling(aim=0.03, cap=3).check([1.2, 1.2, 1.2])
+    assert (verdict.rounds, verdict.ended_by, verdict.half_width) == (3, "cap", None)
+    assert "too few for the speedup's interval (it needs 6 rounds)" in verdict.text("the speedup")
+    # aim 0: a fixed count, however narrow the interval
+    fixed = Settling(aim=0.0, cap=8)
+    assert fixed.check([1.2] * 7) is None
+    assert fixed.check([1.2] * 8).text() == (
+        "a fixed count: the figure's median known to +-0.0% (95% confidence)"
+    )
+    assert Settled(**fixed.check([1.2] * 8).to_dict()) == fixed.check([1.2] * 8)
+
+
+def test_alternate_stops_after_the_round_its_rule_settles():
+    """`settled` is asked after each timed round, never after the warm-up."""
+    seen = []
+
+    def settled(values):
+        seen.append(len(values["a"]))
+        return len(values["a"]) == 4
+
+    values = alternate({"a": lambda: 1.0, "b": lambda: 2.0}, rounds=10, settled=settled)
+    assert seen == [1, 2, 3, 4] and values == {"a": [1.0] * 4, "b": [2.0] * 4}
 
 
 def test_a_busy_process_beside_a_measurement_is_seen():
