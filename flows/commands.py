@@ -180,7 +180,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.report.execute import latest_run, load_exported, study_of, trained_by
     from tasks.report.summary import compare_exported
     from tasks.track import command_runs as mlflow_runs
-    from tasks.train.evaluation import evaluate_model, write_evaluation
+    from tasks.train.evaluation import evaluate_model, recorded, write_evaluation
 
     if args.baseline:  # the baseline it compares with, named before any work
         load_exported(Path(args.baseline))
@@ -198,13 +198,16 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     name = "evaluate" if study else f"evaluate-{manifest.dataset}"
     with tracker.run(name, tags, nested_under=study) as run_id:
         mlflow_runs.describe_evaluation(tracker, run_id, trained, manifest.dataset)
-        result = evaluate_model(model_path, manifest, str(data_dir), config.evaluate.batch_size)
+        batch = config.evaluate.batch_size
+        result = recorded(model_path, manifest, batch)  # by its training: no second import
+        by = " (as its training evaluated it: model and shards unchanged)" if result else ""
+        result = result or evaluate_model(model_path, manifest, str(data_dir), batch)
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])
         tracker.log_result(run_id, result)
         tracker.log_artifacts(run_id, [path])
         print(
             f"test accuracy {result.test_accuracy:.4f}  loss {result.test_loss:.4f}  "
-            f"({result.examples} examples); written to {path}"
+            f"({result.examples} examples){by}; written to {path}"
         )
         if args.baseline:
             summary = compare_exported(

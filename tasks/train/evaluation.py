@@ -1,4 +1,11 @@
-"""Evaluating a trained model on the held-out split: loss, accuracy, per class, confusion."""
+"""Evaluating a trained model on the held-out split: loss, accuracy, per class, confusion.
+
+A training evaluates its final model once before it ends, in its own process, and keeps the
+result beside the model (`record_final`, `final_eval.json`, with the model file's sha256 and
+the shards' manifest digest). `tfscale evaluate` of that model on the same shards and
+batch size then reads it (`recorded`) instead of importing TensorFlow a second time to
+compute the same figures; a model file or shards changed since are evaluated again.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks.data.inputs import build_dataset
-from tasks.data.manifest import Manifest
+from tasks.core.files import write_json_atomic
+from tasks.data.manifest import Manifest, sha256_of
+
+RECORDED = "final_eval.json"
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,8 @@ def evaluate_keras_model(
     import keras
     import tensorflow as tf
 
+    from tasks.data.inputs import build_dataset
+
     started = time.perf_counter() if started is None else started
     n = manifest.num_classes
     confusion = np.zeros((n, n), dtype=np.int64)
@@ -80,6 +91,41 @@ def evaluate_keras_model(
         model_path=model_path,
         seconds=time.perf_counter() - started,
     )
+
+
+def record_final(
+    model: Any, model_path: Path, manifest: Manifest, data_dir: str, batch_size: int
+) -> Path:
+    """Evaluates a training's final `model` (saved at `model_path`) on the test split and
+    keeps the result beside it, keyed to the model file and the shards."""
+    result = evaluate_keras_model(model, manifest, data_dir, batch_size, "test", str(model_path))
+    path = model_path.parent / RECORDED
+    record = {
+        "model_sha256": sha256_of(model_path),
+        "manifest_digest": manifest.digest,
+        "batch_size": batch_size,
+        "result": result.to_dict(),
+    }
+    write_json_atomic(path, record)
+    return path
+
+
+def recorded(model_path: str, manifest: Manifest, batch_size: int) -> EvalResult | None:
+    """The evaluation the training of `model_path` recorded, when it is of this model file,
+    these shards and this batch size; None otherwise (evaluate it)."""
+    path = Path(model_path).parent / RECORDED
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        same = (
+            record["manifest_digest"] == manifest.digest
+            and record["batch_size"] == batch_size
+            and record["model_sha256"] == sha256_of(Path(model_path))
+        )
+        return EvalResult(**{**record["result"], "model_path": model_path}) if same else None
+    except (ValueError, KeyError, TypeError):  # unreadable: evaluated again
+        return None
 
 
 def write_evaluation(result: EvalResult, out_dir: Path, class_names: list[str]) -> Path:

@@ -33,6 +33,7 @@ from tasks.distribute.run import Run
 from tasks.distribute.strategy import StrategyChoice, build_strategy
 from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver, cluster_spec_of
+from tasks.train.evaluation import record_final
 from tasks.train.models import build_model
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
 from tasks.train.steps import FusedAdam, GradientNoise, adam_of, make_warmup_schedule
@@ -163,6 +164,10 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     model_path = run_dir / "model.keras"
     if chief:
         setup.model.save(model_path)
+        if choice.kind in FINAL_EVALUATED and run.manifest.splits.get("test", 0):
+            record_final(
+                setup.model, model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
+            )
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
     result = _result(setup, choice, run_dir, model_path, history, resumed_step)
@@ -172,6 +177,11 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         "gradient_noise": watch.windows,
     }
     return Trained(setup, dataclasses.replace(result, **held_out))
+
+
+# where the model in memory is one Keras model that evaluates outside the strategy: its
+# final evaluation is recorded for `tfscale evaluate` (`tasks.train.evaluation`)
+FINAL_EVALUATED = ("one_device", "mirrored", "multi_worker")
 
 
 def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetClock:
