@@ -224,8 +224,8 @@ EVALUATE_FLAGS = {
 
 
 # imported quietly up front; run and sweep import it while Prefect starts, prepare only
-# when it writes a shard
-TENSORFLOW_COMMANDS = {"hardware", "train", "evaluate"}
+# when it writes a shard, evaluate only when the training did not record the evaluation
+TENSORFLOW_COMMANDS = {"hardware", "train"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -175,14 +175,16 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compare
 
 def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.errors import MissingInput
+    from tasks.core.process import import_tensorflow
     from tasks.data.manifest import verify_shards
     from tasks.data.preparation import dataset_dir
-    from tasks.report.execute import latest_run, load_exported, study_of, trained_by
-    from tasks.report.summary import compare_exported
+    from tasks.report.run_files import latest_run, study_of, trained_by
     from tasks.track import command_runs as mlflow_runs
     from tasks.train.evaluation import evaluate_model, recorded, write_evaluation
 
     if args.baseline:  # the baseline it compares with, named before any work
+        from tasks.report.execute import load_exported
+
         load_exported(Path(args.baseline))
     data_dir = dataset_dir(config)
     manifest = verify_shards(data_dir, config.prepare.dataset)
@@ -201,7 +203,9 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         batch = config.evaluate.batch_size
         result = recorded(model_path, manifest, batch)  # by its training: no second import
         by = " (as its training evaluated it: model and shards unchanged)" if result else ""
-        result = result or evaluate_model(model_path, manifest, str(data_dir), batch)
+        if result is None:
+            import_tensorflow()
+            result = evaluate_model(model_path, manifest, str(data_dir), batch)
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])
         tracker.log_result(run_id, result)
         tracker.log_artifacts(run_id, [path])
@@ -210,6 +214,8 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
             f"({result.examples} examples){by}; written to {path}"
         )
         if args.baseline:
+            from tasks.report.summary import compare_exported
+
             summary = compare_exported(
                 Path(args.baseline),
                 model_dir,

@@ -81,7 +81,7 @@ def test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target(dig
     """Under Mirrored over 2 logical CPUs, evaluated every half epoch: training ends at the
     first evaluation at or above the target, mid-epoch, and that evaluation is the saved
     model's own accuracy on the held-out split, evaluated apart from training."""
-    from tasks.train.evaluation import evaluate_model
+    from tasks.train.evaluation import evaluate_model, recorded
     from tasks.train.training import train_model
 
     run = _configure(
@@ -101,6 +101,14 @@ def test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target(dig
     assert len(result.history) < 30  # it stopped
     saved = evaluate_model(result.model_path, run.manifest, run.data_dir, 256)
     assert saved.test_accuracy == pytest.approx(target.best_accuracy, abs=1e-9)
+    # the final evaluation the training recorded for `tfscale evaluate` is that of the file
+    kept = recorded(result.model_path, run.manifest, 256)
+    assert kept.confusion_matrix == saved.confusion_matrix
+    assert kept.test_loss == pytest.approx(saved.test_loss, rel=1e-5)
+    assert recorded(result.model_path, run.manifest, 128) is None  # another batch size
+    with open(result.model_path, "ab") as model_file:  # the model file changed since
+        model_file.write(b"\0")
+    assert recorded(result.model_path, run.manifest, 256) is None
     recorded = json.loads((Path(result.run_dir) / "evaluations.json").read_text())
     assert recorded == result.evaluations
     assert result.history[-1]["heldout_accuracy"] == evaluations[-1].accuracy
