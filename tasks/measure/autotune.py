@@ -236,7 +236,7 @@ def settle(
     if len(options) == 1:
         return Settled(options[0].applied_to(choice), options[0].applied_to_config(cfg))
     path = _cache_path(cfg, report, manifest, options)
-    timed, cached = _read(path, options), True
+    timed, cached = _read(path, options) or _read_within(path.parent, options), True
     if timed is None:
         timed, cached = measure(options), False
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +251,9 @@ def settle(
 def _cache_path(
     cfg: TrainConfig, report: HardwareReport, manifest: Manifest, options: list[Candidate]
 ) -> Path:
-    key = json.dumps(
+    """`runs/autotune/<what is measured>/<among which candidates>.json`: one directory per
+    hardware, model, batch, data shape and code, a file per set of candidates timed."""
+    setting = json.dumps(
         [
             report.fingerprint,
             cfg.model,
@@ -260,17 +262,17 @@ def _cache_path(
             cfg.grad_accum_steps,
             list(manifest.shape),
             manifest.num_classes,
-            [dataclasses.astuple(c) for c in options],
             code_version(),
         ]
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return Path(cfg.runs_dir) / "autotune" / f"{digest}.json"
+    among = json.dumps([dataclasses.astuple(c) for c in options])
+    digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:12]  # noqa: E731
+    return Path(cfg.runs_dir) / "autotune" / digest(setting) / f"{digest(among)}.json"
 
 
-def _read(path: Path, options: list[Candidate]) -> list[Timed] | None:
-    """The cached measurements of exactly `options`, or None (absent or unreadable: an
-    unreadable cache is measured again, never trusted)."""
+def _read(path: Path, options: list[Candidate] | None) -> list[Timed] | None:
+    """The cached measurements of exactly `options` (None: whatever they are), or None
+    (absent or unreadable: an unreadable cache is measured again, never trusted)."""
     try:
         rows = json.loads(path.read_text())
         timed = [Timed(Candidate(**r["candidate"]), tuple(r["examples_per_s"])) for r in rows]
@@ -278,7 +280,20 @@ def _read(path: Path, options: list[Candidate]) -> list[Timed] | None:
         if path.exists():
             log.warning("ignoring the unreadable autotune cache %s (%s)", path, exc)
         return None
-    return timed if [t.candidate for t in timed] == options else None
+    return timed if options is None or [t.candidate for t in timed] == options else None
+
+
+def _read_within(directory: Path, options: list[Candidate]) -> list[Timed] | None:
+    """`options`' own rounds from a measurement of more candidates in the same setting
+    (`tfscale train` times one device and the replicas; a study after it, the replicas
+    alone): rounds of one alternating session, so they compare among themselves as
+    they did among all. None when no measurement there holds them all."""
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        timed = _read(path, None)
+        by_candidate = {t.candidate: t for t in timed or []}
+        if timed and all(option in by_candidate for option in options):
+            return [by_candidate[option] for option in options]
+    return None
 
 
 def format_line(settled: Settled) -> str:

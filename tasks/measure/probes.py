@@ -97,11 +97,12 @@ class RoundRates:
     @property
     def speedup(self) -> Spread | None:
         """The run end to end over one device end to end: the ratio of their medians, with
-        the 95% confidence interval of the rounds' median ratio (`rounds.ratio_interval`;
-        the lowest and highest round while there are too few rounds for one)."""
+        its 95% confidence interval (`rounds.ratio_interval`; the lowest and highest
+        round while there are too few rounds for one)."""
         if self.replicas == 1:
             return None
-        return ratio_interval(self.rates["end_to_end"], self.rates[self.baseline])
+        top, bottom = self.rates["end_to_end"], self.rates[self.baseline]
+        return ratio_interval(top, bottom) or ratio(top, bottom)
 
     @property
     def from_batch(self) -> Spread | None:
@@ -175,7 +176,7 @@ def measure_rounds(
     rule, verdict = Settling(aim, rounds), []
 
     def settled(values: dict[str, list[float]]) -> bool:
-        verdict[:] = [rule.check(watched_figure(values, scaling))]
+        verdict[:] = [rule.check(*watched_figure(values, scaling))]
         return verdict[0] is not None
 
     with LoadWatch() as watch:
@@ -196,13 +197,14 @@ def measure_rounds(
     )
 
 
-def watched_figure(values: dict[str, list[float]], scaling: str) -> list[float]:
-    """What the rounds go on measuring until it is known well enough: the speedup's ratio in
-    each round (end to end over the one-device baseline), or with one device its examples/s."""
+def watched_figure(
+    values: dict[str, list[float]], scaling: str
+) -> tuple[list[float], list[float] | None]:
+    """What the rounds go on measuring until it is known well enough, as numerator and
+    denominator: the speedup (end to end over the one-device baseline), or with one device
+    its examples/s (no denominator)."""
     base = baseline_name(scaling)
-    if base not in values:
-        return values["end_to_end"]
-    return [a / b for a, b in zip(values["end_to_end"], values[base], strict=True)]
+    return values["end_to_end"], values.get(base)
 
 
 def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:

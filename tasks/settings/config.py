@@ -102,14 +102,16 @@ class TrainConfig:
     warmup_epochs: int = _spec(1, lo=0)
     grad_accum_steps: int = _spec(1, lo=1, hi=1024)
     steps_per_call: int = _spec(10, lo=1, hi=100_000)
-    # the measuring rounds after a training (`tasks.measure.probes`): they go on until the
-    # speedup's median round ratio is known to +-measure_precision (95% confidence), at
-    # most measure_rounds rounds (0 precision: always that many), of at most measure_steps
-    # steps a block (each sized to about a second). 100-step blocks of the digits CNN vary
-    # from round to round as much as 300-step ones (8.0% and 7.6% over 40 rounds) at a
-    # third of the time, so more of them settle the speedup sooner (docs/benchmarks.md)
+    # the measuring rounds after a training (`tasks.measure.probes`): at most this many;
+    # they end sooner once the speedup's median round ratio is known to
+    # +-measure_precision (`tasks.measure.rounds.Settling`)
     measure_rounds: int = _spec(25, lo=1, hi=1000)
+    # the 95% interval's half-width, relative, that ends the rounds (0: always
+    # measure_rounds)
     measure_precision: float = _spec(0.03, lo=0.0, hi=1.0)
+    # most steps a block of a round (each sized to about a second). 100-step blocks of the
+    # digits CNN vary from round to round as much as 300-step ones (8.0% and 7.6% over 40
+    # rounds) at a third of the time, so more of them settle the speedup sooner
     measure_steps: int = _spec(100, lo=1, hi=100_000)
     cache: bool = True
     shuffle_buffer: int = _spec(4096, lo=1)

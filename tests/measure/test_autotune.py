@@ -237,11 +237,34 @@ def test_settle_chooses_from_given_speeds_names_them_and_caches(tmp_path, manife
     assert len(calls) == 2
 
 
+def test_a_study_after_train_reuses_the_replicas_rounds_train_timed(tmp_path, manifest):
+    """`tfscale train` times one device and 2 replicas; a study after it (`for_study`: the
+    replicas stay) needs only the 2-replica candidates, which that measurement holds, in
+    rounds of one session: reused, in the study's order. The other way round, `train`
+    needs candidates the study never timed, and measures."""
+    hw, cfg = report(flags=[*PLAIN_CPU, "avx512_bf16"]), config(tmp_path)  # 2 precisions
+    calls = []
+
+    def measure(found):
+        calls.append(found)
+        return [Timed(c, tuple(1000.0 + 10 * i + r for r in range(3))) for i, c in enumerate(found)]
+
+    train = settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
+    study = settle(select_strategy(hw, cfg), cfg, hw, manifest, measure, for_study=True)
+    assert len(calls) == 1 and study.cached
+    wanted = [t.candidate for t in study.timed]
+    assert all(c.replicas == 2 for c in wanted) and wanted != [t.candidate for t in train.timed]
+    assert set(study.timed) <= set(train.timed)
+    other = config(tmp_path / "other")  # a study first: train must still measure its own
+    settle(select_strategy(hw, other), other, hw, manifest, measure, for_study=True)
+    assert not settle(select_strategy(hw, other), other, hw, manifest, measure).cached
+
+
 def test_an_unreadable_cache_is_measured_again(tmp_path, manifest):
     hw, cfg = report(), config(tmp_path, precision="float32")
     measure = lambda found: [Timed(c, (100.0 + c.jit_compile,)) for c in found]  # noqa: E731
     settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
-    (path,) = (tmp_path / "runs" / "autotune").glob("*.json")
+    (path,) = (tmp_path / "runs" / "autotune").glob("*/*.json")
     path.write_text("{not json")
     again = settle(select_strategy(hw, cfg), cfg, hw, manifest, measure)
     assert not again.cached and again.choice.kind == "one_device" and again.choice.jit_compile
@@ -271,7 +294,7 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
     )
     train = ["--params", str(params), "train", "--no-diagnose"]
     first = tfscale(train, cwd=tmp_path).stdout
-    (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
+    (cache,) = (tmp_path / "runs" / "autotune").glob("*/*.json")
     rows = json.loads(cache.read_text())
     assert len(rows) == 3 and all(len(r["examples_per_s"]) == 5 for r in rows)
     assert all(min(r["examples_per_s"]) > 0 for r in rows)  # XLA's steps ran too
@@ -309,7 +332,7 @@ def test_tfscale_train_measures_the_batch_it_was_left_and_trains_at_the_one_kept
     params.write_text(yaml.safe_dump(values))
     prepare_dataset(load_config(params), progress=False)  # in this process: not the claim
     out = tfscale(["--params", str(params), "train", "--no-diagnose"], cwd=tmp_path).stdout
-    (cache,) = (tmp_path / "runs" / "autotune").glob("*.json")
+    (cache,) = (tmp_path / "runs" / "autotune").glob("*/*.json")
     found = [
         Timed(Candidate(**r["candidate"]), tuple(r["examples_per_s"]))
         for r in json.loads(cache.read_text())
