@@ -115,12 +115,16 @@ def run_phases(project: Path, params: Path) -> dict[str, float]:
         at = ends.get(name, previous)
         phases[label] = phases.get(label, 0.0) + at - previous
         previous = at
-    distributed = phases.pop("distributed training and measuring rounds")
-    phases["distributed training"] = distributed - rounds_s
-    phases["measuring rounds"] = rounds_s
-    phases["summary and exit"] = wall - previous
-    phases["wall"] = wall
-    return phases
+    both = phases.pop("distributed training and measuring rounds")
+    split = {"distributed training": both - rounds_s, "measuring rounds": rounds_s}
+    order = [label for _, label in PHASES]
+    ordered = {}
+    for label in dict.fromkeys(order):  # in the order they happen
+        if label in phases:
+            ordered[label] = phases[label]
+        else:
+            ordered.update(split)
+    return {**ordered, "summary and exit": wall - previous, "wall": wall}
 
 
 def _mtime(path: Path) -> float:

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -34,13 +35,14 @@ def one_run(project: Path, index: int) -> dict:
     path = project / f"params-{index}.yaml"
     path.write_text(yaml.safe_dump(params))
     tfscale = str(Path(sys.executable).parent / "tfscale")
+    started = time.perf_counter()
     proc = subprocess.run(
         [tfscale, "--params", str(path), "run"], cwd=project, capture_output=True, text=True
     )
     if proc.returncode:
         sys.exit(proc.stderr[-3000:])
     (summary,) = (project / f"runs-{index}").rglob("summary.json")
-    return json.loads(summary.read_text())
+    return {**json.loads(summary.read_text()), "wall_s": time.perf_counter() - started}
 
 
 def main() -> None:
@@ -55,7 +57,8 @@ def main() -> None:
         low, high = rows[-1][1], rows[-1][2]
         print(
             f"run {index + 1}: speedup {s['speedup']:.2f}x ({low:.2f}-{high:.2f}), "
-            f"bottleneck {s.get('bottleneck', '?')}, use: {s.get('recommendation', '')}",
+            f"{s['wall_s']:.0f} s; {s.get('measured_over', '').split(' (')[0]}; "
+            f"bottleneck {s.get('bottleneck', '?')}",
             flush=True,
         )
     speedups = [r[0] for r in rows]

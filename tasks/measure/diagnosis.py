@@ -20,7 +20,7 @@ from tasks.distribute.strategy import StrategyChoice
 from tasks.measure.in_place import InPlaceProbes
 from tasks.measure.pipeline_probes import StageProbes, classify_stages, measure_stages
 from tasks.measure.probes import RoundRates, Transform, measure_rounds
-from tasks.measure.rounds import Spread
+from tasks.measure.rounds import Settled, Spread
 from tasks.settings.config import TrainConfig
 from tasks.train.training import batch_sizes
 
@@ -296,7 +296,10 @@ def format_diagnosis(d: Diagnosis) -> str:
     r = d.round_rates
     if r is not None:
         rounds = len(r.rates["compute"])
-        lines.insert(2, f"measured:   in this process, {rounds} alternating rounds (median, range)")
+        ended = f", {Settled(**r.settled).text()}" if r.settled else ""
+        lines.insert(
+            2, f"measured:   in this process, {rounds} alternating rounds (median, range){ended}"
+        )
         if r.interfered:
             lines.insert(3, f"note:       {r.interfered}")
         if r.from_batch is not None:

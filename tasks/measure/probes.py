@@ -193,7 +193,7 @@ def measure_rounds(
         grad_bytes,
         by_bytes,
         watch.result.to_dict(),
-        verdict[0].to_dict(),
+        dataclasses.replace(verdict[0], figure=watched_name(scaling, rates)).to_dict(),
     )
 
 
@@ -205,6 +205,11 @@ def watched_figure(
     its examples/s (no denominator)."""
     base = baseline_name(scaling)
     return values["end_to_end"], values.get(base)
+
+
+def watched_name(scaling: str, values: dict[str, list[float]]) -> str:
+    """What `watched_figure` watched, as a sentence names it."""
+    return "the speedup" if baseline_name(scaling) in values else "the run's examples/s"
 
 
 def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:

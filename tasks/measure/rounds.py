@@ -165,10 +165,12 @@ class Settled:
     low: float | None = None
     high: float | None = None
     median: float | None = None
+    figure: str = "the figure"  # what was watched, as the sentence names it
 
-    def text(self, figure: str = "the figure") -> str:
+    def text(self, figure: str | None = None) -> str:
         """Why the rounds ended, after their count: `until the speedup was known to +-2.7%
         (95% confidence)`, or at the cap what it reached against the aim."""
+        figure = figure or self.figure
         known = (
             f"{figure} known to +-{self.half_width:.1%} (95% confidence)"
             if self.half_width is not None

@@ -183,7 +183,7 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
         # to the speedup (each is a median of its own rounds' ratios; `rounds.ratio`)
         "speedup_from_devices": speedup.median / from_batch.median if from_devices else None,
         "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds"
-        + (f", {Settled(**rounds.settled).text('the speedup')}" if rounds.settled else "")
+        + (f", {Settled(**rounds.settled).text()}" if rounds.settled else "")
         + " (the trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
         "recommendation": recommend_devices(speedup, shape),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from helpers import PLAIN_CPU, report, tfscale, tiny_params
@@ -313,6 +315,19 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
     assert verdict in first
     second = tfscale(train, cwd=tmp_path).stdout
     assert "measured before" in second and cache.read_text() == json.dumps(rows, indent=2)
+    # `tfscale evaluate` then reads the evaluation the training recorded, with no second
+    # import of TensorFlow (the process is the claim)
+    evaluate = (
+        "import sys; from flows.cli import main; "
+        f"code = main(['--params', {str(params)!r}, 'evaluate']); "
+        "print('tensorflow imported:', 'tensorflow' in sys.modules); sys.exit(code)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", evaluate], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "as its training evaluated it" in proc.stdout
+    assert "tensorflow imported: False" in proc.stdout
 
 
 @pytest.mark.integration

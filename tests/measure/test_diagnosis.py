@@ -8,7 +8,7 @@ from helpers import epoch_history, slowed
 
 from tasks.data.preparation import prepare_dataset
 from tasks.distribute.strategy import StrategyChoice
-from tasks.measure.diagnosis import classify, classify_in_place, diagnose_run
+from tasks.measure.diagnosis import classify, classify_in_place, diagnose_run, format_diagnosis
 from tasks.measure.in_place import InPlaceProbes
 from tasks.measure.probes import RoundRates
 from tasks.settings.config import load_config
@@ -107,7 +107,7 @@ def test_classify_in_place_from_measured_steps(figures, expected, named):
 
 
 def test_in_place_diagnosis_prints_measurements_as_measured(digits):
-    from tasks.measure.diagnosis import diagnose_in_place, format_diagnosis
+    from tasks.measure.diagnosis import diagnose_in_place
 
     cfg, manifest, _ = train_config(digits, model="mlp")
     choice = StrategyChoice("multi_worker", 2, 2, "float32", "test")
@@ -184,7 +184,6 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
     import statistics
 
     from tasks.measure import probes as module
-    from tasks.measure.diagnosis import format_diagnosis
 
     built = []  # (replicas, per-replica batch) of every configuration set up, in order
 
@@ -202,6 +201,9 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
     assert built == [(2, 16), (1, 16), (1, 32)]
     r = diagnosis.round_rates
     assert {len(values) for values in r.rates.values()} == {4}  # train.measure_rounds
+    # 4 rounds, fewer than an interval needs: the cap ended them, and says so
+    assert (r.settled["rounds"], r.settled["ended_by"], r.settled["half_width"]) == (4, "cap", None)
+    assert "too few for the speedup's interval" in format_diagnosis(diagnosis)
     median = {name: statistics.median(values) for name, values in r.rates.items()}
     assert diagnosis.compute_1_replica_examples_per_s == median["one_device_replica_batch_compute"]
     assert (
