@@ -96,8 +96,8 @@ class RoundRates:
 
     @property
     def speedup(self) -> Spread | None:
-        """The run end to end over one device end to end: the ratio of their medians, with
-        its 95% confidence interval (`rounds.ratio_interval`; the lowest and highest
+        """The run end to end over one device end to end: the median of the rounds' own
+        ratios, with its 95% confidence interval (`rounds.ratio_interval`; the lowest and highest
         round while there are too few rounds for one)."""
         if self.replicas == 1:
             return None
