@@ -64,13 +64,24 @@ def flow_run(tmp_path_factory):
     }
 
 
+def study_parents(runs: list) -> list:
+    """The studies' top-level runs of the shared store, in the order `runs` has them: not
+    the `plan` run that test_plan_reads_the_studys_run... logs there (first, in an order
+    that runs it before the tests that count)."""
+    return [
+        r
+        for r in runs
+        if "mlflow.parentRunId" not in r.data.tags and not r.info.run_name.startswith("plan-")
+    ]
+
+
 def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
     experiment = client.get_experiment_by_name("tfscale")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    parents = study_parents(runs)
     assert len(parents) == 3
     parent = parents[0]
     children = {
@@ -369,7 +380,7 @@ def test_second_flow_run_reuses_the_cached_baseline(flow_run):
     client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
     experiment = client.get_experiment_by_name("tfscale")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    parents = [r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    parents = [r.info.run_id for r in study_parents(runs)]
     baselines = {
         r.data.tags["mlflow.parentRunId"]: r.data.metrics["examples_per_s_after_epoch_1"]
         for r in runs
