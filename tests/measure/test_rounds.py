@@ -268,3 +268,17 @@ def test_each_logical_cpu_device_gets_its_share_of_the_cores():
     share = max(1, len(os.sched_getaffinity(0)) // 2)
     assert tf.config.threading.get_intra_op_parallelism_threads() == share
     assert len(tf.config.list_logical_devices("CPU")) == 2
+
+
+def test_the_rounds_watch_the_speedup_or_with_one_device_the_inputs_share():
+    """Both watched figures are ratios of two blocks of the same round, so a slow spell
+    cancels: the speedup over the baseline of the scaling, else end to end over compute."""
+    from tasks.measure.probes import watched_figure, watched_name
+
+    rounds = {"end_to_end": [2.0, 4.0], "compute": [4.0, 8.0]}
+    assert watched_figure(rounds, "weak") == ([2.0, 4.0], [4.0, 8.0])
+    assert watched_name("weak", rounds) == "the input's share"
+    several = {**rounds, "one_device_replica_batch": [1.0, 2.0], "one_device_global_batch": [3.0]}
+    assert watched_figure(several, "weak") == ([2.0, 4.0], [1.0, 2.0])
+    assert watched_figure(several, "strong")[1] == [3.0]
+    assert watched_name("weak", several) == "the speedup"
