@@ -228,6 +228,16 @@ EVALUATE_FLAGS = {
 TENSORFLOW_COMMANDS = {"hardware", "train"}
 
 
+# what an interrupted command leaves, and what running it again does (Ctrl-C)
+_TRAINING = "a training goes on from its last checkpoint when this is run again"
+INTERRUPTED = {
+    "prepare": "finished shards are kept and the next prepare writes only the rest",
+    "train": _TRAINING,
+    "run": f"{_TRAINING} (finished shards are kept)",
+    "sweep": f"{_TRAINING}; finished cells are reused",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -242,7 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _report(exc)
     except KeyboardInterrupt:
-        print("interrupted; finished shards are kept and the next run resumes", file=sys.stderr)
+        print(
+            f"interrupted; {INTERRUPTED.get(args.command, 'nothing more was done')}",
+            file=sys.stderr,
+        )
         return 130
     except Exception as exc:
         if args.debug:

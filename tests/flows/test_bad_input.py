@@ -610,3 +610,31 @@ def test_every_kind_of_user_error_has_a_row(outcomes):
     assert {c.code for c in CASES} == {1, 2}
     processes = {c.code for c in CASES if c.process and not c.during}
     assert processes == {1, 2}, "one row per exit code through the installed command"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("prepare", "finished shards are kept and the next prepare writes only the rest"),
+        ("train", "a training goes on from its last checkpoint when this is run again"),
+        (
+            "sweep",
+            "a training goes on from its last checkpoint when this is run again; "
+            "finished cells are reused",
+        ),
+        ("forecast", "nothing more was done"),
+    ],
+)
+def test_ctrl_c_says_what_the_interrupted_command_leaves(command, said, tmp_path, monkeypatch):
+    """Ctrl-C exits 130 with one line about what that command keeps: shards for a prepare,
+    checkpoints for a training (where a resumed training says where it goes on)."""
+    from flows import commands
+
+    def interrupted(config, args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, command, interrupted)
+    monkeypatch.setattr("flows.cli.import_tensorflow", lambda: None)
+    code, out, err = run_main(["--params", str(tiny_params(tmp_path)), command], tmp_path)
+    assert code == 130 and err.strip() == f"interrupted; {said}", err
