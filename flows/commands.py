@@ -175,12 +175,11 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compare
 
 def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.errors import MissingInput
-    from tasks.core.process import import_tensorflow
     from tasks.data.manifest import verify_shards
     from tasks.data.preparation import dataset_dir
     from tasks.report.run_files import latest_run, study_of, trained_by
     from tasks.track import command_runs as mlflow_runs
-    from tasks.train.evaluation import evaluate_model, recorded, write_evaluation
+    from tasks.train.evaluation import recorded_or_evaluated, write_evaluation
 
     if args.baseline:  # the baseline it compares with, named before any work
         from tasks.report.execute import load_exported
@@ -200,12 +199,10 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     name = "evaluate" if study else f"evaluate-{manifest.dataset}"
     with tracker.run(name, tags, nested_under=study) as run_id:
         mlflow_runs.describe_evaluation(tracker, run_id, trained, manifest.dataset)
-        batch = config.evaluate.batch_size
-        result = recorded(model_path, manifest, batch)  # by its training: no second import
-        by = " (as its training evaluated it: model and shards unchanged)" if result else ""
-        if result is None:
-            import_tensorflow()
-            result = evaluate_model(model_path, manifest, str(data_dir), batch)
+        result, kept = recorded_or_evaluated(
+            model_path, manifest, str(data_dir), config.evaluate.batch_size
+        )
+        by = " (as its training evaluated it: model and shards unchanged)" if kept else ""
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])
         tracker.log_result(run_id, result)
         tracker.log_artifacts(run_id, [path])

@@ -109,9 +109,8 @@ def distributed_task(run: Run, on_epoch=None):
 
 @task(name="evaluate on the test split")
 def evaluate_task(model_path: str, run: Run):
-    batch = run.config.evaluate.batch_size
-    result = evaluation.recorded(model_path, run.manifest, batch) or evaluation.evaluate_model(
-        model_path, run.manifest, run.data_dir, batch
+    result, _ = evaluation.recorded_or_evaluated(
+        model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
     )
     status("evaluate", f"test accuracy {result.test_accuracy:.4f} (loss {result.test_loss:.4f})")
     return result

@@ -113,11 +113,15 @@ class RoundRates:
         return ratio(self.rates["one_device_global_batch"], self.rates["one_device_replica_batch"])
 
     @property
-    def from_devices(self) -> Spread | None:
-        """Weak scaling: the run over one device at the same global batch."""
-        if self.replicas == 1 or self.scaling != "weak":
+    def from_devices(self) -> float | None:
+        """Weak scaling: what the devices add beyond the batch (the run over one device at
+        the same global batch), as the remainder of the speedup over `from_batch`, so that
+        the split multiplies to it: each is a median of its own rounds' ratios
+        (`rounds.ratio`), and medians do not multiply."""
+        speedup, from_batch = self.speedup, self.from_batch
+        if speedup is None or from_batch is None:
             return None
-        return ratio(self.rates["end_to_end"], self.rates["one_device_global_batch"])
+        return speedup.median / from_batch.median
 
     @property
     def compute_efficiency(self) -> Spread | None:
@@ -148,9 +152,9 @@ def measure_rounds(
 ) -> RoundRates:
     """Times every configuration of `cfg` under `choice` the figures need (module
     docstring) in alternating rounds of up to `steps` steps each (about
-    `rounds.BLOCK_SECONDS` a block): until the speedup's median round ratio (one device:
-    the run's examples/s) is known to `aim` (+-, relative, 95% confidence), at most
-    `rounds` rounds; `aim` 0 runs all `rounds`."""
+    `rounds.BLOCK_SECONDS` a block): until the watched figure's median round ratio
+    (`watched_figure`: the speedup; with one device, the input's share) is known to `aim`
+    (+-, relative, 95% confidence), at most `rounds` rounds; `aim` 0 runs all `rounds`."""
     run = set_up_training(cfg, manifest, choice)
     feed = _feed(cfg, manifest, data_dir, run, transform)
     calls = {
@@ -173,14 +177,14 @@ def measure_rounds(
             calls[name] = _steps_block(setup, one, one_feed, steps)
             calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
     scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
-    rule, verdict = Settling(aim, rounds), []
+    rule = Settling(aim, rounds)
 
     def settled(values: dict[str, list[float]]) -> bool:
-        verdict[:] = [rule.check(*watched_figure(values, scaling))]
-        return verdict[0] is not None
+        return rule.check(*watched_figure(values, scaling)) is not None
 
     with LoadWatch() as watch:
         rates = alternate(_paired(calls, scaling), rounds, settled)
+    verdict = rule.check(*watched_figure(rates, scaling))  # the last round's: never None
     grad_bytes, by_bytes = 0, []
     if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
         grad_bytes = gradient_bytes(run.model)
@@ -193,13 +197,11 @@ def measure_rounds(
         grad_bytes,
         by_bytes,
         watch.result.to_dict(),
-        dataclasses.replace(verdict[0], figure=watched_name(scaling, rates)).to_dict(),
+        dataclasses.replace(verdict, figure=watched_name(rates, scaling)).to_dict(),
     )
 
 
-def watched_figure(
-    values: dict[str, list[float]], scaling: str
-) -> tuple[list[float], list[float]]:
+def watched_figure(values: dict[str, list[float]], scaling: str) -> tuple[list[float], list[float]]:
     """What the rounds go on measuring until it is known well enough, as numerator and
     denominator round by round: the speedup (end to end over the one-device baseline), or
     with one device the input's share (end to end over compute-only), the figure its
@@ -210,7 +212,7 @@ def watched_figure(
     return values["end_to_end"], values[base if base in values else "compute"]
 
 
-def watched_name(scaling: str, values: dict[str, list[float]]) -> str:
+def watched_name(values: dict[str, list[float]], scaling: str) -> str:
     """What `watched_figure` watched, as a sentence names it."""
     return "the speedup" if baseline_name(scaling) in values else "the input's share"
 

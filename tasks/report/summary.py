@@ -179,9 +179,7 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
         "speedup_low": speedup.low,
         "speedup_high": speedup.high,
         "speedup_from_batch": from_batch.median if from_batch else None,
-        # what the devices add beyond the batch: the remainder, so that the split multiplies
-        # to the speedup (each is a median of its own rounds' ratios; `rounds.ratio`)
-        "speedup_from_devices": speedup.median / from_batch.median if from_devices else None,
+        "speedup_from_devices": from_devices,
         "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds"
         + (f", {Settled(**rounds.settled).text()}" if rounds.settled else "")
         + " (the trainings' own examples/s are on their stage lines and MLflow child runs)",

@@ -128,6 +128,21 @@ def recorded(model_path: str, manifest: Manifest, batch_size: int) -> EvalResult
         return None
 
 
+def recorded_or_evaluated(
+    model_path: str, manifest: Manifest, data_dir: str, batch_size: int
+) -> tuple[EvalResult, bool]:
+    """The test split's evaluation of `model_path`: the one its training recorded
+    (`recorded`), else computed now, TensorFlow imported quietly only then; and whether it
+    was the recorded one."""
+    result = recorded(model_path, manifest, batch_size)
+    if result is not None:
+        return result, True
+    from tasks.core.process import import_tensorflow
+
+    import_tensorflow()
+    return evaluate_model(model_path, manifest, data_dir, batch_size), False
+
+
 def write_evaluation(result: EvalResult, out_dir: Path, class_names: list[str]) -> Path:
     """Writes `eval.json` and `confusion_matrix.png` into `out_dir`; returns the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -277,8 +277,8 @@ def test_the_rounds_watch_the_speedup_or_with_one_device_the_inputs_share():
 
     rounds = {"end_to_end": [2.0, 4.0], "compute": [4.0, 8.0]}
     assert watched_figure(rounds, "weak") == ([2.0, 4.0], [4.0, 8.0])
-    assert watched_name("weak", rounds) == "the input's share"
+    assert watched_name(rounds, "weak") == "the input's share"
     several = {**rounds, "one_device_replica_batch": [1.0, 2.0], "one_device_global_batch": [3.0]}
     assert watched_figure(several, "weak") == ([2.0, 4.0], [1.0, 2.0])
     assert watched_figure(several, "strong")[1] == [3.0]
-    assert watched_name("weak", several) == "the speedup"
+    assert watched_name(several, "weak") == "the speedup"
