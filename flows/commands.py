@@ -235,22 +235,32 @@ def run(config: Config, args: argparse.Namespace) -> int:
     summary = _run_flow("flows.study", "scaling_study", config)
     from tasks.report.summary import format_summary
 
-    tracker = Tracker.for_config(config.track)
-    results = tracker.results_url(tracker.ui_base)
     print()
-    print(format_summary(summary, f"tfscale ui, then {results}"))
+    print(format_summary(summary, open_ui_line(Tracker.for_config(config.track))))
     return 0
+
+
+def open_ui_line(tracker: Any) -> str:
+    """Where to see the results: the runs table on the UI serving the store now (a `tfscale
+    ui` at any port, or the tracking server), else how to start one and where it will be."""
+    from tasks.track.tracking import serving_ui
+
+    results = tracker.results_url(tracker.ui_base)
+    if tracker.uri.startswith(("http://", "https://")) or serving_ui(tracker.store_dir):
+        return results
+    return f"tfscale ui, then {results} (or the address 'tfscale ui --port N' prints)"
 
 
 def _run_flow(module: str, name: str, config: Config) -> Any:
     """Runs a flow against a Prefect API that boots (unless PREFECT_API_URL names one)
     while the flow's module imports TensorFlow."""
-    from flows.prefect_api import temporary_api
+    from flows.prefect_api import api_url, temporary_api
     from tasks.core.process import import_tensorflow
     from tasks.core.progress import status
 
-    status("start", "loading TensorFlow while a Prefect API starts")
     with temporary_api() as api:
+        started = "while a Prefect API starts" if api.process else f"(Prefect API {api_url()})"
+        status("start", f"loading TensorFlow {started}")
         import_tensorflow()
         flow = getattr(importlib.import_module(module), name)
         api.wait()
@@ -273,10 +283,9 @@ def ui(config: Config, args: argparse.Namespace) -> int:
             f"{host}:{port} is already in use (another 'tfscale ui' or MLflow server?), so "
             "the MLflow UI cannot start there",
             f"open {base} if it is this store's UI, stop what holds the port, or serve on "
-            "another with 'tfscale ui --port N' (track.ui_url sets where links point).",
+            "another with 'tfscale ui --port N' (the links a run writes while it serves "
+            "point there).",
         )
-    print(f"MLflow UI for {uri} at {base} (Ctrl-C stops it)", flush=True)
-    print(f"results: {tracker.results_url(base)}", flush=True)
     command = [
         sys.executable,
         "-m",
@@ -301,8 +310,62 @@ def ui(config: Config, args: argparse.Namespace) -> int:
     # MLflow's own use of a deprecated Starlette module warns at every start; not the user's
     quiet = "ignore:starlette.middleware.wsgi is deprecated"
     env["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
-    os.execve(sys.executable, command, env)  # the server replaces this process: signals reach it
-    return 0
+    return serve_ui(tracker, command, env, base)
+
+
+def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -> int:
+    """Runs the MLflow server `command` until it ends or this process is stopped: once it
+    answers, records where it serves (`tracking.serving_ui`: the links a run writes while
+    it serves point there, whatever the port) and prints its address, the results table and
+    the latest study's run. A stop (Ctrl-C, SIGTERM) stops the server and the record goes."""
+    import signal
+    import subprocess
+
+    from tasks.core.errors import UserError
+    from tasks.core.network import wait_healthy
+
+    server = subprocess.Popen(command, env=env)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    record = tracker.serving_record
+    try:
+        print(f"MLflow UI for {tracker.uri}: starting at {base}", flush=True)
+        problem = wait_healthy(f"{base}/health", 180.0, 0.5, lambda: server.poll() is None)
+        if problem:
+            raise UserError(
+                f"the MLflow UI at {base} did not start: {problem}",
+                "run 'tfscale ui --debug' for the server's log, or serve on another port "
+                "with 'tfscale ui --port N'",
+            )
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"url": base, "pid": os.getpid()}))
+        print(f"MLflow UI at {base} (Ctrl-C stops it)", flush=True)
+        print(f"results: {tracker.results_url(base)}", flush=True)
+        latest = tracker.latest_study()
+        if latest:
+            print(f"latest run: {tracker.run_url(base, latest)}", flush=True)
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        if serving_pid(record) == os.getpid():
+            record.unlink()
+
+
+def serving_pid(record: Path) -> int | None:
+    try:
+        return int(json.loads(record.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:

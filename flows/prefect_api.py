@@ -100,6 +100,13 @@ def _drain_workers() -> None:
     EventsWorker.drain_all(timeout=10)
 
 
+def api_url() -> str:
+    """The Prefect API flows report to (PREFECT_API_URL, or the temporary one)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value() or "")
+
+
 @contextmanager
 def temporary_api() -> Iterator[TemporaryAPI]:
     """Starts the server unless PREFECT_API_URL names one; stops it when the block ends."""

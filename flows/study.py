@@ -74,14 +74,17 @@ def settle_task(run: Run) -> Run:
 
 
 @task(name="start tracking", retries=2, retry_delay_seconds=2)
-def start_tracking_task(tracker: tracking.Tracker, name: str, tags: dict):
-    return tracker.start_run(name, tags, system_metrics=True)
+def start_tracking_task(tracker: tracking.Tracker, name: str, tags: dict, choice):
+    params = tracking.choice_params(choice)
+    return tracker.start_run(name, tags, system_metrics=True, params=params)
 
 
 @task(name="open child run", retries=2, retry_delay_seconds=2)
-def start_child_task(tracker: tracking.Tracker, parent_id: str, name: str, tags: dict):
+def start_child_task(tracker: tracking.Tracker, parent_id: str, name: str, tags: dict, choice):
     """A child run opened as its training starts, so MLflow shows its epochs live."""
-    return tracking.EpochLog(tracker, tracker.start_run(name, tags, parent_id=parent_id))
+    params = tracking.choice_params(choice)
+    child = tracker.start_run(name, tracking.child_tags(tags), parent_id=parent_id, params=params)
+    return tracking.EpochLog(tracker, child)
 
 
 @task(name="train baseline (one device)", cache_policy=RESULTS, persist_result=True)
@@ -100,8 +103,13 @@ def baseline_task(run: Run, on_epoch=None):
 @task(name="train distributed and diagnose")
 def distributed_task(run: Run, on_epoch=None):
     """The distributed run and its bottleneck diagnosis."""
-    result, diagnosis = execute.train_and_diagnose(run, on_epoch=on_epoch, label="distributed")
-    status("distributed", execute.format_line(result))
+
+    def trained(result) -> None:
+        status("distributed", execute.format_line(result))
+
+    result, diagnosis = execute.train_and_diagnose(
+        run, on_epoch=on_epoch, label="distributed", on_trained=trained
+    )
     if diagnosis is not None:
         status("diagnosis", diagnosis.bottleneck)
     return result, diagnosis
@@ -143,18 +151,22 @@ def summarize_task(context, baseline, distributed, result, diagnosis, run: Run, 
 
 @task(name="close child run", retries=2, retry_delay_seconds=2)
 def close_child_task(live: tracking.EpochLog, result, context: dict):
-    live.tracker.log_training(live.run_id, result, tracking.study_params(context))
+    said = frozenset({context["choice"]["reason"]})  # the parent's strategy_reason
+    live.tracker.log_training(live.run_id, result, tracking.study_params(context), said)
     live.tracker.finish(live.run_id)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_task(tracker: tracking.Tracker, parent_id: str, record):
     tracker.log_study(parent_id, record)
-    url = tracker.run_url(tracker.ui_base, parent_id)
-    markdown = summary.format_markdown(record.summary, record.context["manifest"]["dataset"], url)
-    tracker.describe(parent_id, markdown)
+    dataset = record.context["manifest"]["dataset"]
+    # on the run's own page, a link relative to the UI showing it (any host, any port)
+    table = ("the runs table", tracker.results_url(""))
+    tracker.describe(parent_id, summary.format_markdown(record.summary, dataset, table))
+    # elsewhere, the UI serving the store now (`tfscale ui` at any port), else its default
+    this_run = ("this run", tracker.run_url(tracker.ui_base, parent_id))
     create_markdown_artifact(
-        markdown,
+        summary.format_markdown(record.summary, dataset, this_run),
         key="scaling-summary",
         description="speedup, scaling efficiency, accuracy and bottleneck of this run",
     )
@@ -178,17 +190,13 @@ def scaling_study(config: config_mod.Config) -> summary.ScalingSummary:
     choice = run.choice
     context = summary.study_record(run)
     tags = tracking.study_tags(context)
-    parent_id = start_tracking_task(tracker, tracking.study_run_name(run), tags)
+    parent_id = start_tracking_task(tracker, tracking.study_run_name(run), tags, choice)
     try:
         base = run.with_choice(strategy.baseline_choice(choice))
-        live = start_child_task(
-            tracker, parent_id, "baseline", tracking.child_tags(tags, base.choice)
-        )
+        live = start_child_task(tracker, parent_id, "baseline", tags, base.choice)
         baseline = baseline_task(base, live)
         close_child_task(live, baseline, context)
-        live = start_child_task(
-            tracker, parent_id, "distributed", tracking.child_tags(tags, choice)
-        )
+        live = start_child_task(tracker, parent_id, "distributed", tags, choice)
         distributed, diagnosis = distributed_task(run, live)
         close_child_task(live, distributed, context)
         result = evaluate_task(distributed.model_path, run)

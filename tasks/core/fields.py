@@ -23,7 +23,8 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
     """(metrics, params, tags) of a result dataclass, each keyed `prefix + field name`.
 
     Numbers are metrics, strings and flags tags, fields whose metadata is `PARAM` params.
-    None, lists and mappings are left out; a nested dataclass adds its own fields.
+    None, empty strings, lists and mappings are left out (an empty tag says nothing on a run
+    page); a nested dataclass adds its own fields.
     """
     metrics: dict[str, float] = {}
     params: dict[str, str] = {}
@@ -35,7 +36,7 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
             nested = fields_by_type(value, f"{key}_")
             for into, part in zip((metrics, params, tags), nested, strict=True):
                 into.update(part)
-        elif value is None or isinstance(value, list | tuple | dict):
+        elif value is None or value == "" or isinstance(value, list | tuple | dict):
             continue
         elif field.metadata.get("track") == "param":
             params[key] = str(value)

@@ -159,3 +159,48 @@ class EpochWatcher:
             return []
         self._stamp = stamp
         return history
+
+
+class RoundsProgress:
+    """Measuring rounds as they run (a context manager): a line saying what is timed and
+    until when as they start, then after each round the rounds done against the most
+    allowed and how well the watched figure is known so far. A bar on a terminal; elsewhere
+    (a log, a Prefect run's page) a line every `every` rounds."""
+
+    def __init__(self, what: str, figure: str, cap: int, aim: float, every: int = 5):
+        self.what, self.figure, self.cap, self.aim, self.every = what, figure, cap, aim, every
+        self._bar: Any = None
+
+    @property
+    def until(self) -> str:
+        if not self.aim:
+            return f"{self.cap} rounds"
+        return f"until {self.figure} is known to +-{self.aim:.0%}, at most {self.cap} rounds"
+
+    def __enter__(self) -> RoundsProgress:
+        status("measuring", f"{self.what}, in alternating rounds {self.until}")
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self.cap, desc="measuring", unit="round", leave=False, file=sys.stderr
+            )
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def round(self, done: int, half_width: float | None) -> None:
+        """Round `done` ended with the figure known to +-`half_width` (None: too few rounds
+        for an interval yet)."""
+        known = (
+            f"{self.figure} known to +-{half_width:.1%}"
+            if half_width is not None
+            else f"too few rounds yet for {self.figure}'s interval"
+        )
+        if self._bar is not None:
+            self._bar.set_postfix_str(known, refresh=False)
+            self._bar.update(1)
+        elif done % self.every == 0 and done < self.cap:
+            status("measuring", f"round {done} of at most {self.cap}: {known}")

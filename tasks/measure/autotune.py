@@ -244,7 +244,14 @@ def settle(
     best = fastest(timed)
     chosen = best.candidate.applied_to(choice)
     why = f"{reason(timed)} (proposed from the hardware: {choice.reason})"
-    settled = dataclasses.replace(chosen, reason=why)
+    ordered = [best, *(t for t in timed if t is not best)]
+    settled = dataclasses.replace(
+        chosen,
+        reason=why,
+        measured=tuple((t.candidate.label, *dataclasses.astuple(t.rate)) for t in ordered),
+        measured_how=f"{_verdict(best, timed)}, {ROUNDS} rounds of up to {STEPS} steps",
+        proposed=choice.reason,
+    )
     return Settled(settled, best.candidate.applied_to_config(cfg), tuple(timed), cached)
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from tasks.core.machine_load import Interference, LoadWatch
+from tasks.core.progress import RoundsProgress
 from tasks.data.manifest import Manifest
 from tasks.distribute.strategy import StrategyChoice, baseline_choice
 from tasks.measure import autotune
@@ -38,6 +39,7 @@ from tasks.measure.rounds import (
     Spread,
     alternate,
     block_steps,
+    half_width,
     ratio,
     ratio_interval,
 )
@@ -178,11 +180,22 @@ def measure_rounds(
             calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
     scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
     rule = Settling(aim, rounds)
+    watched = "the speedup" if devices > 1 else "the input's share"
+    what = (
+        f"timing the run against one device at batch "
+        f"{' and '.join(str(b) for _, b in sizes[1 if choice.spec.splits else 0 :])}"
+        if devices > 1
+        else "timing the training"
+    ) + f", with its input and without, in blocks of up to {steps} steps"
+    progress = RoundsProgress(what, watched, rounds, aim)
 
     def settled(values: dict[str, list[float]]) -> bool:
-        return rule.check(*watched_figure(values, scaling)) is not None
+        figure = watched_figure(values, scaling)
+        interval = ratio_interval(*figure)
+        progress.round(len(figure[0]), half_width(interval) if interval else None)
+        return rule.check(*figure) is not None
 
-    with LoadWatch() as watch:
+    with LoadWatch() as watch, progress:
         rates = alternate(_paired(calls, scaling), rounds, settled)
     verdict = rule.check(*watched_figure(rates, scaling))  # the last round's: never None
     grad_bytes, by_bytes = 0, []

@@ -175,6 +175,7 @@ def train_and_diagnose(
     label: str = "",
     *,
     epoch_lines: bool = False,
+    on_trained: Callable[[TrainResult], None] | None = None,
 ) -> tuple[TrainResult, Diagnosis | None]:
     """A training run, then its bottleneck diagnosis on the same model, batch and devices,
     written beside it (`diagnosis.txt`, `diagnosis.json`). `probe_steps` is the most steps
@@ -193,6 +194,8 @@ def train_and_diagnose(
         result = run_training(
             run, probe_steps if in_place else 0, on_epoch, label, epoch_lines=epoch_lines
         )
+        if on_trained is not None:  # its line before the diagnosis's rounds begin
+            on_trained(result)
         if not probe_steps or (cluster is not None and not cluster.is_chief):
             return result, None
         cpu_flags = run.report.cpu_flags

@@ -84,6 +84,14 @@ class ScalingSummary(SpreadOver):
     predicted_examples_to_target_distributed: float | None = None
     # examples to target of each seed: [baseline's, distributed's] (None: not reached)
     examples_to_target_by_seed: list[list[float | None]] = field(default_factory=list)
+    # the result in one sentence (`answer_text`): what ran, its speedup, its time to target
+    # and what to use; the console's first line and the Prefect artifact's heading
+    answer: str = ""
+    # what `auto` measured to choose the run's setting (`StrategyChoice.measured`): each
+    # candidate's label and examples/s (median, lowest, highest round), the chosen first
+    candidates: list[list] = field(default_factory=list)
+    candidates_how: str = ""  # `the fastest of 2, 5 rounds of up to 20 steps`
+    proposed: str = ""  # the hardware's proposal's reason, when `auto` measured
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,7 +135,7 @@ def compare_runs(
     )
     if figures.get("recommendation"):
         figures["recommendation"] += _to_target_caveat(target, distributed.shape)
-    return ScalingSummary(
+    summary = ScalingSummary(
         strategy=distributed.strategy,
         replicas=distributed.replicas,
         precision=distributed.precision,
@@ -146,6 +154,48 @@ def compare_runs(
         advice=bottleneck[2],
         **figures,
     )
+    return dataclasses.replace(summary, answer=answer_text(summary))
+
+
+def answer_text(summary: ScalingSummary, subject: str = "") -> str:
+    """The result in one sentence: what ran (`subject`: `cnn on digits`), its examples/s
+    speedup with its interval, its time to the target with its interval, and what to use:
+    `2 replicas (mirrored, float32; cnn on digits) ran 1.19x (1.15-1.23) as fast as one
+    device in examples/s but reached 96% held-out accuracy 0.92x (0.89-0.95) as fast: one
+    device finishes sooner (one seed; --seeds 5 to be sure)`. The time to the target
+    decides where its interval lies on one side of 1; else the examples/s."""
+    s = summary
+    shape = s.shape
+    what = f"{shape} ({s.strategy}, {s.precision}{'; ' + subject if subject else ''})"
+    speed = _speedup_spread(dataclasses.asdict(s))
+    head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
+    target = f"{s.target_accuracy:.1%}".replace(".0%", "%") + " held-out accuracy"
+    low, high = s.time_to_target_speedup_low, s.time_to_target_speedup_high
+    seeds = f"{s.seeds} seeds" if s.seeds > 1 else "one seed; --seeds 5 to be sure"
+    by_speed = (
+        f"use {shape}"
+        if speed.above(1.0)
+        else "use one device"
+        if speed.below(1.0)
+        else "either: its interval holds 1"
+    )
+    if s.time_to_target_speedup is None or low is None or high is None:
+        why = s.to_target.partition(": ")[2]
+        return f"{head}: {by_speed}" + (f"; to {target}, not compared: {why}" if why else "")
+    time = Spread(s.time_to_target_speedup, low, high)
+    join = (
+        "but"
+        if (time.below(1.0) and speed.above(1.0)) or (time.above(1.0) and speed.below(1.0))
+        else "and"
+    )
+    reached = f"{head} {join} reached {target} {time.text()} as fast"
+    if time.above(1.0):
+        return f"{reached}: use {shape}, they finish sooner ({seeds})"
+    if time.below(1.0):
+        return f"{reached}: one device finishes sooner ({seeds})"
+    faster = f"{shape}" if speed.above(1.0) else "one device" if speed.below(1.0) else ""
+    either = f"{faster} for examples/s; " if faster else ""
+    return f"{reached}: {either}neither surely finishes sooner, its interval holds 1 ({seeds})"
 
 
 def _to_target_caveat(target: dict[str, Any], shape: str) -> str:
@@ -313,31 +363,78 @@ def plot_speedup(
 
 
 def format_summary(summary: ScalingSummary, ui_command: str) -> str:
-    rows = [  # the answer first: examples/s and time to target, then how it was had
-        ("speedup", summary.speedup_text + _split(summary)),
+    """The console's summary: the answer in one sentence first, then its split, the
+    bottleneck and the advice, the time to target, the figures, how the setting was chosen
+    (the measured candidates as a table of their own) and where to look."""
+    rows = [
+        ("answer", summary.answer or summary.speedup_text),
+        *([("split", _split(summary).removeprefix(" = "))] if _split(summary) else []),
+        *(
+            [("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}")]
+            if summary.bottleneck
+            else []
+        ),
+        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
         ("to target", summary.to_target),
-        ("scaling efficiency", f"{summary.scaling_efficiency:.2f}"),
-        ("strategy", f"{summary.strategy} ({summary.reason})"),
-        ("replicas", str(summary.replicas)) if summary.stages == 1 else ("stages", summary.shape),
-        ("precision", summary.precision),
-        ("scaling", summary.scaling),
         ("measured over", summary.measured_over),
         *([("interference", summary.interference)] if summary.interference else []),
+        ("scaling efficiency", f"{summary.scaling_efficiency:.2f} (1.00 is linear)"),
         ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
         ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
-        ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
-        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
-        *([("use", summary.recommendation)] if summary.recommendation else []),
+        ("strategy", strategy_text(summary)),
         *([("forecast", summary.forecast)] if summary.forecast else []),
-        ("open the MLflow UI", ui_command),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows if k or v]
+    table = candidates_table(summary)
+    return "\n".join(
+        [
+            *lines,
+            *([""] + table + [""] if table else []),
+            f"{'open the MLflow UI':<{width}}  {ui_command}",
+        ]
+    )
 
 
-def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str:
-    """The summary as a Markdown table, headed by the answer (a Prefect artifact)."""
+def strategy_text(summary: ScalingSummary) -> str:
+    """`mirrored, 2 replicas, mixed_bfloat16, weak scaling: the fastest of 2 measured
+    (below); proposed from the hardware: CPU only, ...`, or the selection's reason where
+    `auto` measured nothing."""
+    setting = f"{summary.strategy}, {summary.shape}, {summary.precision}, {summary.scaling} scaling"
+    if not summary.candidates:
+        return f"{setting}: {summary.reason}" if summary.reason else setting
+    verdict = summary.candidates_how.rpartition(", ")[0]
+    return (
+        f"{setting}, chosen by measuring ({verdict}; the candidates below); proposed from "
+        f"the hardware: {summary.proposed}"
+    )
+
+
+def candidates_table(summary: ScalingSummary) -> list[str]:
+    """What `auto` measured, a candidate a line, the chosen first:
+
+    ```
+    candidate                            examples/s  lowest-highest round
+    2 replicas, mixed_bfloat16, XLA off      42,604  38,281-44,536  chosen
+    ```"""
+    if len(summary.candidates) < 2:
+        return []
+    how = summary.candidates_how.rpartition(", ")[2]
+    head = ("candidates", "examples/s", f"lowest-highest of {how}")
+    rows = [
+        (label, f"{median:,.0f}", f"{low:,.0f}-{high:,.0f}" + ("  chosen" if i == 0 else ""))
+        for i, (label, median, low, high) in enumerate(summary.candidates)
+    ]
+    first = max(len(r[0]) for r in (head, *rows))
+    second = max(len(r[1]) for r in (head, *rows))
+    return [f"{a:<{first}}  {b:>{second}}  {c}" for a, b, c in (head, *rows)]
+
+
+def format_markdown(summary: ScalingSummary, dataset: str, link: tuple[str, str]) -> str:
+    """The summary as Markdown, headed by the answer, every row labelled (a Prefect
+    artifact, and the MLflow run's description), with `link` (words, address) to MLflow."""
+    advice = summary.advice
     rows = [
         ("speedup", f"**{summary.speedup_text}**{_split(summary)}"),
         ("measured over", summary.measured_over),
@@ -346,7 +443,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
         ("to target", summary.to_target),
         ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
-        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
+        *[(f"advice {i + 1}" if len(advice) > 1 else "advice", a) for i, a in enumerate(advice)],
         *([("use", summary.recommendation)] if summary.recommendation else []),
         *([("forecast", summary.forecast)] if summary.forecast else []),
         (
@@ -354,15 +451,24 @@ def format_markdown(summary: ScalingSummary, dataset: str, run_link: str) -> str
             f"baseline {summary.baseline_examples_per_s:,.0f} examples/s, distributed "
             f"{summary.distributed_examples_per_s:,.0f}",
         ),
-        ("strategy", f"{summary.strategy}: {summary.reason}"),
-        ("MLflow run", run_link),
+        ("strategy", strategy_text(summary)),
+        *[
+            (
+                f"candidate: {label}",
+                f"{median:,.0f} examples/s ({low:,.0f}-{high:,.0f})"
+                + (" **chosen**" if i == 0 else ""),
+            )
+            for i, (label, median, low, high) in enumerate(summary.candidates)
+        ],
+        ("MLflow", f"[{link[0]}]({link[1]})"),
     ]
     head = (
         f"## {dataset}: {summary.speedup_text} on {summary.shape} "
         f"({summary.strategy}, {summary.precision}, {summary.scaling} scaling)"
     )
+    answer = f"{summary.answer}\n\n" if summary.answer else ""
     table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)
-    return f"{head}\n\n| figure | value |\n|---|---|\n{table}\n"
+    return f"{head}\n\n{answer}| figure | value |\n|---|---|\n{table}\n"
 
 
 def _split(summary: ScalingSummary) -> str:
@@ -421,6 +527,15 @@ def summarize_study(
 
     summary = compare_runs(
         baseline, distributed, evaluation, diagnosis, scaling, target_accuracy, repeats
+    )
+    choice = context["choice"]
+    subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"
+    summary = dataclasses.replace(
+        summary,
+        answer=answer_text(summary, subject),
+        candidates=[list(c) for c in choice.get("measured", ())],
+        candidates_how=choice.get("measured_how", ""),
+        proposed=choice.get("proposed", ""),
     )
     out_dir = Path(distributed.run_dir)
     files = {

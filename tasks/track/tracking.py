@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
 SIGNIFICANT = 4
-SHORT_ID = 6  # a top-level run's name ends in this many characters of its id
+SHORT_ID = 6  # a top-level run's name begins with this many characters of its id
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 TRAINING_PAGE = "workflowType=machine_learning"  # MLflow's UI: a page in model-training mode
 VIEW_KEY = "tfscale-results"
@@ -51,6 +51,9 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
 # the runs table's columns, in order: what a user came for
 RESULT_COLUMNS = (
     ("metrics", "speedup"),
+    ("metrics", "speedup_low"),
+    ("metrics", "speedup_high"),
+    ("metrics", "time_to_target_speedup"),
     ("metrics", "scaling_efficiency"),
     ("metrics", "test_accuracy"),
     ("params", "strategy"),
@@ -105,8 +108,17 @@ class EpochLog:
     run_id: str
 
     def __call__(self, epoch: dict[str, float]) -> None:
-        figures = {k: v for k, v in epoch.items() if k != "epoch"}
-        self.tracker.log(self.run_id, metrics=figures, step=int(epoch["epoch"]))
+        self.tracker.log(self.run_id, metrics=epoch_figures(epoch), step=int(epoch["epoch"]))
+
+
+# an epoch's figures not charted: each epoch's examples are the same (a flat line)
+UNCHARTED = ("epoch", "examples")
+
+
+def epoch_figures(epoch: dict[str, float]) -> dict[str, float]:
+    """An epoch's figures as its metric points: rounded as the run's own (`rounded`), the
+    epoch number (the step) and the uncharted left out."""
+    return {k: rounded(v) for k, v in epoch.items() if k not in UNCHARTED}
 
 
 def run_tags(**extra: str) -> dict[str, str]:
@@ -244,9 +256,26 @@ class Tracker:
 
     @property
     def ui_base(self) -> str:
-        """Where a person opens this store: the server itself, or where `tfscale ui` serves
-        it (`track.ui_url`)."""
-        return self.uri if self.uri.startswith(("http://", "https://")) else self.ui_url
+        """Where a person opens this store: the server itself; else the `tfscale ui` serving
+        it now, at whatever port (`serving_ui`); else where `tfscale ui` serves by default
+        (`track.ui_url`)."""
+        if self.uri.startswith(("http://", "https://")):
+            return self.uri
+        return serving_ui(self.store_dir) or self.ui_url
+
+    @property
+    def serving_record(self) -> Path:
+        """Where a running `tfscale ui` records its address (`serving_ui`)."""
+        return self.store_dir / UI_RECORD
+
+    def latest_study(self) -> str | None:
+        """The id of the experiment's latest top-level run (a study's parent), or None."""
+        experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
+        runs = self.client.search_runs(
+            [experiment], order_by=["attributes.start_time DESC"], max_results=50
+        )
+        tops = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        return tops[0].info.run_id if tops else None
 
     def run_url(self, base: str, run_id: str) -> str:
         experiment = self.client.get_run(run_id).info.experiment_id
@@ -259,16 +288,20 @@ class Tracker:
         tags: dict[str, str],
         parent_id: str | None = None,
         system_metrics: bool = False,
+        params: dict[str, Any] | None = None,
     ) -> str:
         """Opens a run (a child of `parent_id` if given); returns its id. A top-level run's
-        name ends in the start of its id (`digits-cnn-mirrored-2x-10ep-85d88c`), so two
-        runs of one configuration differ in the table and match the console's run id."""
+        name begins with the start of its id (`85d88c-digits-cnn-mirrored-2x-10ep`), so two
+        runs of one configuration differ in the table, where a long name is cut at its end,
+        and match the console's run id."""
         experiment = self.client.get_experiment_by_name(self.experiment).experiment_id
         if parent_id:
             tags = {"mlflow.parentRunId": parent_id, **tags}
         run_id = self.client.create_run(experiment, run_name=name, tags=tags).info.run_id
         if not parent_id:
-            self.client.update_run(run_id, name=f"{name}-{run_id[:SHORT_ID]}")
+            self.client.update_run(run_id, name=f"{run_id[:SHORT_ID]}-{name}")
+        if params:
+            self.log(run_id, params=params)
         if system_metrics:
             monitor = _rounded_monitor()(run_id, sampling_interval=2, tracking_uri=self.uri)
             monitor.start()
@@ -307,10 +340,9 @@ class Tracker:
 
         now = int(time.time() * 1000)
         points = [
-            Metric(key, float(value), now, int(epoch["epoch"]))
+            Metric(key, value, now, int(epoch["epoch"]))
             for epoch in history
-            for key, value in epoch.items()
-            if key != "epoch"
+            for key, value in epoch_figures(epoch).items()
         ]
         self._log_batch(run_id, points, [], [])
 
@@ -421,6 +453,13 @@ class Tracker:
             model_id=model_id,
             tags={k: str(v) for k, v in tags.items()},
         )
+        # the logged model's page links its registered versions by this tag, which
+        # `mlflow.register_model` sets and the client's create_model_version does not
+        from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+        logged = self.client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS)
+        versions = [*json.loads(logged or "[]"), {"name": name, "version": version.version}]
+        self.client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(versions)})
         return version.version
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
@@ -442,10 +481,16 @@ class Tracker:
         self.log(run_id, tags={"error": error[:4000]})
         self.finish(run_id, status="FAILED")
 
-    def log_training(self, run_id: str, result: Any, params: dict[str, Any]) -> None:
+    def log_training(
+        self, run_id: str, result: Any, params: dict[str, Any], said: frozenset[str] = frozenset()
+    ) -> None:
         """A training's result in the run opened when it started: its fields, `params`, the
-        epochs if they were not logged live (a cached result) and metrics.json."""
-        self.log_result(run_id, result)
+        epochs if they were not logged live (a cached result) and metrics.json. A tag whose
+        words are among `said` (its parent's, as the study's `strategy_reason`) is not
+        repeated."""
+        metrics, result_params, tags = fields_by_type(result)
+        tags = {k: v for k, v in tags.items() if v not in said}
+        self.log(run_id, {k: rounded(v) for k, v in metrics.items()}, result_params, tags)
         self.log(run_id, params=params)
         if not self.client.get_metric_history(run_id, "loss"):
             self.log_history(run_id, result.history)
@@ -609,6 +654,20 @@ class Tracker:
             )
 
 
+UI_RECORD = "ui.json"  # {"url": ..., "pid": ...} while `tfscale ui` serves the store
+
+
+def serving_ui(store_dir: Path) -> str | None:
+    """The address a `tfscale ui` serving `store_dir` now recorded (`UI_RECORD`), or None:
+    no record, or its process is gone (a record a killed UI left behind is not trusted)."""
+    try:
+        record = json.loads((Path(store_dir) / UI_RECORD).read_text())
+        os.kill(int(record["pid"]), 0)
+        return str(record["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def write_json_artifact(name: str, value: Any) -> Path:
     path = Path(tempfile.mkdtemp(prefix="tfscale-")) / name
     path.write_text(json.dumps(value, indent=2, default=str))
@@ -625,14 +684,19 @@ def git_commit() -> str:
 
 
 def study_tags(context: dict[str, Any]) -> dict[str, str]:
-    """Hardware fingerprint, the strategy decision and its reason, git commit, manifest hash."""
+    """Hardware fingerprint, the strategy decision's reason, git commit, manifest hash (the
+    strategy and precision are params: `choice_params`)."""
     return run_tags(
         hardware_fingerprint=context["hardware_fingerprint"],
-        strategy=context["choice"]["kind"],
         strategy_reason=context["choice"]["reason"],
-        precision=context["choice"]["precision"],
         manifest_hash=context["manifest_digest"],
     )
+
+
+def choice_params(choice: Any) -> dict[str, str]:
+    """The strategy and precision a run trains with: params (how it was set up), logged as
+    it opens so the table shows them while it trains, and never also as tags."""
+    return {"strategy": choice.kind, "precision": choice.precision}
 
 
 def study_run_name(run: Any) -> str:
@@ -643,12 +707,10 @@ def study_run_name(run: Any) -> str:
     return f"{run.manifest.dataset}-{train.model}-{choice.kind}-{devices}-{train.epochs}ep"
 
 
-def child_tags(tags: dict[str, str], choice: Any) -> dict[str, str]:
-    """A study child's tags: the parent's, with the strategy and precision of the
-    training the child holds (`choice`: the baseline's are one device's), and its own
-    `reason` (logged with its result) instead of the parent's `strategy_reason`."""
-    own = {k: v for k, v in tags.items() if k != "strategy_reason"}
-    return {**own, "strategy": choice.kind, "precision": choice.precision}
+def child_tags(tags: dict[str, str]) -> dict[str, str]:
+    """A study child's tags: the parent's, without its `strategy_reason` (the child's own
+    `reason` is logged with its result)."""
+    return {k: v for k, v in tags.items() if k != "strategy_reason"}
 
 
 def study_params(context: dict[str, Any]) -> dict[str, Any]:

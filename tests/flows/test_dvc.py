@@ -238,7 +238,7 @@ def test_each_repro_nests_its_stages_under_one_study_run(clone, repro_runs):
         assert stages == {"baseline": "baseline", "distributed": "train", "evaluate": "evaluate"}
         assert all(r.info.status == "FINISHED" for r in [parent, *children])
         # the pipeline's row in the results table: its setup and its result
-        assert parent.info.run_name.startswith("digits-mlp-mirrored-2x-")
+        assert parent.info.run_name[7:].startswith("digits-mlp-mirrored-2x-")
         params = parent.data.params
         assert (params["strategy"], params["replicas"]) == ("mirrored", "2")
         assert {"speedup", "scaling_efficiency", "test_accuracy"} <= set(parent.data.metrics)

@@ -71,7 +71,7 @@ def study_parents(runs: list) -> list:
     return [
         r
         for r in runs
-        if "mlflow.parentRunId" not in r.data.tags and not r.info.run_name.startswith("plan-")
+        if "mlflow.parentRunId" not in r.data.tags and not r.info.run_name[7:].startswith("plan-")
     ]
 
 
@@ -91,12 +91,28 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     }
     assert set(children) == {"baseline", "distributed"}
     # what differs between runs, and the start of the run's id
-    assert parent.info.run_name == f"digits-mlp-mirrored-2x-2ep-{parent.info.run_id[:6]}"
+    assert parent.info.run_name == f"{parent.info.run_id[:6]}-digits-mlp-mirrored-2x-2ep"
     for name, strategy in (("baseline", "one_device"), ("distributed", "mirrored")):
-        child = children[name].data  # its tags and params agree, each tag once
-        assert child.tags["strategy"] == child.params["strategy"] == strategy
-        assert "strategy_reason" not in child.tags and child.tags["reason"]
+        child = children[name].data  # each value once: the strategy a param, not a tag
+        assert child.params["strategy"] == strategy and "strategy" not in child.tags
+        assert "strategy_reason" not in child.tags
+        # the distributed training's reason is the parent's strategy_reason: not repeated
+        assert child.tags.get("reason") != parent.data.tags["strategy_reason"]
+    assert children["baseline"].data.tags["reason"]
     assert parent.data.tags["strategy_reason"] and "reason" not in parent.data.tags
+    for run in (parent, *children.values()):  # no empty tag; no value under two names
+        data = run.data
+        assert all(v.strip() for v in data.tags.values()), data.tags
+        assert not set(data.params) & set(data.tags), set(data.params) & set(data.tags)
+        own = {k: v for k, v in data.tags.items() if not k.startswith("mlflow.")}
+        repeated = [k for k in own if len(own[k]) > 20 and list(own.values()).count(own[k]) > 1]
+        assert not repeated, repeated
+    # rounded alike on the parent and its children, the epochs' curves included
+    for run in (parent, *children.values()):
+        for key in ("loss", "speedup", "test_loss", "examples_per_s_after_epoch_1"):
+            if key in run.data.metrics:
+                value = run.data.metrics[key]
+                assert value == float(f"{value:.4g}"), (run.info.run_name, key, value)
     assert not {"diagnosis_bottleneck", "diagnosis_evidence"} & set(parent.data.tags)
     assert parent.data.tags["bottleneck"] and parent.data.tags["bottleneck_evidence"]
     # the run page: the summary as its description, the model in its outputs, with a
@@ -108,7 +124,12 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     from mlflow.models import Model
 
     (output,) = client.get_run(parent.info.run_id).outputs.model_outputs
-    stored = urlparse(client.get_logged_model(output.model_id).artifact_location).path
+    logged = client.get_logged_model(output.model_id)
+    stored = urlparse(logged.artifact_location).path
+    # linked to its registered version on the model's page ("Registered models")
+    (version,) = json.loads(logged.tags["mlflow.modelVersions"])
+    registered = client.get_model_version(version["name"], version["version"])
+    assert registered.run_id == parent.info.run_id
     info = Model.load(Path(stored) / "MLmodel")
     assert list(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 8, 8, 1]
     assert info.saved_input_example_info is not None
@@ -129,9 +150,9 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
         assert key in children["distributed"].data.params, key
     assert children["distributed"].data.params["strategy"] == "mirrored"
     assert children["baseline"].data.params["strategy"] == "one_device"
+    assert parent.data.params["strategy"] == "mirrored"
     for key in (
         "hardware_fingerprint",
-        "strategy",
         "strategy_reason",
         "git_commit",
         "manifest_hash",
@@ -457,6 +478,6 @@ def test_plan_reads_the_studys_run_and_says_what_each_figure_came_from(flow_run)
     assert {r["devices"] for r in plan["rows"]} == {1, 2, 4} and plan["target"] == 0.5
     client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
     tracked = client.get_run(out.split("tracked: MLflow run ")[1].split()[0])
-    assert tracked.info.run_name.startswith("plan-") and tracked.info.status == "FINISHED"
+    assert tracked.info.run_name[7:].startswith("plan-") and tracked.info.status == "FINISHED"
     assert tracked.data.params["devices"] == str(plan["rows"][plan["best"]]["devices"])
     assert tracked.data.tags["source_steps_to_target"].startswith("the run's ")

@@ -265,7 +265,11 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     assert summary.speedup_from_batch == pytest.approx(1.2)
     assert summary.speedup_from_devices == pytest.approx(1.25)
     text = format_summary(summary, "ui")
-    assert "1.50x = 1.20x from the larger global batch (one device) x 1.25x from more" in text
+    assert "ran 1.50x as fast as one device" in text.splitlines()[0]
+    assert (
+        "split                   1.20x from the larger global batch (one device) x 1.25x from more"
+        in text
+    )
     strong = compare_runs(base, dist, evaluation, None, "strong", 0.9)
     assert strong.speedup_from_batch is None and "from more devices" not in format_summary(
         strong, "ui"
@@ -348,7 +352,8 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     assert summary.speedup_from_batch == pytest.approx(1.2)
     assert summary.speedup_from_devices == pytest.approx(1.25)
     text = format_summary(summary, "ui")
-    assert "1.50x (1.50-1.60) = 1.20x from the larger global batch" in text
+    assert "ran 1.50x (1.50-1.60) as fast" in text.splitlines()[0]
+    assert "\nsplit                   1.20x from the larger global batch" in text
     assert "3 alternating rounds" in text
 
 

@@ -58,10 +58,43 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
         "examples/s 1.50x (1.50-1.60): 5,000 examples to it against 4,000 (1.25x as many) at "
         "global batch 32 against 16"
     )
-    # the answer first: the speedup, then the time to target
+    # the answer first, in one sentence: what ran, both speedups and what to use
     lines = format_summary(summary, "ui").splitlines()
-    assert lines[0].startswith("speedup ") and "1.50x (1.50-1.60)" in lines[0]
-    assert lines[1] == f"to target               {summary.to_target}"
+    assert lines[0] == (
+        "answer                  2 replicas (mirrored, float32) ran 1.50x (1.50-1.60) as fast "
+        "as one device in examples/s and reached 95% held-out accuracy 1.20x (1.20-1.28) as "
+        "fast: use 2 replicas, they finish sooner (one seed; --seeds 5 to be sure)"
+    )
+    assert not any(line.startswith(("split", "bottleneck")) for line in lines)  # none measured
+    assert f"to target               {summary.to_target}" in lines
+    assert lines[-1] == "open the MLflow UI      ui"
+
+
+@pytest.mark.parametrize(
+    ("base_examples", "dist_examples", "says"),
+    [
+        # 1.50x (1.50-1.60) in examples/s, 3x the examples: 0.50x (0.50-0.53) to the target
+        (4000, 12000, "ran 1.50x (1.50-1.60) as fast as one device in examples/s but reached "
+         "95% held-out accuracy 0.50x (0.50-0.53) as fast: one device finishes sooner"),
+        # 1.5x the examples: 1.00x (1.00-1.07), its interval holding 1
+        (4000, 6000, "and reached 95% held-out accuracy 1.00x (1.00-1.07) as fast: 2 replicas "
+         "for examples/s; neither surely finishes sooner, its interval holds 1"),
+    ],
+)  # fmt: skip
+def test_the_answer_follows_the_time_to_target_where_it_is_sure(base_examples, dist_examples, says):
+    base, dist = _pair(_reached(base_examples, 4.0), _reached(dist_examples, 4.0))
+    assert says in compare_runs(base, dist, EVALUATION, None, "weak", 0.95).answer
+
+
+def test_the_answer_without_a_time_to_target_says_why_and_decides_on_examples_per_s():
+    missed = {"reached": False, "best_accuracy": 0.9411, "best_examples": 14080}
+    base, dist = _pair(_reached(4000, 4.1), missed)
+    answer = compare_runs(base, dist, EVALUATION, None, "weak", 0.955).answer
+    assert answer.endswith(
+        "as fast as one device in examples/s: use 2 replicas; to 95.5% held-out accuracy, "
+        "not compared: the 2 replicas did not reach it (best 0.9411 at 14,080 examples); more "
+        "epochs or a lower target"
+    )
 
 
 def test_a_target_one_training_missed_says_who_and_the_best_it_reached():

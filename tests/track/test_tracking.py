@@ -74,7 +74,7 @@ def test_a_tracker_logs_a_result_into_the_store_it_was_given(tmp_path, monkeypat
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.info.run_name == "child"  # a child is named by its role under the parent
     top = MlflowClient(tracker.uri).get_run(parent).info
-    assert top.run_name == f"parent-{parent[:6]}"  # a top-level run also by its id's start
+    assert top.run_name == f"{parent[:6]}-parent"  # a top-level run begins with its id's start
     history = MlflowClient(tracker.uri).get_metric_history(child, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
 
