@@ -8,91 +8,65 @@ when `PREFECT_API_URL` is unset): start one with `prefect server start` and poin
 from __future__ import annotations
 
 import asyncio
-import logging
+from typing import Any
 
 from prefect import flow
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import ArtifactCreate
-from prefect.client.schemas.filters import (
-    ArtifactFilter,
-    ArtifactFilterKey,
-    FlowRunFilter,
-    FlowRunFilterId,
-    TaskRunFilter,
-)
-from prefect.client.schemas.sorting import ArtifactSort
-from prefect.context import FlowRunContext
 from prefect.flows import _display_serve_start_message
 from prefect.runner import Runner
 
 from flows.prefect_api import check_prefect_server
 from tasks.core.process import import_tensorflow, set_up_process
 from tasks.core.progress import status
-from tasks.settings.config import load_config
+from tasks.settings.config import load_config, study_name, sweep_name
 
 NIGHTLY_CRON = "0 2 * * *"
 
 
-def show_here(subflow_state, key: str) -> None:
-    """The artifact `key` of the subflow run that ended in `subflow_state`, on this
-    (the deployment's) flow run's page too, where a person who started the run looks."""
+def _deployment_run_name() -> str:
+    """`digits-cnn-auto-2x-10ep` for the study of the run's params file and overrides."""
+    from prefect.runtime import flow_run
 
-    here = FlowRunContext.get()
-    subflow_run_id = subflow_state.state_details.flow_run_id
-    if here is None or subflow_run_id is None:
-        return
-    try:
-        with get_client(sync_client=True) as client:
-            found = client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[subflow_run_id])),
-                task_run_filter=TaskRunFilter(),  # the server refuses a request without it
-                sort=ArtifactSort.CREATED_DESC,
-                limit=1,
-                offset=0,
-            )
-            for artifact in found:
-                client.create_artifact(
-                    ArtifactCreate(
-                        key=key,
-                        type=artifact.type,
-                        description=artifact.description,
-                        data=artifact.data,
-                        flow_run_id=here.flow_run.id,
-                    )
-                )
-    except Exception as exc:  # noqa: BLE001 - the run's results are saved; only a copy is lost
-        logging.getLogger(__name__).warning(
-            "the %s artifact stays on the subflow run's page only (%s)", key, exc
-        )
+    return study_name(_run_config(flow_run.parameters))
 
 
-@flow(name="tfscale", log_prints=True)
+def _run_config(parameters: dict) -> Any:
+    """The config a deployment's run will load from its parameters."""
+    return load_config(
+        parameters.get("params_path", "params.yaml"), parameters.get("overrides") or {}
+    )
+
+
+@flow(name="tfscale", log_prints=True, flow_run_name=_deployment_run_name)
 def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
-    """A deployment entry point: the scaling study on `params_path` with dotted overrides."""
+    """A deployment entry point: the scaling study on `params_path` with dotted overrides,
+    its tasks in this flow run (its page shows them, their logs and the summary)."""
     set_up_process()  # a flow run's own process: before TensorFlow is imported
     status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     # after the process's set-up: TensorFlow's and Prefect's settings are read at import
-    from flows.study import scaling_study
+    from flows.study import run_study
 
-    state = scaling_study(load_config(params_path, overrides or {}), return_state=True)
-    show_here(state, "scaling-summary")
-    return state.result().to_dict()
+    return run_study(load_config(params_path, overrides or {})).to_dict()
 
 
-@flow(name="tfscale-nightly", log_prints=True)
+def _nightly_run_name() -> str:
+    """`sweep-cnn-mirrored` for the sweep of the run's params file and overrides."""
+    from prefect.runtime import flow_run
+
+    return sweep_name(_run_config(flow_run.parameters))
+
+
+@flow(name="tfscale-nightly", log_prints=True, flow_run_name=_nightly_run_name)
 def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
-    """The scaling study on `params_path`: the nightly benchmark."""
+    """The scaling sweep on `params_path`: the nightly benchmark, its tasks in this flow
+    run."""
     set_up_process()  # a flow run's own process: before TensorFlow is imported
     status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     # after the process's set-up: TensorFlow's and Prefect's settings are read at import
-    from flows.sweep import sweep_flow
+    from flows.sweep import run_sweep
 
-    state = sweep_flow(load_config(params_path, overrides or {}), return_state=True)
-    show_here(state, "scaling-sweep")
-    return state.result()
+    return run_sweep(load_config(params_path, overrides or {}))
 
 
 def build_deployments(params_path: str = "params.yaml", cron: str = NIGHTLY_CRON) -> list:

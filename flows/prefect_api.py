@@ -18,6 +18,7 @@ starts before this one pays Prefect's own import (1-2 s).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -98,6 +99,23 @@ def _drain_workers() -> None:
 
     APILogWorker.drain_all(timeout=10)
     EventsWorker.drain_all(timeout=10)
+
+
+class _CompletedLines(logging.Filter):
+    """Drops Prefect's `Finished in state Completed()` after every task and flow run: in a
+    run's log they come between the stage and epoch lines, a line each, and say nothing
+    the run's page does not (a failed or cancelled state is logged as ever)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Finished in state Completed")
+
+
+def quiet_run_logs() -> None:
+    """A run's log without the completed-state lines (`_CompletedLines`), once a process."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _CompletedLines) for f in logger.filters):
+            logger.addFilter(_CompletedLines())
 
 
 def api_url() -> str:

@@ -9,6 +9,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.caching import RESULTS, cached
+from flows.prefect_api import quiet_run_logs
 from tasks.core import process
 from tasks.core.progress import status
 from tasks.data import preparation
@@ -178,9 +179,22 @@ def fail_tracking_task(tracker: tracking.Tracker, parent_id: str, error: str):
     tracker.fail(parent_id, error)
 
 
-@flow(name="tfscale-study", log_prints=True)
+def _named_run() -> str:
+    from prefect.runtime import flow_run
+
+    return config_mod.study_name(flow_run.parameters["config"])
+
+
+@flow(name="tfscale-study", log_prints=True, flow_run_name=_named_run)
 def scaling_study(config: config_mod.Config) -> summary.ScalingSummary:
     """Prepare, detect, select, train baseline and distributed, evaluate, track."""
+    return run_study(config)
+
+
+def run_study(config: config_mod.Config) -> summary.ScalingSummary:
+    """The study's tasks, in the flow run that calls it (`scaling_study`, or a deployment's
+    own run: its page then shows every task and log line, none hidden in a subflow)."""
+    quiet_run_logs()
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)
     prepared = prepare_task(config)

@@ -11,6 +11,7 @@ from prefect.artifacts import create_table_artifact
 
 from flows import pool
 from flows.caching import RESULTS, cached
+from flows.prefect_api import quiet_run_logs
 from flows.study import check_tracking_task, detect_task, fail_tracking_task, prepare_task
 from tasks.core import process
 from tasks.core.network import host_name
@@ -84,9 +85,22 @@ def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files)
     )
 
 
-@flow(name="tfscale-sweep", log_prints=True)
+def _named_run() -> str:
+    from prefect.runtime import flow_run
+
+    return config_mod.sweep_name(flow_run.parameters["config"])
+
+
+@flow(name="tfscale-sweep", log_prints=True, flow_run_name=_named_run)
 def sweep_flow(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     """Every cell of the grid in `config.sweep`, reusing cells seen before."""
+    return run_sweep(config)
+
+
+def run_sweep(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
+    """The sweep's tasks, in the flow run that calls it (`sweep_flow`, or a deployment's
+    own run, whose page then shows them)."""
+    quiet_run_logs()
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)
     report = detect_task()

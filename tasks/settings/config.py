@@ -464,3 +464,16 @@ def _field_notes(cls: type) -> dict[str, str]:
         else:
             pending = []
     return notes
+
+
+def study_name(config: Config) -> str:
+    """A study's flow run named after what it runs: `digits-cnn-auto-2x-10ep` (the
+    strategy as configured; its MLflow run's name says what `auto` chose)."""
+    train = config.train
+    what = (config.prepare.dataset, train.model, train.strategy)
+    return "-".join(what) + f"-{train.replicas}x-{train.epochs}ep"
+
+
+def sweep_name(config: Config) -> str:
+    """A sweep's flow run named after what it runs: `sweep-cnn-mirrored`."""
+    return f"sweep-{config.sweep.model}-{config.sweep.strategy}"

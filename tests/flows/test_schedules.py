@@ -139,6 +139,28 @@ def artifacts_of(client, flow_run_id) -> list[dict]:
     return found.json()
 
 
+def table_rows(markdown: str) -> list[str]:
+    """A Markdown table's body rows."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    return lines[2:]
+
+
+def task_runs_of(client, flow_run_id) -> list:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    return client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    )
+
+
+def logs_of(client, flow_run_id) -> list:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    return client.read_logs(
+        log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200
+    )
+
+
 def test_nightly_deployments_default_to_two_in_the_morning():
     """The schedule `tfscale serve` registers unless `--cron` says otherwise (the test below
     serves one that falls due within a minute, and the server's own runs follow it)."""
@@ -185,11 +207,22 @@ def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_k
             )
             assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
             assert list((tmp_path / "runs" / "digits").glob("mirrored-*/summary.json"))
-            # the summary is on the deployment run's own page, not only its subflow's
+            # the deployment run's own page holds the work: the summary, every task and
+            # log line (no subflow hides them), under a name that says what ran
             shown = artifacts_of(client, on_demand.id)
             assert len(shown) == 1, (tmp_path / "serve.log").read_text()[-3000:]
             (shown,) = shown
             assert shown["key"] == "scaling-summary" and "speedup" in shown["data"]
+            assert all(row.split("|")[1].strip() for row in table_rows(shown["data"]))
+            assert client.read_flow_run(on_demand.id).name == "digits-mlp-auto-2x-1ep"
+            own = task_runs_of(client, on_demand.id)
+            tasks = {t.name.rsplit("-", 1)[0] for t in own}
+            assert {"train baseline (one device)", "track in MLflow"} <= tasks, tasks
+            ids = {t.id for t in own}
+            assert not [r for r in client.read_flow_runs(limit=200) if r.parent_task_run_id in ids]
+            logs = [log.message for log in logs_of(client, on_demand.id)]
+            assert any(m.startswith("distributed epoch 1/1") for m in logs), logs
+            assert not any(m.startswith("Finished in state Completed") for m in logs), logs
 
             def a_finished_scheduled_run():
                 done = [r for r in scheduled_runs() if r.state.type.value in FINAL]

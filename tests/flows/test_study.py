@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import free_port, run_main, tiny_params, wait_until_healthy
+from helpers import free_port, run_main, tiny_params
 
 from tasks.settings.config import load_config
 
@@ -23,10 +23,56 @@ pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
 
 
+class UI:
+    """`tfscale ui --port <free port>` on a store, as a user starts it, its console's lines
+    collected as they come."""
+
+    def __init__(self, cwd: Path):
+        import threading
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [str(BIN / "tfscale"), "ui", "--port", str(self.port)],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def printed(self, start: str, timeout_s: float = 180) -> str:
+        """The first line that starts with `start`, once printed."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [line for line in self.lines if line.startswith(start)]
+            if found:
+                return found[0]
+            assert self.process.poll() is None, "\n".join(self.lines)
+            time.sleep(0.2)
+        raise AssertionError(f"no line starting {start!r}: {self.lines}")
+
+    def stop(self) -> str:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=30)
+        self._reader.join(timeout=10)
+        return "\n".join(self.lines)
+
+
 @pytest.fixture(scope="module")
 def flow_run(tmp_path_factory):
     """One real flow run (and a second, to see the baseline cached) into a temporary store,
-    named in the config: nothing is patched."""
+    named in the config: nothing is patched. A third runs while `tfscale ui` serves the
+    store at a free port (the links it writes follow that port)."""
     import logging
 
     from flows.study import scaling_study
@@ -46,22 +92,31 @@ def flow_run(tmp_path_factory):
         logging.getLogger().removeHandler(collect)
     baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
     stamp = baseline_metrics.stat().st_mtime_ns
-    states.append(scaling_study(config, return_state=True))
-    reused = baseline_metrics.stat().st_mtime_ns == stamp
-    # cached results whose files are gone: the shards and the baseline's run directory
-    shutil.rmtree(tmp / "tfrecords")
-    shutil.rmtree(baseline_metrics.parent)
-    states.append(scaling_study(config, return_state=True))
-    return {
-        "tmp": tmp,
-        "store": store,
-        "summaries": tuple(state.result() for state in states),
-        "flow_run_ids": [state.state_details.flow_run_id for state in states],
-        "stage_lines": lines,
-        "baseline_reused": reused,
-        "baseline_retrained": baseline_metrics.exists(),
-        "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
-    }
+    ui = UI(tmp)  # boots while the second run trains
+    try:
+        states.append(scaling_study(config, return_state=True))
+        reused = baseline_metrics.stat().st_mtime_ns == stamp
+        # cached results whose files are gone: the shards and the baseline's run directory
+        shutil.rmtree(tmp / "tfrecords")
+        shutil.rmtree(baseline_metrics.parent)
+        # printed once it answers (test_every_link_a_run_wrote_...)
+        ready = ui.printed("results: ")
+        answered = requests.get(f"{ui.base}/health", timeout=10).status_code
+        states.append(scaling_study(config, return_state=True))
+        yield {
+            "tmp": tmp,
+            "store": store,
+            "summaries": tuple(state.result() for state in states),
+            "flow_run_ids": [state.state_details.flow_run_id for state in states],
+            "stage_lines": lines,
+            "baseline_reused": reused,
+            "baseline_retrained": baseline_metrics.exists(),
+            "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
+            "ui": ui,
+            "ui_ready": (ready, answered),
+        }
+    finally:
+        ui.stop()
 
 
 def study_parents(runs: list) -> list:
@@ -299,7 +354,8 @@ def test_each_flow_run_page_shows_the_summary_as_an_artifact(flow_run):
     assert f"**{first.speedup_text}**" in mine.data and "alternating rounds" in mine.data
     assert mine.type == "markdown"
     assert f"| test accuracy | **{first.test_accuracy:.4f}**" in mine.data
-    assert "| MLflow run | http://127.0.0.1:5000/#/experiments/" in mine.data
+    # no UI served the store during the first run: where `tfscale ui` serves by default
+    assert "| MLflow | [this run](http://127.0.0.1:5000/#/experiments/" in mine.data
 
 
 def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
@@ -415,47 +471,95 @@ def test_cached_results_whose_files_were_deleted_are_made_again(flow_run):
     assert flow_run["baseline_retrained"]  # and the third run tracked it: three parents
 
 
-def test_ui_serves_the_store(flow_run):
-    """`tfscale ui` serves where the configured links point (`track.ui_url`), and starts
-    without MLflow's warnings."""
-    import yaml
+def test_every_link_a_run_wrote_opens_on_the_ui_at_its_port(flow_run):
+    """`tfscale ui --port <free port>` prints its links once it answers; a run while it
+    serves writes links to it (the Prefect artifact's) or relative to whatever UI shows them
+    (the run's description); each is followed: the page answers and names a run or the
+    results view this store holds."""
+    import re
+    from urllib.parse import parse_qs, urljoin, urlsplit
 
-    port = free_port()
-    params = yaml.safe_load((flow_run["tmp"] / "params.yaml").read_text())
-    params.setdefault("track", {})["ui_url"] = f"http://127.0.0.1:{port}"
-    (flow_run["tmp"] / "ui-params.yaml").write_text(yaml.safe_dump(params))
-    proc = subprocess.Popen(
-        [str(BIN / "tfscale"), "--params", "ui-params.yaml", "ui"],
-        cwd=flow_run["tmp"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    from mlflow import MlflowClient
+
+    ui = flow_run["ui"]
+    base = ui.base
+    assert flow_run["ui_ready"][1] == 200  # it answered when it printed its address
+    client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
+    experiment = client.get_experiment_by_name("tfscale")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    parents = study_parents(runs)
+    third = parents[-1]
+    description = third.data.tags["mlflow.note.content"]
+    artifact = _artifact_of(flow_run["flow_run_ids"][-1])
+    printed = [ui.printed("results: "), ui.printed("latest run: ")]
+    links = {
+        "description": re.findall(r"\]\(([^)]+)\)", description),
+        "artifact": re.findall(r"\]\(([^)]+)\)", artifact),
+        "tfscale ui": [line.split(": ", 1)[1] for line in printed],
+    }
+    assert all(links.values()), links
+    assert all(link.startswith("/#/") for link in links["description"]), links
+    assert all(link.startswith(f"{base}/#/") for link in links["artifact"]), links
+    assert all(link.startswith(f"{base}/#/") for link in links["tfscale ui"]), links
+    page = requests.get(f"{base}/", timeout=10)
+    assert page.status_code == 200 and "static/js/main." in page.text
+    ids = {r.info.run_id for r in parents}
+    followed = 0
+    for where, found in links.items():
+        for link in found:
+            url = urljoin(f"{base}/", link)
+            route, _, query = urlsplit(url).fragment.partition("?")
+            match = re.fullmatch(r"/experiments/(\d+)/runs(?:/(\w+))?", route)
+            assert match, (where, url)
+            got = requests.get(
+                f"{base}/ajax-api/2.0/mlflow/experiments/get",
+                params={"experiment_id": match[1]},
+                timeout=10,
+            )
+            assert got.status_code == 200, (where, url)
+            if match[2]:
+                run = requests.get(
+                    f"{base}/ajax-api/2.0/mlflow/runs/get", params={"run_id": match[2]}, timeout=10
+                )
+                assert run.status_code == 200 and match[2] in ids, (where, url)
+            else:  # the results table: its saved view is the experiment's
+                key = parse_qs(query)["viewStateShareKey"][0]
+                tags = {t["key"] for t in got.json()["experiment"]["tags"]}
+                assert f"mlflow.sharedViewState.{key}" in tags, (where, url)
+            followed += 1
+    assert followed >= 4
+    assert (
+        f"[this run]({base}/#/experiments/{experiment.experiment_id}/runs/{third.info.run_id}"
+        in (artifact)
     )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(url)
-        experiment = requests.get(
-            f"{url}/api/2.0/mlflow/experiments/get-by-name",
-            params={"experiment_name": "tfscale"},
-            timeout=10,
-        ).json()
-        found = requests.post(
-            f"{url}/api/2.0/mlflow/runs/search",
-            timeout=10,
-            json={"experiment_ids": [experiment["experiment"]["experiment_id"]]},
-        ).json()
-        names = {r["info"]["run_name"] for r in found["runs"]}
-        assert {"baseline", "distributed"} <= names
-        # a new browser's pages open on model training, set before MLflow's script runs
-        head = requests.get(f"{url}/", timeout=10).text.split("</head>")[0]
-        defaults = head.index('"mlflow.workflowType_v1": "\\"machine_learning\\""')
-        assert defaults < head.index("static/js/main.")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0]
-    assert f"results: http://127.0.0.1:{port}/#/experiments/" in out
-    assert "Warning" not in out and "Registry store URI not provided" not in out, out
+    # a new browser's pages open on model training, set before MLflow's script runs
+    head = page.text.split("</head>")[0]
+    assert head.index('"mlflow.workflowType_v1": "\\"machine_learning\\""') < head.index(
+        "static/js/main."
+    )
+    assert not [line for line in ui.lines if "Warning" in line or "Registry store URI" in line]
+
+
+def _artifact_of(flow_run_id) -> str:
+    """The scaling summary a flow run created, as its page shows it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+    )
+
+    with get_client(sync_client=True) as client:
+        (found,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["scaling-summary"])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+            task_run_filter=TaskRunFilter(),
+            limit=5,
+            offset=0,
+        )
+    return found.data
 
 
 def test_plan_reads_the_studys_run_and_says_what_each_figure_came_from(flow_run):
