@@ -331,7 +331,18 @@ def compare_exported(
 def plot_speedup(
     summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult, path: Path
 ) -> Path:
-    """Throughput bars with the ideal (linear) line, and per-epoch throughput curves."""
+    """The speedup chart (`speedup_figure`) as a PNG at `path`."""
+    from tasks.core.plots import pyplot
+
+    fig = speedup_figure(summary, baseline, distributed)
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+    return path
+
+
+def speedup_figure(summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult) -> Any:
+    """Throughput bars with the ideal (linear) line, and per-epoch throughput curves; every
+    label inside the figure (`tasks.core.plots.texts_outside`)."""
     from tasks.core.plots import pyplot
 
     plt = pyplot()
@@ -357,9 +368,7 @@ def plot_speedup(
     curves.set_title("throughput per epoch (epoch 1 includes tracing)")
     curves.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def format_summary(summary: ScalingSummary, ui_command: str) -> str:

@@ -316,11 +316,24 @@ def test_experiment_opens_on_the_result_columns(flow_run):
     experiment = client.get_experiment_by_name("tfscale")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     columns = json.loads(experiment.tags[VIEW_TAG])["selectedColumns"]
-    assert columns[:3] == [
+    assert columns[:6] == [
         "metrics.`speedup`",
+        "metrics.`speedup_low`",
+        "metrics.`speedup_high`",
+        "metrics.`time_to_target_speedup`",
         "metrics.`scaling_efficiency`",
         "metrics.`test_accuracy`",
     ]
+    # the experiment's default: `tfscale ui`'s page gives a new browser these columns for
+    # this experiment's table before MLflow's script reads its state (no key in the address)
+    from tasks.track.ui import TABLE_KEY
+
+    head = requests.get(f"{flow_run['ui'].base}/", timeout=10).text.split("</head>")[0]
+    script = head.split("<script>", 1)[1].split("</script>", 1)[0]
+    stored = json.loads(script.split("})(", 1)[1].rsplit(");", 1)[0])
+    table = json.loads(stored[TABLE_KEY.format(experiment.experiment_id)])
+    assert table["selectedColumns"] == columns and table["runsPinned"] == []
+    assert head.index(TABLE_KEY.format(experiment.experiment_id)[:30]) < head.index("main.")
     url = Tracker(flow_run["store"]).results_url("http://127.0.0.1:5000")
     assert url.endswith(
         f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=tfscale-results"

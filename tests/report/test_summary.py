@@ -192,3 +192,23 @@ def test_the_recommendation_says_when_the_time_to_target_disagrees_with_examples
     assert agrees.recommendation.endswith(
         "; to the target too: 1.20x (1.20-1.28) (one seed; --seeds 5 to be sure)"
     )
+
+
+def test_every_text_of_the_speedup_chart_lies_inside_the_saved_png(tmp_path):
+    """The chart on the MLflow run page: title, labels, ticks and legends all inside the
+    figure as saved (a y-label of a whole sentence was cut off in the PNG itself)."""
+    import matplotlib.image
+
+    from tasks.core.plots import pyplot, texts_outside
+    from tasks.report.summary import plot_speedup, speedup_figure
+
+    base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
+    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    fig = speedup_figure(summary, base, dist)
+    assert texts_outside(fig) == []
+    # what the check catches: the label that was cut
+    fig.axes[0].set_ylabel(f"examples/s, median of {summary.measured_over} " * 2)
+    assert texts_outside(fig)
+    pyplot().close(fig)
+    saved = matplotlib.image.imread(plot_speedup(summary, base, dist, tmp_path / "s.png"))
+    assert saved.shape[:2] == (400, 1100)  # the figure checked, at 100 dpi

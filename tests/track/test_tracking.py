@@ -221,3 +221,27 @@ def test_links_point_where_the_ui_is(tmp_path):
     assert Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/m.db").ui_base == "http://127.0.0.1:5000"
     server = Tracker(tmp_path, uri="http://mlflow.internal:8080", ui_url=track.ui_url)
     assert server.ui_base == "http://mlflow.internal:8080"
+
+
+def test_links_follow_a_serving_ui_to_its_port_and_never_a_stopped_ones(tmp_path):
+    """A `tfscale ui` serving the store records its address (`serving_ui`): links point
+    there, whatever the port, while its process lives; a record a killed UI left behind is
+    not trusted, and links fall back to track.ui_url."""
+    import json
+    import subprocess
+    import sys
+
+    from tasks.track.tracking import UI_RECORD
+
+    tracker = Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert tracker.ui_base == "http://127.0.0.1:5000"
+    record = tmp_path / UI_RECORD
+    record.write_text(json.dumps({"url": "http://127.0.0.1:5077", "pid": os.getpid()}))
+    assert tracker.ui_base == "http://127.0.0.1:5077"
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    record.write_text(json.dumps({"url": "http://127.0.0.1:5077", "pid": int(gone.stdout)}))
+    assert tracker.ui_base == "http://127.0.0.1:5000"
+    record.write_text("{")  # half-written
+    assert tracker.ui_base == "http://127.0.0.1:5000"
