@@ -11,6 +11,9 @@ import dataclasses
 from typing import Any
 
 PARAM = {"track": "param"}  # metadata of a result field that says how the run was set up
+# metadata of a result field not logged on its own: its words are part of another's (the
+# summary's `proposed` is the end of its `strategy_reason`), or they are for the console
+UNTRACKED = {"track": "no"}
 
 
 def tracked_as(name: str) -> dict[str, str]:
@@ -36,6 +39,8 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
             nested = fields_by_type(value, f"{key}_")
             for into, part in zip((metrics, params, tags), nested, strict=True):
                 into.update(part)
+        elif field.metadata.get("track") == "no":
+            continue
         elif value is None or value == "" or isinstance(value, list | tuple | dict):
             continue
         elif field.metadata.get("track") == "param":

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.core.fields import PARAM, tracked_as
+from tasks.core.fields import PARAM, UNTRACKED, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.provenance import code_version
 from tasks.distribute.run import Run
@@ -90,8 +90,10 @@ class ScalingSummary(SpreadOver):
     # what `auto` measured to choose the run's setting (`StrategyChoice.measured`): each
     # candidate's label and examples/s (median, lowest, highest round), the chosen first
     candidates: list[list] = field(default_factory=list)
-    candidates_how: str = ""  # `the fastest of 2, 5 rounds of up to 20 steps`
-    proposed: str = ""  # the hardware's proposal's reason, when `auto` measured
+    # `the fastest of 2, 5 rounds of up to 20 steps`, and the hardware's proposal's reason
+    # when `auto` measured: both within `reason` (the run's strategy_reason) already
+    candidates_how: str = field(default="", metadata=UNTRACKED)
+    proposed: str = field(default="", metadata=UNTRACKED)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -357,6 +359,8 @@ def speedup_figure(summary: ScalingSummary, baseline: TrainResult, distributed: 
         linestyle="--",
         label=f"ideal ({summary.devices}x baseline)",
     )
+    ideal = summary.baseline_examples_per_s * summary.devices
+    bars.set_ylim(0, 1.25 * max(ideal, *values))  # the legend above the ideal line
     bars.set_ylabel("examples/s (median)")  # over what: the summary's `measured over`
     bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")
     bars.legend()
