@@ -126,7 +126,7 @@ def study_parents(runs: list) -> list:
     return [
         r
         for r in runs
-        if "mlflow.parentRunId" not in r.data.tags and not r.info.run_name[7:].startswith("plan-")
+        if "mlflow.parentRunId" not in r.data.tags and not r.info.run_name[7:].startswith("plan")
     ]
 
 
@@ -595,6 +595,6 @@ def test_plan_reads_the_studys_run_and_says_what_each_figure_came_from(flow_run)
     assert {r["devices"] for r in plan["rows"]} == {1, 2, 4} and plan["target"] == 0.5
     client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
     tracked = client.get_run(out.split("tracked: MLflow run ")[1].split()[0])
-    assert tracked.info.run_name[7:].startswith("plan-") and tracked.info.status == "FINISHED"
+    assert tracked.info.run_name[7:].startswith("plan") and tracked.info.status == "FINISHED"
     assert tracked.data.params["devices"] == str(plan["rows"][plan["best"]]["devices"])
     assert tracked.data.tags["source_steps_to_target"].startswith("the run's ")
