@@ -501,7 +501,9 @@ def _add_server_commands(sub: Any) -> None:
     ui = sub.add_parser(
         "ui",
         help="serve the MLflow UI on the project's store",
-        description="serve the MLflow UI on the project's store",
+        description="serve the MLflow UI on the project's store; once it answers, print its "
+        "address, the results table's and the latest run's. While it serves, the links a run "
+        "prints and writes point to it, at whatever port; Ctrl-C stops it",
     )
     ui.add_argument(
         "--host", help="address to listen on (track.ui_url's host: 127.0.0.1 by default)"
@@ -509,7 +511,7 @@ def _add_server_commands(sub: Any) -> None:
     ui.add_argument(
         "--port",
         type=int,
-        help="port (track.ui_url's: 5000 by default; the links tfscale prints point there)",
+        help="port (track.ui_url's: 5000 by default); links follow it while it serves",
     )
     serve = sub.add_parser(
         "serve",

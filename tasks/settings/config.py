@@ -191,8 +191,10 @@ class TrackConfig:
 
     store_dir: str = "mlflow"
     experiment: str = "tfscale"
-    # where people open the MLflow UI: `tfscale ui` serves there, and the summary, the
-    # Prefect artifact and the console link there (a tracking server's own URI wins)
+    # where `tfscale ui` serves unless --host/--port say otherwise, and where the console and
+    # the Prefect artifact link while no `tfscale ui` serves the store (one that does, at any
+    # port, is linked instead; a tracking server's own URI wins); links on MLflow's own pages
+    # are relative to the UI showing them
     ui_url: str = _spec("http://127.0.0.1:5000", url=True)
 
 

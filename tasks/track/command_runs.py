@@ -15,7 +15,7 @@ from typing import Any
 from tasks.core.files import write_json_atomic
 from tasks.report.run_files import TRACKED_AS, study_of, trained_by
 from tasks.settings.config import Config, config_to_dict
-from tasks.track.tracking import Tracker, run_tags, study_params, study_run_name
+from tasks.track.tracking import Tracker, choice_params, run_tags, study_params, study_run_name
 
 
 def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:
@@ -47,10 +47,10 @@ def study_run(
     if tracker is None or not (baseline or against):
         return None
     choice, name = compared.choice, study_run_name(compared)
-    shown = {"strategy": choice.kind, "precision": choice.precision}
-    table = {**shown, "replicas": choice.replicas, **params}  # the runs table's columns
+    # the runs table's columns, as params (never also as tags: one value, one name)
+    table = {**choice_params(choice), "replicas": choice.replicas, **params}
     if baseline:
-        return tracker.open_study(name, {**tags, **shown}, table)
+        return tracker.open_study(name, tags, table)
     link = {
         k.replace("training_", "baseline_"): v
         for k, v in trained_by(against).items()

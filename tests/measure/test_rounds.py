@@ -282,3 +282,24 @@ def test_the_rounds_watch_the_speedup_or_with_one_device_the_inputs_share():
     assert watched_figure(several, "weak") == ([2.0, 4.0], [1.0, 2.0])
     assert watched_figure(several, "strong")[1] == [3.0]
     assert watched_name(several, "weak") == "the speedup"
+
+
+def test_the_measuring_rounds_say_what_they_time_and_how_far_they_are(caplog):
+    """Off a terminal (a log, a Prefect run's page): a line as they start, saying what is
+    timed and until when, then one every 5 rounds with the rounds done against the most
+    allowed and how well the figure is known; nothing after the last round."""
+    import logging
+
+    from tasks.core.progress import RoundsProgress
+
+    with caplog.at_level(logging.INFO, logger="tfscale"):
+        with RoundsProgress("timing the run", "the speedup", cap=12, aim=0.03) as progress:
+            for done, width in enumerate([None] * 5 + [0.12, 0.09, 0.08, 0.07, 0.061], 1):
+                progress.round(done, width)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "measuring   timing the run, in alternating rounds until the speedup is known to "
+        "+-3%, at most 12 rounds",
+        "measuring   round 5 of at most 12: too few rounds yet for the speedup's interval",
+        "measuring   round 10 of at most 12: the speedup known to +-6.1%",
+    ]
