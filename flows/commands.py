@@ -323,6 +323,7 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
 
     from tasks.core.errors import UserError
     from tasks.core.network import wait_healthy
+    from tasks.track.tracking import forget_serving_ui, record_serving_ui
 
     server = subprocess.Popen(command, env=env)
 
@@ -330,18 +331,16 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    record = tracker.serving_record
     try:
         print(f"MLflow UI for {tracker.uri}: starting at {base}", flush=True)
         problem = wait_healthy(f"{base}/health", 180.0, 0.5, lambda: server.poll() is None)
         if problem:
             raise UserError(
                 f"the MLflow UI at {base} did not start: {problem}",
-                "run 'tfscale ui --debug' for the server's log, or serve on another port "
-                "with 'tfscale ui --port N'",
+                "the server's own lines above say why; or serve on another port with "
+                "'tfscale ui --port N'",
             )
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"url": base, "pid": os.getpid()}))
+        record_serving_ui(tracker.store_dir, base)
         print(f"MLflow UI at {base} (Ctrl-C stops it)", flush=True)
         print(f"results: {tracker.results_url(base)}", flush=True)
         latest = tracker.latest_study()
@@ -357,15 +356,7 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
                 server.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 server.kill()
-        if serving_pid(record) == os.getpid():
-            record.unlink()
-
-
-def serving_pid(record: Path) -> int | None:
-    try:
-        return int(json.loads(record.read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        forget_serving_ui(tracker.store_dir)
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:

@@ -169,7 +169,9 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     s = summary
     shape = s.shape
     what = f"{shape} ({s.strategy}, {s.precision}{'; ' + subject if subject else ''})"
-    speed = _speedup_spread(dataclasses.asdict(s))
+    speed = _speedup_spread(
+        {"speedup": s.speedup, "speedup_low": s.speedup_low, "speedup_high": s.speedup_high}
+    )
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = f"{s.target_accuracy:.1%}".replace(".0%", "%") + " held-out accuracy"
     low, high = s.time_to_target_speedup_low, s.time_to_target_speedup_high
@@ -353,13 +355,13 @@ def speedup_figure(summary: ScalingSummary, baseline: TrainResult, distributed: 
     names = ["baseline\n(1 device)", f"{summary.strategy}\n({summary.shape})"]
     values = [summary.baseline_examples_per_s, summary.distributed_examples_per_s]
     bars.bar(names, values, color=["#999999", "#1f77b4"])
+    ideal = summary.baseline_examples_per_s * summary.devices
     bars.axhline(
-        summary.baseline_examples_per_s * summary.devices,
+        ideal,
         color="#d62728",
         linestyle="--",
         label=f"ideal ({summary.devices}x baseline)",
     )
-    ideal = summary.baseline_examples_per_s * summary.devices
     bars.set_ylim(0, 1.25 * max(ideal, *values))  # the legend above the ideal line
     bars.set_ylabel("examples/s (median)")  # over what: the summary's `measured over`
     bars.set_title(f"speedup {summary.speedup_text}, efficiency {summary.scaling_efficiency:.2f}")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.core.errors import UserError
 from tasks.core.fields import fields_by_type
+from tasks.core.files import write_json_atomic
 
 if TYPE_CHECKING:
     from tasks.report.summary import StudyRecord
@@ -262,11 +263,6 @@ class Tracker:
         if self.uri.startswith(("http://", "https://")):
             return self.uri
         return serving_ui(self.store_dir) or self.ui_url
-
-    @property
-    def serving_record(self) -> Path:
-        """Where a running `tfscale ui` records its address (`serving_ui`)."""
-        return self.store_dir / UI_RECORD
 
     def latest_study(self) -> str | None:
         """The id of the experiment's latest top-level run (a study's parent), or None."""
@@ -660,12 +656,33 @@ UI_RECORD = "ui.json"  # {"url": ..., "pid": ...} while `tfscale ui` serves the 
 def serving_ui(store_dir: Path) -> str | None:
     """The address a `tfscale ui` serving `store_dir` now recorded (`UI_RECORD`), or None:
     no record, or its process is gone (a record a killed UI left behind is not trusted)."""
+    record = _ui_record(store_dir)
     try:
-        record = json.loads((Path(store_dir) / UI_RECORD).read_text())
         os.kill(int(record["pid"]), 0)
         return str(record["url"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def record_serving_ui(store_dir: Path, url: str) -> None:
+    """`tfscale ui` (this process) serves `store_dir` at `url`: links a run writes point
+    there (`serving_ui`) until `forget_serving_ui`."""
+    Path(store_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(store_dir) / UI_RECORD, {"url": url, "pid": os.getpid()})
+
+
+def forget_serving_ui(store_dir: Path) -> None:
+    """This process's record of serving `store_dir` goes (another UI's is left alone)."""
+    if _ui_record(store_dir).get("pid") == os.getpid():
+        (Path(store_dir) / UI_RECORD).unlink(missing_ok=True)
+
+
+def _ui_record(store_dir: Path) -> dict:
+    try:
+        record = json.loads((Path(store_dir) / UI_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def write_json_artifact(name: str, value: Any) -> Path:
