@@ -245,7 +245,7 @@ def test_each_repro_nests_its_stages_under_one_study_run(clone, repro_runs):
         assert parent.data.tags["dvc_stage"] == "repro" and parent.data.tags["bottleneck"]
         description = parent.data.tags["mlflow.note.content"]  # the result, then the stages
         assert "on 2 replicas (mirrored, float32), efficiency" in description
-    assert {p.info.run_name.split("-")[4] for p in parents} == {"2ep"}
+    assert {p.info.run_name.split("-")[5] for p in parents} == {"2ep"}  # after the id
 
 
 def test_plots_show_renders_the_curves(clone, repro_runs):
