@@ -193,11 +193,13 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     if not Path(model_path).exists():
         raise MissingInput(f"No model at {model_path}", "train one with 'tfscale train'.")
     model_dir = Path(model_path).parent
-    trained = trained_by(model_dir)
-    tracker, tags = mlflow_runs.command_tracker(config, **{**trained, "dataset": manifest.dataset})
+    trained = {**trained_by(model_dir), "dataset": manifest.dataset}
+    setup, links = mlflow_runs.split_setup(trained)
+    tracker, tags = mlflow_runs.command_tracker(config, **links)
     study = study_of(model_dir)  # the training's study, if a stage
     name = "evaluate" if study else f"evaluate-{manifest.dataset}"
     with tracker.run(name, tags, nested_under=study) as run_id:
+        tracker.log(run_id, params=setup)
         mlflow_runs.describe_evaluation(tracker, run_id, trained, manifest.dataset)
         result, kept = recorded_or_evaluated(
             model_path, manifest, str(data_dir), config.evaluate.batch_size

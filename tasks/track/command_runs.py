@@ -26,6 +26,17 @@ def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:
     return tracker, run_tags(**tags)
 
 
+SETUP = ("dataset", "model", "strategy", "replicas", "precision")
+
+
+def split_setup(trained: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """What the files beside a model say of its training (`run_files.trained_by`), split
+    into how it was set up (params of the evaluation's run, as the runs table shows a
+    training's) and the rest (tags: its run directory and MLflow run)."""
+    setup = {k: v for k, v in trained.items() if k in SETUP}
+    return setup, {k: v for k, v in trained.items() if k not in SETUP}
+
+
 def training_params(run: Any) -> dict[str, Any]:
     """The params a training's run and its study's row show: config and manifest."""
     context = {"config": config_to_dict(run.config), "manifest": json.loads(run.manifest.to_json())}

@@ -214,8 +214,10 @@ def test_every_stage_that_trains_or_evaluates_logs_an_mlflow_run(clone, repro_ru
     link = f"/runs/{trained}?workflowType=machine_learning"  # opens on model training
     assert evaluate.tags["training_run_url"].endswith(link)
     assert trained in evaluate.tags["mlflow.note.content"]
-    assert (evaluate.tags["dataset"], evaluate.tags["model"]) == ("digits", "mlp")
-    assert evaluate.tags["strategy"] == "mirrored" and evaluate.tags["replicas"] == "2"
+    setup = evaluate.params  # params, as a training's; never also tags
+    assert (setup["dataset"], setup["model"]) == ("digits", "mlp")
+    assert setup["strategy"] == "mirrored" and setup["replicas"] == "2"
+    assert not set(evaluate.params) & set(evaluate.tags)
 
 
 def test_each_repro_nests_its_stages_under_one_study_run(clone, repro_runs):
