@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.core.files import write_json_atomic
+from tasks.core.progress import status
 from tasks.core.provenance import code_version
 from tasks.data.manifest import Manifest
 from tasks.distribute.hardware import HardwareReport
@@ -238,6 +239,11 @@ def settle(
     path = _cache_path(cfg, report, manifest, options)
     timed, cached = _read(path, options) or _read_within(path.parent, options), True
     if timed is None:
+        labels = "; ".join(option.label for option in options)
+        status(
+            "measuring",
+            f"auto's {len(options)} candidates, {ROUNDS} rounds of up to {STEPS} steps: {labels}",
+        )
         timed, cached = measure(options), False
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, [dataclasses.asdict(t) for t in timed])

@@ -295,7 +295,8 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
         tmp_path, **{"train.jit_compile": "auto", "train.epochs": 1, "prepare.data_dir": data_dir}
     )
     train = ["--params", str(params), "train", "--no-diagnose"]
-    first = tfscale(train, cwd=tmp_path).stdout
+    first_run = tfscale(train, cwd=tmp_path)
+    first = first_run.stdout
     (cache,) = (tmp_path / "runs" / "autotune").glob("*/*.json")
     rows = json.loads(cache.read_text())
     assert len(rows) == 3 and all(len(r["examples_per_s"]) == 5 for r in rows)
@@ -313,8 +314,12 @@ def test_tfscale_train_measures_the_candidates_once_and_trains_the_fastest(tmp_p
     highest = max(t.rate.median for t in found)
     verdict = "the fastest of 3" if kept.rate.median >= highest else "kept of 3: none was faster"
     assert verdict in first
-    second = tfscale(train, cwd=tmp_path).stdout
+    # what it is timing said as the rounds begin (a stage line), and not when nothing is
+    assert "measuring   auto's 3 candidates, 5 rounds of up to 20 steps: " in first_run.stderr
+    second_run = tfscale(train, cwd=tmp_path)
+    second = second_run.stdout
     assert "measured before" in second and cache.read_text() == json.dumps(rows, indent=2)
+    assert "measuring" not in second_run.stderr
     # `tfscale evaluate` then reads the evaluation the training recorded, with no second
     # import of TensorFlow (the process is the claim)
     evaluate = (
