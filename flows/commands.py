@@ -312,7 +312,9 @@ def ui(config: Config, args: argparse.Namespace) -> int:
     # MLflow's own use of a deprecated Starlette module warns at every start; not the user's
     quiet = "ignore:starlette.middleware.wsgi is deprecated"
     env["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
-    return serve_ui(tracker, command, env, base)
+    # links name where a browser reaches it: this machine, when it listens on every address
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return serve_ui(tracker, command, env, f"http://{reach}:{port}")
 
 
 def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -> int:

@@ -175,10 +175,10 @@ class RoundsProgress:
     def until(self) -> str:
         if not self.aim:
             return f"{self.cap} rounds"
-        return f"until {self.figure} is known to +-{self.aim:.0%}, at most {self.cap} rounds"
+        return f"until {self.figure} is known to +-{self.aim:.0%} (at most {self.cap} rounds)"
 
     def __enter__(self) -> RoundsProgress:
-        status("measuring", f"{self.what}, in alternating rounds {self.until}")
+        status("measuring", f"{self.what}, alternating, {self.until}")
         if sys.stderr.isatty():
             from tqdm import tqdm
 

@@ -182,11 +182,11 @@ def measure_rounds(
     rule = Settling(aim, rounds)
     watched = "the speedup" if devices > 1 else "the input's share"
     what = (
-        f"timing the run against one device at batch "
-        f"{' and '.join(str(b) for _, b in sizes[1 if choice.spec.splits else 0 :])}"
+        "the run and one device at batch "
+        + " and ".join(str(b) for _, b in sizes[1 if choice.spec.splits else 0 :])
         if devices > 1
-        else "timing the training"
-    ) + f", with its input and without, in blocks of up to {steps} steps"
+        else "the training with its input and without"
+    ) + f", in blocks of up to {steps} steps"
     progress = RoundsProgress(what, watched, rounds, aim)
 
     def settled(values: dict[str, list[float]]) -> bool:

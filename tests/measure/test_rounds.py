@@ -293,13 +293,13 @@ def test_the_measuring_rounds_say_what_they_time_and_how_far_they_are(caplog):
     from tasks.core.progress import RoundsProgress
 
     with caplog.at_level(logging.INFO, logger="tfscale"):
-        with RoundsProgress("timing the run", "the speedup", cap=12, aim=0.03) as progress:
+        with RoundsProgress("the run and one device", "the speedup", cap=12, aim=0.03) as progress:
             for done, width in enumerate([None] * 5 + [0.12, 0.09, 0.08, 0.07, 0.061], 1):
                 progress.round(done, width)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
-        "measuring   timing the run, in alternating rounds until the speedup is known to "
-        "+-3%, at most 12 rounds",
+        "measuring   the run and one device, alternating, until the speedup is known to +-3% "
+        "(at most 12 rounds)",
         "measuring   round 5 of at most 12: too few rounds yet for the speedup's interval",
         "measuring   round 10 of at most 12: the speedup known to +-6.1%",
     ]
