@@ -101,13 +101,17 @@ def _drain_workers() -> None:
     EventsWorker.drain_all(timeout=10)
 
 
+COMPLETED_LINES = ("Finished in state Completed", "Finished in state Cached(type=COMPLETED)")
+
+
 class _CompletedLines(logging.Filter):
-    """Drops Prefect's `Finished in state Completed()` after every task and flow run: in a
-    run's log they come between the stage and epoch lines, a line each, and say nothing
-    the run's page does not (a failed or cancelled state is logged as ever)."""
+    """Drops Prefect's `Finished in state Completed()` (or `Cached(type=COMPLETED)`, a
+    reused result) after every task and flow run: in a run's log they come between the
+    stage and epoch lines, a line each, and say nothing the run's page and the stage lines
+    (`(reused)`) do not. A failed or cancelled state is logged as ever."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Finished in state Completed")
+        return not str(record.msg).startswith(COMPLETED_LINES)
 
 
 def quiet_run_logs() -> None:

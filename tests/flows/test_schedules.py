@@ -222,7 +222,10 @@ def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_k
             assert not [r for r in client.read_flow_runs(limit=200) if r.parent_task_run_id in ids]
             logs = [log.message for log in logs_of(client, on_demand.id)]
             assert any(m.startswith("distributed epoch 1/1") for m in logs), logs
-            assert not any(m.startswith("Finished in state Completed") for m in logs), logs
+            done = [
+                m for m in logs if m.startswith("Finished in state") and "COMPLETED" in m.upper()
+            ]
+            assert not done, done  # completed and cached-completed states: noise
 
             def a_finished_scheduled_run():
                 done = [r for r in scheduled_runs() if r.state.type.value in FINAL]
