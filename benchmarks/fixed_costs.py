@@ -7,8 +7,9 @@
    them).
 2. The default `tfscale run`'s wall time split by its console's status lines, timed as they
    arrive: start-up (interpreter, TensorFlow's import while a Prefect API boots), prepare
-   and selection, autotune, the two trainings, the measuring rounds (the diagnosis's own
-   clock), evaluation, tracking and exit. A bare `import tensorflow` is timed in the same
+   and selection, autotune, the two trainings, the measuring rounds (from the `distributed`
+   line, which comes as its training ends, to the `diagnosis` line), evaluation, tracking
+   and exit. A bare `import tensorflow` is timed in the same
    rounds: orchestration is what the run spends beyond it and beyond the work (autotune,
    trainings, rounds, evaluation), that is what tfscale adds to a script doing the same.
 
@@ -21,7 +22,6 @@ under 8 s; the default run at most 45 s.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -63,7 +63,8 @@ PHASES = [
     ("prepare", "start-up: interpreter, imports, Prefect API"),
     ("strategy", "selection and autotune"),
     ("baseline", "baseline training"),
-    ("distributed", "distributed training and measuring rounds"),
+    ("distributed", "distributed training"),  # its line comes as its training ends
+    ("diagnosis", "measuring rounds"),  # its line as the rounds (and the diagnosis) end
     ("evaluate", "evaluation"),
     ("track", "tracking"),
 ]
@@ -107,28 +108,13 @@ def run_phases(project: Path, params: Path) -> dict[str, float]:
         name = text.split(" ", 1)[0]
         if name in {n for n, _ in PHASES} and name not in ends:
             ends[name] = at
-    (diagnosis,) = sorted((project / "runs").rglob("diagnosis.json"), key=_mtime)[-1:]
-    rounds_s = json.loads(diagnosis.read_text())["seconds"]
     phases: dict[str, float] = {}
     previous = 0.0
     for name, label in PHASES:
         at = ends.get(name, previous)
         phases[label] = phases.get(label, 0.0) + at - previous
         previous = at
-    both = phases.pop("distributed training and measuring rounds")
-    split = {"distributed training": both - rounds_s, "measuring rounds": rounds_s}
-    order = [label for _, label in PHASES]
-    ordered = {}
-    for label in dict.fromkeys(order):  # in the order they happen
-        if label in phases:
-            ordered[label] = phases[label]
-        else:
-            ordered.update(split)
-    return {**ordered, "summary and exit": wall - previous, "wall": wall}
-
-
-def _mtime(path: Path) -> float:
-    return path.stat().st_mtime
+    return {**phases, "summary and exit": wall - previous, "wall": wall}
 
 
 def spread(values: list[float]) -> str:

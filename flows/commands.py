@@ -243,12 +243,10 @@ def run(config: Config, args: argparse.Namespace) -> int:
 
 
 def open_ui_line(tracker: Any) -> str:
-    """Where to see the results: the runs table on the UI serving the store now (a `tfscale
+    """Where to see the results: the runs table on the UI showing the store now (a `tfscale
     ui` at any port, or the tracking server), else how to start one and where it will be."""
-    from tasks.track.tracking import serving_ui
-
     results = tracker.results_url(tracker.ui_base)
-    if tracker.uri.startswith(("http://", "https://")) or serving_ui(tracker.store_dir):
+    if tracker.live_ui:
         return results
     return f"tfscale ui, then {results} (or the address 'tfscale ui --port N' prints)"
 

@@ -14,19 +14,12 @@ from prefect import flow
 from prefect.flows import _display_serve_start_message
 from prefect.runner import Runner
 
-from flows.prefect_api import check_prefect_server
+from flows.prefect_api import check_prefect_server, named_by
 from tasks.core.process import import_tensorflow, set_up_process
 from tasks.core.progress import status
 from tasks.settings.config import load_config, study_name, sweep_name
 
 NIGHTLY_CRON = "0 2 * * *"
-
-
-def _deployment_run_name() -> str:
-    """`digits-cnn-auto-2x-10ep` for the study of the run's params file and overrides."""
-    from prefect.runtime import flow_run
-
-    return study_name(_run_config(flow_run.parameters))
 
 
 def _run_config(parameters: dict) -> Any:
@@ -36,7 +29,12 @@ def _run_config(parameters: dict) -> Any:
     )
 
 
-@flow(name="tfscale", log_prints=True, flow_run_name=_deployment_run_name)
+# `digits-cnn-auto-2x-10ep`: the study of the run's params file and overrides
+@flow(
+    name="tfscale",
+    log_prints=True,
+    flow_run_name=named_by(lambda parameters: study_name(_run_config(parameters))),
+)
 def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = None) -> dict:
     """A deployment entry point: the scaling study on `params_path` with dotted overrides,
     its tasks in this flow run (its page shows them, their logs and the summary)."""
@@ -49,14 +47,12 @@ def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = N
     return run_study(load_config(params_path, overrides or {})).to_dict()
 
 
-def _nightly_run_name() -> str:
-    """`sweep-cnn-mirrored` for the sweep of the run's params file and overrides."""
-    from prefect.runtime import flow_run
-
-    return sweep_name(_run_config(flow_run.parameters))
-
-
-@flow(name="tfscale-nightly", log_prints=True, flow_run_name=_nightly_run_name)
+# `sweep-cnn-mirrored`: the sweep of the run's params file and overrides
+@flow(
+    name="tfscale-nightly",
+    log_prints=True,
+    flow_run_name=named_by(lambda parameters: sweep_name(_run_config(parameters))),
+)
 def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = None) -> list:
     """The scaling sweep on `params_path`: the nightly benchmark, its tasks in this flow
     run."""

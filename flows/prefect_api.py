@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -120,6 +120,17 @@ def quiet_run_logs() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _CompletedLines) for f in logger.filters):
             logger.addFilter(_CompletedLines())
+
+
+def named_by(name: Callable[[dict], str]) -> Callable[[], str]:
+    """A flow's `flow_run_name`: `name` of the run's parameters, read as it starts."""
+
+    def run_name() -> str:
+        from prefect.runtime import flow_run
+
+        return name(flow_run.parameters)
+
+    return run_name
 
 
 def api_url() -> str:

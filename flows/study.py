@@ -9,7 +9,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.caching import RESULTS, cached
-from flows.prefect_api import quiet_run_logs
+from flows.prefect_api import named_by, quiet_run_logs
 from tasks.core import process
 from tasks.core.progress import status
 from tasks.data import preparation
@@ -179,13 +179,11 @@ def fail_tracking_task(tracker: tracking.Tracker, parent_id: str, error: str):
     tracker.fail(parent_id, error)
 
 
-def _named_run() -> str:
-    from prefect.runtime import flow_run
-
-    return config_mod.study_name(flow_run.parameters["config"])
-
-
-@flow(name="tfscale-study", log_prints=True, flow_run_name=_named_run)
+@flow(
+    name="tfscale-study",
+    log_prints=True,
+    flow_run_name=named_by(lambda parameters: config_mod.study_name(parameters["config"])),
+)
 def scaling_study(config: config_mod.Config) -> summary.ScalingSummary:
     """Prepare, detect, select, train baseline and distributed, evaluate, track."""
     return run_study(config)

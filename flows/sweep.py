@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 
 from flows import pool
 from flows.caching import RESULTS, cached
-from flows.prefect_api import quiet_run_logs
+from flows.prefect_api import named_by, quiet_run_logs
 from flows.study import check_tracking_task, detect_task, fail_tracking_task, prepare_task
 from tasks.core import process
 from tasks.core.network import host_name
@@ -85,13 +85,11 @@ def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files)
     )
 
 
-def _named_run() -> str:
-    from prefect.runtime import flow_run
-
-    return config_mod.sweep_name(flow_run.parameters["config"])
-
-
-@flow(name="tfscale-sweep", log_prints=True, flow_run_name=_named_run)
+@flow(
+    name="tfscale-sweep",
+    log_prints=True,
+    flow_run_name=named_by(lambda parameters: config_mod.sweep_name(parameters["config"])),
+)
 def sweep_flow(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     """Every cell of the grid in `config.sweep`, reusing cells seen before."""
     return run_sweep(config)

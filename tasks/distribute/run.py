@@ -66,7 +66,7 @@ class Run:
         if train.get("link_gbit") is None or self.choice.spec.runs != LOCAL_WORKERS:
             train.pop("link_gbit", None)  # only local workers have links
         choice = self.choice.to_dict()
-        for words in ("reason", "measured", "measured_how", "proposed"):
+        for words in ("reason", "measured", "measured_verdict", "proposed"):
             choice.pop(words)  # what was measured and said of it, not what trains
         key = json.dumps([train, self.manifest.digest, choice, code_version()], sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]

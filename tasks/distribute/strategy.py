@@ -45,10 +45,10 @@ class StrategyChoice:
     cut_after: tuple[int, ...] = ()
     device_memory_mb: float = 0.0  # a device's memory budget (0: not checked)
     # what `auto` measured to settle it (`tasks.measure.autotune.settle`): each candidate's
-    # label and examples/s (median, lowest, highest round), the chosen one first; how
-    # (`the fastest of 2, 5 rounds of up to 20 steps`); and the hardware's proposal's reason
+    # label and examples/s (median, lowest, highest round), the chosen one first; the
+    # verdict (`the fastest of 2`); and the hardware's proposal's reason
     measured: tuple[tuple[str, float, float, float], ...] = ()
-    measured_how: str = ""
+    measured_verdict: str = ""
     proposed: str = ""
 
     def to_dict(self) -> dict:

@@ -58,6 +58,7 @@ ROUNDS, STEPS = 5, 20
 # MIN_UPDATES updates; a larger batch is kept over a smaller only when faster by BATCH_GAIN
 # in every round (module docstring)
 BATCH_FACTORS, MIN_UPDATES, BATCH_GAIN = (1, 2, 4), 50, 1.05
+TIMED_IN = f"{ROUNDS} rounds of up to {STEPS} steps"  # how each candidate is timed, in words
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def reason(timed: list[Timed]) -> str:
     best = fastest(timed)
     ordered = [best, *(t for t in timed if t is not best)]
     figures = "; ".join(f"{t.candidate.label}: {t.rate.text(' ex/s', 0)}" for t in ordered)
-    return f"measured ({ROUNDS} rounds of up to {STEPS} steps), {_verdict(best, timed)}: {figures}"
+    return f"measured ({TIMED_IN}), {_verdict(best, timed)}: {figures}"
 
 
 Measure = Callable[[list[Candidate]], list[Timed]]
@@ -242,7 +243,7 @@ def settle(
         labels = "; ".join(option.label for option in options)
         status(
             "measuring",
-            f"auto's {len(options)} candidates, {ROUNDS} rounds of up to {STEPS} steps: {labels}",
+            f"auto's {len(options)} candidates, {TIMED_IN}: {labels}",
         )
         timed, cached = measure(options), False
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,7 +256,7 @@ def settle(
         chosen,
         reason=why,
         measured=tuple((t.candidate.label, *dataclasses.astuple(t.rate)) for t in ordered),
-        measured_how=f"{_verdict(best, timed)}, {ROUNDS} rounds of up to {STEPS} steps",
+        measured_verdict=_verdict(best, timed),
         proposed=choice.reason,
     )
     return Settled(settled, best.candidate.applied_to_config(cfg), tuple(timed), cached)

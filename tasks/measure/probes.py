@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import tensorflow as tf
@@ -180,7 +180,7 @@ def measure_rounds(
             calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
     scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
     rule = Settling(aim, rounds)
-    watched = "the speedup" if devices > 1 else "the input's share"
+    watched = watched_name(calls, scaling)  # the keys the rounds' values will have
     what = (
         "the run and one device at batch "
         + " and ".join(str(b) for _, b in sizes[1 if choice.spec.splits else 0 :])
@@ -210,7 +210,7 @@ def measure_rounds(
         grad_bytes,
         by_bytes,
         watch.result.to_dict(),
-        dataclasses.replace(verdict, figure=watched_name(rates, scaling)).to_dict(),
+        dataclasses.replace(verdict, figure=watched).to_dict(),
     )
 
 
@@ -225,9 +225,10 @@ def watched_figure(values: dict[str, list[float]], scaling: str) -> tuple[list[f
     return values["end_to_end"], values[base if base in values else "compute"]
 
 
-def watched_name(values: dict[str, list[float]], scaling: str) -> str:
-    """What `watched_figure` watched, as a sentence names it."""
-    return "the speedup" if baseline_name(scaling) in values else "the input's share"
+def watched_name(names: Collection[str], scaling: str) -> str:
+    """What `watched_figure` watches among the configurations `names`, as a sentence names
+    it."""
+    return "the speedup" if baseline_name(scaling) in names else "the input's share"
 
 
 def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:

@@ -12,6 +12,7 @@ from tasks.core.fields import PARAM, UNTRACKED, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.provenance import code_version
 from tasks.distribute.run import Run
+from tasks.measure.autotune import TIMED_IN
 from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
 from tasks.measure.rounds import Settled, Spread
@@ -90,9 +91,9 @@ class ScalingSummary(SpreadOver):
     # what `auto` measured to choose the run's setting (`StrategyChoice.measured`): each
     # candidate's label and examples/s (median, lowest, highest round), the chosen first
     candidates: list[list] = field(default_factory=list)
-    # `the fastest of 2, 5 rounds of up to 20 steps`, and the hardware's proposal's reason
-    # when `auto` measured: both within `reason` (the run's strategy_reason) already
-    candidates_how: str = field(default="", metadata=UNTRACKED)
+    # `the fastest of 2`, and the hardware's proposal's reason when `auto` measured: both
+    # within `reason` (the run's strategy_reason) already
+    candidates_verdict: str = field(default="", metadata=UNTRACKED)
     proposed: str = field(default="", metadata=UNTRACKED)
 
     def to_dict(self) -> dict:
@@ -114,6 +115,7 @@ def compare_runs(
     scaling: str,
     target_accuracy: float,
     repeats: tuple[list[dict], list[dict]] = ([], []),
+    subject: str = "",
 ) -> ScalingSummary:
     """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
     the devices (replicas, or a pipeline's stages; 1.0 is linear scaling).
@@ -156,7 +158,7 @@ def compare_runs(
         advice=bottleneck[2],
         **figures,
     )
-    return dataclasses.replace(summary, answer=answer_text(summary))
+    return dataclasses.replace(summary, answer=answer_text(summary, subject))
 
 
 def answer_text(summary: ScalingSummary, subject: str = "") -> str:
@@ -169,9 +171,7 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     s = summary
     shape = s.shape
     what = f"{shape} ({s.strategy}, {s.precision}{'; ' + subject if subject else ''})"
-    speed = _speedup_spread(
-        {"speedup": s.speedup, "speedup_low": s.speedup_low, "speedup_high": s.speedup_high}
-    )
+    speed = _spread(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = f"{s.target_accuracy:.1%}".replace(".0%", "%") + " held-out accuracy"
     low, high = s.time_to_target_speedup_low, s.time_to_target_speedup_high
@@ -218,8 +218,11 @@ def _to_target_caveat(target: dict[str, Any], shape: str) -> str:
 
 def _speedup_spread(figures: dict[str, Any]) -> Spread:
     """The examples/s speedup with its range (the median alone where there is none)."""
-    low, high = figures.get("speedup_low"), figures.get("speedup_high")
-    median = figures["speedup"]
+    return _spread(figures["speedup"], figures.get("speedup_low"), figures.get("speedup_high"))
+
+
+def _spread(median: float, low: float | None, high: float | None) -> Spread:
+    """`median` with its range, the median itself where a bound is missing."""
     return Spread(median, median if low is None else low, median if high is None else high)
 
 
@@ -419,10 +422,9 @@ def strategy_text(summary: ScalingSummary) -> str:
     setting = f"{summary.strategy}, {summary.shape}, {summary.precision}, {summary.scaling} scaling"
     if not summary.candidates:
         return f"{setting}: {summary.reason}" if summary.reason else setting
-    verdict = summary.candidates_how.rpartition(", ")[0]
     return (
-        f"{setting}, chosen by measuring ({verdict}; the candidates below); proposed from "
-        f"the hardware: {summary.proposed}"
+        f"{setting}, chosen by measuring ({summary.candidates_verdict}; the candidates "
+        f"below); proposed from the hardware: {summary.proposed}"
     )
 
 
@@ -435,8 +437,7 @@ def candidates_table(summary: ScalingSummary) -> list[str]:
     ```"""
     if len(summary.candidates) < 2:
         return []
-    how = summary.candidates_how.rpartition(", ")[2]
-    head = ("candidates", "examples/s", f"lowest-highest of {how}")
+    head = ("candidates", "examples/s", f"lowest-highest of {TIMED_IN}")
     rows = [
         (label, f"{median:,.0f}", f"{low:,.0f}-{high:,.0f}" + ("  chosen" if i == 0 else ""))
         for i, (label, median, low, high) in enumerate(summary.candidates)
@@ -470,7 +471,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, link: tuple[str, str]
         *[
             (
                 f"candidate: {label}",
-                f"{median:,.0f} examples/s ({low:,.0f}-{high:,.0f})"
+                Spread(median, low, high).text(" examples/s", 0)
                 + (" **chosen**" if i == 0 else ""),
             )
             for i, (label, median, low, high) in enumerate(summary.candidates)
@@ -540,16 +541,15 @@ def summarize_study(
     distributed model."""
     from tasks.train.evaluation import write_evaluation
 
+    subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"
     summary = compare_runs(
-        baseline, distributed, evaluation, diagnosis, scaling, target_accuracy, repeats
+        baseline, distributed, evaluation, diagnosis, scaling, target_accuracy, repeats, subject
     )
     choice = context["choice"]
-    subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"
     summary = dataclasses.replace(
         summary,
-        answer=answer_text(summary, subject),
         candidates=[list(c) for c in choice.get("measured", ())],
-        candidates_how=choice.get("measured_how", ""),
+        candidates_verdict=choice.get("measured_verdict", ""),
         proposed=choice.get("proposed", ""),
     )
     out_dir = Path(distributed.run_dir)

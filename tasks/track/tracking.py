@@ -30,7 +30,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,13 +256,18 @@ class Tracker:
         return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{query}"
 
     @property
-    def ui_base(self) -> str:
-        """Where a person opens this store: the server itself; else the `tfscale ui` serving
-        it now, at whatever port (`serving_ui`); else where `tfscale ui` serves by default
-        (`track.ui_url`)."""
+    def live_ui(self) -> str | None:
+        """The UI that shows this store now: the tracking server itself, or the `tfscale ui`
+        serving it, at whatever port (`serving_ui`); None when neither."""
         if self.uri.startswith(("http://", "https://")):
             return self.uri
-        return serving_ui(self.store_dir) or self.ui_url
+        return serving_ui(self.store_dir)
+
+    @property
+    def ui_base(self) -> str:
+        """Where a person opens this store: the UI showing it now (`live_ui`), else where
+        `tfscale ui` serves by default (`track.ui_url`)."""
+        return self.live_ui or self.ui_url
 
     def latest_study(self) -> str | None:
         """The id of the experiment's latest top-level run (a study's parent), or None."""
@@ -324,10 +329,14 @@ class Tracker:
             [RunTag(k, str(v)) for k, v in (tags or {}).items()],
         )
 
-    def log_result(self, run_id: str, result: Any, prefix: str = "") -> None:
+    def log_result(
+        self, run_id: str, result: Any, prefix: str = "", said: Collection[str] = ()
+    ) -> None:
         """Every field of a result dataclass, by its type (`fields_by_type`), numbers
-        rounded for the table."""
+        rounded for the table; a tag whose words are among `said` (the run's or its
+        parent's already) is not repeated."""
         metrics, params, tags = fields_by_type(result, prefix)
+        tags = {k: v for k, v in tags.items() if v not in said}
         self.log(run_id, {k: rounded(v) for k, v in metrics.items()}, params, tags)
 
     def log_history(self, run_id: str, history: list[dict[str, float]]) -> None:
@@ -478,15 +487,13 @@ class Tracker:
         self.finish(run_id, status="FAILED")
 
     def log_training(
-        self, run_id: str, result: Any, params: dict[str, Any], said: frozenset[str] = frozenset()
+        self, run_id: str, result: Any, params: dict[str, Any], said: Collection[str] = ()
     ) -> None:
         """A training's result in the run opened when it started: its fields, `params`, the
         epochs if they were not logged live (a cached result) and metrics.json. A tag whose
         words are among `said` (its parent's, as the study's `strategy_reason`) is not
         repeated."""
-        metrics, result_params, tags = fields_by_type(result)
-        tags = {k: v for k, v in tags.items() if v not in said}
-        self.log(run_id, {k: rounded(v) for k, v in metrics.items()}, result_params, tags)
+        self.log_result(run_id, result, said=said)
         self.log(run_id, params=params)
         if not self.client.get_metric_history(run_id, "loss"):
             self.log_history(run_id, result.history)
@@ -555,10 +562,8 @@ class Tracker:
         _, distributed_params, _ = fields_by_type(record.distributed)
         self.log_result(parent_id, record.summary)
         # the diagnosis's figures; its words are the summary's bottleneck tags already
-        metrics, params, tags = fields_by_type(record.diagnosis, "diagnosis_")
         shown = set(fields_by_type(record.summary)[2].values())
-        tags = {k: v for k, v in tags.items() if v not in shown}
-        self.log(parent_id, {k: rounded(v) for k, v in metrics.items()}, params, tags)
+        self.log_result(parent_id, record.diagnosis, "diagnosis_", said=shown)
         self.log(
             parent_id,
             metrics={k: rounded(v) for k, v in record.forecast.items()},
