@@ -12,7 +12,13 @@ from typing import Any, NoReturn
 
 from flows import commands
 from tasks.core.errors import UserError, system_error
-from tasks.core.process import exit_now, import_tensorflow, set_up_process
+from tasks.core.process import (
+    Stopped,
+    exit_now,
+    import_tensorflow,
+    set_up_process,
+    stop_on_signals,
+)
 from tasks.settings.config import DEFAULT_PARAMS, load_config
 
 # flag -> (dotted config key, type, help)
@@ -251,12 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         return _report(exc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        stopped = "stopped by signal" if isinstance(exc, Stopped) else "interrupted"
         print(
-            f"interrupted; {INTERRUPTED.get(args.command, 'nothing more was done')}",
+            f"{stopped}; {INTERRUPTED.get(args.command, 'nothing more was done')}",
             file=sys.stderr,
         )
-        return 130
+        return exc.exit_code if isinstance(exc, Stopped) else 130
     except Exception as exc:
         if args.debug:
             raise
@@ -269,7 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The `tfscale` command: `main`, then the exit without teardown (`exit_now`)."""
+    """The `tfscale` command: `main` (SIGTERM and SIGHUP stop it as Ctrl-C does, its
+    servers with it), then the exit without teardown (`exit_now`)."""
+    stop_on_signals()
     exit_now(main())
 
 
@@ -544,4 +553,5 @@ def _load(args: argparse.Namespace):
 
 
 if __name__ == "__main__":
+    stop_on_signals()
     sys.exit(main())

@@ -17,12 +17,16 @@ starts before this one pays Prefect's own import (1-2 s).
 
 from __future__ import annotations
 
+import _thread
+import ctypes
 import importlib.util
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,34 +34,108 @@ from pathlib import Path
 from flows.errors import ServerUnavailable
 from tasks.core.network import free_ports, wait_healthy
 
+START_TIMEOUT_S = 180.0  # a hang detector: Prefect's server starts in 6-20 s on 2 busy cores
+START_TIMEOUT_VARIABLE = "TFSCALE_SERVER_START_TIMEOUT_S"
+WITHOUT_SERVER = {"PREFECT_CLIENT_MAX_RETRIES": "0", "PREFECT_LOGGING_TO_API_ENABLED": "false"}
+START_TRIES = 3  # a port another process took between its pick and the server's bind
+
 
 class TemporaryAPI:
-    """The server process and its URL; `wait()` blocks until it answers."""
+    """The server process and its URL; `wait()` blocks until it answers. While the block
+    runs, a watchdog thread ends the run if the server dies (`died`)."""
 
-    def __init__(self, process: subprocess.Popen | None, url: str | None, log: Path | None):
-        self.process, self.url, self.log = process, url, log
+    def __init__(self, log: Path | None = None):
+        self.log = log
+        self.process: subprocess.Popen | None = None
+        self.url: str | None = None
+        self.died: int | None = None  # the exit code of a server that stopped mid-run
+        self.closing = threading.Event()
 
-    def wait(self, timeout_s: float = 120.0) -> None:
-        """Returns once `<url>/health` answers.
+    def start(self) -> None:
+        """The server on a free port, its URL PREFECT_API_URL for the whole process."""
+        (port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{port}/api"
+        with open(self.log, "wb") as log:
+            self.process = _start_server(port, log)
+        _point_prefect_at(self.url)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Returns once `<url>/health` answers (within `START_TIMEOUT_S`, or
+        `TFSCALE_SERVER_START_TIMEOUT_S` seconds: a slow, busy machine's start); a server
+        whose port was taken before it bound starts again on another.
 
         Raises:
             ServerUnavailable: the server exited or did not answer in time, with its log.
         """
         if self.process is None:
             return
-
-        alive = lambda: self.process.poll() is None  # noqa: E731
-        problem = wait_healthy(f"{self.url}/health", timeout_s, interval_s=0.1, alive=alive)
-        if problem is None:
-            return
+        if timeout_s is None:
+            timeout_s = float(os.environ.get(START_TIMEOUT_VARIABLE, START_TIMEOUT_S))
+        for attempt in range(1, START_TRIES + 1):
+            alive = lambda: self.process.poll() is None  # noqa: E731
+            problem = wait_healthy(f"{self.url}/health", timeout_s, interval_s=0.1, alive=alive)
+            if problem is None:
+                self._watch()
+                return
+            if not self.port_was_taken() or attempt == START_TRIES:
+                break
+            self.start()
         code = self.process.poll()
         state = f"exited with code {code}" if code is not None else problem
-        tail = self.log.read_text()[-2000:] if self.log and self.log.exists() else ""
         raise ServerUnavailable(
-            f"Prefect's temporary API server at {self.url} did not start ({state}).\n{tail}",
+            f"Prefect's temporary API server at {self.url} did not start ({state}).\n"
+            f"{self.log_tail()}",
             "start one with 'prefect server start' and set PREFECT_API_URL to it "
-            "(http://127.0.0.1:4200/api), then run again.",
+            "(http://127.0.0.1:4200/api), or give a slow machine longer with "
+            f"{START_TIMEOUT_VARIABLE}=SECONDS, then run again.",
         )
+
+    def log_tail(self) -> str:
+        if not self.log or not self.log.exists():
+            return ""
+        return self.log.read_text(errors="replace")[-2000:]
+
+    def port_was_taken(self) -> bool:
+        """The server exited because its port was taken meanwhile (another command's)."""
+        return self.process.poll() is not None and "address already in use" in self.log_tail()
+
+    def _watch(self) -> None:
+        """A daemon thread that, should the server die before the block ends, records its
+        exit code and interrupts the main thread as Ctrl-C would: the block
+        then ends with one clear error, where Prefect's clients would retry for minutes."""
+        process = self.process
+
+        def follow() -> None:
+            code = process.wait()
+            if not self.closing.is_set() and process is self.process:
+                self.died = code
+                # Prefect's clients would retry the dead server for a minute (its crash
+                # report too) and its log handler print each failure: neither, now
+                os.environ.update(WITHOUT_SERVER)
+                _point_prefect_at(self.url)
+                _thread.interrupt_main()  # KeyboardInterrupt in the main thread
+
+        threading.Thread(target=follow, daemon=True, name="prefect-api-watchdog").start()
+
+    def died_error(self) -> ServerUnavailable:
+        return ServerUnavailable(
+            f"Prefect's temporary API server at {self.url} stopped during the run (exit code "
+            f"{self.died}), so the run was ended: its flow could no longer report.\n"
+            f"{self.log_tail()}",
+            "run again (finished work is reused); if something on this machine stops it, "
+            "start a server of your own with 'prefect server start' and set PREFECT_API_URL "
+            "to it (http://127.0.0.1:4200/api)",
+        )
+
+    def stop(self) -> None:
+        self.closing.set()
+        if self.process is not None:
+            if self.died is None and self.process.poll() is None:
+                _drain_workers()
+            stop_group(self.process)
+        if self.died is not None:
+            for name in WITHOUT_SERVER:
+                os.environ.pop(name, None)
 
 
 def _start_server(port: int, log) -> subprocess.Popen:
@@ -88,7 +166,44 @@ def _start_server(port: int, log) -> subprocess.Popen:
         "--lifespan",
         "on",
     ]
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its group is stopped whole; a Ctrl-C reaches this process
+        preexec_fn=die_with_parent,
+    )
+
+
+def die_with_parent() -> None:
+    """In a child before it runs its command: the kernel sends it SIGTERM when the process
+    that started it dies, however it dies (SIGKILL included), so no server outlives the
+    command that owns it (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
+def stop_group(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Stops `process` and every process it started (its session's group): SIGTERM, then
+    SIGKILL after `timeout_s`."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, timeout_s)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # what the group's leader left behind (its workers) goes too
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _drain_workers() -> None:
@@ -142,27 +257,44 @@ def api_url() -> str:
 
 @contextmanager
 def temporary_api() -> Iterator[TemporaryAPI]:
-    """Starts the server unless PREFECT_API_URL names one; stops it when the block ends."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    """Starts the server unless PREFECT_API_URL names one; stops it when the block ends.
+
+    While the block runs, PREFECT_API_URL names it for the whole process (`_point_prefect_at`):
+    the flow, threads with no settings context of their own (a training's epoch watcher
+    logging to the run; Prefect's log and event workers) and child processes. Prefect's own
+    ephemeral server, which a thread with no URL would start and leave running, is never
+    reached. A stop (SIGTERM, SIGHUP, Ctrl-C) or an error stops the server and every process
+    it started; a server that dies first ends the block with `ServerUnavailable`."""
+    from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
-        yield TemporaryAPI(None, None, None)
+        yield TemporaryAPI()
         return
-    (port,) = free_ports(1)
-    url = f"http://127.0.0.1:{port}/api"
-    with tempfile.NamedTemporaryFile("w+b", prefix="tfscale-prefect-", suffix=".log") as log:
-        process = _start_server(port, log)
+    before = os.environ.get("PREFECT_API_URL")
+    with tempfile.TemporaryDirectory(prefix="tfscale-prefect-") as folder:
+        api = TemporaryAPI(Path(folder) / "server.log")
         try:
-            with temporary_settings(updates={PREFECT_API_URL: url}):
-                yield TemporaryAPI(process, url, Path(log.name))
+            api.start()
+            yield api
+        except BaseException:  # the watchdog's interrupt, or what Prefect made of it
+            if api.died is not None:
+                raise api.died_error() from None
+            raise
         finally:
-            _drain_workers()
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            api.stop()
+            _point_prefect_at(before)
+
+
+def _point_prefect_at(url: str | None) -> None:
+    """PREFECT_API_URL set to `url` (unset with None) in this process's environment and in
+    Prefect's global settings, which every context without settings of its own reads."""
+    from prefect.context import refresh_global_settings_context
+
+    if url is None:
+        os.environ.pop("PREFECT_API_URL", None)
+    else:
+        os.environ["PREFECT_API_URL"] = url
+    refresh_global_settings_context()
 
 
 SERVE_UNSET = (

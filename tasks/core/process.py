@@ -31,6 +31,10 @@ QUIET_ENVIRONMENT = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # TensorFlow's C++ notices (and cuInit on a GPU-less host)
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # database set-up, system-metric start and stop
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no network here for telemetry
+    # tfscale starts Prefect's server itself (flows.prefect_api); a flow called with no API
+    # (the tests' in-process flows) has Prefect start its own, given a slow, busy
+    # machine's start (Prefect waits 20 s, which 2 busy cores can exceed)
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
 }
 VERBOSE_ENVIRONMENT = {**QUIET_ENVIRONMENT, "TF_CPP_MIN_LOG_LEVEL": "0"}
 VERBOSE_VARIABLE = "TFSCALE_VERBOSE"  # worker processes and flow runs inherit the choice
@@ -62,6 +66,27 @@ def _quiet_console(record: logging.LogRecord) -> bool:
     if record.levelno >= logging.WARNING:
         return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
     return record.name.startswith(OWN_LOGGERS) or getattr(record, STATUS_MARK, False)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop by signal (SIGTERM, SIGHUP), raised in the main thread as Ctrl-C raises
+    KeyboardInterrupt: every `finally` runs on the way out, so a command's servers stop
+    with it. `exit_code` is the shell's for that signal (143 for SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise `Stopped` in the main thread (at a process entry)."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
 
 
 def verbose() -> bool:
