@@ -32,6 +32,12 @@ from tasks.settings.config import load_config  # noqa: E402
 
 set_up_process()  # the test session is a process entry too
 
+def pytest_report_header(config):
+    import pace
+
+    return f"pace: timeouts x{pace.current():.2f} ({pace.VARIABLE}, measured by tests/suite.py)"
+
+
 TIERS = ("unit", "integration", "cluster")
 # the modules that take longest in the parallel phase (measured on 2 cores, slowest first,
 # each 45 s or more), collected first: it hands out whole modules in collection order, and

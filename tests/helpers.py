@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pace
 import yaml
 
 from tasks.core.network import free_ports, wait_healthy
@@ -33,12 +34,26 @@ TINY = {
 }
 
 
+PACE = pace.current()  # how much slower than the reference machine (tests/suite.py)
+
+
+def scaled(seconds: float) -> float:
+    """A wait or subprocess limit on the reference machine, scaled to this one's pace: a
+    limit detects a hang, never a slow machine."""
+    return seconds * PACE
+
+
+def on_ci() -> bool:
+    """Whether this is CI (`CI` true, as CI services set it; `CI=false` is not)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def needs(missing: str | None, what: str) -> None:
     """Skips the calling test where `missing` says what this machine lacks; on CI (where
     nothing is skipped) fails it, naming `what` it needs."""
     import pytest
 
-    if missing and os.environ.get("CI"):
+    if missing and on_ci():
         pytest.fail(f"CI needs {what}: {missing}")
     if missing:
         pytest.skip(missing)
@@ -67,7 +82,9 @@ def tiny_params(tmp: Path, **extra) -> Path:
 
 
 def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
-    """Polls `<url>/health` until the server answers, for at most `timeout_s`."""
+    """Polls `<url>/health` until the server answers, for at most `timeout_s` (scaled to the
+    machine's pace)."""
+    timeout_s = scaled(timeout_s)
     problem = wait_healthy(f"{url}/health", timeout_s, interval_s=0.5)
     assert problem is None, f"{url}/health did not answer within {timeout_s:.0f} s: {problem}"
 
@@ -171,7 +188,7 @@ def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = T
         capture_output=True,
         text=True,
         env=dict(os.environ, **(env or {})),
-        timeout=600,
+        timeout=scaled(600),
     )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import scaled
+
 from tasks.distribute import netlab
 
 BIN = Path(sys.executable).parent
@@ -100,7 +102,7 @@ class PoolLab:
             ["ip", "netns", "pids", self.hosts.name(i)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
         ).stdout.split()
         for pid in pids:
             try:
@@ -114,15 +116,15 @@ class PoolLab:
         for proc in [*self.workers.values(), *([self.server] if self.server else [])]:
             proc.terminate()
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=scaled(30))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=10)
+                proc.wait(timeout=scaled(10))
 
 
 def wait_for_text(path: Path, text: str, timeout_s: float, count: int = 1) -> None:
     """Returns once `text` is in the file `count` times; fails with its tail."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if path.exists() and path.read_text(errors="replace").count(text) >= count:
             return

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import scaled
+
 from tasks.distribute import netlab
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -34,7 +36,7 @@ def install() -> str | None:
 
     def apt_get(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["apt-get", *args], env=env, capture_output=True, text=True, timeout=600
+            ["apt-get", *args], env=env, capture_output=True, text=True, timeout=scaled(600)
         )
 
     done = apt_get("install", "-y", "-q", *PACKAGES)
@@ -49,17 +51,24 @@ def install() -> str | None:
 @contextmanager
 def munge() -> Iterator[None]:
     """munged running (started here, and stopped on exit, when it was not)."""
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True, timeout=60).returncode == 0:
+    if (
+        subprocess.run(
+            ["pgrep", "-x", "munged"], capture_output=True, timeout=scaled(60)
+        ).returncode
+        == 0
+    ):
         yield
         return
     for path in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
         Path(path).mkdir(parents=True, exist_ok=True)
         shutil.chown(path, "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, timeout=60)
+    subprocess.run(
+        ["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, timeout=scaled(60)
+    )
     try:
         yield
     finally:
-        subprocess.run(["pkill", "-x", "munged"], capture_output=True, timeout=60)
+        subprocess.run(["pkill", "-x", "munged"], capture_output=True, timeout=scaled(60))
 
 
 class SlurmCluster:
@@ -132,7 +141,7 @@ class SlurmCluster:
             self.daemons.append(
                 subprocess.Popen(self.on(i, argv), env=self.env, stdout=log, stderr=log)
             )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while time.monotonic() < deadline:
             states = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
             if len(states) == self.nodes and set(states) == {"idle"}:
@@ -142,7 +151,9 @@ class SlurmCluster:
             f"the Slurm nodes did not come up: {(self.tmp / 'daemons.log').read_text()[-2000:]}"
         )
 
-    def run(self, *argv: str, check: bool = True, env: dict | None = None, timeout: float = 600):
+    def run(
+        self, *argv: str, check: bool = True, env: dict | None = None, timeout: float = scaled(600)
+    ):
         """A Slurm command (sbatch, scancel, scontrol, ...) from the controller's host."""
         done = subprocess.run(
             self.on(0, list(argv)),
@@ -163,7 +174,7 @@ class SlurmCluster:
     def wait(self, job: str, states: set[str], timeout_s: float = 300, restarts: int = 0) -> str:
         """The job's state once it is one of `states` in its run number `restarts` (a
         requeued job shows its last run's FAILED until the controller has requeued it)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         state = "?"
         while time.monotonic() < deadline:
             info = self.job(job)
@@ -178,12 +189,14 @@ class SlurmCluster:
             proc.terminate()
         for proc in self.daemons:
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=scaled(20))
             except subprocess.TimeoutExpired:
                 proc.kill()
         # the job steps' processes left on the nodes, if any
         subprocess.run(
-            ["pkill", "-f", f"slurmstepd.*{self.hosts.tag}"], capture_output=True, timeout=60
+            ["pkill", "-f", f"slurmstepd.*{self.hosts.tag}"],
+            capture_output=True,
+            timeout=scaled(60),
         )
 
 

@@ -5,6 +5,11 @@
 2. the `serial` tests (clusters of worker processes, Slurm, anything that measures
    speed), one at a time on a machine nothing else uses.
 
+First it measures the machine's pace (`tests/pace.py`: a fixed workload against the
+reference machine's time) and scales every timeout by it: the per-test timeout, the
+faulthandler's, and each wait and subprocess limit in the tests (`TFSCALE_TEST_PACE`, which
+a caller may set to skip the measurement). A timeout detects a hang, never a slow machine.
+
 Arguments are passed to both phases (`python tests/suite.py -k cache`). The exit code is
 the first phase's failure, else the second's; a phase that selects nothing (exit 5) is
 fine when the other ran tests, and the suite fails with 5 when neither did.
@@ -20,12 +25,25 @@ import subprocess
 import sys
 import time
 
+import pace
+
 NO_TESTS = 5
+TIMEOUT_S, FAULTHANDLER_S = 300, 280  # pyproject.toml's, on the reference machine
 PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 
 
-def phases(args: list[str]) -> list[tuple[str, list[str]]]:
+def timeouts(factor: float) -> list[str]:
+    """pytest's per-test timeout and faulthandler's, scaled by the machine's pace."""
+    return [
+        f"--timeout={round(TIMEOUT_S * factor)}",
+        "-o",
+        f"faulthandler_timeout={round(FAULTHANDLER_S * factor)}",
+    ]
+
+
+def phases(args: list[str], factor: float = 1.0) -> list[tuple[str, list[str]]]:
     workers = os.environ.get("TFSCALE_TEST_WORKERS", "2")
+    args = [*timeouts(factor), *args]
     return [
         # whole modules (their fixtures run once), handed out in collection order, which
         # puts the slowest first (conftest), not xdist's order by number of tests
@@ -41,9 +59,22 @@ def outcome(codes: list[int]) -> int:
     return next((code for code in codes if code not in (0, NO_TESTS)), 0)
 
 
+def measure_pace() -> float:
+    """The pace factor: `TFSCALE_TEST_PACE` if set, else measured here, now."""
+    if os.environ.get(pace.VARIABLE):
+        factor = pace.current()
+        print(f"== pace: x{factor:.2f} as {pace.VARIABLE} says", flush=True)
+    else:
+        seconds = pace.measure()
+        factor = pace.factor(seconds)
+        print(f"== {pace.describe(seconds)}", flush=True)
+    os.environ[pace.VARIABLE] = f"{factor:.3f}"  # the phases' tests read it (helpers.scaled)
+    return factor
+
+
 def main(args: list[str]) -> int:
     codes = []
-    for name, options in phases(args):
+    for name, options in phases(args, measure_pace()):
         started = time.monotonic()
         print(f"== tests, {name} phase: pytest {' '.join(options)}", flush=True)
         code = subprocess.call([sys.executable, "-m", "pytest", *options])

@@ -46,3 +46,29 @@ def test_the_suites_exit_code_is_its_first_failure(codes, exit_code):
     import suite
 
     assert suite.outcome(codes) == exit_code
+
+
+def test_timeouts_scale_with_the_pace_measured_never_below_the_reference():
+    import pace
+    import suite
+
+    (_, parallel), (_, serial) = suite.phases([], factor=2.5)
+    for options in (parallel, serial):
+        assert "--timeout=750" in options and "faulthandler_timeout=700" in options
+    reference = pace.reference()["seconds"]
+    assert pace.factor(reference * 2.5) == pytest.approx(2.5)
+    assert pace.factor(reference / 2) == 1.0  # a faster machine keeps the timeouts
+
+
+def test_ci_is_read_as_a_boolean(monkeypatch):
+    from helpers import needs, on_ci
+
+    for value, ci in (("true", True), ("1", True), ("false", False), ("0", False), ("", False)):
+        monkeypatch.setenv("CI", value)
+        assert on_ci() is ci, value
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        needs("no namespaces here", "network namespaces")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI needs network namespaces"):
+        needs("no namespaces here", "network namespaces")

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import tensorflow as tf
+from helpers import scaled
 
 from tasks.core import internals
 
@@ -49,7 +50,7 @@ def test_exit_handlers_run_now_and_once():
         "os._exit(0)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=scaled(120)
     )
     assert (proc.returncode, proc.stdout) == (0, "ran\n")
 
@@ -84,7 +85,7 @@ def test_the_cluster_barrier_refuses_at_once_where_no_cluster_coordinates():
     whose tasks exit 0: `tasks.core.process.wait_for_peers_at_exit`); elsewhere it must not
     wait out its timeout."""
     with pytest.raises(tf.errors.FailedPreconditionError, match="not enabled"):
-        internals.wait_for_cluster_tasks("a-barrier", timeout_s=600)
+        internals.wait_for_cluster_tasks("a-barrier", timeout_s=scaled(600))
 
 
 def test_only_a_successful_exit_of_a_cluster_task_waits_for_its_peers(monkeypatch):

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from helpers import BIN, DEFAULTS, ROOT, needs
+from helpers import BIN, DEFAULTS, ROOT, needs, scaled
 
 from tasks.core.network import free_ports
 from tasks.distribute import netlab
@@ -102,7 +102,7 @@ class Cluster:
     def output(self, task: tuple[str, int]) -> str:
         return self.log(task).read_text(errors="replace")
 
-    def wait(self, task: tuple[str, int], timeout: float = 240) -> int:
+    def wait(self, task: tuple[str, int], timeout: float = scaled(240)) -> int:
         return self.procs[task].wait(timeout=timeout)
 
     def signal(self, task: tuple[str, int], sig: int) -> None:
@@ -116,7 +116,7 @@ class Cluster:
         return path
 
     def wait_for_epochs(self, n: int, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             done = list((self.tmp / "runs").glob("digits/*/history.json"))
             if done and len(json.loads(done[0].read_text() or "[]")) >= n:
@@ -134,7 +134,7 @@ class Cluster:
                 for child in psutil.Process(proc.pid).children(recursive=True):
                     child.kill()
                 proc.kill()
-                proc.wait(timeout=60)
+                proc.wait(timeout=scaled(60))
 
 
 @pytest.fixture
@@ -210,7 +210,7 @@ def test_preemption_a_killed_worker_and_a_cut_link_each_rerun_resumes_where_it_s
     history = json.loads((job.run_dir() / "history.json").read_text())
     sent = time.monotonic()
     job.signal(("worker", 1), signal.SIGTERM)
-    codes = [job.wait(("worker", i), timeout=120) for i in range(2)]
+    codes = [job.wait(("worker", i), timeout=scaled(120)) for i in range(2)]
     stopped_s = time.monotonic() - sent
     assert codes == [42, 42], job.chief_log()
     (line,) = [x for x in job.output(("worker", 0)).splitlines() if x.startswith("preempted")]
@@ -224,7 +224,7 @@ def test_preemption_a_killed_worker_and_a_cut_link_each_rerun_resumes_where_it_s
     assert f"from step {saved} " in line, line  # the step the preemption saved
     killed = time.monotonic()
     job.signal(("worker", 1), signal.SIGKILL)
-    assert job.wait(("worker", 0), timeout=120) == 3, job.chief_log()
+    assert job.wait(("worker", 0), timeout=scaled(120)) == 3, job.chief_log()
     failed_s = time.monotonic() - killed
     output = job.output(("worker", 0))[logged:]
     assert f"task worker:1 ({job.spec['worker'][1]})" in output, output[-2000:]
@@ -259,7 +259,7 @@ def cut_link_mid_run(job: Cluster, host: int) -> float:
     cut = time.monotonic()
     job.hosts.cut(host)
     try:
-        codes = [job.wait(("worker", i), timeout=120) for i in range(2)]
+        codes = [job.wait(("worker", i), timeout=scaled(120)) for i in range(2)]
         failed_s = time.monotonic() - cut
     finally:
         job.hosts.restore(host)
@@ -293,22 +293,22 @@ def test_parameter_server_absorbs_a_lost_worker_and_a_lost_ps_fails_the_chief(cl
     job.wait_for_epochs(lost_at + 2)  # absorbed: the epochs go on without worker 1
     killed = time.monotonic()
     job.signal(("ps", 0), signal.SIGKILL)
-    code = job.wait(("chief", 0), timeout=120)
+    code = job.wait(("chief", 0), timeout=scaled(120))
     failed_s = time.monotonic() - killed
     output = job.output(("chief", 0))
     assert code == 3 and f"task ps:0 ({job.spec['ps'][0]})" in output, output[-2000:]
-    assert job.wait(("worker", 0), timeout=60) == 0  # the chief is gone: it stops serving
+    assert job.wait(("worker", 0), timeout=scaled(60)) == 0  # the chief is gone: it stops serving
     done = len(json.loads((job.run_dir() / "history.json").read_text()))
     servers = (("worker", 0), ("worker", 1), ("ps", 0))
     logged = {task: len(job.output(task)) for task in servers}  # the rerun's lines follow
     job.start()
-    assert job.wait(("chief", 0), timeout=300) == 0, job.chief_log()
+    assert job.wait(("chief", 0), timeout=scaled(300)) == 0, job.chief_log()
     metrics = json.loads((job.run_dir() / "metrics.json").read_text())
     assert_resumed(metrics, done)
     # the rerun as a parameter-server cluster over four hosts runs: the chief alone runs
     # the loop; the ps and the workers serve until it is done, then exit 0
     for task in servers:
-        assert job.wait(task, timeout=120) == 0, job.output(task)
+        assert job.wait(task, timeout=scaled(120)) == 0, job.output(task)
         rerun = job.output(task)[logged[task] :]
         assert "the chief" in rerun and "is done" in rerun, rerun
     assert metrics["strategy"] == "parameter_server" and metrics["workers"] == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import slurmlab
-from helpers import ROOT, needs
+from helpers import ROOT, needs, scaled
 
 from tasks.distribute import netlab
 
@@ -90,7 +90,7 @@ def test_scancel_signal_term_checkpoints_at_the_step_and_requeue_resumes_there(
     slurm, digits, tmp_path
 ):
     job = submit(slurm, digits, tmp_path, "--epochs", str(EPOCHS), "--no-diagnose")
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + scaled(180)
     while time.monotonic() < deadline:  # a few epochs in
         found = list((tmp_path / "runs").glob("digits/*/history.json"))
         if found and len(json.loads(found[0].read_text() or "[]")) >= 3:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import BIN, ROOT, free_port, run_main, tiny_params
+from helpers import BIN, ROOT, free_port, run_main, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def edit_manifest(project: Path) -> None:
 
 def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
     """SIGKILL to worker 1 of a local multi-worker job once it has started training."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline and proc.poll() is None:
         for pid in _worker_pids():
             try:
@@ -501,7 +501,7 @@ def run_case(case: Case, prepared: Path, base: Path, environ: dict[str, str]) ->
         }
     finally:
         if mounted:
-            subprocess.run(["umount", "-l", str(mounted)], check=False, timeout=60)
+            subprocess.run(["umount", "-l", str(mounted)], check=False, timeout=scaled(60))
 
 
 def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
@@ -516,7 +516,7 @@ def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, 
     if case.during:
         case.during(proc, project)
     try:
-        out, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=scaled(240))
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
@@ -540,7 +540,9 @@ def _mount(kind: str, project: Path) -> Path | None:
     target.mkdir(parents=True, exist_ok=True)
     options = "ro,size=64k" if kind == "ro" else "size=256k"
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], check=True, timeout=60
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+        check=True,
+        timeout=scaled(60),
     )
     return target
 

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, tiny_params
+from helpers import ROOT, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def tfscale_run(clone: Path, params: Path) -> str:
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(clone), TF_CPP_MIN_LOG_LEVEL="2"),
-        timeout=600,
+        timeout=scaled(600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
@@ -57,7 +57,7 @@ def git_status(clone: Path) -> str:
         capture_output=True,
         text=True,
         check=True,
-        timeout=60,
+        timeout=scaled(60),
     ).stdout
 
 
@@ -65,7 +65,7 @@ def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
     """Also: the outputs of `tfscale run` where it puts them by default (data/, runs/,
     mlflow/ in the working directory) are ignored by git: a run leaves git status clean."""
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=60)
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=scaled(60))
     where = {"prepare.data_dir": "data/tfrecords", "train.runs_dir": "runs"}
     params = tiny_params(tmp_path, **{"train.epochs": 1, "track.store_dir": "mlflow", **where})
     runs = clone / "runs" / "digits"
@@ -101,7 +101,7 @@ def test_a_second_uv_run_pays_nothing_the_install_paid_once(tmp_path):
     uv = os.environ.get("UV") or shutil.which("uv")
     assert uv, "uv is not on PATH: install it as the README says (python3 -m pip install uv)"
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=scaled(120))
     env = {
         k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
     }
@@ -113,7 +113,7 @@ def test_a_second_uv_run_pays_nothing_the_install_paid_once(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=scaled(600),
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs.append(proc)

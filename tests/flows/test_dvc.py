@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, tiny_params
+from helpers import ROOT, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ STAGES = ("prepare", "baseline", "train", "evaluate", "sweep")
 
 def git(*args: str, cwd: Path) -> str:
     proc = subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=60
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=scaled(60)
     )
     return proc.stdout
 
@@ -54,7 +54,12 @@ class Repo:
 
     def run(self, *args: str) -> str:
         proc = subprocess.run(
-            list(args), cwd=self.path, env=self.env, capture_output=True, text=True, timeout=900
+            list(args),
+            cwd=self.path,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=scaled(900),
         )
         assert proc.returncode == 0, f"{args}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout + proc.stderr

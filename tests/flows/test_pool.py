@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import BIN, needs, tiny_params
+from helpers import BIN, needs, scaled, tiny_params
 from poollab import GRID, pool_lab, wait_for_text
 
 from tasks.distribute import netlab
@@ -50,7 +50,7 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
     refused = tmp_path / "refused"
     refused.mkdir()
     with pool_lab(0, tmp_path, spare=3) as lab:
-        code = sweep_on(lab, refused).wait(timeout=600)
+        code = sweep_on(lab, refused).wait(timeout=scaled(600))
         assert_refused(code, refused)
         lab.start_worker(1)
         lab.start_worker(2)
@@ -58,7 +58,7 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
         wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
         lab.kill_host(2)
         lab.start_worker(3)
-        code = sweep.wait(timeout=900)
+        code = sweep.wait(timeout=scaled(900))
         out = (tmp_path / "sweep.log").read_text(errors="replace")
         assert code == 0, out[-5000:]
         addresses = {lab.hosts.address(1), lab.hosts.address(3)}

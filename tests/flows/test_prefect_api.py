@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import requests
+from helpers import scaled
 
 from flows import prefect_api
 from flows.errors import ServerUnavailable
@@ -20,7 +21,7 @@ def test_temporary_api_answers_points_prefect_at_itself_and_stops():
     assert PREFECT_API_URL.value() is None
     with prefect_api.temporary_api() as api:
         api.wait()
-        assert requests.get(f"{api.url}/health", timeout=5).ok
+        assert requests.get(f"{api.url}/health", timeout=scaled(5)).ok
         assert PREFECT_API_URL.value() == api.url
     assert api.process.poll() is not None  # stopped with the block
     assert PREFECT_API_URL.value() is None
@@ -34,7 +35,7 @@ def test_a_server_that_exits_is_reported_with_its_log_and_the_fix(monkeypatch):
     monkeypatch.setattr(prefect_api, "_start_server", dies)
     with pytest.raises(ServerUnavailable) as error:
         with prefect_api.temporary_api() as api:
-            api.wait(timeout_s=30)
+            api.wait(timeout_s=scaled(30))
     message = str(error.value)
     assert "exited with code 3" in message
     assert "address already in use" in message

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from helpers import free_port, tiny_params, wait_until_healthy
+from helpers import free_port, scaled, tiny_params, wait_until_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ def prefect_server(tmp_path_factory) -> Iterator[dict]:
         yield {"url": url, "env": dict(env, PREFECT_API_URL=url), "log": home / "server.log"}
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=scaled(30))
         log.close()
     server_log = (home / "server.log").read_text(errors="replace")
     assert "bulk DML" not in server_log, "the scheduler service failed"
@@ -83,13 +83,13 @@ def serving(server: dict, params: Path, cwd: Path, *flags: str):
         yield proc
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        proc.wait(timeout=scaled(60))
         log.close()
 
 
 def wait_for(what: str, probe, timeout_s: float, every_s: float = 1.0):
     """Polls `probe()` until it returns something truthy; fails naming `what`."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         found = probe()
         if found:
@@ -257,7 +257,7 @@ def test_prefects_own_cli_and_deploy_work_against_the_projects_server(prefect_se
             env=env,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=scaled(180),
         )
         assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
@@ -271,7 +271,7 @@ def test_prefects_own_cli_and_deploy_work_against_the_projects_server(prefect_se
         "print(f.deploy(name='by-api', work_pool_name='cli-pool', print_next_steps=False))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=scaled(180)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     listed = prefect("deployment", "ls")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import free_port, run_main, tiny_params
+from helpers import free_port, run_main, scaled, tiny_params
 
 from tasks.settings.config import load_config
 
@@ -52,7 +52,7 @@ class UI:
         """The first line that starts with `start`, once printed."""
         import time
 
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         while time.monotonic() < deadline:
             found = [line for line in self.lines if line.startswith(start)]
             if found:
@@ -63,8 +63,8 @@ class UI:
 
     def stop(self) -> str:
         os.killpg(self.process.pid, signal.SIGTERM)
-        self.process.wait(timeout=30)
-        self._reader.join(timeout=10)
+        self.process.wait(timeout=scaled(30))
+        self._reader.join(timeout=scaled(10))
         return "\n".join(self.lines)
 
 
@@ -101,7 +101,7 @@ def flow_run(tmp_path_factory):
         shutil.rmtree(baseline_metrics.parent)
         # printed once it answers (test_every_link_a_run_wrote_...)
         ready = ui.printed("results: ")
-        answered = requests.get(f"{ui.base}/health", timeout=10).status_code
+        answered = requests.get(f"{ui.base}/health", timeout=scaled(10)).status_code
         states.append(scaling_study(config, return_state=True))
         yield {
             "tmp": tmp,
@@ -328,7 +328,7 @@ def test_experiment_opens_on_the_result_columns(flow_run):
     # this experiment's table before MLflow's script reads its state (no key in the address)
     from tasks.track.ui import TABLE_KEY
 
-    head = requests.get(f"{flow_run['ui'].base}/", timeout=10).text.split("</head>")[0]
+    head = requests.get(f"{flow_run['ui'].base}/", timeout=scaled(10)).text.split("</head>")[0]
     script = head.split("<script>", 1)[1].split("</script>", 1)[0]
     stored = json.loads(script.split("})(", 1)[1].rsplit(");", 1)[0])
     table = json.loads(stored[TABLE_KEY.format(experiment.experiment_id)])
@@ -393,13 +393,13 @@ def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
                     {"epoch": epoch, "loss": 1.0, "accuracy": 0.5, "examples_per_s": 100.0}
                 )
                 (tmp_path / "history.json").write_text(json.dumps(history))
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + scaled(10)
                 while watch.seen < epoch and time.monotonic() < deadline:
                     time.sleep(0.02)  # seen by the thread, not by the exit's last look
         return str(FlowRunContext.get().flow_run.id)
 
     flow_run_id = training()
-    deadline = time.monotonic() + 30  # logs reach the server in batches
+    deadline = time.monotonic() + scaled(30)  # logs reach the server in batches
     with get_client(sync_client=True) as client:
         while True:
             logs = client.read_logs(
@@ -514,7 +514,7 @@ def test_every_link_a_run_wrote_opens_on_the_ui_at_its_port(flow_run):
     assert all(link.startswith("/#/") for link in links["description"]), links
     assert all(link.startswith(f"{base}/#/") for link in links["artifact"]), links
     assert all(link.startswith(f"{base}/#/") for link in links["tfscale ui"]), links
-    page = requests.get(f"{base}/", timeout=10)
+    page = requests.get(f"{base}/", timeout=scaled(10))
     assert page.status_code == 200 and "static/js/main." in page.text
     ids = {r.info.run_id for r in parents}
     followed = 0
@@ -527,12 +527,14 @@ def test_every_link_a_run_wrote_opens_on_the_ui_at_its_port(flow_run):
             got = requests.get(
                 f"{base}/ajax-api/2.0/mlflow/experiments/get",
                 params={"experiment_id": match[1]},
-                timeout=10,
+                timeout=scaled(10),
             )
             assert got.status_code == 200, (where, url)
             if match[2]:
                 run = requests.get(
-                    f"{base}/ajax-api/2.0/mlflow/runs/get", params={"run_id": match[2]}, timeout=10
+                    f"{base}/ajax-api/2.0/mlflow/runs/get",
+                    params={"run_id": match[2]},
+                    timeout=scaled(10),
                 )
                 assert run.status_code == 200 and match[2] in ids, (where, url)
             else:  # the results table: its saved view is the experiment's

@@ -4,6 +4,7 @@ configuration alike, and a ratio taken round by round cancels it."""
 from __future__ import annotations
 
 import pytest
+from helpers import scaled
 
 from tasks.measure.rounds import (
     BLOCK_SECONDS,
@@ -169,7 +170,7 @@ def test_a_busy_process_beside_a_measurement_is_seen():
         with LoadWatch() as watch:
             time.sleep(1.5)  # this process idles: the busy core is another's
     finally:
-        busy.wait(timeout=60)
+        busy.wait(timeout=scaled(60))
     seen = watch.result
     assert seen.known and seen.other_cores > 0.5, seen
     assert seen.material and "other processes kept" in seen.text()

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from helpers import scaled
 
 from tasks.report.forecast import fit_cost_model
 from tasks.report.scaling_grid import Cell, plan_cells, tabulate
@@ -249,7 +250,7 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
     )
     rows = sweep_flow(config)
     names = subprocess.run(
-        ["ip", "netns", "list"], capture_output=True, text=True, timeout=60
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=scaled(60)
     ).stdout
     assert f"tfs{os.getpid() % 100000}n" not in names  # every emulated host deleted
     by_link = {r.link_gbit: r for r in rows}

@@ -8,7 +8,7 @@ import os
 import time
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, scaled
 
 from tasks.core.fields import PARAM, fields_by_type
 from tasks.core.files import write_json_atomic
@@ -88,7 +88,7 @@ def test_figures_are_rounded_to_four_significant_digits():
 def test_system_metrics_are_logged_rounded(tmp_path):
     tracker = Tracker(tmp_path / "store", experiment="probe")
     run = tracker.start_run("run", {}, system_metrics=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while not tracker.client.get_run(run).data.metrics and time.monotonic() < deadline:
         time.sleep(0.5)
     tracker.finish(run)
@@ -185,7 +185,7 @@ def test_a_terminal_shows_a_progress_bar_per_training(tmp_path):
         if not chunk:
             break
         out += chunk
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=scaled(30)) == 0
     text = out.decode(errors="replace")
     assert "baseline" in text and "0/3" in text and "3/3" in text
     assert "acc 0.7500" in text

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import scaled
 
 from tasks.core.errors import UsageError
 from tasks.distribute.hardware import HardwareReport
@@ -255,18 +256,18 @@ def test_a_killed_pipeline_resumes_from_its_checkpoint_on_its_stages(digits, tmp
     argv += ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = tmp_path / "runs" / "digits"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline and proc.poll() is None:
         done = list(runs.glob("pipeline-*/history.json"))
         if done and len(json.loads(done[0].read_text() or "[]")) >= 3:
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    proc.wait(timeout=scaled(60))
     (path,) = runs.glob("pipeline-*/history.json")
     finished = len(json.loads(path.read_text()))
     assert 3 <= finished < 15 and not (path.parent / "metrics.json").exists()  # mid-run
-    subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    subprocess.run(argv, check=True, capture_output=True, timeout=scaled(600))
     metrics = json.loads((path.parent / "metrics.json").read_text())
     assert metrics["resumed_from_epoch"] >= finished - 1 and metrics["stages"] == 2
     assert [h["epoch"] for h in metrics["history"]] == list(range(1, 16))
@@ -297,7 +298,9 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     argv += ["--device-memory-mb", budget_mb]
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store}/mlflow.db")
     store.mkdir()
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=scaled(600)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     line = "strategy    pipeline, 2 stages x 4 micro-batches, float32, XLA off (over memory)"

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from helpers import ROOT
+from helpers import ROOT, scaled
 
 from tasks.distribute.hardware import detect_hardware
 from tasks.distribute.launch import WorkerError
@@ -281,7 +281,7 @@ def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
     thread.start()
     victim = wait_for_worker(1, tmp_path)
     victim.kill()
-    thread.join(timeout=120)  # the job's own limit on a lost worker is far shorter
+    thread.join(timeout=scaled(120))  # the job's own limit on a lost worker is far shorter
     assert not thread.is_alive(), "the job hung after a worker died"
     assert "worker 1 exited with code -9" in outcome["error"]
     assert not [
@@ -293,7 +293,7 @@ def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
 
 def wait_for_worker(index: int, tmp_path: Path) -> psutil.Process:
     """The worker process with this index, once it has finished an epoch."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline:
         if list((tmp_path / "runs").glob("*/*/history.json")):
             for proc in psutil.Process().children(recursive=True):
@@ -337,7 +337,7 @@ def run_cli(args: list[str]) -> str:
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -382,7 +382,7 @@ def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        timeout=600,
+        timeout=scaled(600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -428,7 +428,9 @@ def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
 
     def other() -> str:
         argv = [sys.executable, "-c", script, str(run_dir)]
-        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
+        return subprocess.run(
+            argv, capture_output=True, text=True, check=True, timeout=scaled(600)
+        ).stdout
 
     with hold(run_dir), hold(run_dir):  # this process may take it again (train, then measure)
         refused = other()
