@@ -113,6 +113,7 @@ class TemporaryAPI:
                 # report too) and its log handler print each failure: neither, now
                 os.environ.update(WITHOUT_SERVER)
                 _point_prefect_at(self.url)
+                _quiet_about_the_server()
                 _thread.interrupt_main()  # KeyboardInterrupt in the main thread
 
         threading.Thread(target=follow, daemon=True, name="prefect-api-watchdog").start()
@@ -204,6 +205,15 @@ def stop_group(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _quiet_about_the_server() -> None:
+    """Prefect's log and event workers, their server gone, would print each batch they
+    cannot send (the log worker's line with no newline, so that the run's own error line
+    joined it): the run says once what happened (`TemporaryAPI.died_error`)."""
+    logging.raiseExceptions = False  # the log worker prints its failures only while true
+    for name in ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _drain_workers() -> None:

@@ -32,6 +32,7 @@ from tasks.settings.config import load_config  # noqa: E402
 
 set_up_process()  # the test session is a process entry too
 
+
 def pytest_report_header(config):
     import pace
 
