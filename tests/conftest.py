@@ -93,6 +93,41 @@ def pytest_runtest_logreport(report):
         sys.stderr.flush()
 
 
+# what a `unit` test may not do: start a process, train a model, time real steps in rounds
+# (`pytest -m unit` is the in-process tier to run while working; those are `integration`)
+NOT_IN_UNIT = (
+    ("tasks.train.training", "train_model", "trains a model"),
+    ("tasks.measure.probes", "measure_rounds", "times real steps in rounds"),
+)
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_stay_in_process(request, monkeypatch):
+    """A `unit` test that starts a process, trains a model or times steps in rounds fails,
+    naming what it did: mark it `integration` (or `cluster`)."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import sys
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            raise AssertionError(
+                f"a unit test {what}: mark {request.node.name} integration (tests/conftest.py)"
+            )
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("starts a process"))
+    for module_name, name, what in NOT_IN_UNIT:
+        if module_name not in sys.modules:
+            __import__(module_name)
+        original = getattr(sys.modules[module_name], name)
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith(("tasks.", "flows.")):
+                if getattr(module, name, None) is original:
+                    monkeypatch.setattr(module, name, refuse(what))
+
+
 HOME_SKIPPED = {".claude", ".pyenv", ".rustup", ".cargo", ".m2", ".npm", ".cache"}
 OUTPUTS = ("mlflow", "runs", "data", "models", "sweep")  # the repository's ignored outputs
 

@@ -609,9 +609,6 @@ def test_every_kind_of_user_error_has_a_row(outcomes):
     assert len(defined) > 10, defined
     missing = defined - set(RAISED.values()) - set(CHECKED_ELSEWHERE)
     assert not missing, f"no row is reported as {sorted(missing)}"
-    assert {c.code for c in CASES} == {1, 2}
-    processes = {c.code for c in CASES if c.process and not c.during}
-    assert processes == {1, 2}, "one row per exit code through the installed command"
 
 
 @pytest.mark.unit

@@ -260,20 +260,19 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     # the time to target, or who did not reach it and the best they reached
     to_target = parent.data.tags["to_target"]
     assert to_target.startswith("time to 96% held-out accuracy: "), to_target
-    reached = "time_to_target_speedup" in metrics
-    assert ("examples to it against" in to_target) == reached, to_target
-    assert ("did not reach it (best 0." in to_target) == (not reached), to_target
+    # two epochs of the tiny MLP stay below 96% (they reach 0.89-0.93): no time-to-target
+    # speedup is claimed, and the sentence says who missed and the best reached
+    assert "time_to_target_speedup" not in metrics, to_target
+    assert "did not reach it (best 0." in to_target, to_target
     assert len(repr(metrics["speedup"])) <= 6  # 1.318, not 1.3180673662313493
     assert parent.data.params["replicas"] == "2" and parent.data.params["strategy"] == "mirrored"
     assert any(k.startswith("system/") for k in metrics)
-    assert parent.data.tags["bottleneck"] in (
-        "input-bound",
-        "compute-bound",
-        "communication-bound",
-        "overhead-bound",
-        "undetermined",
+    # the class and the speedup's range the study's summary gave (its rounds, its diagnosis)
+    summary = flow_run["summaries"][0]
+    assert parent.data.tags["bottleneck"] == summary.bottleneck
+    assert (metrics["speedup_low"], metrics["speedup_high"]) == pytest.approx(
+        (summary.speedup_low, summary.speedup_high), rel=2e-3
     )
-    assert metrics["speedup_low"] <= metrics["speedup"] <= metrics["speedup_high"]
     for key in ("input", "compute", "end_to_end"):
         assert metrics[f"diagnosis_{key}_examples_per_s"] > 0
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
@@ -292,7 +291,8 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     # and each link's speedup at 64 devices, on the parent beside the speedup
     assert metrics["forecast_gradient_bytes"] > 0 and metrics["forecast_latency_s"] >= 0
     assert "forecast_comm_fit_error" in metrics and "forecast_epoch_overhead_s" in metrics
-    assert 0 < metrics["forecast_speedup_64w_ethernet_10g"] <= 64
+    at_64 = metrics["forecast_speedup_64w_ethernet_10g"]
+    assert f" / {at_64:.1f}x on ethernet-10g" in summary.forecast, (at_64, summary.forecast)
     models = client.search_logged_models([experiment.experiment_id])
     (model,) = [m for m in models if m.source_run_id == parent.info.run_id]
     versions = client.search_model_versions("name = 'tfscale-digits-mlp'")
@@ -517,7 +517,7 @@ def test_every_link_a_run_wrote_opens_on_the_ui_at_its_port(flow_run):
     page = requests.get(f"{base}/", timeout=scaled(10))
     assert page.status_code == 200 and "static/js/main." in page.text
     ids = {r.info.run_id for r in parents}
-    followed = 0
+    assert len(links["tfscale ui"]) == 2  # the results table and the latest run
     for where, found in links.items():
         for link in found:
             url = urljoin(f"{base}/", link)
@@ -541,8 +541,6 @@ def test_every_link_a_run_wrote_opens_on_the_ui_at_its_port(flow_run):
                 key = parse_qs(query)["viewStateShareKey"][0]
                 tags = {t["key"] for t in got.json()["experiment"]["tags"]}
                 assert f"mlflow.sharedViewState.{key}" in tags, (where, url)
-            followed += 1
-    assert followed >= 4
     assert (
         f"[this run]({base}/#/experiments/{experiment.experiment_id}/runs/{third.info.run_id}"
         in (artifact)

@@ -212,3 +212,102 @@ def test_every_text_of_the_speedup_chart_lies_inside_the_saved_png(tmp_path):
     pyplot().close(fig)
     saved = matplotlib.image.imread(plot_speedup(summary, base, dist, tmp_path / "s.png"))
     assert saved.shape[:2] == (400, 1100)  # the figure checked, at 100 dpi
+
+
+def _answer(speedup, time=None, seeds=1, to_target="time to 96%: the baseline missed it"):
+    """`answer_text` of a summary whose examples/s speedup is `speedup` (median, low, high)
+    and time-to-target speedup `time` (the same, or None where there is none)."""
+    from tasks.report.summary import ScalingSummary, answer_text
+
+    median, low, high = speedup
+    t_median, t_low, t_high = time or (None, None, None)
+    summary = ScalingSummary(
+        strategy="mirrored",
+        replicas=2,
+        precision="float32",
+        scaling="weak",
+        baseline_examples_per_s=1000.0,
+        distributed_examples_per_s=1000.0 * median,
+        speedup=median,
+        scaling_efficiency=median / 2,
+        target_accuracy=0.96,
+        examples_to_target_baseline=None,
+        examples_to_target_distributed=None,
+        time_to_target_s_baseline=None,
+        time_to_target_s_distributed=None,
+        test_accuracy=0.96,
+        test_loss=0.1,
+        reason="test",
+        speedup_low=low,
+        speedup_high=high,
+        time_to_target_speedup=t_median,
+        time_to_target_speedup_low=t_low,
+        time_to_target_speedup_high=t_high,
+        to_target=to_target,
+        seeds=seeds,
+    )
+    return answer_text(summary, "cnn on digits")
+
+
+HEAD = "2 replicas (mirrored, float32; cnn on digits) ran"
+
+
+@pytest.mark.parametrize(
+    ("speedup", "time", "seeds", "says"),
+    [
+        # examples/s below 1, no time to the target: use one device, and why not compared
+        (
+            (0.8, 0.75, 0.85),
+            None,
+            1,
+            f"{HEAD} 0.80x (0.75-0.85) as fast as one device in examples/s: use one device; "
+            "to 96% held-out accuracy, not compared: the baseline missed it",
+        ),
+        # examples/s interval holding 1, no time to the target
+        (
+            (1.01, 0.95, 1.08),
+            None,
+            1,
+            f"{HEAD} 1.01x (0.95-1.08) as fast as one device in examples/s: either: its "
+            "interval holds 1; to 96% held-out accuracy, not compared: the baseline missed it",
+        ),
+        # slower in examples/s but sooner to the target: "but", and the target decides
+        (
+            (0.9, 0.85, 0.95),
+            (1.2, 1.1, 1.3),
+            1,
+            f"{HEAD} 0.90x (0.85-0.95) as fast as one device in examples/s but reached 96% "
+            "held-out accuracy 1.20x (1.10-1.30) as fast: use 2 replicas, they finish sooner "
+            "(one seed; --seeds 5 to be sure)",
+        ),
+        # faster in both: "and"; over several seeds, their count
+        (
+            (1.5, 1.4, 1.6),
+            (1.3, 1.2, 1.4),
+            5,
+            f"{HEAD} 1.50x (1.40-1.60) as fast as one device in examples/s and reached 96% "
+            "held-out accuracy 1.30x (1.20-1.40) as fast: use 2 replicas, they finish sooner "
+            "(5 seeds)",
+        ),
+        # faster in examples/s, the time's interval holding 1
+        (
+            (1.5, 1.4, 1.6),
+            (1.0, 0.9, 1.1),
+            3,
+            f"{HEAD} 1.50x (1.40-1.60) as fast as one device in examples/s and reached 96% "
+            "held-out accuracy 1.00x (0.90-1.10) as fast: 2 replicas for examples/s; neither "
+            "surely finishes sooner, its interval holds 1 (3 seeds)",
+        ),
+        # both intervals holding 1
+        (
+            (1.0, 0.9, 1.1),
+            (1.0, 0.9, 1.1),
+            1,
+            f"{HEAD} 1.00x (0.90-1.10) as fast as one device in examples/s and reached 96% "
+            "held-out accuracy 1.00x (0.90-1.10) as fast: neither surely finishes sooner, its "
+            "interval holds 1 (one seed; --seeds 5 to be sure)",
+        ),
+    ],
+)
+def test_every_branch_of_the_answer(speedup, time, seeds, says):
+    assert _answer(speedup, time, seeds) == says

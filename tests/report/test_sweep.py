@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import scaled
 
+from tasks.measure.probes import RoundRates
 from tasks.report.forecast import fit_cost_model
 from tasks.report.scaling_grid import Cell, plan_cells, tabulate
 from tasks.settings.config import load_config
@@ -313,7 +314,14 @@ def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
     for row in rows[1:]:
         metrics = json.loads((Path(row.run_dir) / "metrics.json").read_text())
         assert (metrics["stages"], metrics["micro_batches"]) == (2, row.micro_batches)
-        assert row.speedup_low <= row.speedup <= row.speedup_high  # measured in rounds
+        # measured in its diagnosis's rounds: the median of their own ratios, with the
+        # lowest and highest (3 rounds: too few for an interval)
+        rounds = json.loads((Path(row.run_dir) / "diagnosis.json").read_text())["rounds"]
+        top, bottom = (rounds["rates"][k] for k in ("end_to_end", RoundRates(**rounds).baseline))
+        per_round = [a / b for a, b in zip(top, bottom, strict=True)]
+        assert (row.speedup, row.speedup_low, row.speedup_high) == pytest.approx(
+            (statistics.median(per_round), min(per_round), max(per_round))
+        )
         assert row.run_name.endswith(f"-r2-m{row.micro_batches}")
     assert rows[0].speedup == 1.0
     assert (tmp_path / "out" / "speedup.png").exists()
