@@ -332,7 +332,7 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
+    before = signal.signal(signal.SIGTERM, stop)
     try:
         print(f"MLflow UI for {tracker.uri}: starting at {base}", flush=True)
         problem = wait_healthy(f"{base}/health", 180.0, 0.5, lambda: server.poll() is None)
@@ -359,6 +359,7 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
             except subprocess.TimeoutExpired:
                 server.kill()
         forget_serving_ui(tracker.store_dir)
+        signal.signal(signal.SIGTERM, before)
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:

@@ -96,7 +96,6 @@ def test_scancel_signal_term_checkpoints_at_the_step_and_requeue_resumes_there(
         if found and len(json.loads(found[0].read_text() or "[]")) >= 3:
             break
         time.sleep(0.2)
-    time.sleep(0.3)  # into the next epoch
     slurm.run("scancel", "--signal=TERM", job)
     assert slurm.wait(job, {"FAILED", "COMPLETED"}) == "FAILED", output(tmp_path, job)
     out = output(tmp_path, job)

@@ -354,11 +354,13 @@ def test_a_serving_task_waits_for_the_chief_to_come_and_go():
     address = f"127.0.0.1:{chief.getsockname()[1]}"
     gone = threading.Event()
 
-    def go() -> None:
+    def go() -> None:  # once the waiting task has seen it answer, the chief goes
+        connection, _ = chief.accept()
+        connection.close()
         gone.set()
         chief.close()
 
-    threading.Timer(1.0, go).start()
+    threading.Thread(target=go, daemon=True).start()
     wait_for_chief_to_finish(address, chief_wait_s=30)
     assert gone.is_set()  # it returned after the chief went away, not when it first answered
     with pytest.raises(ChiefNeverCame, match="did not answer within 1 s"):

@@ -99,7 +99,8 @@ def edit_manifest(project: Path) -> None:
 
 
 def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
-    """SIGKILL to worker 1 of a local multi-worker job once it has started training."""
+    """SIGKILL to worker 1 of a local multi-worker job once it is training: its job has
+    recorded a first epoch (of 30)."""
     deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline and proc.poll() is None:
         for pid in _worker_pids():
@@ -110,10 +111,21 @@ def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
                 continue
             config = next((e for e in environ if e.startswith(b"TF_CONFIG=")), b"")
             if here and b'"index": 1' in config:
-                time.sleep(1)  # into its training
+                while time.monotonic() < deadline and not _an_epoch_recorded(project):
+                    time.sleep(0.1)
                 os.kill(pid, signal.SIGKILL)
                 return
         time.sleep(0.2)
+
+
+def _an_epoch_recorded(project: Path) -> bool:
+    for history in project.rglob("history.json"):
+        try:
+            if json.loads(history.read_text() or "[]"):
+                return True
+        except ValueError:  # written as it is read
+            continue
+    return False
 
 
 _HELD: list[socket.socket] = []  # ports held for the module's cases

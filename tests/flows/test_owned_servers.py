@@ -130,9 +130,14 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
     starts exactly one server, on a port of its own, and none is left when they end (the
     seeds phase once had a thread start Prefect's ephemeral server, which outlived the run
     and lost its logs). The seeds' examples to the target, as their lines print them, give
-    the summary's figures by MLPerf's rule (a median, or a mean over all five, would not)."""
+    the summary's figures by MLPerf's rule (a median, or a mean over all five, would not).
+    The other run's rounds aim at +-50%, which the first interval (6 rounds) meets: they
+    stop there, well before their cap of 20, and say so."""
     seeds = Run(tmp_path / "seeds", "--seeds", "5", "--target-accuracy", "0.85")
-    other = Run(tmp_path / "other", "--epochs", "1")
+    other = Run(
+        tmp_path / "other",
+        *("--epochs", "1", "--measure-rounds", "20", "--measure-precision", "0.5"),
+    )
     try:
         codes = (seeds.wait(), other.wait())
     finally:
@@ -157,6 +162,12 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
     assert examples(base) == round(mlperf_mean(reached["baseline"])), (line, reached)
     assert examples(dist) == round(mlperf_mean(reached["distributed"])), (line, reached)
     assert "the mean of 5 seeds each, the fastest and slowest dropped" in line
+
+    (measured,) = [x for x in other.output().splitlines() if x.startswith("measured over ")]
+    rounds = int(re.search(r"measured over +(\d+) alternating rounds", measured)[1])
+    assert 6 <= rounds < 20 and "the most allowed" not in measured, measured
+    known = float(re.search(r"known to \+-([\d.]+)%", measured)[1])
+    assert known <= 50 and "aimed at +-50%" in measured, measured
 
 
 def test_a_run_stopped_by_sigterm_takes_its_api_with_it(tmp_path):
@@ -237,3 +248,60 @@ def test_the_api_waits_for_a_slow_start_and_moves_off_a_taken_port(monkeypatch, 
         process = api.process
     assert process.poll() is not None
     assert "PREFECT_API_URL" not in os.environ
+
+
+def test_tfscale_ui_links_where_a_browser_reaches_it_and_a_stop_takes_its_server(tmp_path):
+    """`tfscale ui --host 0.0.0.0`: its links name 127.0.0.1 (a browser cannot open
+    0.0.0.0), its record of where it serves exists while it serves, and SIGTERM to the
+    command (not its group) stops MLflow's server and removes the record."""
+    import json
+
+    from helpers import free_port
+
+    port = free_port()
+    ui = subprocess.Popen(
+        [str(BIN / "tfscale"), "ui", "--host", "0.0.0.0", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a stray server is found and killed below, not left
+    )
+    record = tmp_path / "mlflow" / "ui.json"
+    started: list[psutil.Process] = []
+    try:
+        lines = []
+        deadline = time.monotonic() + scaled(180)
+        for line in ui.stdout:
+            lines.append(line)
+            if line.startswith("results: ") or time.monotonic() > deadline:
+                break
+        assert lines[-1].startswith(f"results: http://127.0.0.1:{port}/#/"), lines
+        assert json.loads(record.read_text())["url"] == f"http://127.0.0.1:{port}"
+        started = psutil.Process(ui.pid).children(recursive=True)
+        assert started, "no server process"
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=scaled(60)) == 0
+        assert not record.exists()
+        gone, alive = psutil.wait_procs(started, timeout=scaled(10))
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+        for proc in started:
+            if proc.is_running():
+                proc.kill()
+
+
+def test_a_ui_whose_server_fails_to_start_says_so_and_records_nothing(tmp_path):
+    """MLflow's server exits before it answers: one error naming the address and the fix,
+    no record of a UI serving the store (links would point at nothing)."""
+    from flows.commands import serve_ui
+    from tasks.core.errors import UserError
+    from tasks.track.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path))
+    failing = [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(3)"]
+    with pytest.raises(UserError, match="did not start: its process ended"):
+        serve_ui(tracker, failing, dict(os.environ), "http://127.0.0.1:9")
+    assert list(tmp_path.glob("ui.json")) == []
