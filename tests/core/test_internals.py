@@ -15,8 +15,6 @@ from helpers import scaled
 
 from tasks.core import internals
 
-pytestmark = pytest.mark.unit
-
 
 def test_the_installed_versions_are_those_the_internals_were_written_for():
     """An upgrade must re-check every function of `tasks/core/internals.py`, then bump these."""
@@ -39,6 +37,7 @@ def test_device_datasets_are_wrapped_once_and_lose_autotuning():
     assert [it._dataset.options().autotune.enabled for it in device_iterators] == [False] * 2
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_exit_handlers_run_now_and_once():
     """In a process of its own: running this one's handlers would shut its logging down."""
     script = (

@@ -131,6 +131,7 @@ def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
     return slowed(ds, 0.03)
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 @pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_slowed_input_pipeline_is_input_bound(digits):
     cfg, manifest, data_dir = train_config(
@@ -144,6 +145,7 @@ def test_slowed_input_pipeline_is_input_bound(digits):
     assert any("cache" in a or "prepare" in a for a in diagnosis.advice)
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 @pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_tiny_model_with_tiny_batch_is_overhead_bound(digits):
     cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=2)
@@ -152,6 +154,7 @@ def test_tiny_model_with_tiny_batch_is_overhead_bound(digits):
     assert "per-replica batch" in diagnosis.advice[0]
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 @pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
     config = load_config(
@@ -175,6 +178,7 @@ def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
     assert diagnosis.step_seconds > 0.004
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(digits, monkeypatch):
     """Under weak scaling the global batch grows with the replicas; the diagnosis times the
     run, and one device at the per-replica batch (16) and at that global batch (32), in the

@@ -17,8 +17,6 @@ from tasks.measure.rounds import (
     ratio_interval,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def test_calls_alternate_after_a_warm_up_round_that_is_dropped():
     order = []

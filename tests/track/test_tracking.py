@@ -223,6 +223,7 @@ def test_links_point_where_the_ui_is(tmp_path):
     assert server.ui_base == "http://mlflow.internal:8080"
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_links_follow_a_serving_ui_to_its_port_and_never_a_stopped_ones(tmp_path):
     """A `tfscale ui` serving the store records its address (`serving_ui`): links point
     there, whatever the port, while its process lives; a record a killed UI left behind is

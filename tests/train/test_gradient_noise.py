@@ -113,6 +113,7 @@ def test_the_small_batch_is_a_half_batch_alone_and_a_micro_batch_with_accumulati
         assert (noise.small_batch, noise.big_batch, noise.on) == expected
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_a_training_records_a_window_at_each_evaluation_and_plain_steps_after(digits, tmp_path):
     """Under Mirrored, every evaluation ends a window of the steps recorded since the last
     (one graph call in three records, as set); the noise scale's figures are finite; with
@@ -190,6 +191,7 @@ def test_adascales_gain_follows_the_noise_scale_and_auto_takes_its_square_root()
         assert float(variable) == pytest.approx(expected)
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_an_adascale_training_sets_its_rate_from_the_noise_scale_it_measures(digits, tmp_path):
     """Mirrored over 2 logical CPUs at 32 a replica (64 against the base rate's 32),
     `train.lr_scaling: adascale`: each window that recorded steps sets the gain, between 1

@@ -77,6 +77,7 @@ def _configure(digits, tmp_path, **values):
     return Run(config, manifest, data_dir, select_strategy(report, config.train), report)
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target(digits, tmp_path):
     """Under Mirrored over 2 logical CPUs, evaluated every half epoch: training ends at the
     first evaluation at or above the target, mid-epoch, and that evaluation is the saved
@@ -114,6 +115,7 @@ def test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target(dig
     assert result.history[-1]["heldout_accuracy"] == evaluations[-1].accuracy
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_evaluation_off_measures_nothing_and_trains_as_before(digits, tmp_path):
     from tasks.train.training import train_model
 

@@ -414,6 +414,7 @@ def test_preemption_is_checked_inside_an_epoch_and_after_its_record_not_in_its_l
     assert checked == [10, 20, 22]
 
 
+@pytest.mark.integration  # trains, times rounds or starts a process
 def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
     """While this process holds a run directory, another process asking for it gets a
     clear error naming this one; once released, it gets the directory."""
