@@ -12,13 +12,7 @@ from typing import Any, NoReturn
 
 from flows import commands
 from tasks.core.errors import UserError, system_error
-from tasks.core.process import (
-    Stopped,
-    exit_now,
-    import_tensorflow,
-    set_up_process,
-    stop_on_signals,
-)
+from tasks.core.process import Stopped, exit_now, import_tensorflow, set_up_process
 from tasks.settings.config import DEFAULT_PARAMS, load_config
 
 # flag -> (dotted config key, type, help)
@@ -276,9 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The `tfscale` command: `main` (SIGTERM and SIGHUP stop it as Ctrl-C does, its
-    servers with it), then the exit without teardown (`exit_now`)."""
-    stop_on_signals()
+    """The `tfscale` command: `main`, then the exit without teardown (`exit_now`)."""
     exit_now(main())
 
 
@@ -553,5 +545,4 @@ def _load(args: argparse.Namespace):
 
 
 if __name__ == "__main__":
-    stop_on_signals()
     sys.exit(main())

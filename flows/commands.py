@@ -319,20 +319,23 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
     """Runs the MLflow server `command` until it ends or this process is stopped: once it
     answers, records where it serves (`tracking.serving_ui`: the links a run writes while
     it serves point there, whatever the port) and prints its address, the results table and
-    the latest study's run. A stop (Ctrl-C, SIGTERM) stops the server and the record goes."""
-    import signal
+    the latest study's run. A stop (Ctrl-C, SIGTERM, SIGHUP) stops the server and the record
+    goes."""
+    import subprocess
+
+    from tasks.core.process import stopped_by_signals
+
+    with stopped_by_signals():
+        return _serve_ui(tracker, subprocess.Popen(command, env=env), base)
+
+
+def _serve_ui(tracker: Any, server: Any, base: str) -> int:
     import subprocess
 
     from tasks.core.errors import UserError
     from tasks.core.network import wait_healthy
     from tasks.track.tracking import forget_serving_ui, record_serving_ui
 
-    server = subprocess.Popen(command, env=env)
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, stop)
     try:
         print(f"MLflow UI for {tracker.uri}: starting at {base}", flush=True)
         problem = wait_healthy(f"{base}/health", 180.0, 0.5, lambda: server.poll() is None)
@@ -359,7 +362,6 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
             except subprocess.TimeoutExpired:
                 server.kill()
         forget_serving_ui(tracker.store_dir)
-        signal.signal(signal.SIGTERM, before)
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from flows.errors import ServerUnavailable
 from tasks.core.network import free_ports, wait_healthy
+from tasks.core.process import stopped_by_signals
 
 START_TIMEOUT_S = 180.0  # a hang detector: Prefect's server starts in 6-20 s on 2 busy cores
 START_TIMEOUT_VARIABLE = "TFSCALE_SERVER_START_TIMEOUT_S"
@@ -131,9 +132,11 @@ class TemporaryAPI:
     def stop(self) -> None:
         self.closing.set()
         if self.process is not None:
-            if self.died is None and self.process.poll() is None:
-                _drain_workers()
-            stop_group(self.process)
+            try:
+                if self.died is None and self.process.poll() is None:
+                    _drain_workers()
+            finally:  # a second stop while the logs drain still stops the server
+                stop_group(self.process)
         if self.died is not None:
             for name in WITHOUT_SERVER:
                 os.environ.pop(name, None)
@@ -281,7 +284,7 @@ def temporary_api() -> Iterator[TemporaryAPI]:
         yield TemporaryAPI()
         return
     before = os.environ.get("PREFECT_API_URL")
-    with tempfile.TemporaryDirectory(prefix="tfscale-prefect-") as folder:
+    with stopped_by_signals(), tempfile.TemporaryDirectory(prefix="tfscale-prefect-") as folder:
         api = TemporaryAPI(Path(folder) / "server.log")
         try:
             api.start()

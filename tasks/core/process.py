@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 QUIET_ENVIRONMENT = {
@@ -78,15 +80,30 @@ class Stopped(KeyboardInterrupt):
         self.signum, self.exit_code = signum, 128 + signum
 
 
-def stop_on_signals() -> None:
-    """SIGTERM and SIGHUP raise `Stopped` in the main thread (at a process entry)."""
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise `Stopped` in the main thread, so that the
+    block's `finally` (a server it owns) runs; their handlers are put back after. Only
+    where the signals still have their default action and this is the main thread: a
+    training's own handler (a preemption's checkpoint) is left alone, and so is a process
+    whose main thread may wait in TensorFlow's C++ (a worker), which a Python handler
+    could not interrupt where the default action ends it."""
     import signal
+    import threading
 
     def stop(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, stop)
+    taken = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                taken[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, before in taken.items():
+            signal.signal(signum, before)
 
 
 def verbose() -> bool:
