@@ -11,8 +11,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pace
 import yaml
+
+try:
+    import pace
+except ModuleNotFoundError:  # imported as tests.helpers, by a script a test's process runs
+    from tests import pace
 
 from tasks.core.network import free_ports, wait_healthy
 from tasks.distribute.hardware import GpuInfo, HardwareReport
