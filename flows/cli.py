@@ -20,7 +20,20 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--dataset": (
         "prepare.dataset",
         str,
-        "digits | synthetic | an image folder | any tensorflow-datasets name",
+        "digits | synthetic | an image folder | a table (.csv, .parquet) | arrays (.npz) | "
+        "your tf.data pipeline (pkg.module:function or file.py:function) | any "
+        "tensorflow-datasets name",
+    ),
+    "--label": (
+        "prepare.label",
+        str,
+        "a table's target column, or the label's key in an .npz or a pipeline's dicts (label)",
+    ),
+    "--label-kind": (
+        "prepare.label_kind",
+        str,
+        "auto | class | binary | multi_label | regression (auto: floats are regression, two "
+        "values binary, else classes)",
     ),
     "--data-dir": ("prepare.data_dir", str, "root of the prepared datasets (data/tfrecords)"),
     "--num-shards": ("prepare.num_shards", int, "shards per split (default: from the shard size)"),
@@ -48,7 +61,9 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
         "synthetic: the share of labels replaced by a random class (0)",
     ),
 }
-DATASET_FLAGS = {k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir")}
+DATASET_FLAGS = {
+    k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir", "--label", "--label-kind")
+}
 
 
 def _auto_or_bool(text: str) -> str | bool:

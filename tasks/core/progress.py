@@ -46,13 +46,24 @@ def _prefect_run_logger() -> Any:
     return get_run_logger()
 
 
+SCORES = ("accuracy", "mean_absolute_error")  # what an epoch reports, by the label's kind
+
+
+def epoch_score(epoch: dict[str, float]) -> tuple[str, float]:
+    """The epoch's score and its name: `accuracy`, or a real-valued label's
+    `mean_absolute_error` (`tasks.train.objectives`)."""
+    name = next((n for n in SCORES if n in epoch), "accuracy")
+    return name, epoch.get(name, float("nan"))
+
+
 def format_epoch(epoch: dict[str, float], epochs: int) -> str:
     """`epoch 3/10  loss 0.2586  accuracy 0.9219  held-out 0.9472  11,922 ex/s`: the
-    held-out accuracy is the epoch's last evaluation (`tasks.train.to_target`), if any."""
-    held_out = epoch.get("heldout_accuracy")
+    held-out score is the epoch's last evaluation (`tasks.train.to_target`), if any."""
+    name, score = epoch_score(epoch)
+    held_out = epoch.get(f"heldout_{name}")
     return (
         f"epoch {int(epoch['epoch'])}/{epochs}  loss {epoch['loss']:.4f}  "
-        f"accuracy {epoch['accuracy']:.4f}  "
+        f"{name.replace('_', ' ')} {score:.4f}  "
         + (f"held-out {held_out:.4f}  " if held_out is not None else "")
         + f"{epoch['examples_per_s']:,.0f} ex/s"
     )
@@ -127,9 +138,11 @@ class EpochWatcher:
                 except Exception as exc:  # noqa: BLE001 - reported, training goes on
                     log.warning("could not record epoch %s: %s", epoch.get("epoch"), exc)
             if self._bar is not None:
-                held_out = epoch.get("heldout_accuracy")
+                name, score = epoch_score(epoch)
+                held_out = epoch.get(f"heldout_{name}")
+                short = "acc" if name == "accuracy" else "mae"
                 self._bar.set_postfix_str(
-                    f"loss {epoch['loss']:.4f} acc {epoch['accuracy']:.4f}"
+                    f"loss {epoch['loss']:.4f} {short} {score:.4f}"
                     + (f" held-out {held_out:.4f}" if held_out is not None else ""),
                     refresh=False,
                 )

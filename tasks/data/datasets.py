@@ -1,4 +1,5 @@
-"""Dataset sources: `digits`, `synthetic`, an image folder, or any tensorflow-datasets name.
+"""Image sources: `digits`, `synthetic` and an image folder (tables, arrays and pipelines:
+`tasks.data.user_sources`; tensorflow-datasets: `tasks.data.tfds_source`).
 
 Every source gives random access by range (`examples(split, start, stop)`) so
 shards can be written, and resumed, independently, with bounded memory.
@@ -14,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from tasks.core.errors import UserError
+from tasks.data.spec import FeatureSpec
 from tasks.settings.config import PrepareConfig
 
 Example = tuple[np.ndarray, int]
@@ -23,27 +25,6 @@ _CHUNK = 1024
 
 class DatasetError(UserError, ValueError):
     """The dataset cannot be found or read."""
-
-
-@dataclass(frozen=True)
-class FeatureSpec:
-    """What one example holds: a uint8 image of fixed shape and an integer label."""
-
-    shape: tuple[int, int, int]
-    class_names: tuple[str, ...]
-    dtype: str = "uint8"
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def to_dict(self) -> dict:
-        return {
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "num_classes": self.num_classes,
-            "class_names": list(self.class_names),
-        }
 
 
 class Source(Protocol):
@@ -84,7 +65,7 @@ def load_digits_source(seed: int, test_fraction: float) -> ArraySource:
     x_tr, x_te, y_tr, y_te = train_test_split(
         images, digits.target, test_size=test_fraction, random_state=seed, stratify=digits.target
     )
-    spec = FeatureSpec(shape=(8, 8, 1), class_names=tuple(str(i) for i in range(10)))
+    spec = FeatureSpec.image((8, 8, 1), tuple(str(i) for i in range(10)))
     return ArraySource("digits", "1.0.0", spec, {"train": (x_tr, y_tr), "test": (x_te, y_te)})
 
 
@@ -142,9 +123,8 @@ class SyntheticSource:
 
 def synthetic_source(cfg: PrepareConfig) -> SyntheticSource:
     s = cfg.synthetic
-    spec = FeatureSpec(
-        shape=(s.height, s.width, s.channels),
-        class_names=tuple(f"class_{i}" for i in range(s.classes)),
+    spec = FeatureSpec.image(
+        (s.height, s.width, s.channels), tuple(f"class_{i}" for i in range(s.classes))
     )
     splits = {"train": s.train_examples, "test": s.test_examples}
     return SyntheticSource(cfg.seed, spec, splits, s.signal, s.label_noise)
@@ -195,7 +175,7 @@ def folder_source(root: Path) -> FolderSource:
     if first is None:
         raise DatasetError(f"{root}: no .png or .jpg images under <split>/<label>/.")
     probe = _read_image(first, None)
-    spec = FeatureSpec(shape=tuple(probe.shape), class_names=tuple(classes))
+    spec = FeatureSpec.image(tuple(probe.shape), tuple(classes))
     return FolderSource(root, spec, {s: f for s, f in files.items() if f})
 
 
@@ -217,5 +197,11 @@ NAMED_SOURCES: dict[str, Callable[[PrepareConfig], Source]] = {
 
 
 def dataset_slug(dataset: str) -> str:
-    """The directory name a dataset's shards live under."""
-    return Path(dataset).name if Path(dataset).is_dir() else dataset.replace("/", "_")
+    """The directory name a dataset's shards live under: a folder's or a file's name, a
+    function's `module_function`, a TFDS name with `_` for `/`."""
+    if Path(dataset).is_dir() or Path(dataset).suffix.lower() in (".csv", ".parquet", ".npz"):
+        return Path(dataset).name
+    if ":" in dataset:  # package.module:function or path/to/file.py:function
+        module, function = dataset.rsplit(":", 1)
+        return f"{Path(module).name}_{function}"
+    return dataset.replace("/", "_")

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tasks.core.internals import device_datasets_without_autotune
 from tasks.data.manifest import Manifest, ShardError
+from tasks.data.records import parse_records
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ def build_dataset(
     cache: bool = False,
     shuffle_buffer: int = 4096,
 ) -> tf.data.Dataset:
-    """A dataset of `(images, labels)` batches for one input pipeline.
+    """A dataset of `(features, labels)` batches for one input pipeline: images, or any
+    features as the manifest records them (`tasks.data.records.parse_records`).
 
     Training reads shards in parallel, interleaved; evaluation reads them in
     manifest order. Files are split between pipelines (FILE policy) when there are at least as
@@ -66,9 +68,12 @@ def build_dataset(
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size, drop_remainder=training)
     static = batch_size if training else None
-    ds = ds.map(
-        lambda s: parse_batch(s, manifest.shape, static), num_parallel_calls=tf.data.AUTOTUNE
-    )
+    spec = manifest.spec
+    if spec.is_image:
+        parse = lambda s: parse_batch(s, spec.shape, static)  # noqa: E731
+    else:
+        parse = lambda s: parse_records(s, spec, static)  # noqa: E731
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     # no autotuning thread (see `distributed_iterator`): the parallel steps run one call

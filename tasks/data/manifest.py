@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.errors import UserError
+from tasks.data.spec import FeatureSpec
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUM = "checksum"  # manifest.json's own sha256, over everything else in it
@@ -25,6 +26,8 @@ class ShardInfo:
     examples: int
     bytes: int
     sha256: str
+    # per numeric feature of a table or arrays: [values, sum, sum of squares] in this shard
+    sums: dict[str, list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,15 +45,21 @@ class Manifest:
         return [s.file for s in self.shards if s.split == split]
 
     @property
+    def spec(self) -> FeatureSpec:
+        """The features and the label, as prepare recorded them."""
+        return FeatureSpec.from_dict(self.feature)
+
+    @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.feature["shape"])
+        """The single feature's shape (an image's); () where there are several."""
+        return self.spec.shape
 
     @property
     def num_classes(self) -> int:
         return int(self.feature["num_classes"])
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        return json.dumps(_plain(self), indent=2, sort_keys=True) + "\n"
 
     @property
     def digest(self) -> str:
@@ -60,7 +69,7 @@ class Manifest:
     def file_text(self) -> str:
         """`manifest.json`: the content and its own sha256 (`checksum`), so a hand edit is
         caught on load."""
-        raw = asdict(self)
+        raw = _plain(self)
         raw[CHECKSUM] = hashlib.sha256(self.to_json().encode()).hexdigest()
         return json.dumps(raw, indent=2, sort_keys=True) + "\n"
 
@@ -77,6 +86,16 @@ class Manifest:
         ):
             raise EditedManifest("its content no longer matches the checksum prepare wrote")
         return manifest
+
+
+def _plain(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as JSON holds it: a shard's `sums` only where it has them, so image
+    manifests read and hash as they always did."""
+    raw = asdict(manifest)
+    for shard in raw["shards"]:
+        if shard.get("sums") is None:
+            shard.pop("sums", None)
+    return raw
 
 
 class EditedManifest(ValueError):

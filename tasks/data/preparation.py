@@ -5,23 +5,39 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks.data.datasets import NAMED_SOURCES, Source, dataset_slug, folder_source
+from tasks.data.datasets import (
+    NAMED_SOURCES,
+    DatasetError,
+    Source,
+    dataset_slug,
+    folder_source,
+)
 from tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
 from tasks.data.tfds_source import tfds_source
+from tasks.data.user_sources import is_function_ref, is_user_file, user_source
 from tasks.settings.config import Config, PrepareConfig
 
 
 def open_source(cfg: PrepareConfig) -> Source:
-    """The source `cfg.dataset` names: a built-in one, an image folder, or a TFDS dataset.
+    """The source `cfg.dataset` names: a built-in one, an image folder, a table, arrays, a
+    tf.data pipeline's function, or a TFDS dataset.
 
     Raises:
-        DatasetError: the name is none of them.
+        DatasetError: the name is none of them, or its data cannot be read.
     """
     if cfg.dataset in NAMED_SOURCES:
         return NAMED_SOURCES[cfg.dataset](cfg)
     if Path(cfg.dataset).is_dir():
         return folder_source(Path(cfg.dataset))
-    return tfds_source(cfg.dataset)
+    if is_user_file(cfg.dataset) or is_function_ref(cfg.dataset):
+        return user_source(cfg)
+    if Path(cfg.dataset).suffix and "/" in cfg.dataset or Path(cfg.dataset).is_file():
+        raise DatasetError(
+            f"{cfg.dataset}: tfscale does not read {Path(cfg.dataset).suffix or 'such'} files",
+            "give a table (.csv, .parquet), arrays (.npz), an image folder, a function "
+            "(pkg.module:function or file.py:function), or a dataset name",
+        )
+    return tfds_source(cfg.dataset, cfg)
 
 
 def dataset_dir(config: Config) -> Path:
@@ -69,8 +85,7 @@ def format_summary(result: PrepareResult) -> str:
     mb = result.total_bytes / 2**20
     lines = [
         f"dataset    {m.dataset} {m.version}",
-        f"features   image {'x'.join(map(str, m.shape))} {m.feature['dtype']}, "
-        f"{m.num_classes} classes",
+        f"features   {m.spec.describe()}",
         f"location   {result.data_dir}",
     ]
     for split, count in m.splits.items():

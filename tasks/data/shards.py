@@ -11,9 +11,12 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tasks.core.files import atomic_path, write_text_atomic
 from tasks.data.datasets import Source
@@ -25,6 +28,8 @@ from tasks.data.manifest import (
     sha256_of,
     shard_problems,
 )
+from tasks.data.records import LABEL, encode_chunk
+from tasks.data.spec import IMAGE, FeatureSpec
 from tasks.settings.config import PrepareConfig, config_to_dict
 
 JOURNAL_NAME = ".journal.json"
@@ -60,7 +65,10 @@ def plan_shards(source: Source, cfg: PrepareConfig, min_shards: int) -> list[Sha
     The count is `cfg.num_shards`, or what keeps shards near `cfg.target_shard_mb`,
     and never fewer than `min_shards` (nor more than there are examples).
     """
-    per_example = math.prod(source.spec.shape) + _RECORD_OVERHEAD
+    spec = source.spec
+    per_example = (math.prod(spec.shape) if spec.is_image else spec.example_bytes()) + (
+        _RECORD_OVERHEAD
+    )
     plan = []
     for split, count in sorted(source.splits.items()):
         wanted = cfg.num_shards or math.ceil(count * per_example / (cfg.target_shard_mb * 2**20))
@@ -79,6 +87,9 @@ def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) ->
     params.pop("data_dir")
     if source.name != "synthetic":
         params.pop("synthetic")
+    if not hasattr(source, "batches"):  # an image source: no label to name
+        params.pop("label")
+        params.pop("label_kind")
     params["shards"] = {s: sum(p.split == s for p in plan) for s in source.splits}
     params["source_version"] = source.version
     return params
@@ -114,7 +125,7 @@ def write_shards(
     manifest = Manifest(
         dataset=source.name,
         version=source.version,
-        feature=source.spec.to_dict(),
+        feature=with_statistics(source.spec, [done[p.file] for p in plan]).to_dict(),
         splits={
             s: sum(done[p.file].examples for p in plan if p.split == s)
             for s in sorted(source.splits)
@@ -135,9 +146,10 @@ def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
     import tensorflow as tf
 
     count = 0
+    sums = _Sums(source.spec) if hasattr(source, "batches") else None
     with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
-        for image, label in source.examples(shard.split, shard.start, shard.stop):
-            writer.write(serialize_example(image, label))
+        for record in _records(source, shard, sums):
+            writer.write(record)
             count += 1
     return ShardInfo(
         file=shard.file,
@@ -145,7 +157,73 @@ def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
         examples=count,
         bytes=path.stat().st_size,
         sha256=sha256_of(path),
+        sums=sums.totals if sums else None,
     )
+
+
+def _records(source: Source, shard: ShardPlan, sums: _Sums | None) -> Iterator[bytes]:
+    """The shard's serialized examples: an image source's one by one; a stream source's
+    (tables, arrays, pipelines) a chunk at a time, each feature under its name."""
+    if sums is None:
+        for image, label in source.examples(shard.split, shard.start, shard.stop):
+            yield serialize_example(image, label)
+        return
+    spec = source.spec
+    for features, labels in source.batches(shard.split, shard.start, shard.stop):  # type: ignore[attr-defined]
+        sums.add({**features, LABEL: labels})
+        if spec.is_image:
+            for image, label in zip(features[IMAGE], labels, strict=True):
+                yield serialize_example(image, int(label))
+        else:
+            yield from encode_chunk(spec, features, labels)
+
+
+class _Sums:
+    """Per float feature: the values seen, their sum and their sum of squares."""
+
+    def __init__(self, spec: FeatureSpec):
+        self.names = [f.name for f in spec.features if f.dtype.startswith("float")]
+        if spec.label.kind == "regression":
+            self.names.append(LABEL)
+        self.totals: dict[str, list[float]] = {n: [0, 0.0, 0.0] for n in self.names}
+
+    def add(self, features: dict[str, Any]) -> None:
+        for name in self.names:
+            values = features[name]
+            if values.dtype == object:  # lengths vary: one array per row
+                values = np.concatenate([np.ravel(v) for v in values]) if len(values) else values
+            values = np.asarray(values, np.float64)
+            values = values[np.isfinite(values)]
+            total = self.totals[name]
+            total[0] += int(values.size)
+            total[1] += float(values.sum())
+            total[2] += float(np.square(values).sum())
+
+
+def with_statistics(spec: FeatureSpec, shards: list[ShardInfo]) -> FeatureSpec:
+    """The spec with each float feature's mean and standard deviation over the training
+    shards (what a built-in model normalises it by)."""
+    train = [s.sums for s in shards if s.split == "train" and s.sums]
+    if not train:
+        return spec
+    features = []
+    for feature in spec.features:
+        parts = [t[feature.name] for t in train if feature.name in t]
+        count = sum(p[0] for p in parts)
+        if not count:
+            features.append(feature)
+            continue
+        mean = sum(p[1] for p in parts) / count
+        variance = max(sum(p[2] for p in parts) / count - mean * mean, 0.0)
+        features.append(replace(feature, mean=round(mean, 6), std=round(math.sqrt(variance), 6)))
+    label = spec.label
+    if label.kind == "regression":
+        count, total, squares = (sum(t[LABEL][i] for t in train if LABEL in t) for i in range(3))
+        if count:
+            mean = total / count
+            std = math.sqrt(max(squares / count - mean * mean, 0.0))
+            label = replace(label, mean=round(mean, 6), std=round(std, 6))
+    return replace(spec, features=tuple(features), label=label)
 
 
 def serialize_example(image: Any, label: int) -> bytes:

@@ -274,8 +274,7 @@ def _cache_path(
             cfg.batch_size_per_replica,
             cfg.scaling,
             cfg.grad_accum_steps,
-            list(manifest.shape),
-            manifest.num_classes,
+            manifest.feature,
             code_version(),
         ]
     )

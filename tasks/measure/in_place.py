@@ -38,7 +38,7 @@ from tasks.measure.timing import (
     input_only_rate,
     seconds_per_call,
 )
-from tasks.train.models import build_model
+from tasks.train.models import model_for_data
 from tasks.train.steps import FusedAdam, input_context_of, replica_step
 from tasks.train.training import TrainingSetup, train_dataset_fn
 
@@ -249,7 +249,7 @@ def _local_step_seconds(
     the step with no communication, on this process's devices."""
     with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
         manifest = run.manifest
-        model = build_model(run.train.model, manifest.shape, manifest.num_classes)
+        model = model_for_data(run.train.model, manifest.spec)
         optimizer = FusedAdam(1e-3)
         optimizer.build(model.trainable_variables)
     effective = int(images.shape[0])

@@ -22,6 +22,7 @@ from tasks.data.manifest import Manifest
 from tasks.distribute.strategy import StrategyChoice
 from tasks.settings.config import TrainConfig
 from tasks.train.gpipe import pipeline_step
+from tasks.train.objectives import objective_of
 from tasks.train.stage_models import stage_models
 from tasks.train.stage_plan import schedule_bubble
 from tasks.train.training import set_up_training, train_dataset_fn
@@ -90,13 +91,20 @@ def measure_stages(
     for m in micros:
         step = tf.function(
             pipeline_step(
-                stages, devices, setup.optimizer, m, setup.global_batch * setup.accum_steps
+                stages,
+                devices,
+                setup.optimizer,
+                m,
+                setup.global_batch * setup.accum_steps,
+                objective_of(setup.model),
             )
         )
         step_s[str(m)] = _seconds(lambda step=step: step(images, labels)[0], repeats)
         stage_s[str(m)] = [
             _seconds(
-                _stage_alone(stage, devices[s], inputs[s], labels, m, s == len(stages) - 1),
+                _stage_alone(
+                    stage, devices[s], inputs[s], labels, m, s == len(stages) - 1, setup.model
+                ),
                 repeats,
             )
             for s, stage in enumerate(stages)
@@ -123,11 +131,11 @@ def _stage_inputs(stages: list[Any], devices: list[str], images: Any) -> list[An
 
 
 def _stage_alone(
-    stage: Any, device: str, x: Any, labels: Any, micro: int, last: bool
+    stage: Any, device: str, x: Any, labels: Any, micro: int, last: bool, model: Any
 ) -> Callable[[], Any]:
     """One stage's forward and backward over `micro` micro-batches, on its device (the last
     stage from the loss; the others from their outputs' sum, a gradient of their size)."""
-    import keras
+    objective = objective_of(model)
 
     @tf.function
     def run():
@@ -138,9 +146,7 @@ def _stage_alone(
                     tape.watch(part)
                     out = stage(part, training=True)
                     target = (
-                        tf.reduce_sum(
-                            keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
-                        )
+                        tf.reduce_sum(objective.loss(y, out))
                         if last
                         else tf.reduce_sum(tf.cast(out, tf.float32))
                     )

@@ -22,7 +22,7 @@ from typing import Any
 
 from tasks.core.errors import MissingInput, UsageError
 from tasks.core.files import atomic_path, write_json_atomic
-from tasks.core.progress import EpochWatcher, status
+from tasks.core.progress import EpochWatcher, epoch_score, status
 from tasks.core.run_lock import hold
 from tasks.distribute.run import Role, Run
 from tasks.measure.autotune import Settled, settle
@@ -133,7 +133,7 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     from tasks.core.process import use_precision
     from tasks.distribute.cluster import evaluate_checkpoints
     from tasks.train.evaluation import evaluate_keras_model
-    from tasks.train.models import build_model
+    from tasks.train.models import model_for_data
 
     use_precision(run.choice.precision)
     manifest = run.manifest
@@ -145,7 +145,7 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     cluster = run.report.cluster
     ps_tasks = len(cluster.ps) if cluster else 0
     return evaluate_checkpoints(
-        lambda: build_model(run.train.model, manifest.shape, manifest.num_classes, ps_tasks),
+        lambda: model_for_data(run.train.model, manifest.spec, ps_tasks),
         evaluate,
         run.run_dir,
         run.config.cluster.chief_wait_s,
@@ -233,7 +233,7 @@ def format_line(result: TrainResult) -> str:
     """One line: speed, batch and final accuracy of a training run. Its examples/s are
     the training's own, over whole epochs after the first (which traces the step), each
     epoch's start and end included: the summary's rounds time blocks of steps alone."""
-    last = result.history[-1] if result.history else {"accuracy": float("nan")}
+    name, score = epoch_score(result.history[-1] if result.history else {})
     timed = timed_epochs(result.history)
     left_out = len(timed) < len(result.history)
     over = (
@@ -243,7 +243,7 @@ def format_line(result: TrainResult) -> str:
     )
     line = (
         f"{result.examples_per_s:,.0f} examples/s {over}, {result.shape}, global batch "
-        f"{result.global_batch}, train accuracy {last['accuracy']:.4f}"
+        f"{result.global_batch}, train {name.replace('_', ' ')} {score:.4f}"
     )
     if result.to_target:
         line += f"; held-out {ToTarget(**result.to_target).text()}"

@@ -95,6 +95,11 @@ def target_sentence(
     head = f"time to {target:.1%} held-out accuracy".replace(".0%", "%")
     if not base or not dist:
         return f"{head}: not measured (evaluate.every_epochs is 0, or there is no test split)"
+    if base.get("target", target) is None:
+        return (
+            "time to target: not measured: the label is real-valued, and "
+            "evaluate.target_accuracy is an accuracy"
+        )
     seeds = figures["seeds"]
     sides = ((("baseline", base), examples[0]), ((distributed.shape, dist), examples[1]))
     if seeds > 1:

@@ -73,6 +73,10 @@ class PrepareConfig:
     min_shards: int | None = _spec(None, lo=1, hi=100_000)
     test_fraction: float = _spec(0.2, lo=0.01, hi=0.99)
     seed: int = _spec(42, lo=0)
+    # a table's target column; an .npz's or a pipeline's label key (tasks.data.user_sources)
+    label: str = "label"
+    # auto: from the label's values (floats: regression; two values: binary; else class)
+    label_kind: Literal["auto", "class", "binary", "multi_label", "regression"] = "auto"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -418,7 +418,7 @@ class Tracker:
         experiment = self.client.get_run(run_id).info.experiment_id
         logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
         model = load_trained_model(model_path)
-        example = np.zeros((1, *model.input_shape[1:]), dtype="float32")  # one input's shape
+        example = _example_input(model)
         signature = infer_signature(example, np.asarray(model(example)))
         with tempfile.TemporaryDirectory(prefix="tfscale-model-") as tmp:
             local = Path(tmp) / "model"
@@ -754,3 +754,18 @@ def _model_requirements() -> list[str]:
     from importlib.metadata import version
 
     return [f"{name}=={version(name)}" for name in ("tensorflow", "keras", "mlflow")]
+
+
+def _example_input(model: Any) -> Any:
+    """One example of zeros (empty text) of the model's input: an array, or a dict of them
+    by feature where the model takes several."""
+    import numpy as np
+    import tensorflow as tf
+
+    def zero(tensor: Any) -> Any:
+        shape = (1, *[d or 1 for d in tensor.shape[1:]])
+        if str(tensor.dtype) == "string":
+            return np.full(shape, "", dtype=object)
+        return np.zeros(shape, dtype=str(tensor.dtype))
+
+    return tf.nest.map_structure(zero, model.input)

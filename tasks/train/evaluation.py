@@ -10,8 +10,9 @@ compute the same figures; a model file or shards changed since are evaluated aga
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,23 @@ class EvalResult:
     confusion_matrix: list[list[int]]
     model_path: str
     seconds: float = 0.0
+    # the label kind's metrics by name (accuracy; AUC for binary; the mean absolute error
+    # for real values, where `test_accuracy` is not defined: NaN)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def text(self) -> str:
+        """`test accuracy 0.9639 (loss 0.1085)`, with AUC or the mean absolute error where
+        the label's kind reports them."""
+        shown = {name: value for name, value in self.metrics.items() if name != "accuracy"}
+        parts = [] if math.isnan(self.test_accuracy) else [f"accuracy {self.test_accuracy:.4f}"]
+        parts += [f"{METRIC_NAMES.get(n, n)} {v:.4f}" for n, v in shown.items()]
+        return f"test {', '.join(parts)} (loss {self.test_loss:.4f})"
+
+
+METRIC_NAMES = {"auc": "AUC", "mean_absolute_error": "mean absolute error"}
 
 
 def evaluate_model(
@@ -58,39 +73,87 @@ def evaluate_keras_model(
     started: float | None = None,
 ) -> EvalResult:
     """Runs a Keras model once over every example of `split`, in one process."""
-    import keras
     import tensorflow as tf
 
     from tasks.data.inputs import build_dataset
+    from tasks.train.objectives import Objective
 
     started = time.perf_counter() if started is None else started
-    n = manifest.num_classes
-    confusion = np.zeros((n, n), dtype=np.int64)
-    loss_sum = 0.0
-    for images, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
-        logits = tf.cast(model(images, training=False), tf.float32)
-        loss_sum += float(
-            tf.reduce_sum(
-                keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-            )
-        )
-        predicted = np.argmax(logits.numpy(), axis=-1)
-        np.add.at(confusion, (labels.numpy(), predicted), 1)
-    examples = int(confusion.sum())
-    names = manifest.feature["class_names"]
-    per_class = {
-        names[c]: float(confusion[c, c] / confusion[c].sum()) if confusion[c].sum() else 0.0
-        for c in range(n)
-    }
+    objective = Objective(manifest.spec.label)
+    losses, labels_seen, logits_seen = [], [], []
+    for features, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
+        logits = tf.cast(model(features, training=False), tf.float32)
+        losses.append(objective.loss(labels, logits).numpy())
+        labels_seen.append(labels.numpy())
+        logits_seen.append(logits.numpy())
+    labels = np.concatenate(labels_seen)
+    logits = np.concatenate(logits_seen)
+    fields = _scores(manifest, labels, logits)
     return EvalResult(
-        test_loss=loss_sum / max(examples, 1),
-        test_accuracy=float(np.trace(confusion)) / examples,
-        examples=examples,
-        per_class_accuracy=per_class,
-        confusion_matrix=confusion.tolist(),
+        test_loss=float(np.concatenate(losses).mean()) if len(labels) else 0.0,
+        examples=len(labels),
         model_path=model_path,
         seconds=time.perf_counter() - started,
+        **fields,
     )
+
+
+def _scores(manifest: Manifest, labels: np.ndarray, logits: np.ndarray) -> dict[str, Any]:
+    """Accuracy, per class (or label) and the confusion matrix, and the kind's metrics."""
+    label = manifest.spec.label
+    names = list(label.class_names)
+    if label.kind == "regression":
+        error = np.abs(logits.reshape(len(labels), -1) - labels.reshape(len(labels), -1))
+        mae = float(error.mean()) if error.size else 0.0
+        return dict(
+            test_accuracy=math.nan,
+            per_class_accuracy={},
+            confusion_matrix=[],
+            metrics={"mean_absolute_error": mae},
+        )
+    if label.kind == "multi_label":
+        right = (logits > 0) == (labels > 0.5)
+        per_label = right.mean(axis=0) if len(right) else np.zeros(label.outputs)
+        accuracy = float(right.mean()) if right.size else 0.0
+        return dict(
+            test_accuracy=accuracy,
+            per_class_accuracy={str(i): float(v) for i, v in enumerate(per_label)},
+            confusion_matrix=[],
+            metrics={"accuracy": accuracy},
+        )
+    if label.kind == "binary":
+        predicted = (logits.reshape(-1) > 0).astype(np.int64)
+    else:
+        predicted = np.argmax(logits, axis=-1)
+    n = max(label.num_classes, 2 if label.kind == "binary" else 0)
+    confusion = np.zeros((n, n), dtype=np.int64)
+    np.add.at(confusion, (labels.astype(np.int64), predicted), 1)
+    examples = int(confusion.sum())
+    per_class = {
+        names[c] if c < len(names) else str(c): (
+            float(confusion[c, c] / confusion[c].sum()) if confusion[c].sum() else 0.0
+        )
+        for c in range(n)
+    }
+    accuracy = float(np.trace(confusion)) / max(examples, 1)
+    metrics = {"accuracy": accuracy}
+    if label.kind == "binary":
+        metrics["auc"] = _auc(labels, logits.reshape(-1))
+    return dict(
+        test_accuracy=accuracy,
+        per_class_accuracy=per_class,
+        confusion_matrix=confusion.tolist(),
+        metrics=metrics,
+    )
+
+
+def _auc(labels: np.ndarray, logits: np.ndarray) -> float:
+    """The area under the ROC curve (NaN where the split holds one class only)."""
+    from sklearn.metrics import roc_auc_score
+
+    if len(np.unique(labels)) < 2:
+        return math.nan
+    return float(roc_auc_score(labels, logits))
 
 
 def record_final(
@@ -148,7 +211,10 @@ def write_evaluation(result: EvalResult, out_dir: Path, class_names: list[str]) 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "eval.json"
     path.write_text(json.dumps(result.to_dict(), indent=2))
-    plot_confusion(np.array(result.confusion_matrix), class_names, out_dir / "confusion_matrix.png")
+    if result.confusion_matrix:  # classes: a confusion matrix to look at
+        plot_confusion(
+            np.array(result.confusion_matrix), class_names, out_dir / "confusion_matrix.png"
+        )
     return path
 
 

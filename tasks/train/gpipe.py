@@ -19,6 +19,7 @@ def pipeline_step(
     optimizer: Any,
     micro_batches: int,
     effective_batch: int,
+    objective: Any = None,
 ) -> Callable[[Any, Any], tuple[Any, Any]]:
     """`step(images, labels) -> (loss, correct)`: one update from `micro_batches`
     micro-batches run through the stages (GPipe: every forward, then every backward), for
@@ -26,25 +27,27 @@ def pipeline_step(
     import keras
     import tensorflow as tf
 
+    from tasks.train.objectives import CLASSES
+
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    objective = objective or CLASSES
 
     def loss_of(labels: Any, logits: Any) -> tuple[Any, Any]:
         """The micro-batch's share of the batch's loss, and what the optimizer takes."""
-        per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        per_example = objective.loss(labels, logits)
         loss = tf.reduce_sum(per_example) / effective_batch
         return loss, optimizer.scale_loss(loss) if scaled else loss
 
     def step(images, labels):
         kept = []  # per micro-batch: each stage's (tape, its input, its output)
-        total_loss, correct = 0.0, 0
+        total_loss, correct = 0.0, 0.0
         for x, y in zip(
             tf.split(images, micro_batches), tf.split(labels, micro_batches), strict=True
         ):
             records, logits, loss = _forward(stages, devices, x, lambda out, y=y: loss_of(y, out))
             kept.append(records)
             total_loss += loss
-            predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            correct += tf.reduce_sum(tf.cast(predicted == y, tf.int32))
+            correct += tf.reduce_sum(objective.score(y, logits))
         sums = _backward(stages, devices, kept)
         variables = [v for stage in stages for v in stage.trainable_variables]
         optimizer.apply([g for part in sums for g in part], variables)
@@ -117,8 +120,15 @@ def make_pipeline_epoch_runner(
     iterator = iter(dataset_fn(None))
     # a column split places its own parts' ops; a pipeline places each stage
     devices = strategy.devices if strategy.splits == "stages" else [None]
+    from tasks.train.objectives import objective_of
+
     step = pipeline_step(
-        stages, devices, optimizer, strategy.micro_batches * accum_steps, effective_batch
+        stages,
+        devices,
+        optimizer,
+        strategy.micro_batches * accum_steps,
+        effective_batch,
+        objective_of(model),
     )
     sums = [tf.Variable(0.0, trainable=False) for _ in range(2)]
 
@@ -128,7 +138,7 @@ def make_pipeline_epoch_runner(
             images, labels = next(iterator)
             loss, correct = step(images, labels)
             sums[0].assign_add(loss)
-            sums[1].assign_add(tf.cast(correct, tf.float32))
+            sums[1].assign_add(correct)
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
         for total in sums:

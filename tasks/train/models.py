@@ -3,12 +3,17 @@ model with a large table, in Keras 3 layers."""
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable
+from typing import Any
 
 import keras
 from keras import layers
 
 from tasks.core.errors import UsageError, UserError, system_error
+from tasks.data.spec import Feature, FeatureSpec
+from tasks.train.objectives import set_objective
 
 
 def load_trained_model(path: str) -> keras.Model:
@@ -49,6 +54,144 @@ def build_model(
     features = MODELS[name](inputs, ps_tasks) if name == "embedding" else MODELS[name](inputs)
     logits = layers.Dense(num_classes, dtype="float32", name="logits")(features)
     return keras.Model(inputs, logits, name=name)
+
+
+def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> keras.Model:
+    """A fresh built-in model for the data's spec, trained for its label's kind
+    (`tasks.train.objectives`): on images, any model; on other features (a table, arrays,
+    text, token sequences), `mlp` over every feature, each made a vector first
+    (`feature_vectors`).
+
+    Raises:
+        UsageError: a model that needs images, on data without them.
+    """
+    if spec.is_image:
+        model = build_model(name, spec.shape, spec.num_classes, ps_tasks)
+        return set_objective(model, spec.label)
+    if name not in MODELS:
+        raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
+    if name != "mlp":
+        shown = ", ".join(f.name for f in spec.features[:4])
+        raise UsageError(
+            f"The {name} model needs images; this data's features are {shown}"
+            + (", ..." if len(spec.features) > 4 else ""),
+            "train it with --model mlp (train.model), which takes any features",
+        )
+    inputs = {
+        f.name: keras.Input(shape=f.padded_shape, dtype=_input_dtype(f), name=_layer_name(f, i))
+        for i, f in enumerate(spec.features)
+    }
+    x = feature_vectors(spec, inputs)
+    logits = layers.Dense(spec.label.outputs, dtype="float32", name="logits")(_mlp(x))
+    label = spec.label
+    if label.kind == "regression" and label.std:  # learnt on the standardised scale
+        logits = Rescale(label.std, label.mean, dtype="float32", name="to_label_scale")(logits)
+    model_inputs = inputs[spec.features[0].name] if len(spec.features) == 1 else inputs
+    with warnings.catch_warnings():  # a feature named `a/b` has an input layer named `in0_a_b`
+        warnings.filterwarnings("ignore", "When providing `inputs` as a dict")
+        model = keras.Model(model_inputs, logits, name=name)
+    return set_objective(model, spec.label)
+
+
+def _input_dtype(feature: Feature) -> str:
+    if feature.dtype == "string":
+        return "string"
+    return {"bool": "bool", "uint8": "uint8", "int32": "int32", "int64": "int64"}.get(
+        feature.dtype, "float32"
+    )
+
+
+def _layer_name(feature: Feature, index: int) -> str:
+    """The feature's name, where Keras takes it as a layer's; else one made of it, unique by
+    the feature's index."""
+    if re.fullmatch(r"[A-Za-z_][0-9A-Za-z_.-]{0,80}", feature.name):
+        return feature.name
+    return f"in{index}_" + re.sub(r"[^0-9A-Za-z_]+", "_", feature.name)[:40]
+
+
+def feature_vectors(spec: FeatureSpec, inputs: dict[str, Any]) -> Any:
+    """Every feature as one float vector per example, concatenated: numbers standardised
+    by the training split's mean and deviation (uint8 arrays scaled to [0, 1]), text as a
+    bag of hashed words, integer sequences as the mean of their tokens' embeddings."""
+    parts = []
+    for feature in spec.features:
+        x = inputs[feature.name]
+        if feature.dtype == "string":
+            parts.append(HashedWords(HASH_BINS, TOKEN_DIM)(x))
+        elif feature.dtype in ("int32", "int64") and feature.padded_shape:
+            parts.append(TokenBag(HASH_BINS, TOKEN_DIM)(x))
+        else:
+            scale, shift = 1.0, 0.0
+            if feature.dtype == "uint8":
+                scale = 1 / 255.0
+            elif feature.std:
+                scale, shift = 1 / feature.std, -feature.mean / feature.std
+            x = Rescale(scale, shift)(x)
+            parts.append(layers.Flatten()(x) if feature.padded_shape else layers.Reshape((1,))(x))
+    return parts[0] if len(parts) == 1 else layers.Concatenate()(parts)
+
+
+HASH_BINS, TOKEN_DIM = 4096, 16
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class Rescale(layers.Layer):
+    """`x * scale + shift` in float32, missing values (NaN) as 0 after it."""
+
+    def __init__(self, scale: float = 1.0, shift: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.scale, self.shift = float(scale), float(shift)
+
+    def call(self, x):
+        x = keras.ops.cast(x, "float32") * self.scale + self.shift
+        return keras.ops.where(keras.ops.isnan(x), keras.ops.zeros_like(x), x)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "scale": self.scale, "shift": self.shift}
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class TokenBag(layers.Layer):
+    """Integer tokens (0: padding) as the mean of their embeddings, ids taken modulo
+    `bins`."""
+
+    def __init__(self, bins: int = HASH_BINS, dim: int = TOKEN_DIM, **kwargs):
+        super().__init__(**kwargs)
+        self.bins, self.dim = bins, dim
+        self.table = layers.Embedding(bins, dim)
+
+    def call(self, ids):
+        ids = keras.ops.reshape(keras.ops.cast(ids, "int32"), (keras.ops.shape(ids)[0], -1))
+        present = keras.ops.cast(ids != 0, "float32")[..., None]
+        vectors = keras.ops.cast(self.table(keras.ops.mod(ids, self.bins)), "float32") * present
+        count = keras.ops.maximum(keras.ops.sum(present, axis=1), 1.0)
+        return keras.ops.sum(vectors, axis=1) / count
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "bins": self.bins, "dim": self.dim}
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class HashedWords(layers.Layer):
+    """Text as the mean embedding of its words (split on whitespace, lower-cased, hashed
+    into `bins`)."""
+
+    def __init__(self, bins: int = HASH_BINS, dim: int = TOKEN_DIM, **kwargs):
+        super().__init__(**kwargs)
+        self.bins, self.dim = bins, dim
+        self.table = layers.Embedding(bins, dim)
+
+    def call(self, text):
+        import tensorflow as tf
+
+        words = tf.strings.split(tf.strings.lower(tf.reshape(text, [-1])))
+        ids = tf.strings.to_hash_bucket_fast(words, self.bins)
+        vectors = tf.ragged.map_flat_values(self.table, ids)
+        total = tf.cast(tf.reduce_sum(vectors, axis=1), "float32")
+        return total / tf.cast(tf.maximum(words.row_lengths(), 1), "float32")[:, None]
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "bins": self.bins, "dim": self.dim}
 
 
 def _mlp(x):

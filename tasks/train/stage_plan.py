@@ -250,9 +250,9 @@ def batches_that_fit(
 ) -> tuple[int, ...]:
     """The per-replica batches at which the whole model (weights, Adam's slots and the
     activations kept for backward, `footprint`) fits a device of `device_memory_mb`."""
-    from tasks.train.models import build_model
+    from tasks.train.models import model_for_data
 
-    costs = layer_costs(build_model(model_name, manifest.shape, manifest.num_classes))
+    costs = layer_costs(model_for_data(model_name, manifest.spec))
     budget = device_memory_mb * MB
     return tuple(b for b in batches if footprint(costs, b).total <= budget)
 
@@ -266,12 +266,19 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
         UsageError: a strategy that keeps the whole model on each device (asked for by
             name) and a model that does not fit; or no cut into the devices there are fits.
     """
-    from tasks.train.models import build_model
+    from tasks.train.models import model_for_data
 
     budget = int(choice.device_memory_mb * MB)
+    if choice.spec.splits and len(manifest.spec.features) > 1:
+        raise UsageError(
+            f"{choice.kind} cuts a model with one input, and this data has "
+            f"{len(manifest.spec.features)} features, each an input of its own",
+            "train it with a strategy that keeps the whole model on each device (auto, "
+            "mirrored, multi_worker, parameter_server), or give the features as one array",
+        )
     if choice.spec.splits == "columns" or (not budget and not choice.spec.staged):
         return choice  # a column split is not checked against the budget
-    model = build_model(cfg.model, manifest.shape, manifest.num_classes)
+    model = model_for_data(cfg.model, manifest.spec)
     if choice.spec.staged:  # its cut, checked before any work (the training cuts it again)
         plan_stages(model, choice.stages, cfg.per_replica_batch, budget, choice.cut_after)
         return choice

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tasks.core.internals import cluster_resolver_of, input_pipelines_of
 from tasks.data.inputs import distributed_iterator
+from tasks.train.objectives import objective_of
 
 EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (loss, correct)
 
@@ -112,23 +113,24 @@ def replica_step(
     """One optimizer update from `accum_steps` micro-batches of this replica's batch.
 
     The loss is averaged over the effective global batch, so summing across replicas
-    (which the optimizer does) gives the mean gradient. Returns (loss, correct count).
+    (which the optimizer does) gives the mean gradient. Returns (loss, the sum of the
+    examples' scores: the correct count for classes; `tasks.train.objectives`). `images`
+    is a tensor, or a dict of them (features by name).
 
     With `noise` (a `GradientNoise`, also set on the `FusedAdam` whose all-reduce records
     it), each micro-batch's gradient is kept for it, and a lone replica splits a batch of no
     micro-batches in two, so that there is a smaller batch to compare the whole with.
     """
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    objective = objective_of(model)
     splits = accum_steps
     if noise is not None and noise.split_batch:
         splits = 2
-    grads, total_loss, correct, micro = None, 0.0, 0, []
-    for images_i, labels_i in zip(tf.split(images, splits), tf.split(labels, splits), strict=True):
+    grads, total_loss, correct, micro = None, 0.0, 0.0, []
+    for images_i, labels_i in zip(_split(images, splits), tf.split(labels, splits), strict=True):
         with tf.GradientTape() as tape:
             logits = model(images_i, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                labels_i, logits, from_logits=True
-            )
+            per_example = objective.loss(labels_i, logits)
             loss = tf.reduce_sum(per_example) / effective_batch
             target = optimizer.scale_loss(loss) if scaled else loss
         step_grads = tape.gradient(target, model.trainable_variables)
@@ -138,13 +140,22 @@ def replica_step(
             step_grads if grads is None else [a + b for a, b in zip(grads, step_grads, strict=True)]
         )
         total_loss += loss
-        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        correct += tf.reduce_sum(tf.cast(predicted == labels_i, tf.int32))
+        correct += tf.reduce_sum(objective.score(labels_i, logits))
     if noise is not None:
         scale = optimizer.scale_loss(1.0) if scaled else 1.0
-        noise.stage(micro, model.trainable_variables, effective_batch / images_i.shape[0], scale)
+        rows = tf.nest.flatten(images_i)[0].shape[0]
+        noise.stage(micro, model.trainable_variables, effective_batch / rows, scale)
     optimizer.apply(grads, model.trainable_variables)
     return total_loss, correct
+
+
+def _split(features: Any, parts: int) -> list[Any]:
+    """`tf.split` of a tensor, or of each tensor of a dict of them, into `parts` along the
+    batch."""
+    if parts == 1:
+        return [features]
+    pieces = [tf.split(t, parts) for t in tf.nest.flatten(features)]
+    return [tf.nest.pack_sequence_as(features, list(p)) for p in zip(*pieces, strict=True)]
 
 
 class GradientNoise:
@@ -327,7 +338,7 @@ def make_epoch_runner(
                 model, optimizer, images, labels, accum_steps, effective_batch, recorder
             )
             sums[0].assign_add(loss)
-            sums[1].assign_add(tf.cast(correct, tf.float32))
+            sums[1].assign_add(correct)
 
         def one_step(images, labels):
             strategy.run(step_and_count, args=(images, labels))

@@ -32,9 +32,11 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class ToTarget:
-    """When a training first reached `target` held-out accuracy, or the best it reached."""
+    """When a training first reached `target` held-out accuracy, or the best it reached
+    (`target` None: a real-valued label, whose held-out metric, the mean absolute error,
+    has no target: its best, the lowest)."""
 
-    target: float
+    target: float | None
     every_examples: int  # the evaluation interval
     evaluations: int
     reached: bool
@@ -55,6 +57,9 @@ class ToTarget:
                 f"{self.target:g} at {self.examples:,} examples ({self.epochs:.1f} epochs, "
                 f"{self.steps:,} steps), {self.seconds:.1f} s"
             )
+        if self.target is None:
+            best = "" if self.best_accuracy is None else f": best {self.best_accuracy:.4f}"
+            return f"no target for a real-valued label's mean absolute error{best}"
         if self.best_accuracy is None:
             return f"{self.target:g} not evaluated (no evaluation interval ended)"
         return (
@@ -64,10 +69,19 @@ class ToTarget:
 
 
 def to_target(
-    evaluations: list[Evaluation], target: float, every_examples: int, train_examples: int
+    evaluations: list[Evaluation], target: float | None, every_examples: int, train_examples: int
 ) -> ToTarget:
-    """The first evaluation at or above `target`, else the best one."""
+    """The first evaluation at or above `target`, else the best one (no target: the lowest,
+    an error)."""
     common = {"target": target, "every_examples": every_examples, "evaluations": len(evaluations)}
+    if target is None:
+        lowest = min(evaluations, key=lambda e: e.accuracy, default=None)
+        return ToTarget(
+            **common,
+            reached=False,
+            best_accuracy=lowest.accuracy if lowest else None,
+            best_examples=lowest.examples if lowest else None,
+        )
     for e in evaluations:
         if e.accuracy >= target:
             return ToTarget(
@@ -115,25 +129,28 @@ class HeldOut:
         import tensorflow as tf
 
         from tasks.data.inputs import build_dataset
+        from tasks.train.objectives import objective_of
 
         self.dataset = build_dataset(
             manifest, data_dir, "test", batch_size, training=False, cache=True
         )
         self.examples = manifest.splits["test"]
 
+        objective = objective_of(model)
+
         @tf.function
         def correct() -> tf.Tensor:
-            total = tf.constant(0, tf.int64)
+            total = tf.constant(0.0, tf.float32)
             for images, labels in self.dataset:
                 logits = model(images, training=False)
-                hit = tf.argmax(logits, axis=-1, output_type=tf.int32) == tf.cast(labels, tf.int32)
-                total += tf.reduce_sum(tf.cast(hit, tf.int64))
+                total += tf.reduce_sum(objective.score(labels, logits))
             return total
 
         self._correct = correct
 
     def accuracy(self) -> float:
-        return int(self._correct()) / self.examples
+        """The held-out score: accuracy, or for real values the mean absolute error."""
+        return float(self._correct()) / self.examples
 
 
 class TargetClock:
@@ -146,13 +163,14 @@ class TargetClock:
     def __init__(
         self,
         held_out: HeldOut | None,
-        target: float,
+        target: float | None,
         every_examples: int,
         step_examples: int,
         train_examples: int,
         earlier: list[Evaluation] = (),  # type: ignore[assignment]
     ):
         self.held_out, self.target = held_out, target
+        self.score = "accuracy"  # what the held-out evaluations measure (`tasks.core.progress`)
         self.every_examples, self.step_examples = every_examples, step_examples
         self.train_examples = train_examples
         self.evaluations: list[Evaluation] = list(earlier)
@@ -191,7 +209,8 @@ class TargetClock:
 
     @property
     def reached(self) -> bool:
-        return bool(self.evaluations) and self.evaluations[-1].accuracy >= self.target
+        last = self.evaluations[-1].accuracy if self.evaluations else None
+        return last is not None and self.target is not None and last >= self.target
 
     def result(self) -> ToTarget:
         return to_target(self.evaluations, self.target, self.every_examples, self.train_examples)

@@ -34,7 +34,7 @@ from tasks.distribute.strategy import StrategyChoice, build_strategy
 from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver, cluster_spec_of
 from tasks.train.evaluation import record_final
-from tasks.train.models import build_model
+from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
 from tasks.train.steps import FusedAdam, GradientNoise, adam_of, make_warmup_schedule
 from tasks.train.to_target import Evaluation, HeldOut, TargetClock, interval_examples
@@ -199,9 +199,12 @@ def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetCl
     path = run.run_dir / "evaluations.json"
     earlier = [Evaluation(**e) for e in json.loads(path.read_text())] if path.exists() else []
     earlier = [e for e in earlier if e.steps <= resumed_step]
-    return TargetClock(
-        held_out, evaluate.target_accuracy, every, setup.step_examples, train_examples, earlier
-    )
+    # a real-valued label's metric is an error, which `target_accuracy` is not a target for
+    real = run.manifest.spec.label.kind == "regression"
+    target = None if real else evaluate.target_accuracy
+    clock = TargetClock(held_out, target, every, setup.step_examples, train_examples, earlier)
+    clock.score = "mean_absolute_error" if real else "accuracy"
+    return clock
 
 
 def _restored(setup: TrainingSetup, run_dir: Path, chief: bool) -> tuple[Any, Any]:
@@ -363,16 +366,17 @@ def _timed_epoch(
             if watch.stop_at_target and clock.reached:
                 break
     examples = done * step_examples
+    score = clock.score
     record = {
         "epoch": epoch,
         "loss": loss / done,
-        "accuracy": correct / examples,
+        score: correct / examples,
         "seconds": seconds,
         "examples": examples,
         "examples_per_s": examples / seconds,
     }
     if clock.evaluations and clock.evaluations[-1].steps > first:
-        record["heldout_accuracy"] = clock.evaluations[-1].accuracy
+        record[f"heldout_{score}"] = clock.evaluations[-1].accuracy
     return record
 
 
@@ -559,7 +563,7 @@ def _model_and_optimizer(
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
         model = choice.spec.place_model(
             strategy,
-            lambda: build_model(cfg.model, manifest.shape, manifest.num_classes, ps_tasks),
+            lambda: model_for_data(cfg.model, manifest.spec, ps_tasks),
             cfg.seed,
             effective_batch,
         )

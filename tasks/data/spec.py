@@ -1,0 +1,225 @@
+"""What one example holds: named features of known dtype and shape, and a label of a known
+kind. The manifest records it; the shards, the input pipeline and the models read it back.
+
+The label's kind decides the defaults a training takes for it:
+
+- `class`: an integer class index; one output per class; sparse cross-entropy; accuracy.
+- `binary`: 0 or 1; one output; binary cross-entropy; AUC.
+- `multi_label`: a 0/1 vector, one per label; an output per label; binary cross-entropy;
+  accuracy (over every label).
+- `regression`: real values; an output per value; mean squared error; mean absolute
+  error (lower is better).
+
+While training, a binary label's held-out score is its accuracy (AUC needs every
+prediction at once); `tfscale evaluate` reports its AUC as well.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+LABEL_KINDS = ("class", "binary", "multi_label", "regression")
+IMAGE = "image"  # the feature an image source's examples hold (the original shard format)
+
+# per kind: the loss, the default held-out metric, and whether lower is better for it
+DEFAULTS = {
+    "class": ("sparse_categorical_crossentropy", "accuracy", False),
+    "binary": ("binary_crossentropy", "auc", False),
+    "multi_label": ("binary_crossentropy", "accuracy", False),
+    "regression": ("mean_squared_error", "mean_absolute_error", True),
+}
+_BYTES = {"uint8": 1, "bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8, "string": 32}
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One named input: its dtype (`string` for text) and its shape per example, `None`
+    where it varies (`max_shape` then holds the longest seen, to which batches are padded);
+    `mean`/`std` over the training split for numeric features of tables and arrays."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+    max_shape: tuple[int, ...] = ()
+    mean: float | None = None
+    std: float | None = None
+
+    @property
+    def variable(self) -> bool:
+        return None in self.shape
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        """The shape a batch holds per example: variable dimensions padded to the longest."""
+        return tuple(self.max_shape) if self.variable else tuple(self.shape)  # type: ignore[arg-type]
+
+    @property
+    def numeric(self) -> bool:
+        return self.dtype != "string"
+
+    def example_bytes(self) -> int:
+        return _BYTES.get(self.dtype, 8) * max(math.prod(self.padded_shape), 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if self.variable:
+            raw["max_shape"] = list(self.max_shape)
+        if self.mean is not None:
+            raw["mean"], raw["std"] = self.mean, self.std
+        return raw
+
+    @classmethod
+    def from_dict(cls, name: str, raw: dict[str, Any]) -> Feature:
+        return cls(
+            name,
+            raw["dtype"],
+            tuple(raw["shape"]),
+            tuple(raw.get("max_shape", ())),
+            raw.get("mean"),
+            raw.get("std"),
+        )
+
+
+@dataclass(frozen=True)
+class Label:
+    """The label: its kind (`LABEL_KINDS`), its shape per example, its class names (class,
+    binary) and, for `class`, the count of classes."""
+
+    kind: str = "class"
+    shape: tuple[int, ...] = ()
+    class_names: tuple[str, ...] = ()
+    mean: float | None = None  # real values: over the training split
+    std: float | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def outputs(self) -> int:
+        """Units of the model's last layer: one per class, else one per label value."""
+        if self.kind == "class":
+            return self.num_classes
+        return max(math.prod(self.shape), 1)
+
+    @property
+    def loss(self) -> str:
+        return DEFAULTS[self.kind][0]
+
+    @property
+    def metric(self) -> str:
+        """The default held-out metric for this kind."""
+        return DEFAULTS[self.kind][1]
+
+    @property
+    def lower_is_better(self) -> bool:
+        return DEFAULTS[self.kind][2]
+
+    @property
+    def score_name(self) -> str:
+        """What a training reports of its batches as it goes: accuracy, or for real values
+        the mean absolute error."""
+        return "mean absolute error" if self.kind == "regression" else "accuracy"
+
+    @property
+    def dtype(self) -> str:
+        return "float32" if self.kind == "regression" else "int64"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "class_names": list(self.class_names),
+            "num_classes": self.num_classes,
+            "loss": self.loss,
+            "metric": self.metric,
+            "lower_is_better": self.lower_is_better,
+            **({"mean": self.mean, "std": self.std} if self.mean is not None else {}),
+        }
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """An example's features, in order, and its label."""
+
+    features: tuple[Feature, ...]
+    label: Label = field(default_factory=Label)
+
+    @classmethod
+    def image(cls, shape: tuple[int, ...], class_names: tuple[str, ...]) -> FeatureSpec:
+        """A uint8 image of fixed shape and a class index: the original format, whose
+        shards hold the image's raw bytes, its shape and the label."""
+        return cls((Feature(IMAGE, "uint8", tuple(shape)),), Label("class", (), class_names))
+
+    @property
+    def is_image(self) -> bool:
+        """One uint8 image of fixed shape and a class label (the original shard format)."""
+        only = self.features[0] if len(self.features) == 1 else None
+        return (
+            only is not None
+            and only.name == IMAGE
+            and only.dtype == "uint8"
+            and len(only.shape) == 3
+            and not only.variable
+            and self.label.kind == "class"
+        )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The single feature's shape (an image's, or an array's)."""
+        return self.features[0].padded_shape if len(self.features) == 1 else ()
+
+    @property
+    def num_classes(self) -> int:
+        return self.label.num_classes
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return self.label.class_names
+
+    def example_bytes(self) -> int:
+        return sum(f.example_bytes() for f in self.features) + 8 * self.label.outputs
+
+    def to_dict(self) -> dict[str, Any]:
+        raw = {
+            "features": {f.name: f.to_dict() for f in self.features},
+            "label": self.label.to_dict(),
+            "num_classes": self.num_classes,
+            "class_names": list(self.class_names),
+        }
+        if self.is_image:  # the keys image manifests always had
+            raw.update(shape=list(self.shape), dtype="uint8")
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> FeatureSpec:
+        if "features" not in raw:  # a manifest from before features were named: an image
+            return cls.image(tuple(raw["shape"]), tuple(raw["class_names"]))
+        label = raw["label"]
+        return cls(
+            tuple(Feature.from_dict(n, f) for n, f in raw["features"].items()),
+            Label(
+                label["kind"],
+                tuple(label["shape"]),
+                tuple(label["class_names"]),
+                label.get("mean"),
+                label.get("std"),
+            ),
+        )
+
+    def describe(self) -> str:
+        """One line: the features and the label, as the summary of a prepare shows them."""
+        shown = [_describe(f) for f in self.features[:6]]
+        if len(self.features) > 6:
+            shown.append(f"and {len(self.features) - 6} more")
+        kind = self.label.kind.replace("_", "-")
+        label = f"{self.num_classes} classes" if kind == "class" else f"{kind} label"
+        return f"{', '.join(shown)}; {label}"
+
+
+def _describe(feature: Feature) -> str:
+    dims = "x".join("?" if d is None else str(d) for d in feature.shape)
+    return f"{feature.name} {dims + ' ' if dims else ''}{feature.dtype}"

@@ -1,0 +1,182 @@
+"""Sources read as a stream of chunks: what tables, arrays, tf.data pipelines and
+tensorflow-datasets sets have in common.
+
+A stream source reads its rows in order, a chunk (a dict of feature arrays and the labels)
+at a time, so a table of any size is written with bounded memory. Where the source has no
+test split of its own, each row's split comes from a seeded draw made once over the labels
+(stratified where the label is a class), so the rows of a split are the same every time.
+A shard asks for its split's rows `[start, stop)`; shards are written in order, so each
+split is read once, front to back, and a resumed prepare skips what it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tasks.data.spec import FeatureSpec, Label
+
+Chunk = tuple[dict[str, Any], np.ndarray]  # features by name (a row each), labels
+MAX_CLASSES = 256  # integer labels with more distinct values than this are real values
+
+
+def rows_of(features: dict[str, Any], index: Any) -> dict[str, Any]:
+    return {name: values[index] for name, values in features.items()}
+
+
+@dataclass
+class StreamSource:
+    """A source read front to back in chunks, per split.
+
+    `read(split)` yields the split's chunks in order (a source with its own splits), or
+    `read(None)` the whole stream, split by `test_rows` (a bool per row: held out).
+    """
+
+    name: str
+    version: str
+    spec: FeatureSpec
+    splits: dict[str, int]
+    read: Callable[[str | None], Iterator[Chunk]]
+    test_rows: np.ndarray | None = None
+    _cursors: dict[str, _Cursor] = field(default_factory=dict, repr=False)
+
+    def batches(self, split: str, start: int, stop: int) -> Iterator[Chunk]:
+        """The split's rows `[start, stop)`, in chunks."""
+        cursor = self._cursors.get(split)
+        if cursor is None or cursor.position > start:
+            cursor = self._cursors[split] = _Cursor(self._split_chunks(split))
+        yield from cursor.take(start, stop)
+
+    def _split_chunks(self, split: str) -> Iterator[Chunk]:
+        if self.test_rows is None:
+            yield from self.read(split)
+            return
+        held_out, row = split == "test", 0
+        for features, labels in self.read(None):
+            keep = self.test_rows[row : row + len(labels)] == held_out
+            row += len(labels)
+            if keep.all():
+                yield features, labels
+            elif keep.any():
+                yield rows_of(features, keep), labels[keep]
+
+
+class _Cursor:
+    """Where a split's reading stands, so consecutive shards read on from there."""
+
+    def __init__(self, chunks: Iterator[Chunk]):
+        self.chunks, self.position = chunks, 0
+        self.pending: Chunk | None = None
+
+    def take(self, start: int, stop: int) -> Iterator[Chunk]:
+        while self.position < stop:
+            if self.pending is None:
+                self.pending = next(self.chunks, None)
+                if self.pending is None:
+                    return
+            features, labels = self.pending
+            n = len(labels)
+            lo, hi = max(start - self.position, 0), min(stop - self.position, n)
+            if lo < hi:
+                yield rows_of(features, slice(lo, hi)), labels[lo:hi]
+            if hi < n:
+                self.pending = (rows_of(features, slice(hi, n)), labels[hi:n])
+                self.position += hi
+            else:
+                self.pending, self.position = None, self.position + n
+
+
+def test_rows(labels: np.ndarray, fraction: float, seed: int, stratify: bool) -> np.ndarray:
+    """A seeded held-out draw over the rows: a bool per row, `fraction` of them True,
+    stratified by `labels` where asked and every class has two rows or more."""
+    from sklearn.model_selection import train_test_split
+
+    n = len(labels)
+    counts = np.unique(labels, return_counts=True)[1] if stratify else np.array([])
+    by = labels if stratify and counts.min(initial=2) >= 2 else None
+    _, test = train_test_split(np.arange(n), test_size=fraction, random_state=seed, stratify=by)
+    mask = np.zeros(n, dtype=bool)
+    mask[test] = True
+    return mask
+
+
+@dataclass(frozen=True)
+class LabelCoding:
+    """The label's kind, and how its raw values become what the shards store: class and
+    binary values become indices into their sorted distinct values (or are indices already,
+    with names given); others are stored as they are."""
+
+    label: Label
+    values: np.ndarray | None = None  # sorted distinct raw values, for class and binary
+
+    def encode(self, raw: np.ndarray) -> np.ndarray:
+        if self.label.kind == "regression":
+            return np.asarray(raw, np.float32)
+        if self.label.kind == "multi_label":
+            return np.asarray(raw, np.int64)
+        if self.values is None:  # indices already
+            return np.asarray(raw, np.int64)
+        return np.searchsorted(self.values, _comparable(raw)).astype(np.int64)
+
+
+def _comparable(raw: np.ndarray) -> np.ndarray:
+    if raw.dtype == object or raw.dtype.kind in "SU":
+        return np.array([v.decode() if isinstance(v, bytes) else str(v) for v in raw])
+    return raw
+
+
+def label_coding(
+    raw: np.ndarray, kind: str, what: str, class_names: tuple[str, ...] = ()
+) -> LabelCoding:
+    """The label's coding from all its raw values (`kind` auto or one of `LABEL_KINDS`).
+
+    Raises:
+        ValueError: the values cannot be of the kind asked for, saying why (`what` names
+            the label in the message).
+    """
+    shape = tuple(raw.shape[1:])
+    numeric = raw.dtype.kind in "biuf"
+    if kind == "auto":
+        kind = _guess_kind(raw, shape, numeric)
+    if kind == "regression":
+        if not numeric:
+            raise ValueError(f"{what} holds text; a real-valued label needs numbers")
+        return LabelCoding(Label("regression", shape))
+    if kind == "multi_label":
+        if not shape or not numeric or not np.isin(raw, (0, 1)).all():
+            raise ValueError(f"{what} is not a 0/1 vector per example, as multi_label needs")
+        return LabelCoding(Label("multi_label", shape))
+    if shape:
+        raise ValueError(
+            f"{what} has shape {shape} per example; a {kind} label is one value per example"
+        )
+    if class_names and numeric and raw.dtype.kind != "f":
+        names = tuple(class_names)
+        if kind == "binary" and len(names) != 2:
+            raise ValueError(f"{what} has {len(names)} classes; binary needs 2")
+        return LabelCoding(Label(kind, (), names))
+    values = np.unique(_comparable(raw))
+    if kind == "binary" and len(values) != 2:
+        raise ValueError(f"{what} has {len(values)} distinct values; binary needs 2")
+    names = tuple(_name(v) for v in values)
+    return LabelCoding(Label(kind, (), names), values)
+
+
+def _guess_kind(raw: np.ndarray, shape: tuple[int, ...], numeric: bool) -> str:
+    if shape:
+        return "multi_label" if numeric and np.isin(raw, (0, 1)).all() else "regression"
+    if numeric and raw.dtype.kind == "f":
+        return "regression"
+    distinct = len(np.unique(_comparable(raw)))
+    if distinct == 2:
+        return "binary"
+    return "regression" if numeric and distinct > MAX_CLASSES else "class"
+
+
+def _name(value: Any) -> str:
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
