@@ -292,11 +292,13 @@ def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():
     from types import SimpleNamespace
 
     from tasks.core.errors import UsageError
+    from tasks.data.spec import FeatureSpec
     from tasks.report.plan import make_plan
     from tasks.train.models import build_model
     from tasks.train.stage_plan import MB, batches_that_fit, footprint, layer_costs
 
-    manifest = SimpleNamespace(shape=(8, 8, 1), num_classes=10)
+    spec = FeatureSpec.image((8, 8, 1), tuple("0123456789"))
+    manifest = SimpleNamespace(shape=(8, 8, 1), num_classes=10, spec=spec)
     costs = layer_costs(build_model("cnn", manifest.shape, manifest.num_classes))
     between = (footprint(costs, 32).total + footprint(costs, 64).total) / 2 / MB
     assert batches_that_fit("cnn", manifest, between, (16, 32, 64, 128)) == (16, 32)

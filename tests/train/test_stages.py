@@ -14,6 +14,7 @@ import tensorflow as tf
 from helpers import scaled
 
 from tasks.core.errors import UsageError
+from tasks.data.spec import FeatureSpec
 from tasks.distribute.hardware import HardwareReport
 from tasks.distribute.strategy import select_strategy
 from tasks.measure.pipeline_probes import StageProbes, classify_stages
@@ -36,6 +37,7 @@ DIGITS = (8, 8, 1)
 
 class Digits:  # what fit_to_memory reads of a manifest
     shape, num_classes = DIGITS, 10
+    spec = FeatureSpec.image(DIGITS, tuple("0123456789"))
 
 
 def train_config(**values):
