@@ -91,6 +91,35 @@ def shard(damage: str) -> Setup:
     return setup
 
 
+def write(name: str, text: str) -> Setup:
+    """A file of the user's in the project."""
+    return lambda project: (project / name).write_text(text)
+
+
+def npz(**arrays: tuple) -> Setup:
+    """An .npz of seeded arrays of the given shapes."""
+
+    def setup(project: Path) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        np.savez(project / "arrays.npz", **{k: rng.random(v) for k, v in arrays.items()})
+
+    return setup
+
+
+def mixed_column(project: Path) -> None:
+    """A column of numbers in the table's first block (4 MiB) and text after it."""
+    rows = ["a,b,label"] + [f"{i % 97},{i % 13},{i % 2}" for i in range(600_000)]
+    rows.append("x,7,1")
+    (project / "mixed.csv").write_text("\n".join(rows) + "\n")
+
+
+def pipeline(body: str) -> Setup:
+    """`mine.py` with `make()` returning what `body` returns."""
+    return write("mine.py", "import tensorflow as tf\n\n\ndef make():\n" + body + "\n")
+
+
 def edit_manifest(project: Path) -> None:
     path = project / "tfrecords" / "digits" / "manifest.json"
     raw = json.loads(path.read_text())
@@ -225,6 +254,118 @@ CASES = [
         ["prepare", "--dataset", "nosuchset"],
         1,
         ("Unknown dataset 'nosuchset'", "'digits'"),
+        no_manifest=True,
+    ),
+    # the user's data (prepare.dataset: a table, arrays, a function)
+    Case(
+        "a table that is not there",
+        ["prepare", "--dataset", "sales.csv"],
+        1,
+        ("sales.csv: no such file", "fix:"),
+        no_manifest=True,
+    ),
+    Case(
+        "a file of a kind tfscale does not read",
+        ["prepare", "--dataset", "./sales.xlsx"],
+        1,
+        ("does not read .xlsx files", "(.csv, .parquet)"),
+        write("sales.xlsx", "not a table"),
+        no_manifest=True,
+    ),
+    Case(
+        "a label column the table does not have",
+        ["prepare", "--dataset", "t.csv", "--label", "price"],
+        1,
+        ("no column 'price'", "its columns: a, b, target", "--label"),
+        write("t.csv", "a,b,target\n1,2,0\n3,4,1\n"),
+        no_manifest=True,
+    ),
+    Case(
+        "a table with no rows",
+        ["prepare", "--dataset", "t.csv"],
+        1,
+        ("t.csv has no rows", "fix:"),
+        write("t.csv", "a,b,label\n"),
+        no_manifest=True,
+    ),
+    Case(
+        "a column of numbers and text",
+        ["prepare", "--dataset", "mixed.csv"],
+        1,
+        ("column 'a' holds values of more than one type", "all numbers", "quote"),
+        mixed_column,
+        no_manifest=True,
+    ),
+    Case(
+        "an .npz without x and y",
+        ["prepare", "--dataset", "arrays.npz"],
+        1,
+        ("holds a, b: expected x and y", "numpy.savez"),
+        npz(a=(10, 3), b=(10,)),
+        no_manifest=True,
+    ),
+    Case(
+        "arrays of different lengths",
+        ["prepare", "--dataset", "arrays.npz"],
+        1,
+        ("the arrays differ in length (x 10, label 9)", "fix:"),
+        npz(x=(10, 3), y=(9,)),
+        no_manifest=True,
+    ),
+    Case(
+        "a function whose module does not import",
+        ["prepare", "--dataset", "mine.py:make"],
+        1,
+        ("mine.py (from --dataset mine.py:make) did not import", "ModuleNotFoundError", "--debug"),
+        write("mine.py", "import no_such_package\n"),
+        no_manifest=True,
+    ),
+    Case(
+        "a function the module does not define",
+        ["prepare", "--dataset", "mine.py:build"],
+        1,
+        ("mine.py has no function 'build'", "it defines make"),
+        pipeline("    return None"),
+        no_manifest=True,
+    ),
+    Case(
+        "a function that raises",
+        ["prepare", "--dataset", "mine.py:make"],
+        1,
+        ("mine.py:make raised ValueError: no such table in the warehouse", "--debug"),
+        pipeline("    raise ValueError('no such table in the warehouse')"),
+        no_manifest=True,
+    ),
+    Case(
+        "a function that returns no dataset",
+        ["prepare", "--dataset", "mine.py:make"],
+        1,
+        ("returned a list, not a tf.data.Dataset", "fix:"),
+        pipeline("    return [1, 2, 3]"),
+        no_manifest=True,
+    ),
+    Case(
+        "an infinite dataset",
+        ["prepare", "--dataset", "mine.py:make"],
+        1,
+        ("returned an infinite dataset", ".take(n)"),
+        pipeline("    return tf.data.Dataset.from_tensor_slices(([1.0, 2.0], [0, 1])).repeat()"),
+        no_manifest=True,
+    ),
+    Case(
+        "a feature that varies in more than one dimension",
+        ["prepare", "--dataset", "mine.py:make"],
+        1,
+        ("feature 'x' of mine.py_make varies in shape (?x?x3, up to 5x4x3)", "pads only 1-D"),
+        pipeline(
+            "    sizes = [(3, 4), (5, 2)]\n"
+            "    return tf.data.Dataset.from_generator(\n"
+            "        lambda: ((tf.zeros((h, w, 3)), 0) for h, w in sizes),\n"
+            "        output_signature=(\n"
+            "            tf.TensorSpec([None, None, 3]), tf.TensorSpec([], tf.int64)\n"
+            "        ),\n"
+            "    )"
+        ),
         no_manifest=True,
     ),
     Case("unknown strategy", ["train", "--strategy", "ring"], 2, ("'ring'", "multi_worker")),
