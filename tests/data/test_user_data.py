@@ -20,6 +20,7 @@ from tasks.data.manifest import verify_shards
 from tasks.data.preparation import prepare_dataset
 from tasks.settings.config import load_config
 
+
 def prepare(tmp_path: Path, dataset: str, **prepare_keys):
     values = {"prepare.dataset": dataset, "prepare.data_dir": str(tmp_path / "tfrecords")}
     values.update({f"prepare.{k}": v for k, v in prepare_keys.items()})
