@@ -208,10 +208,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])
         tracker.log_result(run_id, result)
         tracker.log_artifacts(run_id, [path])
-        print(
-            f"test accuracy {result.test_accuracy:.4f}  loss {result.test_loss:.4f}  "
-            f"({result.examples} examples){by}; written to {path}"
-        )
+        print(f"{result.text()} ({result.examples} examples){by}; written to {path}")
         if args.baseline:
             from tasks.report.summary import compare_exported
 

@@ -29,14 +29,17 @@ def check_tracking_task(tracker: tracking.Tracker):
 
 
 @task(name="prepare data", cache_policy=RESULTS, persist_result=True)
-def _prepare_task(config: config_mod.Config):
+def _prepare_task(config: config_mod.Config, source: str = ""):
+    """`source`: the user's data's fingerprint, in the cache key (a table edited in place
+    is prepared again)."""
     return preparation.prepare_dataset(config, progress=False)
 
 
 def prepare_task(config: config_mod.Config):
     """Prepare, reusing the cached result only while its shards are still on disk."""
     present = shards_present(preparation.dataset_dir(config))
-    prepared = cached(_prepare_task, config, files_present=present)(config)
+    source = preparation.source_fingerprint(config.prepare)
+    prepared = cached(_prepare_task, config, files_present=present)(config, source)
     status("prepare", preparation.format_line(prepared, reused=present))
     return prepared
 
@@ -121,7 +124,7 @@ def evaluate_task(model_path: str, run: Run):
     result, _ = evaluation.recorded_or_evaluated(
         model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
     )
-    status("evaluate", f"test accuracy {result.test_accuracy:.4f} (loss {result.test_loss:.4f})")
+    status("evaluate", result.text())
     return result
 
 

@@ -97,7 +97,10 @@ def test_rows(labels: np.ndarray, fraction: float, seed: int, stratify: bool) ->
     n = len(labels)
     counts = np.unique(labels, return_counts=True)[1] if stratify else np.array([])
     by = labels if stratify and counts.min(initial=2) >= 2 else None
-    _, test = train_test_split(np.arange(n), test_size=fraction, random_state=seed, stratify=by)
+    try:
+        _, test = train_test_split(np.arange(n), test_size=fraction, random_state=seed, stratify=by)
+    except ValueError:  # fewer held-out rows than classes: a plain seeded draw
+        _, test = train_test_split(np.arange(n), test_size=fraction, random_state=seed)
     mask = np.zeros(n, dtype=bool)
     mask[test] = True
     return mask

@@ -234,39 +234,7 @@ def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str, coding) 
 def npz_source(path: Path, cfg: PrepareConfig) -> StreamSource:
     """Arrays saved with `np.savez`: `x` and `y`; `x_train`, `y_train`, `x_test` and
     `y_test` (its own split); or named arrays with the label under `cfg.label`."""
-    import zipfile
-
-    try:
-        archive = np.load(path, allow_pickle=False)
-        arrays = {key: archive[key] for key in archive.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise DatasetError(
-            f"{path} is not an .npz tfscale can read ({str(exc).splitlines()[0]})",
-            "save the arrays with numpy.savez(path, x=..., y=...)",
-        ) from None
-    if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
-        parts = {s: ({"x": arrays[f"x_{s}"]}, arrays[f"y_{s}"]) for s in ("train", "test")}
-    elif {"x", "y"} <= arrays.keys():
-        parts = {None: ({"x": arrays["x"]}, arrays["y"])}
-    elif cfg.label in arrays:
-        named = {k: v for k, v in arrays.items() if k != cfg.label}
-        parts = {None: (named, arrays[cfg.label])}
-    else:
-        raise DatasetError(
-            f"{path} holds {', '.join(arrays) or 'no arrays'}: expected x and y, x_train, "
-            f"y_train, x_test and y_test, or named arrays with the label under {cfg.label!r}",
-            "save it with numpy.savez(path, x=..., y=...), or name the label array with --label",
-        )
-    for split, (features, labels) in parts.items():
-        lengths = {name: len(a) for name, a in {**features, "label": labels}.items()}
-        if len(set(lengths.values())) > 1 or not features:
-            where = f" ({split})" if split else ""
-            shown = ", ".join(f"{n} {k}" for n, k in lengths.items())
-            raise DatasetError(
-                f"{path}{where}: the arrays differ in length ({shown}); each needs a row per "
-                "example",
-                "save arrays of equal length",
-            )
+    parts = _npz_parts(path, cfg.label)
     first_features, _ = next(iter(parts.values()))
     all_labels = np.concatenate([labels for _, labels in parts.values()])
     coding = _coding(all_labels, cfg, f"the label array of {path.name}")
@@ -284,6 +252,49 @@ def npz_source(path: Path, cfg: PrepareConfig) -> StreamSource:
         return _split(path.name, _file_version(path), spec, coding.encode(all_labels), cfg, chunks)
     splits = {split: len(labels) for split, (_, labels) in parts.items()}
     return StreamSource(path.name, _file_version(path), spec, splits, chunks)
+
+
+def _npz_parts(path: Path, label: str) -> dict[str | None, tuple[dict[str, Any], np.ndarray]]:
+    """The arrays by split (None: one set, to be split): the features by name, the labels.
+
+    Raises:
+        DatasetError: not an .npz, no arrays tfscale knows, or arrays of unequal lengths.
+    """
+    import zipfile
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+        arrays = {key: archive[key] for key in archive.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise DatasetError(
+            f"{path} is not an .npz tfscale can read ({str(exc).splitlines()[0]})",
+            "save the arrays with numpy.savez(path, x=..., y=...)",
+        ) from None
+    parts: dict[str | None, tuple[dict[str, Any], np.ndarray]]
+    if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
+        parts = {s: ({"x": arrays[f"x_{s}"]}, arrays[f"y_{s}"]) for s in ("train", "test")}
+    elif {"x", "y"} <= arrays.keys():
+        parts = {None: ({"x": arrays["x"]}, arrays["y"])}
+    elif label in arrays:
+        named = {k: v for k, v in arrays.items() if k != label}
+        parts = {None: (named, arrays[label])}
+    else:
+        raise DatasetError(
+            f"{path} holds {', '.join(arrays) or 'no arrays'}: expected x and y, x_train, "
+            f"y_train, x_test and y_test, or named arrays with the label under {label!r}",
+            "save it with numpy.savez(path, x=..., y=...), or name the label array with --label",
+        )
+    for split, (features, labels) in parts.items():
+        lengths = {name: len(a) for name, a in {**features, "label": labels}.items()}
+        if len(set(lengths.values())) > 1 or not features:
+            where = f" ({split})" if split else ""
+            shown = ", ".join(f"{n} {k}" for n, k in lengths.items())
+            raise DatasetError(
+                f"{path}{where}: the arrays differ in length ({shown}); each needs a row per "
+                "example",
+                "save arrays of equal length",
+            )
+    return parts
 
 
 def _array_feature(name: str, array: np.ndarray) -> Feature:

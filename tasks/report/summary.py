@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,10 @@ class ScalingSummary(SpreadOver):
     time_to_target_s_distributed: float | None
     test_accuracy: float
     test_loss: float
-    reason: str = field(metadata=tracked_as("strategy_reason"))  # the parent's tag of it
+    reason: str = field(metadata=tracked_as("strategy_reason"))
+    # the label kind's held-out metrics beside accuracy (AUC; a real value's mean absolute
+    # error, where `test_accuracy` is NaN)
+    test_metrics: dict[str, float] = field(default_factory=dict)  # the parent's tag of it
     bottleneck: str = ""
     bottleneck_evidence: str = ""
     advice: list[str] = field(default_factory=list)
@@ -152,6 +156,7 @@ def compare_runs(
         **target,
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
+        test_metrics=dict(getattr(evaluation, "metrics", {}) or {}),
         reason=distributed.reason,
         bottleneck=bottleneck[0],
         bottleneck_evidence=bottleneck[1],
@@ -159,6 +164,19 @@ def compare_runs(
         **figures,
     )
     return dataclasses.replace(summary, answer=answer_text(summary, subject))
+
+
+def test_row(summary: ScalingSummary, bold: bool = False) -> tuple[str, str]:
+    """`("test accuracy", "0.9639 (loss 0.1085)")`, with AUC where the label is binary;
+    for a real-valued label, its mean absolute error."""
+    mark = "**" if bold else ""
+    loss = f"(loss {summary.test_loss:.4f})"
+    error = summary.test_metrics.get("mean_absolute_error")
+    if math.isnan(summary.test_accuracy) and error is not None:
+        return "test mean abs. error", f"{mark}{error:.4f}{mark} {loss}"
+    auc = summary.test_metrics.get("auc")
+    extra = f", AUC {auc:.4f}" if auc is not None else ""
+    return "test accuracy", f"{mark}{summary.test_accuracy:.4f}{mark}{extra} {loss}"
 
 
 def answer_text(summary: ScalingSummary, subject: str = "") -> str:
@@ -399,7 +417,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f} (1.00 is linear)"),
         ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
         ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
-        ("test accuracy", f"{summary.test_accuracy:.4f} (loss {summary.test_loss:.4f})"),
+        test_row(summary),
         ("strategy", strategy_text(summary)),
         *([("forecast", summary.forecast)] if summary.forecast else []),
     ]
@@ -457,7 +475,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, link: tuple[str, str]
         *([("interference", summary.interference)] if summary.interference else []),
         ("scaling efficiency", f"**{summary.scaling_efficiency:.2f}** (1.00 is linear)"),
         ("to target", summary.to_target),
-        ("test accuracy", f"**{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"),
+        test_row(summary, bold=True),
         ("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}"),
         *[(f"advice {i + 1}" if len(advice) > 1 else "advice", a) for i, a in enumerate(advice)],
         *([("use", summary.recommendation)] if summary.recommendation else []),

@@ -128,7 +128,7 @@ def log_comparison(
         study,
         f"{dataset}: {summary.speedup_text} on {summary.shape} "
         f"({summary.strategy}, {summary.precision}), efficiency "
-        f"{summary.scaling_efficiency:.2f}, test accuracy {result.test_accuracy:.4f}; "
+        f"{summary.scaling_efficiency:.2f}, {result.text()}; "
         f"bottleneck: {summary.bottleneck}. The stages are its child runs: the "
         "single-device baseline, the training compared with it, the evaluation.",
     )

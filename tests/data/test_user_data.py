@@ -388,3 +388,38 @@ def test_a_built_in_dense_model_trains_on_each_source_under_mirrored(kind, tmp_p
         assert set(evaluation.metrics) == {"accuracy", "auc"}
     saved = json.loads((Path(result.model_path).parent / "final_eval.json").read_text())
     assert saved["result"]["metrics"] == pytest.approx(evaluation.metrics, nan_ok=True)
+
+
+@pytest.mark.unit
+def test_a_cached_prepare_keys_on_the_users_file_and_module_not_only_the_config(
+    tmp_path, monkeypatch
+):
+    """`tfscale run` reuses a prepare keyed on the config; the user's table edited in place,
+    or their pipeline's module, changes the key (`source_fingerprint`), and the shards
+    written from the edited table hold its rows."""
+    from tasks.data.preparation import source_fingerprint
+
+    table = tmp_path / "t.csv"
+    table.write_text("a,label\n1,0\n2,1\n3,0\n4,1\n")
+    cfg = load_config(None, {"prepare.dataset": str(table)}).prepare
+    before = source_fingerprint(cfg)
+    first = prepare(tmp_path, str(table))
+    table.write_text("a,label\n1,0\n2,1\n3,0\n5,1\n")
+    assert source_fingerprint(cfg) != before
+    again = prepare(tmp_path, str(table))
+    assert again.written == len(again.manifest.shards)
+    rows = np.concatenate([read_all(again, s)[0] for s in ("train", "test")])
+    assert (
+        sorted(rows.ravel().tolist()) == [1, 2, 3, 5]
+        and first.manifest.digest != again.manifest.digest
+    )
+
+    (tmp_path / "mine.py").write_text("def make():\n    return 1\n")
+    monkeypatch.chdir(tmp_path)
+    by_module = load_config(None, {"prepare.dataset": "mine:make"}).prepare
+    by_file = load_config(None, {"prepare.dataset": "mine.py:make"}).prepare
+    was = (source_fingerprint(by_module), source_fingerprint(by_file))
+    (tmp_path / "mine.py").write_text("def make():\n    return 2\n")
+    now = (source_fingerprint(by_module), source_fingerprint(by_file))
+    assert was[0] == was[1] and now[0] == now[1] and was != now
+    assert source_fingerprint(load_config(None, {}).prepare) == ""
