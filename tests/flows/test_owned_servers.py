@@ -190,8 +190,12 @@ def test_a_run_stopped_by_sigterm_takes_its_api_with_it(tmp_path):
 def test_a_run_whose_api_is_killed_ends_with_one_clear_error(tmp_path):
     """The server SIGKILLed while the run trains: the run ends at once (it kept retrying the
     dead server for minutes, its console filling with connection errors) with an error
-    that names the server and what to do, exit 1, and nothing left running."""
-    run = Run(tmp_path)
+    that names the server and what to do, exit 1, and nothing left running.
+
+    The baseline trains 60 epochs (several seconds): at the tiny params' 2 (a fraction of a
+    second once traced) it could finish, and print its line, while the watchdog was still
+    turning Prefect's retries off, before it interrupted the run."""
+    run = Run(tmp_path, "--epochs", "60")
     try:
         run.wait_for_line("strategy")
         (server,) = run.servers()
