@@ -423,3 +423,24 @@ def test_a_cached_prepare_keys_on_the_users_file_and_module_not_only_the_config(
     now = (source_fingerprint(by_module), source_fingerprint(by_file))
     assert was[0] == was[1] and now[0] == now[1] and was != now
     assert source_fingerprint(load_config(None, {}).prepare) == ""
+
+
+@pytest.mark.integration
+def test_a_new_user_prepares_trains_and_evaluates_a_table_with_the_commands(tmp_path):
+    """`tfscale prepare --dataset wine.csv --label target`, then `train` and `evaluate`,
+    through the command's own entry: each says what the data is and what it reached."""
+    from helpers import run_main, tiny_params
+
+    wine_csv(tmp_path)
+    params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
+    data = ["--dataset", "wine.csv", "--label", "target"]
+    code, out, err = run_main([*params, "prepare", *data], tmp_path)
+    assert code == 0, err[-2000:]
+    assert "alcohol float32" in out and "3 classes" in out, out
+    train = [*params, "train", *data, "--no-diagnose", "--strategy", "mirrored"]
+    code, out, err = run_main([*train, "--batch-size-per-replica", "16"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert "training mlp on wine.csv: mirrored, 2 replicas" in out, out
+    code, out, err = run_main([*params, "evaluate", *data], tmp_path)
+    assert code == 0, err[-2000:]
+    assert "test accuracy" in out and "(36 examples)" in out, out
