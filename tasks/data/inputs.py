@@ -135,10 +135,12 @@ def _records(files: list[str], training: bool, seed: int, parallel: bool) -> tf.
     if not training:
         return tf.data.TFRecordDataset(ds, buffer_size=8 << 20)
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if not parallel:
+        return ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8))
     return ds.interleave(
         tf.data.TFRecordDataset,
         cycle_length=min(len(files), 8),
-        num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
+        num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,  # seeded runs repeat exactly
     )
 

@@ -203,6 +203,8 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     )
     if s.time_to_target_speedup is None or low is None or high is None:
         why = s.to_target.partition(": ")[2]
+        if "the label is real-valued" in why:
+            return f"{head}: {by_speed}; no time to target: the label is real-valued"
         return f"{head}: {by_speed}" + (f"; to {target}, not compared: {why}" if why else "")
     time = Spread(s.time_to_target_speedup, low, high)
     join = (
@@ -573,7 +575,12 @@ def summarize_study(
     out_dir = Path(distributed.run_dir)
     files = {
         "evaluation": write_evaluation(evaluation, out_dir, class_names),
-        "confusion_matrix": out_dir / "confusion_matrix.png",
+        # classes only: a real-valued label has no confusion matrix
+        **(
+            {"confusion_matrix": out_dir / "confusion_matrix.png"}
+            if evaluation.confusion_matrix
+            else {}
+        ),
         "speedup_chart": plot_speedup(summary, baseline, distributed, out_dir / "speedup.png"),
         "baseline_metrics": Path(baseline.run_dir) / "metrics.json",
         "distributed_metrics": out_dir / "metrics.json",

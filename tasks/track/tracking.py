@@ -573,7 +573,11 @@ class Tracker:
             write_json_artifact("hardware.json", context["hardware"]),
             write_json_artifact("manifest.json", context["manifest"]),
             write_json_artifact("summary.json", record.summary.to_dict()),
-            *(record.files[k] for k in ("speedup_chart", "confusion_matrix", "evaluation")),
+            *(
+                record.files[k]
+                for k in ("speedup_chart", "confusion_matrix", "evaluation")
+                if k in record.files
+            ),
             record.files["diagnosis"],
             *(path for key, path in record.files.items() if key.startswith("forecast")),
         ]
