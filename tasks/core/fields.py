@@ -16,6 +16,10 @@ PARAM = {"track": "param"}  # metadata of a result field that says how the run w
 UNTRACKED = {"track": "no"}
 
 
+# metadata of a mapping of names to numbers logged as one metric each, `<prefix>_<name>`
+EACH = {"track": "each"}
+
+
 def tracked_as(name: str) -> dict[str, str]:
     """Metadata of a result field tracked under another name: a run-level figure whose
     field name a per-epoch curve also uses (one name would draw both on one chart)."""
@@ -27,7 +31,7 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
 
     Numbers are metrics, strings and flags tags, fields whose metadata is `PARAM` params.
     None, empty strings, lists and mappings are left out (an empty tag says nothing on a run
-    page); a nested dataclass adds its own fields.
+    page), but for a mapping marked `EACH`; a nested dataclass adds its own fields.
     """
     metrics: dict[str, float] = {}
     params: dict[str, str] = {}
@@ -41,6 +45,8 @@ def fields_by_type(result: Any, prefix: str = "") -> tuple[dict, dict, dict]:
                 into.update(part)
         elif field.metadata.get("track") == "no":
             continue
+        elif field.metadata.get("track") == "each":
+            metrics.update({f"{key}_{k}": float(v) for k, v in (value or {}).items()})
         elif value is None or value == "" or isinstance(value, list | tuple | dict):
             continue
         elif field.metadata.get("track") == "param":

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.core.fields import PARAM, UNTRACKED, tracked_as
+from tasks.core.fields import EACH, PARAM, UNTRACKED, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.provenance import code_version
 from tasks.distribute.run import Run
@@ -48,7 +48,9 @@ class ScalingSummary(SpreadOver):
     reason: str = field(metadata=tracked_as("strategy_reason"))
     # the label kind's held-out metrics beside accuracy (AUC; a real value's mean absolute
     # error, where `test_accuracy` is NaN)
-    test_metrics: dict[str, float] = field(default_factory=dict)  # the parent's tag of it
+    test_metrics: dict[str, float] = field(
+        default_factory=dict, metadata={**EACH, **tracked_as("test")}
+    )  # the parent's tag of it
     bottleneck: str = ""
     bottleneck_evidence: str = ""
     advice: list[str] = field(default_factory=list)

@@ -444,3 +444,45 @@ def test_a_new_user_prepares_trains_and_evaluates_a_table_with_the_commands(tmp_
     code, out, err = run_main([*params, "evaluate", *data], tmp_path)
     assert code == 0, err[-2000:]
     assert "test accuracy" in out and "(36 examples)" in out, out
+
+
+@pytest.mark.integration
+def test_the_whole_study_on_a_real_valued_table_logs_its_error_and_no_time_to_target(tmp_path):
+    """The study flow on a Parquet table with a real-valued target: the summary gives the
+    held-out mean absolute error (no confusion matrix to write or log), the answer says
+    there is no time to target, and the MLflow runs end FINISHED with the model logged
+    (its signature from the table's ten features)."""
+    from helpers import tiny_params
+    from sklearn.datasets import load_diabetes
+
+    import mlflow
+    from flows.study import scaling_study
+
+    load_diabetes(as_frame=True).frame.to_parquet(tmp_path / "diabetes.parquet")
+    overrides = {
+        "track.store_dir": str(tmp_path / "mlflow"),
+        "prepare.dataset": str(tmp_path / "diabetes.parquet"),
+        "prepare.label": "target",
+    }
+    config = load_config(tiny_params(tmp_path), overrides)
+    summary = scaling_study(config, return_state=True).result()
+    assert summary.test_metrics["mean_absolute_error"] > 0
+    assert "no time to target: the label is real-valued" in summary.answer
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    runs = client.search_runs(client.search_experiments()[0].experiment_id)
+    assert runs and {r.info.status for r in runs} == {"FINISHED"}
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    assert parent.data.metrics["test_mean_absolute_error"] == pytest.approx(
+        summary.test_metrics["mean_absolute_error"], rel=1e-3
+    )
+    (model,) = client.search_logged_models([parent.info.experiment_id])
+    assert str(model.status).endswith("READY")
+    was = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(client.tracking_uri)
+    try:
+        info = mlflow.models.get_model_info(f"models:/{model.model_id}")
+    finally:
+        mlflow.set_tracking_uri(was)
+    assert sorted(info.signature.inputs.input_names()) == sorted(
+        c for c in load_diabetes(as_frame=True).frame.columns if c != "target"
+    )
