@@ -51,6 +51,7 @@ class TemporaryAPI:
         self.url: str | None = None
         self.died: int | None = None  # the exit code of a server that stopped mid-run
         self.closing = threading.Event()
+        self.interrupt = signal.SIGINT  # what the watchdog interrupts the main thread with
 
     def start(self) -> None:
         """The server on a free port, its URL PREFECT_API_URL for the whole process."""
@@ -115,7 +116,7 @@ class TemporaryAPI:
                 os.environ.update(WITHOUT_SERVER)
                 _point_prefect_at(self.url)
                 _quiet_about_the_server()
-                _thread.interrupt_main()  # KeyboardInterrupt in the main thread
+                _thread.interrupt_main(self.interrupt)  # KeyboardInterrupt in the main thread
 
         threading.Thread(target=follow, daemon=True, name="prefect-api-watchdog").start()
 
@@ -284,8 +285,13 @@ def temporary_api() -> Iterator[TemporaryAPI]:
         yield TemporaryAPI()
         return
     before = os.environ.get("PREFECT_API_URL")
-    with stopped_by_signals(), tempfile.TemporaryDirectory(prefix="tfscale-prefect-") as folder:
+    with (
+        stopped_by_signals(),
+        _interrupt_signal() as interrupt,
+        tempfile.TemporaryDirectory(prefix="tfscale-prefect-") as folder,
+    ):
         api = TemporaryAPI(Path(folder) / "server.log")
+        api.interrupt = interrupt
         try:
             api.start()
             yield api
@@ -296,6 +302,25 @@ def temporary_api() -> Iterator[TemporaryAPI]:
         finally:
             api.stop()
             _point_prefect_at(before)
+
+
+@contextmanager
+def _interrupt_signal() -> Iterator[int]:
+    """The signal the watchdog interrupts the main thread with (`_thread.interrupt_main`,
+    which does nothing for a signal Python does not handle): SIGINT, Ctrl-C's own path,
+    where Python handles it; where SIGINT is ignored (a command a shell started in the
+    background: `tfscale run &` in a script, a CI runner's job), SIGUSR2, handled for the
+    block as Ctrl-C is. Measured: in such a process the killed server's run went on
+    training to its end and failed only at its next call to the server."""
+    usable = signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.SIG_DFL, None)
+    if usable or threading.current_thread() is not threading.main_thread():
+        yield signal.SIGINT
+        return
+    previous = signal.signal(signal.SIGUSR2, signal.default_int_handler)
+    try:
+        yield signal.SIGUSR2
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 def _point_prefect_at(url: str | None) -> None:

@@ -57,12 +57,13 @@ class Run:
             except psutil.NoSuchProcess:
                 return
             for child in children:
-                if child.pid not in self.started:
-                    try:
-                        self.commands[child.pid] = child.cmdline()
-                    except psutil.NoSuchProcess:
-                        continue
-                    self.started[child.pid] = child
+                try:  # read again while it lives: just forked, it shows no command yet
+                    command = child.cmdline()
+                except psutil.NoSuchProcess:
+                    continue
+                self.started.setdefault(child.pid, child)
+                if command or child.pid not in self.commands:
+                    self.commands[child.pid] = command
             time.sleep(0.05)
 
     def servers(self) -> list[psutil.Process]:
