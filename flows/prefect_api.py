@@ -38,7 +38,10 @@ from tasks.core.process import stopped_by_signals
 START_TIMEOUT_S = 180.0  # a hang detector: Prefect's server starts in 6-20 s on 2 busy cores
 START_TIMEOUT_VARIABLE = "TFSCALE_SERVER_START_TIMEOUT_S"
 WITHOUT_SERVER = {"PREFECT_CLIENT_MAX_RETRIES": "0", "PREFECT_LOGGING_TO_API_ENABLED": "false"}
-START_TRIES = 3  # a port another process took between its pick and the server's bind
+# a port another process took between its pick and the server's bind, or Prefect's database
+# locked by another command's server starting at the same moment: started again
+START_TRIES = 3
+DATABASE_CROWDED = ("database is locked", "Application startup failed")
 
 
 class TemporaryAPI:
@@ -64,7 +67,8 @@ class TemporaryAPI:
     def wait(self, timeout_s: float | None = None) -> None:
         """Returns once `<url>/health` answers (within `START_TIMEOUT_S`, or
         `TFSCALE_SERVER_START_TIMEOUT_S` seconds: a slow, busy machine's start); a server
-        whose port was taken before it bound starts again on another.
+        whose port was taken before it bound starts again on another, and one whose database
+        another server held locked starts again.
 
         Raises:
             ServerUnavailable: the server exited or did not answer in time, with its log.
@@ -79,7 +83,7 @@ class TemporaryAPI:
             if problem is None:
                 self._watch()
                 return
-            if not self.port_was_taken() or attempt == START_TRIES:
+            if not self.crowded_out() or attempt == START_TRIES:
                 break
             self.start()
         code = self.process.poll()
@@ -97,9 +101,15 @@ class TemporaryAPI:
             return ""
         return self.log.read_text(errors="replace")[-2000:]
 
-    def port_was_taken(self) -> bool:
-        """The server exited because its port was taken meanwhile (another command's)."""
-        return self.process.poll() is not None and "address already in use" in self.log_tail()
+    def crowded_out(self) -> bool:
+        """The server exited at its start because another command took what it needed
+        meanwhile: its port, or Prefect's database, which two servers starting at once on
+        a fresh one both migrate (seen once in a suite run on a busy machine: one failed
+        its start in a migration's query)."""
+        if self.process.poll() is None:
+            return False
+        tail = self.log_tail()
+        return any(m in tail for m in ("address already in use", *DATABASE_CROWDED))
 
     def _watch(self) -> None:
         """A daemon thread that, should the server die before the block ends, records its
