@@ -127,12 +127,16 @@ def make_plan(
     one_time = steps_at(own_per_replica * accum)[0] * one_step
     one_rate = own_per_replica / one_step
     counts = sorted({*(2**i for i in range(devices.bit_length()) if 2**i <= devices), devices})
-    rows = []
+    data = _training_examples(metrics)
+    rows, too_large = [], 0
     for n in counts:
         for b in batches:
+            batch = n * b * accum
+            if data is not None and batch > data:  # not one full batch in an epoch
+                too_large += 1
+                continue
             priced = dataclasses.replace(model, per_replica_batch=b)
             p = priced.predict(n, link, "weak")
-            batch = n * b * accum
             steps, low, high = steps_at(batch)
             rows.append(
                 PlanRow(
@@ -152,6 +156,11 @@ def make_plan(
                     past_noise_scale=batch > phi,
                 )
             )
+    if not rows:
+        raise UsageError(
+            f"every global batch priced is larger than the run's {data:,} training examples",
+            "plan for fewer devices (--devices), or from a run on more data.",
+        )
     best = min(range(len(rows)), key=lambda i: rows[i].time_s)
     sources = {
         "step time": f"the cost model fitted to the run's probes (compute at per-replica "
@@ -164,9 +173,24 @@ def make_plan(
         "learning rate": f"the run's base rate {base_rate:g} scaled {rule}",
         "link": link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)",
         "batches": ", ".join(map(str, batches))
-        + ("" if batches == BATCHES else " (those that fit --device-memory-mb)"),
+        + ("" if batches == BATCHES else " (those that fit --device-memory-mb)")
+        + (
+            f"; {too_large} device counts and batches left out: a global batch over the "
+            f"{data:,} training examples never trains"
+            if too_large
+            else ""
+        ),
     }
     return Plan(str(metrics.get("run_dir")), target, link_name, phi, rows, best, sources)
+
+
+def _training_examples(metrics: dict) -> int | None:
+    """The run's training examples, as its epochs of full batches count them (None where
+    its metrics do not say)."""
+    steps = metrics.get("steps_per_epoch")
+    if not steps:
+        return None
+    return int(steps) * int(metrics["global_batch"]) * int(metrics.get("grad_accum_steps", 1))
 
 
 def _probed_batches(metrics: dict) -> str:

@@ -275,6 +275,24 @@ def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     )
 
 
+def test_a_plan_never_prices_a_global_batch_larger_than_the_training_data():
+    """A run of 22 steps an epoch at global batch 64 had 1,408 training examples: 8 devices
+    at 256 (2,048) would not make one full batch, so no row has more than 1,408, the
+    sources say how many were left out, and data too small for any row is refused."""
+    from tasks.core.errors import UsageError
+    from tasks.report.plan import make_plan
+
+    plan = make_plan({**_planned_run(), "steps_per_epoch": 22}, 8, "ethernet-10g", 10.0)
+    assert plan.rows and max(r.global_batch for r in plan.rows) <= 1408
+    assert (8, 256) not in {(r.devices, r.per_replica_batch) for r in plan.rows}
+    assert (1, 256) in {(r.devices, r.per_replica_batch) for r in plan.rows}
+    assert "left out: a global batch over the 1,408 training examples" in plan.sources["batches"]
+    everything = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
+    assert len(everything.rows) > len(plan.rows)
+    with pytest.raises(UsageError, match="larger than the run's 64 training examples"):
+        make_plan({**_planned_run(), "steps_per_epoch": 1}, 8, "ethernet-10g", 10.0, None, (128,))
+
+
 def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_scale():
     from tasks.core.errors import UsageError
     from tasks.report.plan import make_plan
