@@ -14,7 +14,12 @@ from tasks.data.datasets import (
 )
 from tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
 from tasks.data.tfds_source import tfds_source
-from tasks.data.user_sources import is_function_ref, is_user_file, user_source
+from tasks.data.user_sources import (
+    is_function_ref,
+    is_user_file,
+    source_fingerprint,  # noqa: F401 - what a cached prepare keys on (flows.study)
+    user_source,
+)
 from tasks.settings.config import Config, PrepareConfig
 
 
@@ -38,34 +43,6 @@ def open_source(cfg: PrepareConfig) -> Source:
             "(pkg.module:function or file.py:function), or a dataset name",
         )
     return tfds_source(cfg.dataset, cfg)
-
-
-def source_fingerprint(cfg: PrepareConfig) -> str:
-    """What the user's data is made of, for a cached prepare to key on beside the config: a
-    table's or an .npz's sha256; a function's module file's (the data it reads elsewhere
-    is not seen: `tfscale prepare` itself reads it afresh). Empty for the other sources."""
-    from tasks.data.manifest import sha256_of
-
-    if is_user_file(cfg.dataset) and Path(cfg.dataset).is_file():
-        return sha256_of(Path(cfg.dataset))
-    if is_function_ref(cfg.dataset):
-        module = cfg.dataset.rsplit(":", 1)[0]
-        path = Path(module) if module.endswith(".py") else _module_file(module)
-        return sha256_of(path) if path is not None and path.is_file() else module
-    return ""
-
-
-def _module_file(module: str) -> Path | None:
-    import importlib.util
-    import sys
-
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return Path(found.origin) if found is not None and found.origin else None
 
 
 def dataset_dir(config: Config) -> Path:

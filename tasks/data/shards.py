@@ -208,22 +208,25 @@ def with_statistics(spec: FeatureSpec, shards: list[ShardInfo]) -> FeatureSpec:
         return spec
     features = []
     for feature in spec.features:
-        parts = [t[feature.name] for t in train if feature.name in t]
-        count = sum(p[0] for p in parts)
-        if not count:
-            features.append(feature)
-            continue
-        mean = sum(p[1] for p in parts) / count
-        variance = max(sum(p[2] for p in parts) / count - mean * mean, 0.0)
-        features.append(replace(feature, mean=round(mean, 6), std=round(math.sqrt(variance), 6)))
+        moments = _moments([t[feature.name] for t in train if feature.name in t])
+        features.append(replace(feature, mean=moments[0], std=moments[1]) if moments else feature)
     label = spec.label
     if label.kind == "regression":
-        count, total, squares = (sum(t[LABEL][i] for t in train if LABEL in t) for i in range(3))
-        if count:
-            mean = total / count
-            std = math.sqrt(max(squares / count - mean * mean, 0.0))
-            label = replace(label, mean=round(mean, 6), std=round(std, 6))
+        moments = _moments([t[LABEL] for t in train if LABEL in t])
+        if moments:
+            label = replace(label, mean=moments[0], std=moments[1])
     return replace(spec, features=tuple(features), label=label)
+
+
+def _moments(parts: list[list[float]]) -> tuple[float, float] | None:
+    """The mean and standard deviation of the values that shards' [count, sum, sum of
+    squares] describe, to 6 places (None: no values)."""
+    count = sum(p[0] for p in parts)
+    if not count:
+        return None
+    mean = sum(p[1] for p in parts) / count
+    variance = max(sum(p[2] for p in parts) / count - mean * mean, 0.0)
+    return round(mean, 6), round(math.sqrt(variance), 6)
 
 
 def serialize_example(image: Any, label: int) -> bytes:

@@ -118,10 +118,10 @@ class Label:
         return DEFAULTS[self.kind][2]
 
     @property
-    def score_name(self) -> str:
-        """What a training reports of its batches as it goes: accuracy, or for real values
-        the mean absolute error."""
-        return "mean absolute error" if self.kind == "regression" else "accuracy"
+    def score(self) -> str:
+        """What a training reports of its batches and held-out split as it goes, the key of
+        its epochs' records: `accuracy`, or for real values `mean_absolute_error`."""
+        return "mean_absolute_error" if self.kind == "regression" else "accuracy"
 
     @property
     def dtype(self) -> str:

@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,32 @@ def _coding(raw: np.ndarray, cfg: PrepareConfig, what: str, names=()) -> LabelCo
         ) from None
 
 
+def _source(
+    name: str,
+    version: str,
+    features: tuple[Feature, ...],
+    coding: LabelCoding,
+    labels: dict[str | None, np.ndarray],
+    cfg: PrepareConfig,
+    read: Callable[[str | None], Iterator[Chunk]],
+) -> StreamSource:
+    """The stream source of `features` and the label `coding` encodes: `read(split)` gives
+    chunks of raw labels, by the source's own splits or (`None`) one stream to be split by
+    a seeded draw over its raw `labels`. A lone array of images takes the name `image`
+    (`_named`)."""
+    spec = FeatureSpec(_named(features, coding.label.kind), coding.label)
+    rename = {old.name: new.name for old, new in zip(features, spec.features, strict=True)}
+
+    def chunks(split: str | None) -> Iterator[Chunk]:
+        for rows, raw in read(split):
+            yield {rename[n]: v for n, v in rows.items()}, coding.encode(raw)
+
+    if None in labels:
+        return _split(name, version, spec, coding.encode(labels[None]), cfg, chunks)
+    splits = {split: len(raw) for split, raw in labels.items()}
+    return StreamSource(name, version, spec, splits, chunks)
+
+
 def _split(
     name: str, version: str, spec: FeatureSpec, labels: np.ndarray, cfg: PrepareConfig, read
 ) -> StreamSource:
@@ -111,13 +137,12 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
         raise DatasetError(
             f"{path} has only the label column", "give the table its feature columns too"
         )
-    spec = FeatureSpec(features, coding.label)
 
     def read(_split: str | None) -> Iterator[Chunk]:
         for batch in _table_batches(path, types):
-            yield _table_chunk(batch, features, cfg.label, coding)
+            yield _table_chunk(batch, features, cfg.label)
 
-    return _split(path.name, _file_version(path), spec, coding.encode(raw), cfg, read)
+    return _source(path.name, _file_version(path), features, coding, {None: raw}, cfg, read)
 
 
 def _table_types(path: Path) -> dict[str, str]:
@@ -154,11 +179,11 @@ def _kind_of(arrow_type: Any) -> str:
     return "bool" if pa.types.is_boolean(arrow_type) else "string"
 
 
-def _arrow_types(types: dict[str, str], label: str | None = None) -> dict[str, Any]:
+def _arrow_types(types: dict[str, str]) -> dict[str, Any]:
     import pyarrow as pa
 
     kinds = {"number": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
-    return {name: kinds[kind] for name, kind in types.items() if name != label}
+    return {name: kinds[kind] for name, kind in types.items()}
 
 
 def _table_batches(path: Path, types: dict[str, str], columns: list[str] | None = None):
@@ -174,11 +199,12 @@ def _table_batches(path: Path, types: dict[str, str], columns: list[str] | None 
             return
         import pyarrow.csv as pc
 
-        wanted = columns or list(types)
-        column_types = _arrow_types({n: types[n] for n in wanted})
-        convert = pc.ConvertOptions(column_types=column_types, include_columns=wanted)
         if columns:  # the label alone: its type as inferred
-            convert = pc.ConvertOptions(include_columns=wanted)
+            convert = pc.ConvertOptions(include_columns=columns)
+        else:
+            convert = pc.ConvertOptions(
+                column_types=_arrow_types(types), include_columns=list(types)
+            )
         read = pc.ReadOptions(block_size=_BLOCK_BYTES)
         with pc.open_csv(path, read_options=read, convert_options=convert) as reader:
             yield from reader
@@ -211,7 +237,7 @@ def _label_column(path: Path, label: str, types: dict[str, str]) -> np.ndarray:
     return column.to_numpy()
 
 
-def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str, coding) -> Chunk:
+def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str) -> Chunk:
     import pyarrow as pa
     import pyarrow.compute as pcomp
 
@@ -225,7 +251,7 @@ def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str, coding) 
             numbers = pcomp.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
             columns[feature.name] = numbers.astype(np.float32)
     raw = batch.column(batch.schema.get_field_index(label)).to_numpy(zero_copy_only=False)
-    return columns, coding.encode(raw)
+    return columns, raw
 
 
 # -- arrays -------------------------------------------------------------------------------
@@ -239,19 +265,15 @@ def npz_source(path: Path, cfg: PrepareConfig) -> StreamSource:
     all_labels = np.concatenate([labels for _, labels in parts.values()])
     coding = _coding(all_labels, cfg, f"the label array of {path.name}")
     features = tuple(_array_feature(name, a) for name, a in first_features.items())
-    spec = FeatureSpec(_named(features, coding.label.kind), coding.label)
-    rename = {f_old.name: f.name for f_old, f in zip(features, spec.features, strict=True)}
 
-    def chunks(split: str | None) -> Iterator[Chunk]:
-        features, labels = parts[split]
+    def read(split: str | None) -> Iterator[Chunk]:
+        arrays, labels = parts[split]
         for lo in range(0, len(labels), _CHUNK_ROWS):
-            rows = {rename[n]: _stored(a[lo : lo + _CHUNK_ROWS]) for n, a in features.items()}
-            yield rows, coding.encode(labels[lo : lo + _CHUNK_ROWS])
+            rows = {n: _stored(a[lo : lo + _CHUNK_ROWS]) for n, a in arrays.items()}
+            yield rows, labels[lo : lo + _CHUNK_ROWS]
 
-    if None in parts:
-        return _split(path.name, _file_version(path), spec, coding.encode(all_labels), cfg, chunks)
-    splits = {split: len(labels) for split, (_, labels) in parts.items()}
-    return StreamSource(path.name, _file_version(path), spec, splits, chunks)
+    labels = {split: raw for split, (_, raw) in parts.items()}
+    return _source(path.name, _file_version(path), features, coding, labels, cfg, read)
 
 
 def _npz_parts(path: Path, label: str) -> dict[str | None, tuple[dict[str, Any], np.ndarray]]:
@@ -355,8 +377,7 @@ def load_function(ref: str, what: str = "dataset") -> tuple[Any, str]:
                 )
             module = _import_file(path)
         else:
-            if str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
+            _cwd_importable()
             module = importlib.import_module(module_name)
     except DatasetError:
         raise
@@ -376,6 +397,37 @@ def load_function(ref: str, what: str = "dataset") -> tuple[Any, str]:
             "name a function the module defines",
         )
     return function, str(getattr(module, "__file__", "") or "")
+
+
+def _cwd_importable() -> None:
+    """`package.module` resolves from where tfscale runs, as `python -m` would."""
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
+def source_fingerprint(cfg: PrepareConfig) -> str:
+    """What the user's data is made of, for a cached prepare to key on beside the config: a
+    table's or an .npz's sha256; a function's module file's (the data it reads elsewhere
+    is not seen: `tfscale prepare` itself reads it afresh). Empty for the other sources."""
+    from tasks.data.manifest import sha256_of
+
+    dataset = cfg.dataset
+    if is_user_file(dataset) and Path(dataset).is_file():
+        return sha256_of(Path(dataset))
+    if not is_function_ref(dataset):
+        return ""
+    module = _FUNCTION.match(dataset).group("module")  # type: ignore[union-attr]
+    path = Path(module) if module.endswith(".py") else _module_file(module)
+    return sha256_of(path) if path is not None and path.is_file() else module
+
+
+def _module_file(module: str) -> Path | None:
+    _cwd_importable()
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found is not None and found.origin else None
 
 
 def _import_file(path: Path) -> Any:
@@ -482,17 +534,12 @@ def datasets_source(
                 "tfscale pads only 1-D sequences to the longest",
                 "give it one shape in your pipeline (resize or pad it there)",
             )
-    spec = FeatureSpec(_named(features, coding.label.kind), coding.label)
-    rename = {f_old.name: f.name for f_old, f in zip(features, spec.features, strict=True)}
 
-    def chunks(split: str | None) -> Iterator[Chunk]:
-        for rows, raw in _numpy_chunks(datasets[split], label_key, name):
-            yield {rename[n]: v for n, v in rows.items()}, coding.encode(raw)
+    def read(split: str | None) -> Iterator[Chunk]:
+        return _numpy_chunks(datasets[split], label_key, name)
 
-    if None in datasets:
-        return _split(name, version, spec, coding.encode(scans[None].labels), cfg, chunks)
-    splits = {split: len(scan.labels) for split, scan in scans.items()}
-    return StreamSource(name, version, spec, splits, chunks)
+    labels_by_split = {split: scan.labels for split, scan in scans.items()}
+    return _source(name, version, features, coding, labels_by_split, cfg, read)
 
 
 def _shape_text(shape: tuple) -> str:

@@ -45,12 +45,12 @@ class ScalingSummary(SpreadOver):
     time_to_target_s_distributed: float | None
     test_accuracy: float
     test_loss: float
-    reason: str = field(metadata=tracked_as("strategy_reason"))
+    reason: str = field(metadata=tracked_as("strategy_reason"))  # the parent's tag of it
     # the label kind's held-out metrics beside accuracy (AUC; a real value's mean absolute
     # error, where `test_accuracy` is NaN)
     test_metrics: dict[str, float] = field(
         default_factory=dict, metadata={**EACH, **tracked_as("test")}
-    )  # the parent's tag of it
+    )
     bottleneck: str = ""
     bottleneck_evidence: str = ""
     advice: list[str] = field(default_factory=list)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tasks.train.objectives import Objective, objective_of
 from tasks.train.stage_models import StagedDevices, stage_models
 
 
@@ -19,7 +20,7 @@ def pipeline_step(
     optimizer: Any,
     micro_batches: int,
     effective_batch: int,
-    objective: Any = None,
+    objective: Objective,
 ) -> Callable[[Any, Any], tuple[Any, Any]]:
     """`step(images, labels) -> (loss, correct)`: one update from `micro_batches`
     micro-batches run through the stages (GPipe: every forward, then every backward), for
@@ -27,10 +28,7 @@ def pipeline_step(
     import keras
     import tensorflow as tf
 
-    from tasks.train.objectives import CLASSES
-
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    objective = objective or CLASSES
 
     def loss_of(labels: Any, logits: Any) -> tuple[Any, Any]:
         """The micro-batch's share of the batch's loss, and what the optimizer takes."""
@@ -120,8 +118,6 @@ def make_pipeline_epoch_runner(
     iterator = iter(dataset_fn(None))
     # a column split places its own parts' ops; a pipeline places each stage
     devices = strategy.devices if strategy.splits == "stages" else [None]
-    from tasks.train.objectives import objective_of
-
     step = pipeline_step(
         stages,
         devices,

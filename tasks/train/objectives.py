@@ -54,10 +54,6 @@ class Objective:
         right = tf.cast((logits > 0.0) == (targets > 0.5), tf.float32)
         return tf.reduce_mean(right, axis=-1)
 
-    @property
-    def score_name(self) -> str:
-        return self.label.score_name
-
 
 CLASSES = Objective(Label("class"))  # the objective of image models: a class per example
 

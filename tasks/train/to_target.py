@@ -168,9 +168,10 @@ class TargetClock:
         step_examples: int,
         train_examples: int,
         earlier: list[Evaluation] = (),  # type: ignore[assignment]
+        score: str = "accuracy",
     ):
         self.held_out, self.target = held_out, target
-        self.score = "accuracy"  # what the held-out evaluations measure (`tasks.core.progress`)
+        self.score = score  # what the evaluations measure: the key of an epoch's record
         self.every_examples, self.step_examples = every_examples, step_examples
         self.train_examples = train_examples
         self.evaluations: list[Evaluation] = list(earlier)

@@ -200,11 +200,11 @@ def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetCl
     earlier = [Evaluation(**e) for e in json.loads(path.read_text())] if path.exists() else []
     earlier = [e for e in earlier if e.steps <= resumed_step]
     # a real-valued label's metric is an error, which `target_accuracy` is not a target for
-    real = run.manifest.spec.label.kind == "regression"
-    target = None if real else evaluate.target_accuracy
-    clock = TargetClock(held_out, target, every, setup.step_examples, train_examples, earlier)
-    clock.score = "mean_absolute_error" if real else "accuracy"
-    return clock
+    label = run.manifest.spec.label
+    target = None if label.kind == "regression" else evaluate.target_accuracy
+    return TargetClock(
+        held_out, target, every, setup.step_examples, train_examples, earlier, label.score
+    )
 
 
 def _restored(setup: TrainingSetup, run_dir: Path, chief: bool) -> tuple[Any, Any]:
@@ -366,7 +366,7 @@ def _timed_epoch(
             if watch.stop_at_target and clock.reached:
                 break
     examples = done * step_examples
-    score = clock.score
+    score = clock.score  # the key: accuracy, or a real-valued label's mean_absolute_error
     record = {
         "epoch": epoch,
         "loss": loss / done,
