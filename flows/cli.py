@@ -133,7 +133,12 @@ STRATEGY_FLAGS = {
 TRAIN_FLAGS = {
     **DATASET_FLAGS,
     **STRATEGY_FLAGS,
-    "--model": ("train.model", str, "mlp | cnn | resnet | embedding"),
+    "--model": (
+        "train.model",
+        str,
+        "mlp | cnn | resnet | embedding | package.module:function | file.py:function | "
+        "model.keras (your own Keras model: docs/your-model.md)",
+    ),
     "--epochs": ("train.epochs", int, "training epochs"),
     "--batch-size-per-replica": (
         "train.batch_size_per_replica",
@@ -185,6 +190,18 @@ TRAIN_FLAGS = {
         "held-out accuracy whose first crossing gives the time, steps and examples to target "
         "(0.96)",
     ),
+    "--target-metric": (
+        "evaluate.target_metric",
+        str,
+        "the held-out metric the target is of: auto (accuracy; a real label's "
+        "mean_absolute_error) | accuracy | loss | a metric the model reports (auc, ...)",
+    ),
+    "--target": (
+        "evaluate.target",
+        float,
+        "the value of --target-metric to reach (a loss or an error from above); default: "
+        "--target-accuracy for accuracy",
+    ),
     "--evaluate-every": (
         "evaluate.every_epochs",
         float,
@@ -217,7 +234,7 @@ SWEEP_FLAGS = {
     "--data-dir": DATASET_FLAGS["--data-dir"],
     "--runs-dir": TRAIN_FLAGS["--runs-dir"],
     "--epochs": ("sweep.epochs", int, "epochs per cell"),
-    "--model": ("sweep.model", str, "mlp | cnn | resnet | embedding"),
+    "--model": ("sweep.model", str, "as train's --model: a built-in or your own"),
     "--strategy": (
         "sweep.strategy",
         str,

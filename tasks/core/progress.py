@@ -56,15 +56,27 @@ def epoch_score(epoch: dict[str, float]) -> tuple[str, float]:
     return name, epoch.get(name, float("nan"))
 
 
+def held_out_text(epoch: dict[str, float]) -> str:
+    """`held-out 0.9472` (the epoch's score), `held-out auc 0.9901` (another target metric):
+    the epoch's last evaluation (`tasks.train.to_target`); empty without one."""
+    name, _ = epoch_score(epoch)
+    for key, value in epoch.items():
+        if key.startswith("heldout_"):
+            metric = key.removeprefix("heldout_")
+            shown = "" if metric == name else metric.replace("_", " ") + " "
+            return f"held-out {shown}{value:.4f}"
+    return ""
+
+
 def format_epoch(epoch: dict[str, float], epochs: int) -> str:
     """`epoch 3/10  loss 0.2586  accuracy 0.9219  held-out 0.9472  11,922 ex/s`: the
     held-out score is the epoch's last evaluation (`tasks.train.to_target`), if any."""
     name, score = epoch_score(epoch)
-    held_out = epoch.get(f"heldout_{name}")
+    held_out = held_out_text(epoch)
     return (
         f"epoch {int(epoch['epoch'])}/{epochs}  loss {epoch['loss']:.4f}  "
         f"{name.replace('_', ' ')} {score:.4f}  "
-        + (f"held-out {held_out:.4f}  " if held_out is not None else "")
+        + (f"{held_out}  " if held_out else "")
         + f"{epoch['examples_per_s']:,.0f} ex/s"
     )
 
@@ -139,11 +151,11 @@ class EpochWatcher:
                     log.warning("could not record epoch %s: %s", epoch.get("epoch"), exc)
             if self._bar is not None:
                 name, score = epoch_score(epoch)
-                held_out = epoch.get(f"heldout_{name}")
+                held_out = held_out_text(epoch)
                 short = "acc" if name == "accuracy" else "mae"
                 self._bar.set_postfix_str(
                     f"loss {epoch['loss']:.4f} {short} {score:.4f}"
-                    + (f" held-out {held_out:.4f}" if held_out is not None else ""),
+                    + (f" {held_out}" if held_out else ""),
                     refresh=False,
                 )
                 self._bar.update(1)

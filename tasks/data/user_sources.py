@@ -9,16 +9,14 @@ Numeric table columns are stored as float32 (a missing value is NaN), others as 
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import re
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.core.user_code import fingerprint, is_function_ref, load_function, one_line
 from tasks.data.datasets import DatasetError
 from tasks.data.spec import IMAGE, Feature, FeatureSpec
 from tasks.data.streams import Chunk, LabelCoding, StreamSource, label_coding, test_rows
@@ -28,12 +26,6 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 ARRAY_SUFFIXES = (".npz",)
 _BLOCK_BYTES = 4 << 20  # a table is read this much at a time
 _CHUNK_ROWS = 4096  # a pipeline's examples are taken this many at a time
-_FUNCTION = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
-
-
-def is_function_ref(dataset: str) -> bool:
-    """`package.module:function` or `path/to/file.py:function`."""
-    return _FUNCTION.match(dataset) is not None and not Path(dataset).exists()
 
 
 def is_user_file(dataset: str) -> bool:
@@ -357,54 +349,6 @@ def _dtype_name(dtype: np.dtype) -> str:
 # -- a tf.data pipeline -------------------------------------------------------------------
 
 
-def load_function(ref: str, what: str = "dataset") -> tuple[Any, str]:
-    """The function `package.module:function` or `path/to/file.py:function` names, and the
-    file it is defined in (for the source's version).
-
-    Raises:
-        DatasetError: the module does not import, or has no such function.
-    """
-    found = _FUNCTION.match(ref)
-    assert found is not None
-    module_name, name = found.group("module"), found.group("function")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).resolve()
-            if not path.is_file():
-                raise DatasetError(
-                    f"{module_name}: no such file (from --{what} {ref})",
-                    "give the path of the Python file, relative to where tfscale runs",
-                )
-            module = _import_file(path)
-        else:
-            _cwd_importable()
-            module = importlib.import_module(module_name)
-    except DatasetError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's module: whatever it raises
-        raise DatasetError(
-            f"{module_name} (from --{what} {ref}) did not import: "
-            f"{type(exc).__name__}: {_one_line(exc)}",
-            "fix the module (run again with --debug for the traceback), or check that it "
-            "is importable from where tfscale runs",
-        ) from exc
-    function = getattr(module, name, None)
-    if not callable(function):
-        public = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise DatasetError(
-            f"{module_name} has no function {name!r} (from --{what} {ref}); it defines "
-            f"{', '.join(sorted(public)[:10]) or 'none'}",
-            "name a function the module defines",
-        )
-    return function, str(getattr(module, "__file__", "") or "")
-
-
-def _cwd_importable() -> None:
-    """`package.module` resolves from where tfscale runs, as `python -m` would."""
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-
-
 def source_fingerprint(cfg: PrepareConfig) -> str:
     """What the user's data is made of, for a cached prepare to key on beside the config: a
     table's or an .npz's sha256; a function's module file's (the data it reads elsewhere
@@ -414,43 +358,7 @@ def source_fingerprint(cfg: PrepareConfig) -> str:
     dataset = cfg.dataset
     if is_user_file(dataset) and Path(dataset).is_file():
         return sha256_of(Path(dataset))
-    if not is_function_ref(dataset):
-        return ""
-    module = _FUNCTION.match(dataset).group("module")  # type: ignore[union-attr]
-    path = Path(module) if module.endswith(".py") else _module_file(module)
-    return sha256_of(path) if path is not None and path.is_file() else module
-
-
-def _module_file(module: str) -> Path | None:
-    _cwd_importable()
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return Path(found.origin) if found is not None and found.origin else None
-
-
-def _import_file(path: Path) -> Any:
-    """A Python file as a module of its own name, its folder importable for its siblings."""
-    name = "tfscale_user_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _one_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:300]
+    return fingerprint(dataset) if is_function_ref(dataset) else ""
 
 
 def pipeline_source(cfg: PrepareConfig) -> StreamSource:
@@ -459,12 +367,12 @@ def pipeline_source(cfg: PrepareConfig) -> StreamSource:
     of such datasets by split (`train`, `test`)."""
     import tensorflow as tf
 
-    function, file = load_function(cfg.dataset)
+    function, file = load_function(cfg.dataset, "dataset", DatasetError)
     try:
         made = function()
     except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
         raise DatasetError(
-            f"{cfg.dataset} raised {type(exc).__name__}: {_one_line(exc)}",
+            f"{cfg.dataset} raised {type(exc).__name__}: {one_line(exc)}",
             "fix the function (run again with --debug for the traceback)",
         ) from exc
     datasets = made if isinstance(made, dict) else {None: made}

@@ -32,6 +32,7 @@ from tasks.report.run_files import TRACKED_AS
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.train.to_target import ToTarget
 from tasks.train.training import TrainResult, timed_epochs, train_model
+from tasks.train.user_models import check_user_model, is_user_model
 
 
 def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:
@@ -60,6 +61,8 @@ def run_training(
     to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
     to `on_epoch`."""
     _check_link(run)
+    if is_user_model(run.train.model):  # before any worker starts or any file is written
+        check_user_model(run.train.model, run.manifest, run.data_dir, run.config.evaluate)
     run_dir = run.run_dir
     chief = run.writes_outputs
     with hold(run_dir) if chief else contextlib.nullcontext():  # a cluster's tasks share it

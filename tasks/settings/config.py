@@ -37,11 +37,13 @@ def _spec(
     choices: tuple[str, ...] | None = None,
     empty: bool = False,
     url: bool = False,
+    model: bool = False,
     **kw: Any,
 ):
     """A field with its bounds, choices, (a list) whether it may be empty, and (a string)
-    whether it is a web address."""
+    whether it is a web address or names a model (`model=True`)."""
     metadata = {"lo": lo, "hi": hi, "choices": choices, "empty": empty, "url": url}
+    metadata["model"] = model
     return field(default=default, metadata=metadata, **kw)
 
 
@@ -90,7 +92,9 @@ class TrainConfig:
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     # XLA: auto, the faster of off and on as measured (`tasks.measure.autotune`); true; false
     jit_compile: Literal["auto", True, False] = "auto"
-    model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
+    # a built-in (mlp, cnn, resnet, embedding), the user's: package.module:function,
+    # path/to/file.py:function, or a saved .keras file (`tasks.train.user_models`)
+    model: str = _spec("cnn", model=True)
     epochs: int = _spec(10, lo=1, hi=100_000)
     # auto: measured (`tasks.measure.autotune`) from DEFAULT_BATCH up, where the hardware and data
     # allow a choice; else DEFAULT_BATCH
@@ -150,12 +154,21 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    """How the held-out split is evaluated, and the accuracy time to target aims at."""
+    """How the held-out split is evaluated, and the target time to target aims at."""
 
     batch_size: int = _spec(256, lo=1, hi=1_000_000)
     # held-out accuracy whose first crossing during training gives the time, steps and
-    # examples to target (`tasks.train.to_target`)
+    # examples to target (`tasks.train.to_target`): the target where target_metric is
+    # accuracy and target is null
     target_accuracy: float = _spec(0.96, lo=0.0, hi=1.0)
+    # the held-out metric the target is of: auto (accuracy; a real-valued label's
+    # mean_absolute_error), accuracy, loss, or any metric the model reports (its compiled
+    # metrics, or a Keras metric by name: auc, precision, ...); a loss or an error is
+    # reached from above
+    target_metric: str = "auto"
+    # the value of target_metric to reach (null: target_accuracy for accuracy; for another
+    # metric, no target: its best is reported)
+    target: float | None = None
     # the held-out split is evaluated during training every this many epochs of training
     # examples, on the clock (0: never; the time to target is then not measured)
     every_epochs: float = _spec(0.5, lo=0.0, hi=1000.0)
@@ -174,7 +187,7 @@ class SweepConfig:
     scaling: tuple[Literal["weak", "strong"], ...] = ("weak",)
     precision: tuple[Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"], ...] = ("auto",)
     strategy: str = _spec("mirrored", choices=sweep_kinds())
-    model: Literal["mlp", "cnn", "resnet", "embedding"] = "cnn"
+    model: str = _spec("cnn", model=True)  # as train.model
     epochs: int = _spec(2, lo=1, hi=10_000)
     out_dir: str = "sweep"
     # an interconnect axis for multi_worker cells: each rate (Gbit/s, 0 for full speed) runs
@@ -352,6 +365,11 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
     choices = meta.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{key}: expected one of {', '.join(choices)}; got {value!r}")
+    if meta.get("model") and not _model_form(value):
+        raise ConfigError(
+            f"{key}: expected mlp, cnn, resnet, embedding, package.module:function, "
+            f"path/to/file.py:function or a .keras file; got {value!r}"
+        )
     if meta.get("url") and not _web_address(value):
         raise ConfigError(
             f"{key}: expected a web address such as http://127.0.0.1:5000; got {value!r}"
@@ -361,6 +379,15 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
         raise ConfigError(f"{key}: expected a value {bounds}; got {value!r}")
     return value
+
+
+def _model_form(value: str) -> bool:
+    """A built-in model's name, a function reference, or a `.keras` path."""
+    import re
+
+    if value in ("mlp", "cnn", "resnet", "embedding") or value.endswith(".keras"):
+        return True
+    return re.fullmatch(r"[^:]+:[A-Za-z_]\w*", value) is not None
 
 
 def _web_address(value: str) -> bool:

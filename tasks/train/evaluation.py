@@ -76,19 +76,22 @@ def evaluate_keras_model(
     import tensorflow as tf
 
     from tasks.data.inputs import build_dataset
-    from tasks.train.objectives import Objective
 
     started = time.perf_counter() if started is None else started
-    objective = Objective(manifest.spec.label)
+    objective = _objective(model, manifest)
+    own = _own_metrics(objective)
     losses, labels_seen, logits_seen = [], [], []
     for features, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
-        logits = tf.cast(model(features, training=False), tf.float32)
-        losses.append(objective.loss(labels, logits).numpy())
+        outputs = tf.cast(model(features, training=False), tf.float32)
+        losses.append(objective.loss(labels, outputs).numpy())
+        for metric in own.values():
+            metric.update_state(objective.targets(labels, outputs), outputs)
         labels_seen.append(labels.numpy())
-        logits_seen.append(logits.numpy())
+        logits_seen.append(_as_logits(outputs.numpy(), objective))
     labels = np.concatenate(labels_seen)
     logits = np.concatenate(logits_seen)
     fields = _scores(manifest, labels, logits)
+    fields["metrics"].update({name: float(m.result()) for name, m in own.items()})
     return EvalResult(
         test_loss=float(np.concatenate(losses).mean()) if len(labels) else 0.0,
         examples=len(labels),
@@ -96,6 +99,37 @@ def evaluate_keras_model(
         seconds=time.perf_counter() - started,
         **fields,
     )
+
+
+def _objective(model: Any, manifest: Manifest) -> Any:
+    """The model's objective: set where it was built, else read from its compile (a user's
+    model read back from its file), else the label kind's."""
+    from tasks.train.objectives import Objective
+    from tasks.train.user_models import objective_from
+
+    if hasattr(model, "tfscale_objective"):
+        return model.tfscale_objective
+    if getattr(model, "compiled", False):
+        model.tfscale_source = getattr(model, "name", "the model")
+        return objective_from(model, manifest.spec)
+    return Objective(manifest.spec.label)
+
+
+def _own_metrics(objective: Any) -> dict[str, Any]:
+    """The model's compiled metrics other than those `_scores` computes, fresh, by name."""
+    import keras
+
+    names = [n for n in objective.metric_names()[2:] if n not in ("accuracy", "acc", "auc")]
+    found = {name: objective.metric(name) for name in names}
+    return {n: m for n, m in found.items() if isinstance(m, keras.metrics.Metric)}
+
+
+def _as_logits(outputs: np.ndarray, objective: Any) -> np.ndarray:
+    """Probabilities (a sigmoid's) as logits, for the thresholds at 0 `_scores` takes."""
+    if objective.from_logits or objective.kind in ("class", "regression"):
+        return outputs
+    clipped = np.clip(outputs, 1e-7, 1 - 1e-7)
+    return np.log(clipped / (1 - clipped))
 
 
 def _scores(manifest: Manifest, labels: np.ndarray, logits: np.ndarray) -> dict[str, Any]:

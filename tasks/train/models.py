@@ -14,6 +14,7 @@ from keras import layers
 from tasks.core.errors import UsageError, UserError, system_error
 from tasks.data.spec import Feature, FeatureSpec
 from tasks.train.objectives import set_objective
+from tasks.train.user_models import is_user_model, user_model
 
 
 def load_trained_model(path: str) -> keras.Model:
@@ -24,7 +25,12 @@ def load_trained_model(path: str) -> keras.Model:
     import tasks.train.steps  # noqa: F401  (registers WarmupSchedule)
 
     try:
-        return keras.models.load_model(path, compile=False)
+        try:  # a user's compiled model keeps its loss and metrics (`tasks.train.user_models`)
+            return keras.models.load_model(path)
+        except (TypeError, ValueError) as exc:
+            if "compile" not in str(exc).lower() and "deserializ" not in str(exc).lower():
+                raise
+            return keras.models.load_model(path, compile=False)
     except (ValueError, OSError, zipfile.BadZipFile) as exc:  # not a model, or damaged
         if isinstance(exc, OSError) and system_error(exc) is not None:
             raise
@@ -57,14 +63,17 @@ def build_model(
 
 
 def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> keras.Model:
-    """A fresh built-in model for the data's spec, trained for its label's kind
-    (`tasks.train.objectives`): on images, any model; on other features (a table, arrays,
-    text, token sequences), `mlp` over every feature, each made a vector first
-    (`feature_vectors`).
+    """A fresh model for the data's spec, trained for its label's kind
+    (`tasks.train.objectives`): the user's (`tasks.train.user_models`), or a built-in: on
+    images, any; on other features (a table, arrays, text, token sequences), `mlp` over
+    every feature, each made a vector first (`feature_vectors`).
 
     Raises:
-        UsageError: a model that needs images, on data without them.
+        UsageError: a model that needs images, on data without them; a user's model that
+            cannot be built.
     """
+    if is_user_model(name):
+        return user_model(name, spec)
     if spec.is_image:
         model = build_model(name, spec.shape, spec.num_classes, ps_tasks)
         return set_objective(model, spec.label)

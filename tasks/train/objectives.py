@@ -1,58 +1,145 @@
-"""What a training minimises and reports, from the label's kind (`tasks.data.spec`).
+"""What a training minimises and reports, from the label's kind (`tasks.data.spec`) or from
+the user's compiled model (its loss and metrics).
 
-`loss` gives each example's loss from the model's float32 logits; `score` each example's
-share of what the training reports as it goes: 1 for a right class (accuracy), the share
-of labels right (multi-label), the absolute error (real values: the mean absolute error).
-A model carries its objective (`objective_of`), set where it is built from the data's spec.
+`loss` gives each example's loss from the model's outputs; `score` each example's share of
+what the training reports as it goes: 1 for a right class (accuracy), the share of labels
+right (multi-label), the absolute error (real values: the mean absolute error). The
+built-in models give float32 logits; a user's model may give probabilities (a softmax or
+sigmoid last layer, or a compiled loss without `from_logits`), which `from_logits` says.
+A model carries its objective (`objective_of`), set where it is built.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.data.spec import Label
 
+# metric names whose lower values are better (errors and losses); any other is higher-better
+_LOWER = ("loss", "error", "crossentropy", "hinge", "divergence", "poisson", "logcosh")
+_LOWER_SHORT = ("mse", "mae", "mape", "msle", "rmse")
 
-@dataclass(frozen=True)
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a metric's lower values are better: a loss or an error."""
+    name = metric.lower()
+    return name in _LOWER_SHORT or any(word in name for word in _LOWER)
+
+
+@dataclass(frozen=True, eq=False)
 class Objective:
     label: Label
+    from_logits: bool = True
+    # the user's compiled loss (a Keras loss object or function); None: the kind's default
+    loss_fn: Any = None
+    # the user's compiled metrics (Keras's serialized forms), for a target metric by name
+    metrics: tuple[Any, ...] = field(default_factory=tuple)
 
     @property
     def kind(self) -> str:
         return self.label.kind
 
-    def loss(self, labels: Any, logits: Any) -> Any:
+    def loss(self, labels: Any, outputs: Any) -> Any:
         """Each example's loss (a vector of the batch's length)."""
         import keras
         import tensorflow as tf
 
-        logits = tf.cast(logits, tf.float32)
+        outputs = tf.cast(outputs, tf.float32)
+        rows = tf.shape(outputs)[0]
+        if self.loss_fn is not None:
+            return self._user_loss(labels, outputs, rows)
         if self.kind == "class":
-            return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        rows = tf.shape(logits)[0]
+            return keras.losses.sparse_categorical_crossentropy(
+                labels, outputs, from_logits=self.from_logits
+            )
         targets = tf.reshape(tf.cast(labels, tf.float32), [rows, -1])
-        logits = tf.reshape(logits, [rows, -1])
+        outputs = tf.reshape(outputs, [rows, -1])
         if self.kind == "regression":
-            return tf.reduce_mean(tf.square(logits - targets), axis=-1)
-        return keras.losses.binary_crossentropy(targets, logits, from_logits=True)
+            return tf.reduce_mean(tf.square(outputs - targets), axis=-1)
+        return keras.losses.binary_crossentropy(targets, outputs, from_logits=self.from_logits)
 
-    def score(self, labels: Any, logits: Any) -> Any:
+    def _user_loss(self, labels: Any, outputs: Any, rows: Any) -> Any:
+        import keras
+        import tensorflow as tf
+
+        targets = self.targets(labels, outputs)
+        function = self.loss_fn
+        if isinstance(function, keras.losses.Loss):
+            function = function.call  # unreduced: each example's
+        per_example = tf.cast(function(targets, outputs), tf.float32)
+        return tf.reduce_mean(tf.reshape(per_example, [rows, -1]), axis=-1)
+
+    def targets(self, labels: Any, outputs: Any) -> Any:
+        """The labels as the user's loss and metrics take them: class ids (one-hot where the
+        loss is categorical, not sparse), else the outputs' shape."""
+        import tensorflow as tf
+
+        if self.kind == "class":
+            if self.one_hot:
+                return tf.one_hot(tf.cast(labels, tf.int32), self.label.num_classes)
+            return labels
+        return tf.reshape(tf.cast(labels, outputs.dtype), tf.shape(outputs))
+
+    @property
+    def one_hot(self) -> bool:
+        name = _name_of(self.loss_fn)
+        return "categorical" in name and "sparse" not in name
+
+    def score(self, labels: Any, outputs: Any) -> Any:
         """Each example's score, float32: right or not (class, binary), the share of labels
         right (multi-label), the mean absolute error (real values)."""
         import tensorflow as tf
 
-        logits = tf.cast(logits, tf.float32)
+        outputs = tf.cast(outputs, tf.float32)
         if self.kind == "class":
-            predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+            predicted = tf.argmax(outputs, axis=-1, output_type=tf.int32)
             return tf.cast(predicted == tf.cast(labels, tf.int32), tf.float32)
-        rows = tf.shape(logits)[0]
+        rows = tf.shape(outputs)[0]
         targets = tf.reshape(tf.cast(labels, tf.float32), [rows, -1])
-        logits = tf.reshape(logits, [rows, -1])
+        outputs = tf.reshape(outputs, [rows, -1])
         if self.kind == "regression":
-            return tf.reduce_mean(tf.abs(logits - targets), axis=-1)
-        right = tf.cast((logits > 0.0) == (targets > 0.5), tf.float32)
+            return tf.reduce_mean(tf.abs(outputs - targets), axis=-1)
+        threshold = 0.0 if self.from_logits else 0.5
+        right = tf.cast((outputs > threshold) == (targets > 0.5), tf.float32)
         return tf.reduce_mean(right, axis=-1)
+
+    def metric_names(self) -> list[str]:
+        """The names of the metrics the model reports: the kind's score, `loss`, and its
+        compiled metrics'."""
+        return [self.label.score, "loss", *(_metric_name(m) for m in self.metrics)]
+
+    def metric(self, name: str) -> Any:
+        """A fresh Keras metric object: the compiled one named `name`, else Keras's own of
+        that name (`auc`, `precision`, ...); None where neither is."""
+        import keras
+
+        for config in self.metrics:
+            if _metric_name(config) == name:
+                return keras.metrics.get(config) if isinstance(config, str) else _fresh(config)
+        try:
+            return keras.metrics.get(name)
+        except ValueError:
+            return None
+
+
+def _metric_name(config: Any) -> str:
+    if isinstance(config, str):
+        return config
+    return config.get("config", {}).get("name", config.get("class_name", "")).lower()
+
+
+def _fresh(config: dict) -> Any:
+    import keras
+
+    return keras.saving.deserialize_keras_object(config)
+
+
+def _name_of(function: Any) -> str:
+    if function is None:
+        return ""
+    inner = getattr(function, "fn", function)  # a LossFunctionWrapper's function
+    return str(getattr(inner, "__name__", type(inner).__name__)).lower()
 
 
 CLASSES = Objective(Label("class"))  # the objective of image models: a class per example
@@ -64,7 +151,7 @@ def objective_of(model: Any) -> Objective:
     return getattr(model, "tfscale_objective", CLASSES)
 
 
-def set_objective(model: Any, label: Label) -> Any:
-    """Marks `model` as trained for `label` (returns it)."""
-    model.tfscale_objective = Objective(label)
+def set_objective(model: Any, label: Label | Objective) -> Any:
+    """Marks `model` as trained for `label` (or that objective; returns the model)."""
+    model.tfscale_objective = label if isinstance(label, Objective) else Objective(label)
     return model

@@ -21,13 +21,74 @@ from tasks.data.manifest import Manifest
 
 
 @dataclass(frozen=True)
+class Target:
+    """What a training aims at on the held-out split: a metric, the value to reach (None:
+    no target, its best is reported), and whether lower is better (a loss or an error)."""
+
+    metric: str = "accuracy"
+    value: float | None = 0.96
+    lower_is_better: bool = False
+
+    def met(self, value: float) -> bool:
+        if self.value is None:
+            return False
+        return value <= self.value if self.lower_is_better else value >= self.value
+
+    def best(self, values: list[float]) -> float:
+        return min(values) if self.lower_is_better else max(values)
+
+    def text(self) -> str:
+        """`96% held-out accuracy`, `held-out AUC 0.97`."""
+        return target_text(self.metric, self.value)
+
+
+METRIC_NAMES = {"auc": "AUC", "mean_absolute_error": "mean absolute error"}
+
+
+def target_text(metric: str, value: float | None) -> str:
+    """`96% held-out accuracy`, `held-out AUC 0.97`, `held-out loss` (no value)."""
+    if metric == "accuracy" and value is not None:
+        return f"{value:.1%}".replace(".0%", "%") + " held-out accuracy"
+    name = METRIC_NAMES.get(metric, metric)
+    return f"held-out {name}" + ("" if value is None else f" {value:g}")
+
+
+def target_of(evaluate: Any, label: Any, reported: list[str] | None = None) -> Target:
+    """The target `evaluate.target_metric` and `evaluate.target` (an `EvaluateConfig`) come
+    to for a label: `auto` is accuracy, or a real-valued label's mean absolute error;
+    accuracy's value is `target_accuracy` unless `target` is set; another metric without a
+    `target` has none. `reported`: the metrics the model reports (None: not checked).
+
+    Raises:
+        UsageError: a target metric the model does not report, or accuracy for a real
+            label.
+    """
+    from tasks.core.errors import UsageError
+    from tasks.train.objectives import lower_is_better
+
+    metric = evaluate.target_metric
+    if metric == "auto":
+        metric = label.score
+    if reported is not None and metric not in reported:
+        raise UsageError(
+            f"evaluate.target_metric {metric}: the model does not report it; it reports "
+            f"{', '.join(reported)}",
+            "name one of those (--target-metric), or compile the model with that metric",
+        )
+    value = evaluate.target
+    if value is None and metric == "accuracy":
+        value = evaluate.target_accuracy
+    return Target(metric, value, lower_is_better(metric))
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """One evaluation of the held-out split during training."""
 
     steps: int  # optimizer steps done
     examples: int  # training examples seen
     seconds: float  # on the clock: training and evaluation since the first step
-    accuracy: float
+    accuracy: float  # the target metric's value (`Target.metric`; accuracy by default)
 
 
 @dataclass(frozen=True)
@@ -44,46 +105,54 @@ class ToTarget:
     examples: int | None = None
     seconds: float | None = None
     epochs: float | None = None  # examples over the training split
-    best_accuracy: float | None = None
+    best_accuracy: float | None = None  # the target metric's best value
     best_examples: int | None = None
+    metric: str = "accuracy"  # the target's (`Target`)
+    lower_is_better: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def text(self) -> str:
-        """`0.95 at 5,632 examples (3.9 epochs, 176 steps), 4.1 s` or why not."""
+        """`0.95 at 5,632 examples (3.9 epochs, 176 steps), 4.1 s` (for a metric other than
+        accuracy, `AUC 0.97 at ...`) or why not."""
+        named = "" if self.metric == "accuracy" else METRIC_NAMES.get(self.metric, self.metric)
         if self.reached:
             return (
-                f"{self.target:g} at {self.examples:,} examples ({self.epochs:.1f} epochs, "
-                f"{self.steps:,} steps), {self.seconds:.1f} s"
+                f"{named + ' ' if named else ''}{self.target:g} at {self.examples:,} examples "
+                f"({self.epochs:.1f} epochs, {self.steps:,} steps), {self.seconds:.1f} s"
             )
         if self.target is None:
             best = "" if self.best_accuracy is None else f": best {self.best_accuracy:.4f}"
-            return f"no target for a real-valued label's mean absolute error{best}"
+            return f"no target for the held-out {named or 'accuracy'} (evaluate.target){best}"
+        value = f"{named + ' ' if named else ''}{self.target:g}"
         if self.best_accuracy is None:
-            return f"{self.target:g} not evaluated (no evaluation interval ended)"
+            return f"{value} not evaluated (no evaluation interval ended)"
         return (
-            f"{self.target:g} not reached in {self.evaluations} evaluations: best "
+            f"{value} not reached in {self.evaluations} evaluations: best "
             f"{self.best_accuracy:.4f} at {self.best_examples:,} examples"
         )
 
 
 def to_target(
-    evaluations: list[Evaluation], target: float | None, every_examples: int, train_examples: int
+    evaluations: list[Evaluation],
+    target: Target | float | None,
+    every_examples: int,
+    train_examples: int,
 ) -> ToTarget:
-    """The first evaluation at or above `target`, else the best one (no target: the lowest,
-    an error)."""
-    common = {"target": target, "every_examples": every_examples, "evaluations": len(evaluations)}
-    if target is None:
-        lowest = min(evaluations, key=lambda e: e.accuracy, default=None)
-        return ToTarget(
-            **common,
-            reached=False,
-            best_accuracy=lowest.accuracy if lowest else None,
-            best_examples=lowest.examples if lowest else None,
-        )
+    """The first evaluation that meets `target` (a number: an accuracy), else the best
+    one."""
+    if not isinstance(target, Target):
+        target = Target(value=target)
+    common = {
+        "target": target.value,
+        "every_examples": every_examples,
+        "evaluations": len(evaluations),
+        "metric": target.metric,
+        "lower_is_better": target.lower_is_better,
+    }
     for e in evaluations:
-        if e.accuracy >= target:
+        if target.met(e.accuracy):
             return ToTarget(
                 **common,
                 reached=True,
@@ -94,7 +163,8 @@ def to_target(
                 best_accuracy=e.accuracy,
                 best_examples=e.examples,
             )
-    best = max(evaluations, key=lambda e: e.accuracy, default=None)
+    values = [e.accuracy for e in evaluations]
+    best = evaluations[values.index(target.best(values))] if evaluations else None
     return ToTarget(
         **common,
         reached=False,
@@ -123,11 +193,13 @@ def evaluation_steps(every_examples: int, step_examples: int, first: int, last: 
 
 
 class HeldOut:
-    """The held-out split kept in memory, and the model's accuracy on it, in one graph."""
+    """The held-out split kept in memory, and the model's value of one metric on it, in one
+    graph: the label kind's score (accuracy, or a real value's mean absolute error), the
+    loss, or a Keras metric (the model's compiled one of that name, else Keras's own)."""
 
-    def __init__(self, model: Any, manifest: Manifest, data_dir: str, batch_size: int):
-        import tensorflow as tf
-
+    def __init__(
+        self, model: Any, manifest: Manifest, data_dir: str, batch_size: int, metric: str = ""
+    ):
         from tasks.data.inputs import build_dataset
         from tasks.train.objectives import objective_of
 
@@ -135,22 +207,62 @@ class HeldOut:
             manifest, data_dir, "test", batch_size, training=False, cache=True
         )
         self.examples = manifest.splits["test"]
-
         objective = objective_of(model)
+        metric = metric or objective.label.score
+        if metric in (objective.label.score, "loss"):
+            self._value = self._mean(model, objective, metric)
+        else:
+            self._value = self._keras_metric(model, objective, metric)
+
+    def _mean(self, model: Any, objective: Any, metric: str) -> Any:
+        import tensorflow as tf
+
+        each = objective.loss if metric == "loss" else objective.score
 
         @tf.function
-        def correct() -> tf.Tensor:
-            total = tf.constant(0.0, tf.float32)
-            for images, labels in self.dataset:
-                logits = model(images, training=False)
-                total += tf.reduce_sum(objective.score(labels, logits))
-            return total
+        def total() -> tf.Tensor:
+            summed = tf.constant(0.0, tf.float32)
+            for features, labels in self.dataset:
+                summed += tf.reduce_sum(each(labels, model(features, training=False)))
+            return summed
 
-        self._correct = correct
+        return lambda: float(total()) / self.examples
+
+    def _keras_metric(self, model: Any, objective: Any, name: str) -> Any:
+        import keras
+        import tensorflow as tf
+
+        from tasks.core.errors import UsageError
+
+        found = objective.metric(name)
+        if found is None:
+            raise UsageError(
+                f"evaluate.target_metric {name}: not a metric the model reports, nor one of "
+                f"Keras's; the model reports {', '.join(objective.metric_names())}",
+                "name one of those (--target-metric), or compile the model with that metric",
+            )
+        metric = (
+            found
+            if isinstance(found, keras.metrics.Metric)
+            else (keras.metrics.MeanMetricWrapper(found, name=name))
+        )
+
+        @tf.function
+        def update() -> None:
+            for features, labels in self.dataset:
+                outputs = tf.cast(model(features, training=False), tf.float32)
+                metric.update_state(objective.targets(labels, outputs), outputs)
+
+        def value() -> float:
+            metric.reset_state()
+            update()
+            return float(metric.result())
+
+        return value
 
     def accuracy(self) -> float:
-        """The held-out score: accuracy, or for real values the mean absolute error."""
-        return float(self._correct()) / self.examples
+        """The metric's value on the held-out split (accuracy by default)."""
+        return self._value()
 
 
 class TargetClock:
@@ -163,15 +275,16 @@ class TargetClock:
     def __init__(
         self,
         held_out: HeldOut | None,
-        target: float | None,
+        target: Target | float | None,
         every_examples: int,
         step_examples: int,
         train_examples: int,
         earlier: list[Evaluation] = (),  # type: ignore[assignment]
         score: str = "accuracy",
     ):
-        self.held_out, self.target = held_out, target
-        self.score = score  # what the evaluations measure: the key of an epoch's record
+        self.held_out = held_out
+        self.target = target if isinstance(target, Target) else Target(value=target)
+        self.score = score  # what the training's batches report: the key of an epoch's record
         self.every_examples, self.step_examples = every_examples, step_examples
         self.train_examples = train_examples
         self.evaluations: list[Evaluation] = list(earlier)
@@ -210,8 +323,7 @@ class TargetClock:
 
     @property
     def reached(self) -> bool:
-        last = self.evaluations[-1].accuracy if self.evaluations else None
-        return last is not None and self.target is not None and last >= self.target
+        return bool(self.evaluations) and self.target.met(self.evaluations[-1].accuracy)
 
     def result(self) -> ToTarget:
         return to_target(self.evaluations, self.target, self.every_examples, self.train_examples)

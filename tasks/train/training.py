@@ -36,8 +36,17 @@ from tasks.settings.kinds import SpreadOver, cluster_spec_of
 from tasks.train.evaluation import record_final
 from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
-from tasks.train.steps import FusedAdam, GradientNoise, adam_of, make_warmup_schedule
-from tasks.train.to_target import Evaluation, HeldOut, TargetClock, interval_examples
+from tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
+from tasks.train.optimizers import describe as describe_optimizer
+from tasks.train.steps import GradientNoise, adam_of, make_warmup_schedule
+from tasks.train.to_target import (
+    Evaluation,
+    HeldOut,
+    TargetClock,
+    interval_examples,
+    target_of,
+)
+from tasks.train.user_models import parameter_count
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,9 @@ class TrainResult(SpreadOver):
     grad_accum_steps: int = field(metadata=PARAM)
     learning_rate: float = field(metadata=PARAM)
     steps_per_epoch: int = field(metadata=PARAM)
+    # the model's weights, and the optimizer that updated them (`tasks.train.optimizers`)
+    model_parameters: int = field(default=0, metadata=PARAM)
+    optimizer: str = field(default="Adam", metadata=PARAM)
     # the rule the rate followed (`learning_rate_rule`: a tag); an adaptive rule's gain is
     # in each window of `gradient_noise` (`lr_gain`)
     lr_scaling: str = "none"
@@ -191,17 +203,16 @@ def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetCl
     train_examples = run.manifest.splits["train"]
     every = interval_examples(evaluate.every_epochs, train_examples)
     has_test = run.manifest.splits.get("test", 0) > 0
+    label = run.manifest.spec.label
+    target = target_of(evaluate, label)
     held_out = (
-        HeldOut(setup.model, run.manifest, run.data_dir, evaluate.batch_size)
+        HeldOut(setup.model, run.manifest, run.data_dir, evaluate.batch_size, target.metric)
         if every and has_test
         else None
     )
     path = run.run_dir / "evaluations.json"
     earlier = [Evaluation(**e) for e in json.loads(path.read_text())] if path.exists() else []
     earlier = [e for e in earlier if e.steps <= resumed_step]
-    # a real-valued label's metric is an error, which `target_accuracy` is not a target for
-    label = run.manifest.spec.label
-    target = None if label.kind == "regression" else evaluate.target_accuracy
     return TargetClock(
         held_out, target, every, setup.step_examples, train_examples, earlier, label.score
     )
@@ -376,7 +387,7 @@ def _timed_epoch(
         "examples_per_s": examples / seconds,
     }
     if clock.evaluations and clock.evaluations[-1].steps > first:
-        record[f"heldout_{score}"] = clock.evaluations[-1].accuracy
+        record[f"heldout_{clock.target.metric}"] = clock.evaluations[-1].accuracy
     return record
 
 
@@ -410,6 +421,8 @@ def _result(
         resumed_from_epoch=resumed_step // setup.steps,
         resumed_from_step=resumed_step,
         weights_digest=weights_digest(setup.model),
+        model_parameters=parameter_count(setup.model),
+        optimizer=describe_optimizer(setup.optimizer),
         **_stage_figures(setup),
     )
 
@@ -519,30 +532,40 @@ def set_up_training(
             f"of {step_examples}; lower --batch-size-per-replica or --grad-accum-steps."
         )
     base_batch = cfg.per_replica_batch * k  # the batch the base rate is for
-    rule, adaptive = learning_rate_rule(cfg, choice, effective / base_batch)
-    lr = cfg.learning_rate * static_gain(rule, effective / base_batch)
-    model, optimizer, gain = _model_and_optimizer(
-        cfg, manifest, choice, strategy, effective, lr, steps, adaptive
+    rule = learning_rate_rule(cfg, choice, effective / base_batch)
+    model, optimizer, rate = _model_and_optimizer(
+        cfg, manifest, choice, strategy, effective, base_batch, rule, steps
     )
     return TrainingSetup(
         strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
-        step_examples, steps, lr, cfg.steps_per_call, rule, gain, base_batch,
+        step_examples, steps, rate.value, cfg.steps_per_call, rate.rule, rate.gain, base_batch,
     )  # fmt: skip
 
 
-def learning_rate_rule(cfg: TrainConfig, choice: StrategyChoice, scale: float) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class Rate:
+    """The learning rate a training warms up to (`value`), the rule that scaled it, and
+    an adaptive rule's gain variable (else None)."""
+
+    rule: str
+    adaptive: bool = False
+    value: float = 0.0
+    gain: Any = None
+
+
+def learning_rate_rule(cfg: TrainConfig, choice: StrategyChoice, scale: float) -> Rate:
     """The rule `train.lr_scaling` comes to for a global batch `scale` times the base
     rate's, and whether it adapts to the noise scale as the training runs: AdaScale's rules
     need the noise scale recorded (`NOISE_KINDS`, `train.noise_scale`); without it adascale
     is linear and auto sqrt. At the base batch every rule is 1: `none`."""
     rule = cfg.lr_scaling
     if scale == 1:
-        return "none", False
+        return Rate("none")
     if rule not in ("auto", "adascale"):
-        return rule, False
+        return Rate(rule)
     if cfg.noise_scale and choice.kind in NOISE_KINDS:
-        return rule, True
-    return ("linear" if rule == "adascale" else "sqrt"), False
+        return Rate(rule, adaptive=True)
+    return Rate("linear" if rule == "adascale" else "sqrt")
 
 
 def _model_and_optimizer(
@@ -551,13 +574,16 @@ def _model_and_optimizer(
     choice: StrategyChoice,
     strategy: Any,
     effective_batch: int,
-    lr: float,
+    base_batch: int,
+    rule: Rate,
     steps: int,
-    adaptive: bool = False,
-) -> tuple[keras.Model, Any, Any]:
-    """A seeded model placed as the strategy wants it, and its optimizer warming up to `lr`
-    over `cfg.warmup_epochs` (scaling the loss under mixed_float16), built in its scope;
-    `adaptive`, times a gain variable (returned; else None) the noise scale sets."""
+) -> tuple[keras.Model, Any, Rate]:
+    """A seeded model placed as the strategy wants it, and its optimizer (the model's
+    compiled one, else Adam: `tasks.train.optimizers`) warming up over
+    `cfg.warmup_epochs` from the base rate to it scaled by `rule` for the effective batch
+    against the base rate's batch (scaling the loss under mixed_float16), built in its scope; an
+    adaptive rule's rate times a gain variable the noise scale sets. A compiled optimizer
+    whose rate is a schedule keeps it: rule `none`."""
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
@@ -567,14 +593,21 @@ def _model_and_optimizer(
             cfg.seed,
             effective_batch,
         )
-        gain = tf.Variable(1.0, trainable=False, name="lr_gain") if adaptive else None
-        optimizer = FusedAdam(
-            make_warmup_schedule(cfg.learning_rate, lr, cfg.warmup_epochs * steps, gain)
-        )
+        compiled = compiled_optimizer(model)
+        base = base_rate(compiled, cfg.learning_rate)
+        if base is None:  # the user's schedule, as it is
+            optimizer = make_optimizer(compiled, None)
+            rate = Rate("none", value=float(optimizer.learning_rate))
+        else:
+            gain = tf.Variable(1.0, trainable=False, name="lr_gain") if rule.adaptive else None
+            value = base * static_gain(rule.rule, effective_batch / base_batch)
+            schedule = make_warmup_schedule(base, value, cfg.warmup_epochs * steps, gain)
+            optimizer = make_optimizer(compiled, schedule)
+            rate = dataclasses.replace(rule, value=value, gain=gain)
         if choice.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    return model, optimizer, gain
+    return model, optimizer, rate
 
 
 def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):

@@ -168,9 +168,11 @@ def test_each_learning_rate_rule_at_four_times_the_base_batch(rule, kind, noise,
     from tasks.train.training import learning_rate_rule
 
     cfg = load_config(None, {"train.lr_scaling": rule, "train.noise_scale": noise}).train
-    applied, adaptive = learning_rate_rule(cfg, SimpleNamespace(kind=kind), 4.0)
+    rate = learning_rate_rule(cfg, SimpleNamespace(kind=kind), 4.0)
+    applied, adaptive = rate.rule, rate.adaptive
     assert (applied, adaptive, static_gain(applied, 4.0)) == got
-    assert learning_rate_rule(cfg, SimpleNamespace(kind=kind), 1.0) == ("none", False)
+    none = learning_rate_rule(cfg, SimpleNamespace(kind=kind), 1.0)
+    assert (none.rule, none.adaptive) == ("none", False)
 
 
 def test_adascales_gain_follows_the_noise_scale_and_auto_takes_its_square_root():

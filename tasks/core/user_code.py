@@ -1,0 +1,189 @@
+"""The user's own code, named on the command line: `package.module:function` or
+`path/to/file.py:function` (a dataset's pipeline, a model's builder).
+
+A user's project may have modules of its own named as tfscale's packages (`tasks`,
+`flows`: Celery and Invoke projects do). Its code is imported, and its function called,
+with its own modules of those names in place of tfscale's (`own_modules`), so that both
+work in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tasks.core.errors import UserError
+
+FUNCTION = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
+# tfscale's own top-level packages, which a user's project may also have
+OURS = ("tasks", "flows")
+
+
+def is_function_ref(ref: str) -> bool:
+    """`package.module:function` or `path/to/file.py:function`."""
+    return FUNCTION.match(ref) is not None and not Path(ref).exists()
+
+
+def load_function(
+    ref: str, what: str = "dataset", error: type[UserError] = UserError
+) -> tuple[Callable, str]:
+    """The function `ref` names (called with the user's modules in place: `own_modules`),
+    and the file it is defined in.
+
+    Raises:
+        error: the module does not import, or has no such function (naming `--{what}`).
+    """
+    found = FUNCTION.match(ref)
+    assert found is not None
+    module_name, name = found.group("module"), found.group("function")
+    folder = Path(module_name).resolve().parent if module_name.endswith(".py") else Path.cwd()
+    try:
+        with own_modules(folder):
+            if module_name.endswith(".py"):
+                path = Path(module_name).resolve()
+                if not path.is_file():
+                    raise error(
+                        f"{module_name}: no such file (from --{what} {ref})",
+                        "give the path of the Python file, relative to where tfscale runs",
+                    )
+                module = _import_file(path)
+            else:
+                cwd_importable()
+                module = importlib.import_module(module_name)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's module: whatever it raises
+        raise error(
+            f"{module_name} (from --{what} {ref}) did not import: "
+            f"{type(exc).__name__}: {one_line(exc)}",
+            "fix the module (run again with --debug for the traceback), or check that it "
+            "is importable from where tfscale runs",
+        ) from exc
+    function = getattr(module, name, None)
+    if not callable(function):
+        public = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise error(
+            f"{module_name} has no function {name!r} (from --{what} {ref}); it defines "
+            f"{', '.join(sorted(public)[:10]) or 'none'}",
+            "name a function the module defines",
+        )
+
+    @functools.wraps(function)
+    def in_place(*args: Any, **kwargs: Any) -> Any:
+        with own_modules(folder):
+            return function(*args, **kwargs)
+
+    return in_place, str(getattr(module, "__file__", "") or "")
+
+
+def file_of(ref: str) -> Path | None:
+    """The file a function reference's module is defined in (None: not found)."""
+    found = FUNCTION.match(ref)
+    if found is None:
+        return None
+    module = found.group("module")
+    if module.endswith(".py"):
+        return Path(module)
+    cwd_importable()
+    with own_modules(Path.cwd()):
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def fingerprint(ref: str) -> str:
+    """The sha256 of the file a function reference's module is in (else the module's
+    name): what a cache keys on, so that a changed file is run again."""
+    path = file_of(ref)
+    if path is None or not path.is_file():
+        return ref.partition(":")[0]
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cwd_importable() -> None:
+    """`package.module` resolves from where tfscale runs, as `python -m` would."""
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
+@contextlib.contextmanager
+def own_modules(folder: Path) -> Iterator[None]:
+    """Within it, `import tasks` (or `flows`) gives the user's module of that name where
+    `folder` has one, not tfscale's; after it, tfscale's are back, and the user's kept
+    apart for the next time (their code holds its own references either way)."""
+    names = [n for n in OURS if _theirs(folder, n)]
+    if not names:
+        yield
+        return
+    ours = _take(names)
+    sys.modules.update(_kept.get(str(folder), {}))
+    added = str(folder) not in sys.path
+    if added:
+        sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        _kept[str(folder)] = _take(names)
+        sys.modules.update(ours)
+        if added:
+            sys.path.remove(str(folder))
+
+
+_kept: dict[str, dict[str, Any]] = {}  # the user's modules named as ours, by their folder
+
+
+def _theirs(folder: Path, name: str) -> bool:
+    """`folder` has a module `name` that is not tfscale's own."""
+    here = folder / name
+    if not (here.is_dir() or here.with_suffix(".py").is_file()):
+        return False
+    mine = Path(__file__).resolve().parents[1] if name == "tasks" else None
+    ours = sys.modules.get(name)
+    origin = Path(getattr(ours, "__file__", "") or "").resolve().parent if ours else mine
+    return origin is None or origin != here.resolve()
+
+
+def _take(names: list[str]) -> dict[str, Any]:
+    """Removes the modules `names` and their submodules from `sys.modules`; returns them."""
+    taken = {
+        key: module
+        for key, module in sys.modules.items()
+        if any(key == n or key.startswith(n + ".") for n in names)
+    }
+    for key in taken:
+        del sys.modules[key]
+    return taken
+
+
+def _import_file(path: Path) -> Any:
+    """A Python file as a module of its own name, its folder importable for its siblings."""
+    name = "tfscale_user_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message, its first line (at most 300 characters)."""
+    return (str(exc).strip().splitlines() or [""])[0][:300]

@@ -1,0 +1,244 @@
+"""The user's own Keras model (`train.model`): `package.module:function`,
+`path/to/file.py:function`, or a saved `.keras` file.
+
+The function is called with the data's spec (`tasks.data.spec.FeatureSpec`: the features'
+names, shapes and dtypes, the label's kind and classes), or with nothing where it takes no
+parameter, inside the strategy's scope of every process that trains. It returns a
+`keras.Model`. Compiled, its loss and metrics are what the training minimises and the
+held-out split reports, and its optimizer what updates it (`tasks.train.optimizers`);
+not compiled, the label kind's defaults.
+
+`check_user_model` builds it once before anything trains, and says in one line what does
+not fit: the return, the inputs against the data's features, the outputs against the
+label, the loss against the label's kind, the target metric.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from tasks.core.errors import UsageError, UserError
+from tasks.core.user_code import fingerprint, is_function_ref, load_function, one_line
+from tasks.data.spec import FeatureSpec
+from tasks.train.objectives import Objective, set_objective
+
+KERAS_SUFFIX = ".keras"
+BUILT_IN = ("mlp", "cnn", "resnet", "embedding")
+FORMS = (
+    "mlp, cnn, resnet, embedding, package.module:function, path/to/file.py:function, "
+    "or a saved .keras file"
+)
+
+
+class ModelError(UsageError):
+    """The user's model cannot be built, or does not fit the data: exit code 2."""
+
+
+class ModelRaised(UserError):
+    """The user's model function raised: exit code 1, their error in one line."""
+
+
+def is_user_model(ref: str) -> bool:
+    return ref not in BUILT_IN
+
+
+def check_ref(ref: str) -> None:
+    """A built-in name, a function reference or a `.keras` path; else a `ModelError`."""
+    if ref in BUILT_IN or is_function_ref(ref):
+        return
+    if ref.endswith(KERAS_SUFFIX):
+        if not Path(ref).is_file():
+            raise ModelError(
+                f"--model {ref}: no such file", "give the path of a saved .keras model"
+            )
+        return
+    raise ModelError(f"Unknown model {ref!r}", f"expected {FORMS}")
+
+
+def model_fingerprint(ref: str) -> str:
+    """What the model is made of, for caches to key on: a built-in's name, a `.keras`
+    file's or a function's module file's sha256."""
+    if ref in BUILT_IN:
+        return ref
+    if ref.endswith(KERAS_SUFFIX) and Path(ref).is_file():
+        from tasks.data.manifest import sha256_of
+
+        return sha256_of(Path(ref))
+    return fingerprint(ref)
+
+
+def user_model(ref: str, spec: FeatureSpec) -> Any:
+    """The user's model for the data's spec, its objective set from its compile (or the
+    label kind's defaults).
+
+    Raises:
+        ModelError: it cannot be loaded or built, or is not a Keras model.
+        ModelRaised: the user's function raised.
+    """
+    import keras
+
+    check_ref(ref)
+    if ref.endswith(KERAS_SUFFIX):
+        model = _load_saved(ref)
+    else:
+        function, _ = load_function(ref, "model", ModelError)
+        takes = [
+            p
+            for p in inspect.signature(function).parameters.values()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        try:
+            model = function(spec) if takes else function()
+        except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
+            raise ModelRaised(
+                f"--model {ref} raised {type(exc).__name__}: {one_line(exc)}",
+                "fix the function (run again with --debug for the traceback)",
+            ) from exc
+    if not isinstance(model, keras.Model):
+        raise ModelError(
+            f"--model {ref} returned {type(model).__name__}, not a keras.Model",
+            "return the model (keras.Sequential, keras.Model(inputs, outputs) or a subclass)",
+        )
+    model.tfscale_source = ref
+    return set_objective(model, objective_from(model, spec))
+
+
+def _load_saved(path: str) -> Any:
+    import zipfile
+
+    import keras
+
+    try:
+        return keras.models.load_model(path)
+    except (ValueError, TypeError, OSError, zipfile.BadZipFile) as exc:
+        text = one_line(exc)
+        custom = "custom" in text.lower() or "Could not locate" in text
+        raise ModelError(
+            f"--model {path} did not load: {text}",
+            "register its custom layers and functions with "
+            "@keras.saving.register_keras_serializable and give each a get_config, or pass "
+            "a function that builds the model (--model file.py:function)"
+            if custom
+            else "save it again with model.save('model.keras'), or pass a function that "
+            "builds the model (--model file.py:function)",
+        ) from None
+
+
+def objective_from(model: Any, spec: FeatureSpec) -> Objective:
+    """What the model is trained for: its compiled loss and metrics, or the label kind's
+    defaults for its outputs (logits, or probabilities after a softmax or sigmoid)."""
+    import keras
+
+    from_logits = not _ends_in_probabilities(model)
+    if not getattr(model, "compiled", False) or getattr(model, "loss", None) is None:
+        return Objective(spec.label, from_logits)
+    loss = model.loss
+    if isinstance(loss, (list, tuple, dict)):
+        raise ModelError(
+            f"--model {model.tfscale_source} is compiled with {len(loss)} losses",
+            "give a model of one output, compiled with one loss",
+        )
+    loss = keras.losses.get(loss) if isinstance(loss, str) else loss
+    kwargs = getattr(loss, "_fn_kwargs", None)
+    if isinstance(kwargs, dict) and "from_logits" in kwargs:
+        from_logits = bool(kwargs["from_logits"])
+    elif isinstance(model.loss, str):
+        from_logits = False  # Keras's losses by name take probabilities
+    metrics = model.get_compile_config().get("metrics") or ()
+    if isinstance(metrics, dict):
+        metrics = [m for value in metrics.values() for m in (value or [])]
+    return Objective(spec.label, from_logits, loss, tuple(metrics))
+
+
+def _ends_in_probabilities(model: Any) -> bool:
+    last = model.layers[-1] if model.layers else None
+    activation = getattr(last, "activation", None)
+    return getattr(activation, "__name__", "") in ("softmax", "sigmoid")
+
+
+def parameter_count(model: Any) -> int:
+    import math
+
+    return int(sum(math.prod(w.shape) for w in model.weights))
+
+
+def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> None:
+    """Builds the user's model once, before anything trains or is written, and runs a few
+    training examples through it, its loss and the target metric (`evaluate`, an
+    `EvaluateConfig`): the worker processes and cluster tasks that build it again then
+    build what was checked here.
+
+    Raises:
+        ModelError: the model does not load or build; its inputs do not take the data's
+            features, its outputs do not fit the label, its loss does not fit the label's
+            kind; the target metric is not one it reports; a custom layer has no
+            `get_config` (the trained model is saved and read back).
+        ModelRaised: the user's function raised.
+    """
+    import tensorflow as tf
+
+    from tasks.data.inputs import build_dataset
+    from tasks.train.to_target import target_of
+
+    spec = manifest.spec
+    model = user_model(ref, spec)
+    objective = model.tfscale_objective
+    rows = max(1, min(4, manifest.splits["train"]))
+    features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
+    try:
+        outputs = model(features, training=False)
+    except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
+        raise ModelError(
+            f"--model {ref} does not take this data's features: {type(exc).__name__}: "
+            f"{one_line(exc)}; the model's inputs are {_inputs_of(model)}, the data's "
+            f"features {_features_of(spec)}",
+            "give the model one input per feature, named and shaped as the data's "
+            "(the function receives the spec: spec.features)",
+        ) from exc
+    width = int(outputs.shape[-1]) if outputs.shape.rank and outputs.shape.rank > 1 else 1
+    if width != spec.label.outputs:
+        raise ModelError(
+            f"--model {ref} gives {width} output(s) per example; the label "
+            f"({spec.label.kind}) needs {spec.label.outputs}",
+            f"end the model in a layer of {spec.label.outputs} unit(s) (spec.label.outputs)",
+        )
+    try:
+        loss = objective.loss(labels, outputs)
+        tf.debugging.assert_all_finite(tf.cast(loss, tf.float32), "loss")
+    except Exception as exc:  # noqa: BLE001 - the user's loss: whatever it raises
+        raise ModelError(
+            f"--model {ref}: its loss does not fit the label's kind ({spec.label.kind}): "
+            f"{type(exc).__name__}: {one_line(exc)}",
+            f"compile it with a {spec.label.loss} loss (the default for {spec.label.kind}), "
+            "or leave it uncompiled",
+        ) from exc
+    target = target_of(evaluate, spec.label)
+    if target.metric not in (spec.label.score, "loss") and objective.metric(target.metric) is None:
+        raise ModelError(
+            f"evaluate.target_metric {target.metric}: the model does not report it; it "
+            f"reports {', '.join(objective.metric_names())}",
+            "name one of those (--target-metric), or compile the model with that metric",
+        )
+    try:
+        model.get_config()
+    except NotImplementedError as exc:
+        raise ModelError(
+            f"--model {ref}: {one_line(exc)}",
+            "give each custom layer a get_config returning its __init__ arguments (the "
+            "trained model is saved and read back, and each process builds its own)",
+        ) from None
+
+
+def _inputs_of(model: Any) -> str:
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return "not known until called"
+    return ", ".join(f"{getattr(i, 'name', '?')} {tuple(i.shape)}" for i in inputs or [])
+
+
+def _features_of(spec: FeatureSpec) -> str:
+    return ", ".join(f"{f.name} {(None, *f.shape)} {f.dtype}" for f in spec.features)
