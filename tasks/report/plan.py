@@ -22,6 +22,7 @@ from tasks.core.errors import UsageError
 from tasks.measure.noise_scale import predicted_steps_to, trajectory
 from tasks.report.forecast import MEASURED, fit_cost_model
 from tasks.train.noise_estimates import static_gain, step_progress
+from tasks.train.to_target import Target, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 
@@ -48,6 +49,7 @@ class PlanRow:
 class Plan:
     run_dir: str
     target: float
+    metric: str  # the target's (`tasks.train.to_target.Target`)
     link: str
     noise_scale: float
     rows: list[PlanRow]
@@ -73,12 +75,13 @@ def _steps_to(metrics: dict, target: float | None) -> tuple[float, int]:
             f"{metrics.get('run_dir')} has no held-out evaluations during training",
             "plan from a run trained with evaluate.every_epochs above 0 (the default).",
         )
+    aim = Target(own.get("metric", "accuracy"), target, own.get("lower_is_better", False))
     for e in evaluations:
-        if e["accuracy"] >= target:
+        if aim.met(e["accuracy"]):
             return target, int(e["steps"])
-    best = max(e["accuracy"] for e in evaluations)
+    best = aim.best([e["accuracy"] for e in evaluations])
     raise UsageError(
-        f"{metrics.get('run_dir')} did not reach {target:g} held-out accuracy (best {best:.4f})",
+        f"{metrics.get('run_dir')} did not reach {aim.text()} (best {best:.4f})",
         "give a lower --target, or plan from a run that reached it (more --epochs).",
     )
 
@@ -181,7 +184,8 @@ def make_plan(
             else ""
         ),
     }
-    return Plan(str(metrics.get("run_dir")), target, link_name, phi, rows, best, sources)
+    metric = (metrics.get("to_target") or {}).get("metric", "accuracy")
+    return Plan(str(metrics.get("run_dir")), target, metric, link_name, phi, rows, best, sources)
 
 
 def _training_examples(metrics: dict) -> int | None:
@@ -205,7 +209,8 @@ def format_plan(plan: Plan) -> str:
         f"{'time to target':>22} {'ex/s':>6} {'to target':>9}  past B_simple"
     )
     lines = [
-        f"the fastest way to {plan.target:g} held-out accuracy on {plan.link}, from {plan.run_dir}",
+        f"the fastest way to {target_text(plan.metric, plan.target)} on {plan.link}, from "
+        f"{plan.run_dir}",
         "",
         head,
         "-" * len(head),

@@ -18,9 +18,10 @@ from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
 from tasks.measure.rounds import Settled, Spread
 from tasks.report.execute import load_exported
-from tasks.report.time_to_target import target_figures
+from tasks.report.time_to_target import NO_TARGET, target_figures
 from tasks.settings.kinds import SpreadOver, shape_text
 from tasks.train.evaluation import EvalResult
+from tasks.train.to_target import target_text
 from tasks.train.training import TrainResult
 
 
@@ -38,7 +39,7 @@ class ScalingSummary(SpreadOver):
     # training's examples to it and its time on the clock (MLPerf's), and the time-to-target
     # speedup = the examples/s speedup x the baseline's examples to target over the
     # distributed's (with the speedup's range); None where a training did not reach it
-    target_accuracy: float
+    target_accuracy: float | None  # the target's value (of `target_metric`; None: no target)
     examples_to_target_baseline: int | None
     examples_to_target_distributed: int | None
     time_to_target_s_baseline: float | None
@@ -51,6 +52,7 @@ class ScalingSummary(SpreadOver):
     test_metrics: dict[str, float] = field(
         default_factory=dict, metadata={**EACH, **tracked_as("test")}
     )
+    target_metric: str = field(default="accuracy", metadata=PARAM)  # `evaluate.target_metric`
     bottleneck: str = ""
     bottleneck_evidence: str = ""
     advice: list[str] = field(default_factory=list)
@@ -140,6 +142,8 @@ def compare_runs(
         figures = _figures_of_rounds(rounds, distributed.shape)
     else:
         figures = _figures_of_trainings(baseline, distributed, diagnosis)
+    aimed = baseline.to_target or {}  # the target the trainings aimed at, as they recorded it
+    target_accuracy = aimed.get("target", target_accuracy)
     target = target_figures(
         baseline, distributed, target_accuracy, _speedup_spread(figures), repeats
     )
@@ -155,6 +159,7 @@ def compare_runs(
         micro_batches=distributed.micro_batches,
         splits=distributed.splits,
         target_accuracy=target_accuracy,
+        target_metric=aimed.get("metric", "accuracy"),
         **target,
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
@@ -193,7 +198,7 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     what = f"{shape} ({s.strategy}, {s.precision}{'; ' + subject if subject else ''})"
     speed = _spread(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
-    target = f"{s.target_accuracy:.1%}".replace(".0%", "%") + " held-out accuracy"
+    target = target_text(s.target_metric, s.target_accuracy)
     low, high = s.time_to_target_speedup_low, s.time_to_target_speedup_high
     seeds = f"{s.seeds} seeds" if s.seeds > 1 else "one seed; --seeds 5 to be sure"
     by_speed = (
@@ -205,8 +210,8 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     )
     if s.time_to_target_speedup is None or low is None or high is None:
         why = s.to_target.partition(": ")[2]
-        if "the label is real-valued" in why:
-            return f"{head}: {by_speed}; no time to target: the label is real-valued"
+        if NO_TARGET in why:
+            return f"{head}: {by_speed}; no time to target: {NO_TARGET} {target}"
         return f"{head}: {by_speed}" + (f"; to {target}, not compared: {why}" if why else "")
     time = Spread(s.time_to_target_speedup, low, high)
     join = (

@@ -11,7 +11,7 @@ from typing import Any
 from tasks.measure.noise_scale import predicted_steps_to, trajectory
 from tasks.measure.rounds import Spread
 from tasks.train.noise_estimates import efficiency
-from tasks.train.to_target import OverSeeds, over_seeds
+from tasks.train.to_target import OverSeeds, over_seeds, target_text
 from tasks.train.training import TrainResult
 
 
@@ -79,6 +79,9 @@ def _reached(to_target: dict, key: str) -> float | None:
     return to_target.get(key) if to_target.get("reached") else None
 
 
+NO_TARGET = "no evaluate.target for the"  # what a summary's answer reads the reason by
+
+
 def target_sentence(
     baseline: TrainResult,
     distributed: TrainResult,
@@ -92,14 +95,12 @@ def target_sentence(
     (`examples`: each side's, `target_figures`), or who did not reach it and the best they
     reached."""
     base, dist = baseline.to_target, distributed.to_target
-    head = f"time to {target:.1%} held-out accuracy".replace(".0%", "%")
+    metric = (base or {}).get("metric", "accuracy")
+    head = f"time to {target_text(metric, (base or {}).get('target', target))}"
     if not base or not dist:
         return f"{head}: not measured (evaluate.every_epochs is 0, or there is no test split)"
     if base.get("target", target) is None:
-        return (
-            "time to target: not measured: the label is real-valued, and "
-            "evaluate.target_accuracy is an accuracy"
-        )
+        return f"time to target: not measured: {NO_TARGET} {target_text(metric, None)}"
     seeds = figures["seeds"]
     sides = ((("baseline", base), examples[0]), ((distributed.shape, dist), examples[1]))
     if seeds > 1:

@@ -353,14 +353,15 @@ class Tracker:
 
     def log_evaluations(self, run_id: str, result: Any) -> None:
         """A training's held-out evaluations as the curve `heldout_accuracy_by_examples`
-        (its step: the training examples seen), and its examples, steps and time to target
-        where it reached it (`tasks.train.to_target`)."""
+        (another target metric's: `heldout_auc_by_examples`; its step: the training examples
+        seen), and its examples, steps and time to target where it reached it
+        (`tasks.train.to_target`)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        curve = f"heldout_{result.to_target.get('metric', 'accuracy')}_by_examples"
         points = [
-            Metric("heldout_accuracy_by_examples", float(e["accuracy"]), now, int(e["examples"]))
-            for e in result.evaluations
+            Metric(curve, float(e["accuracy"]), now, int(e["examples"])) for e in result.evaluations
         ]
         points += self._noise_points(result, now)
         target = result.to_target

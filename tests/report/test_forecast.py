@@ -297,7 +297,7 @@ def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_
     from tasks.core.errors import UsageError
     from tasks.report.plan import make_plan
 
-    with pytest.raises(UsageError, match=r"did not reach 0.99 held-out accuracy \(best 0.9700\)"):
+    with pytest.raises(UsageError, match=r"did not reach 99% held-out accuracy \(best 0.9700\)"):
         make_plan(_planned_run(), 8, "measured", 0.0, 0.99)
     with pytest.raises(UsageError, match="recorded no gradient noise scale"):
         make_plan({**_planned_run(), "gradient_noise": []}, 8, "measured", 0.0)
