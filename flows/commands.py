@@ -285,6 +285,7 @@ def ui(config: Config, args: argparse.Namespace) -> int:
         )
     command = [
         sys.executable,
+        "-P",  # a user's own `tasks` module in the working directory must not stand in
         "-m",
         "mlflow",
         "server",

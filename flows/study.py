@@ -21,6 +21,7 @@ from tasks.report import execute, summary
 from tasks.settings import config as config_mod
 from tasks.track import tracking
 from tasks.train import evaluation
+from tasks.train.user_models import model_fingerprint
 
 
 @task(name="check tracking store")
@@ -92,14 +93,17 @@ def start_child_task(tracker: tracking.Tracker, parent_id: str, name: str, tags:
 
 
 @task(name="train baseline (one device)", cache_policy=RESULTS, persist_result=True)
-def _baseline_task(run: Run, on_epoch=None):
+def _baseline_task(run: Run, on_epoch=None, model: str = ""):
+    """`model`: the model's fingerprint, in the cache key (a user's model file changed is
+    trained again)."""
     return execute.run_training(run, on_epoch=on_epoch, label="baseline")
 
 
 def baseline_task(run: Run, on_epoch=None):
     """The baseline, reusing the cached result only while its run directory is intact."""
     complete = run.is_complete
-    result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch)
+    model = model_fingerprint(run.train.model)
+    result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch, model)
     status("baseline", execute.format_line(result) + ("" if not complete else " (reused)"))
     return result
 

@@ -49,6 +49,7 @@ from tasks.distribute.strategy import StrategyChoice
 from tasks.measure.rounds import Spread
 from tasks.settings.config import DEFAULT_BATCH, TrainConfig
 from tasks.settings.kinds import BASELINE
+from tasks.train.user_models import model_fingerprint
 
 log = logging.getLogger(__name__)
 # timed rounds (after a warm-up round) of up to this many steps each: of two candidates of
@@ -270,7 +271,7 @@ def _cache_path(
     setting = json.dumps(
         [
             report.fingerprint,
-            cfg.model,
+            model_fingerprint(cfg.model),  # a user's model file: its contents
             cfg.batch_size_per_replica,
             cfg.scaling,
             cfg.grad_accum_steps,
