@@ -32,7 +32,7 @@ from tasks.report.run_files import TRACKED_AS
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.train.to_target import ToTarget
 from tasks.train.training import TrainResult, timed_epochs, train_model
-from tasks.train.user_models import check_user_model, is_user_model
+from tasks.train.user_models import check_user_model, is_user_model, model_fingerprint
 
 
 def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:
@@ -61,8 +61,7 @@ def run_training(
     to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
     to `on_epoch`."""
     _check_link(run)
-    if is_user_model(run.train.model):  # before any worker starts or any file is written
-        check_user_model(run.train.model, run.manifest, run.data_dir, run.config.evaluate)
+    _check_model(run)  # before any worker starts or any file is written
     run_dir = run.run_dir
     chief = run.writes_outputs
     with hold(run_dir) if chief else contextlib.nullcontext():  # a cluster's tasks share it
@@ -77,6 +76,21 @@ def run_training(
         if chief:
             write_metrics(result, run)
     return result
+
+
+_checked: set[tuple[str, str, str, str]] = set()  # the user's models checked, on which data
+
+
+def _check_model(run: Run) -> None:
+    """A user's model, checked against the run's data and target once per process
+    (`tasks.train.user_models.check_user_model`)."""
+    ref = run.train.model
+    if not is_user_model(ref):
+        return
+    key = (ref, model_fingerprint(ref), run.manifest.digest, repr(run.config.evaluate))
+    if key not in _checked:
+        check_user_model(ref, run.manifest, run.data_dir, run.config.evaluate)
+        _checked.add(key)
 
 
 def _check_link(run: Run) -> None:
@@ -161,6 +175,7 @@ def settle_auto(run: Run, *, for_study: bool = False) -> tuple[Run, Settled]:
     from tasks.measure.probes import time_candidates
     from tasks.train.stage_plan import fit_to_memory
 
+    _check_model(run)  # before anything is measured
     if run.report.cluster is None:  # a model too large for a device: pipeline stages
         run = run.with_choice(fit_to_memory(run.choice, run.train, run.manifest))
 

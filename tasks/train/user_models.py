@@ -186,7 +186,7 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
     spec = manifest.spec
     model = user_model(ref, spec)
     objective = model.tfscale_objective
-    rows = max(1, min(4, manifest.splits["train"]))
+    rows = max(1, min(32, manifest.splits["train"]))
     features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
     try:
         outputs = model(features, training=False)
@@ -205,6 +205,7 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
             f"({spec.label.kind}) needs {spec.label.outputs}",
             f"end the model in a layer of {spec.label.outputs} unit(s) (spec.label.outputs)",
         )
+    _check_kind(ref, objective, spec.label.kind)
     try:
         loss = objective.loss(labels, outputs)
         tf.debugging.assert_all_finite(tf.cast(loss, tf.float32), "loss")
@@ -212,8 +213,8 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
         raise ModelError(
             f"--model {ref}: its loss does not fit the label's kind ({spec.label.kind}): "
             f"{type(exc).__name__}: {one_line(exc)}",
-            f"compile it with a {spec.label.loss} loss (the default for {spec.label.kind}), "
-            "or leave it uncompiled",
+            f"compile it with a {DEFAULT_LOSSES[spec.label.kind]} loss (the default for "
+            f"{spec.label.kind}), or leave it uncompiled",
         ) from exc
     target = target_of(evaluate, spec.label)
     if target.metric not in (spec.label.score, "loss") and objective.metric(target.metric) is None:
@@ -222,14 +223,50 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
             f"reports {', '.join(objective.metric_names())}",
             "name one of those (--target-metric), or compile the model with that metric",
         )
-    try:
-        model.get_config()
-    except NotImplementedError as exc:
+    _check_rebuilds(ref, model)
+
+
+def _check_kind(ref: str, objective: Objective, kind: str) -> None:
+    """A loss named for one kind of label, given another."""
+    name = _loss_name(objective.loss_fn)
+    wrong = (kind != "class" and "categorical" in name) or (
+        kind in ("class", "regression") and "binary" in name
+    )
+    if wrong:
         raise ModelError(
-            f"--model {ref}: {one_line(exc)}",
-            "give each custom layer a get_config returning its __init__ arguments (the "
-            "trained model is saved and read back, and each process builds its own)",
-        ) from None
+            f"--model {ref}: its loss ({name}) does not fit the label's kind ({kind})",
+            f"compile it with a {DEFAULT_LOSSES[kind]} loss (the default for {kind}), or leave "
+            "it uncompiled",
+        )
+
+
+DEFAULT_LOSSES = {
+    "class": "sparse_categorical_crossentropy",
+    "binary": "binary_crossentropy",
+    "multi_label": "binary_crossentropy",
+    "regression": "mean_squared_error",
+}
+
+
+def _loss_name(function: Any) -> str:
+    if function is None:
+        return ""
+    inner = getattr(function, "fn", function)
+    return str(getattr(inner, "__name__", type(inner).__name__)).lower()
+
+
+def _check_rebuilds(ref: str, model: Any) -> None:
+    """Every layer rebuilds from its config, as reading the saved model back does."""
+    for layer in model.layers:
+        try:
+            type(layer).from_config(layer.get_config())
+        except Exception as exc:  # noqa: BLE001 - the user's layer: whatever it raises
+            raise ModelError(
+                f"--model {ref}: its layer {layer.name} ({type(layer).__name__}) does not "
+                f"rebuild from its config: {type(exc).__name__}: {one_line(exc)}",
+                "give the layer a get_config returning its __init__ arguments (the trained "
+                "model is saved and read back, and each process builds its own)",
+            ) from None
 
 
 def _inputs_of(model: Any) -> str:

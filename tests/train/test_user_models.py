@@ -1,0 +1,256 @@
+"""The user's own Keras model (`--model`): the four examples of docs/your-model.md trained
+for real (in this process, and one as a real `tfscale run` process in a project with its
+own `tasks` module), and each bad model refused in one line before anything is written.
+
+The data is what scikit-learn ships (breast cancer, diabetes, digits) and seeded token
+sequences, written to files by each test."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.data.preparation import prepare_dataset
+from tasks.settings.config import load_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+def cancer_csv(folder: Path) -> Path:
+    from sklearn.datasets import load_breast_cancer
+
+    path = folder / "cancer.csv"
+    load_breast_cancer(as_frame=True).frame.to_csv(path, index=False)
+    return path
+
+
+def config_for(tmp_path: Path, dataset: str, model: str, **extra):
+    values = {
+        "prepare.dataset": dataset,
+        "prepare.label": "target" if dataset.endswith(".csv") else "label",
+        "prepare.data_dir": str(tmp_path / "tfrecords"),
+        "train.runs_dir": str(tmp_path / "runs"),
+        "train.model": model,
+        "train.strategy": "mirrored",
+        "train.replicas": 2,
+        "train.epochs": 3,
+        "train.precision": "float32",
+        "train.jit_compile": False,
+        "train.batch_size_per_replica": 16,
+        **extra,
+    }
+    return load_config(None, values)
+
+
+def trained(config):
+    """The prepared data and a training on 2 replicas of `config`, in this process."""
+    from tasks.distribute.hardware import detect_hardware
+    from tasks.distribute.run import Run
+    from tasks.distribute.strategy import select_strategy
+    from tasks.report.execute import run_training
+
+    prepared = prepare_dataset(config, progress=False)
+    report = detect_hardware()
+    choice = select_strategy(report, config.train)
+    run = Run(config, prepared.manifest, prepared.data_dir, choice, report)
+    return prepared, run_training(run)
+
+
+@pytest.fixture
+def examples(tmp_path, monkeypatch):
+    for path in EXAMPLES.glob("*.py"):
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.integration
+def test_a_table_classifier_with_adamw_and_auc_trains_to_its_auc_target(examples):
+    """Its optimizer (AdamW, Keras's own update), its loss on a sigmoid's probabilities and
+    its AUC as the target; evaluated with the model's own metrics."""
+    from tasks.train.evaluation import evaluate_model
+
+    config = config_for(
+        examples,
+        str(cancer_csv(examples)),
+        "table_classifier.py:build",
+        **{"evaluate.target_metric": "auc", "evaluate.target": 0.95, "train.epochs": 4},
+    )
+    prepared, result = trained(config)
+    assert result.optimizer == "AdamW" and result.model_parameters == 30 * 32 + 32 + 33
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0] < 1.0, losses  # probabilities, not logits, into the loss
+    assert (result.to_target["metric"], result.to_target["reached"]) == ("auc", True)
+    assert "heldout_auc" in result.history[-1]
+    evaluation = evaluate_model(result.model_path, prepared.manifest, prepared.data_dir, 64)
+    assert evaluation.metrics["auc"] > 0.95 and evaluation.test_accuracy > 0.85, evaluation
+
+
+@pytest.mark.integration
+def test_a_regression_reaches_its_mean_absolute_error_target_from_above(examples):
+    from sklearn.datasets import load_diabetes
+
+    load_diabetes(as_frame=True).frame.to_csv(examples / "diabetes.csv", index=False)
+    config = config_for(
+        examples,
+        "diabetes.csv",
+        "table_regression.py:build",
+        **{"evaluate.target": 55.0, "train.epochs": 4},
+    )
+    _, result = trained(config)
+    target = result.to_target
+    assert (target["metric"], target["lower_is_better"]) == ("mean_absolute_error", True)
+    assert target["reached"] and target["best_accuracy"] <= 55.0, target
+    # reached at the first evaluation at or below the target, none before it
+    firsts = [e for e in result.evaluations if e["accuracy"] <= 55.0]
+    assert firsts[0]["examples"] == target["examples"]
+
+
+@pytest.mark.integration
+def test_a_sequence_model_with_sgd_and_momentum_trains_on_a_pipeline(examples):
+    """SGD with momentum, Keras's own update inside tfscale's step, with the gradient noise
+    scale's raw norms recorded at its all-reduce (Adam's preconditioned ones: none)."""
+    config = config_for(
+        examples,
+        "sequences.py:tokens",
+        "sequences.py:build",
+        **{
+            "evaluate.target_metric": "binary_accuracy",
+            "evaluate.target": 0.9,
+            "train.epochs": 5,
+            "train.batch_size_per_replica": 32,
+            "train.noise_scale_every": 1,
+        },
+    )
+    _, result = trained(config)
+    assert result.optimizer == "SGD (momentum 0.9)"
+    assert result.to_target["reached"], result.to_target
+    windows = [w for w in result.gradient_noise if w["steps"]]
+    assert windows and all(w["small"] > 0 and w["small_adam"] is None for w in windows)
+
+
+@pytest.mark.integration
+def test_a_two_input_model_saved_as_keras_trains_from_the_same_weights_each_time(examples):
+    import keras
+    import two_inputs
+
+    two_inputs.arrays(str(examples / "digits2.npz"))
+    saved = two_inputs.save(str(examples / "two_inputs.keras"))
+    config = config_for(examples, "digits2.npz", saved, **{"train.epochs": 2})
+    prepared, result = trained(config)
+    assert [f.name for f in prepared.manifest.spec.features] == ["pixels", "hint"]
+    assert result.history[-1]["accuracy"] > 0.5
+    first = keras.models.load_model(saved).get_weights()
+    again = keras.models.load_model(saved).get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+BAD = {
+    "not_a_model": "def build(spec):\n    return 42\n",
+    "raises": "def build(spec):\n    raise RuntimeError('no GPU here, says the user')\n",
+    "wrong_inputs": textwrap.dedent(
+        """
+        import keras
+        def build(spec):
+            x = keras.Input(shape=(7,), name="colour")
+            return keras.Model(x, keras.layers.Dense(2)(x))
+        """
+    ),
+    "wrong_outputs": textwrap.dedent(
+        """
+        import keras
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            return keras.Model(inputs, keras.layers.Dense(5)(x))
+        """
+    ),
+    "wrong_loss": textwrap.dedent(
+        """
+        import keras
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            model = keras.Model(inputs, keras.layers.Dense(1)(x))
+            model.compile("adam", "sparse_categorical_crossentropy")
+            return model
+        """
+    ),
+    "no_config": textwrap.dedent(
+        """
+        import keras
+        class Scale(keras.layers.Layer):
+            def __init__(self, factor):
+                super().__init__()
+                self.factor = factor
+            def call(self, x):
+                return x * self.factor
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = Scale(2.0)(keras.layers.Concatenate()(list(inputs.values())))
+            return keras.Model(inputs, keras.layers.Dense(1)(x))
+        """
+    ),
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "model, flags, expected, exit_code",
+    [
+        ("nowhere.py:build", [], r"nowhere.py: no such file", 2),
+        ("broken.py:build", [], r"did not import: SyntaxError", 2),
+        ("bad.py:missing", [], r"has no function 'missing'.*defines", 2),
+        ("bad.py:not_a_model", [], r"returned int, not a keras.Model", 2),
+        ("bad.py:raises", [], r"raised RuntimeError: no GPU here, says the user", 1),
+        ("bad.py:wrong_inputs", [], r"does not take this data's features.*colour.*mean", 2),
+        ("bad.py:wrong_outputs", [], r"gives 5 output\(s\).*needs 1", 2),
+        (
+            "bad.py:wrong_loss",
+            [],
+            r"loss \(sparse_categorical_crossentropy\) does not fit the label.s kind \(binary\)",
+            2,
+        ),
+        (
+            "bad.py:no_config",
+            [],
+            r"(?s)layer scale \(Scale\) does not rebuild from its config.*get_config",
+            2,
+        ),
+        ("table_classifier.py:build", ["--target-metric", "f1"], r"does not report it", 2),
+        ("damaged.keras", [], r"damaged.keras did not load", 2),
+        ("model.h5", [], r"train.model: expected mlp, cnn", 2),
+    ],
+)
+def test_a_bad_model_is_refused_in_one_line_before_anything_is_written(
+    model, flags, expected, exit_code, examples, tmp_path
+):
+    import re
+
+    from helpers import run_main, tiny_params
+
+    (tmp_path / "bad.py").write_text(_bad_module())
+    (tmp_path / "broken.py").write_text("def build(:\n")
+    (tmp_path / "damaged.keras").write_bytes(b"PK\x03\x04 not a zip")
+    cancer_csv(tmp_path)
+    params = ["--params", str(tiny_params(tmp_path))]
+    data = ["--dataset", "cancer.csv", "--label", "target"]
+    assert run_main([*params, "prepare", *data], tmp_path)[0] == 0
+    argv = [*params, "train", *data, "--model", model, "--no-diagnose", *flags]
+    code, out, err = run_main(argv, tmp_path)
+    assert code == exit_code, (out, err[-2000:])
+    assert re.search(expected, err), err[-2000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.json"))
+
+
+def _bad_module() -> str:
+    """Each of `BAD`'s functions under its own name, in one module."""
+    parts = []
+    for name, text in BAD.items():
+        parts.append(text.replace("def build(spec)", f"def {name}(spec)"))
+    return "\n".join(parts)
