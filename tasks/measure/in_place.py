@@ -39,7 +39,8 @@ from tasks.measure.timing import (
     seconds_per_call,
 )
 from tasks.train.models import model_for_data
-from tasks.train.steps import FusedAdam, input_context_of, replica_step
+from tasks.train.optimizers import compiled_optimizer, make_optimizer
+from tasks.train.steps import input_context_of, replica_step
 from tasks.train.training import TrainingSetup, train_dataset_fn
 
 
@@ -200,10 +201,17 @@ def _local_step_seconds_by_batch(
     accum = setup.accum_steps
     sizes = sorted({size - size % accum for size in (max(batch // 2, accum), batch, 2 * batch)})
     seconds = tuple(
-        _local_step_seconds(run, setup, images[:size], labels[:size], per_call, calls)
+        _local_step_seconds(run, setup, _first(images, size), labels[:size], per_call, calls)
         for size in sizes
     )
     return sizes, seconds
+
+
+def _first(features: Any, rows: int) -> Any:
+    """The first `rows` examples of a batch's features (a tensor, or a dict of them)."""
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda t: t[:rows], features)
 
 
 def _local_step_seconds_at(
@@ -250,9 +258,9 @@ def _local_step_seconds(
     with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
         manifest = run.manifest
         model = model_for_data(run.train.model, manifest.spec)
-        optimizer = FusedAdam(1e-3)
+        optimizer = make_optimizer(compiled_optimizer(model), 1e-3)  # the run's kind
         optimizer.build(model.trainable_variables)
-    effective = int(images.shape[0])
+    effective = int(labels.shape[0])
 
     @tf.function
     def local_steps():

@@ -29,6 +29,7 @@ import math
 import os
 import subprocess
 import tempfile
+import re
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -585,8 +586,10 @@ class Tracker:
         self.log_artifacts(parent_id, artifacts)
         model_id = self.log_model(parent_id, record.distributed.model_path)
         summary = record.summary
+        # MLflow's names take no '/' or ':', which a user's data or model reference has
+        registered = re.sub(r"[/:]+", "-", f"tfscale-{common['dataset']}-{common['model']}")
         self.register_model(
-            f"tfscale-{common['dataset']}-{common['model']}",
+            registered,
             model_id,
             parent_id,
             {

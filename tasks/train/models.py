@@ -26,7 +26,9 @@ def load_trained_model(path: str) -> keras.Model:
 
     try:
         try:  # a user's compiled model keeps its loss and metrics (`tasks.train.user_models`)
-            return keras.models.load_model(path)
+            with warnings.catch_warnings():  # its optimizer's slots were never saved: none
+                warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+                return keras.models.load_model(path)
         except (TypeError, ValueError) as exc:
             if "compile" not in str(exc).lower() and "deserializ" not in str(exc).lower():
                 raise
