@@ -27,9 +27,9 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import tempfile
-import re
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path

@@ -7,6 +7,7 @@ sequences, written to files by each test."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -254,3 +255,55 @@ def _bad_module() -> str:
     for name, text in BAD.items():
         parts.append(text.replace("def build(spec)", f"def {name}(spec)"))
     return "\n".join(parts)
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tmp_path):
+    """`tfscale run` as a user types it, in a project whose own `tasks` module the model
+    imports and which has a `flows` package too: the baseline here and 2 worker processes
+    build the model, and the answer speaks of its AUC target, with intervals; MLflow names
+    the model's source, its parameters and optimizer, and registers it."""
+    from helpers import tfscale, tiny_params
+
+    import mlflow
+
+    cancer_csv(tmp_path)
+    (tmp_path / "tasks.py").write_text("WIDTH = 24  # the project's own tasks module\n")
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "__init__.py").write_text('"""The project\'s own flows."""\n')
+    source = (EXAMPLES / "table_classifier.py").read_text()
+    mine = source.replace("import keras\n", "import keras\nfrom tasks import WIDTH\n", 1)
+    (tmp_path / "mine.py").write_text(mine.replace("Dense(32,", "Dense(WIDTH,"))
+    params = tiny_params(tmp_path, **{"track.store_dir": "mlflow"})
+    argv = ["--params", str(params), "run", "--dataset", "cancer.csv", "--label", "target"]
+    argv += ["--model", "mine.py:build", "--target-metric", "auc", "--target", "0.95"]
+    argv += ["--strategy", "multi_worker", "--workers", "2", "--epochs", "4"]
+    out = tfscale(argv, tmp_path).stdout
+    answer = next(line for line in out.splitlines() if line.startswith("answer"))
+    assert "(multi_worker, float32; mine.py:build on cancer.csv)" in answer, answer
+    assert re.search(r"reached held-out AUC 0.95 \d\.\d\dx \(\d\.\d\d-\d\.\d\d\) as fast", answer)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    runs = client.search_runs(client.search_experiments()[0].experiment_id)
+    parent = next(r for r in runs if "target_metric" in r.data.params)
+    params_seen = parent.data.params
+    assert params_seen["model"] == "mine.py:build" and params_seen["target_metric"] == "auc"
+    assert params_seen["model_parameters"] == str(30 * 24 + 24 + 25)
+    assert params_seen["optimizer"] == "AdamW"
+    names = [m.name for m in client.search_registered_models()]
+    assert names == ["tfscale-cancer.csv-mine.py-build"]
+
+
+@pytest.mark.unit
+def test_a_models_cache_key_is_its_files_contents(tmp_path, monkeypatch):
+    """A changed model file is a new key (the baseline trains again); the same file, the
+    same key; a built-in's, its name."""
+    from tasks.train.user_models import model_fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("def build():\n    pass\n")
+    first = model_fingerprint("mine.py:build")
+    assert model_fingerprint("mine.py:build") == first
+    (tmp_path / "mine.py").write_text("def build():\n    return None\n")
+    assert model_fingerprint("mine.py:build") != first
+    assert model_fingerprint("cnn") == "cnn"
