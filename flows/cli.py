@@ -347,6 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rewrite every shard")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add(sub, "verify", "re-check shard sizes and sha256 against the manifest", DATASET_FLAGS)
+    sources = _add(
+        sub,
+        "sources",
+        "write the sha256 of your own data and model files, which DVC's stages depend on",
+        {"--dataset": DATASET_FLAGS["--dataset"], "--model": TRAIN_FLAGS["--model"]},
+    )
+    sources.add_argument("--out", default=".tfscale", help="where to write them (.tfscale)")
     hardware = _add(
         sub, "hardware", "show the detected hardware and the strategy it would pick", STRATEGY_FLAGS
     )

@@ -307,3 +307,35 @@ def test_a_models_cache_key_is_its_files_contents(tmp_path, monkeypatch):
     (tmp_path / "mine.py").write_text("def build():\n    return None\n")
     assert model_fingerprint("mine.py:build") != first
     assert model_fingerprint("cnn") == "cnn"
+
+
+@pytest.mark.unit
+def test_dvcs_stages_depend_on_the_sha256_of_the_users_files(tmp_path):
+    """`tfscale sources` writes each file's sha256 (a built-in's name), which the stages
+    that prepare or train depend on: a changed model file changes its stages' dependency
+    (DVC reruns them), the same file leaves it as it was."""
+    import yaml
+    from helpers import run_main
+
+    stages = yaml.safe_load((EXAMPLES.parents[1] / "dvc.yaml").read_text())["stages"]
+    assert stages["sources"]["always_changed"] is True
+    assert ".tfscale/data.sha256" in stages["prepare"]["deps"]
+    for stage in ("baseline", "train"):
+        assert ".tfscale/model.sha256" in stages[stage]["deps"]
+    assert ".tfscale/sweep_model.sha256" in stages["sweep"]["deps"]
+
+    cancer_csv(tmp_path)
+    (tmp_path / "mine.py").write_text("def build():\n    pass\n")
+    argv = ["sources", "--dataset", "cancer.csv", "--model", "mine.py:build"]
+
+    def written() -> dict[str, str]:
+        assert run_main(argv, tmp_path)[0] == 0
+        return {p.name: p.read_text() for p in (tmp_path / ".tfscale").iterdir()}
+
+    first = written()
+    assert first["sweep_model.sha256"] == "cnn\n" and len(first["model.sha256"]) == 65
+    assert written() == first
+    (tmp_path / "mine.py").write_text("def build():\n    return None\n")
+    again = written()
+    assert again["model.sha256"] != first["model.sha256"]
+    assert again["data.sha256"] == first["data.sha256"]
