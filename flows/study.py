@@ -5,6 +5,8 @@ function in `tasks/`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
@@ -225,4 +227,4 @@ def run_study(config: config_mod.Config) -> summary.ScalingSummary:
     except BaseException as exc:
         fail_tracking_task(tracker, parent_id, repr(exc))
         raise
-    return record.summary
+    return dataclasses.replace(record.summary, mlflow_run_id=parent_id)

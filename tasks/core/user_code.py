@@ -92,6 +92,8 @@ def file_of(ref: str) -> Path | None:
     module = found.group("module")
     if module.endswith(".py"):
         return Path(module)
+    if module == REGISTRY:
+        return None
     cwd_importable()
     with own_modules(Path.cwd()):
         try:
@@ -104,10 +106,35 @@ def file_of(ref: str) -> Path | None:
 def fingerprint(ref: str) -> str:
     """The sha256 of the file a function reference's module is in (else the module's
     name): what a cache keys on, so that a changed file is run again."""
+    if ref in _made_of:
+        return _made_of[ref]
     path = file_of(ref)
     if path is None or not path.is_file():
         return ref.partition(":")[0]
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# objects handed over in this process (a notebook's function or dataset: `register`), as
+# the attributes of a module of this name, each with what it is made of
+REGISTRY = "tfscale_notebook"
+_made_of: dict[str, str] = {}
+
+
+def register(name: str, value: Any, made_of: str) -> str:
+    """`value` as the function `REGISTRY:name` returns (a function is itself), reachable
+    by reference in this process only; `made_of` is its fingerprint (what a cache keys
+    on). Returns the reference."""
+    import types
+
+    module = sys.modules.setdefault(REGISTRY, types.ModuleType(REGISTRY))
+    setattr(module, name, value if callable(value) else (lambda: value))
+    ref = f"{REGISTRY}:{name}"
+    _made_of[ref] = made_of
+    return ref
+
+
+def is_registered(ref: str) -> bool:
+    return ref.startswith(REGISTRY + ":")
 
 
 def cwd_importable() -> None:

@@ -103,6 +103,7 @@ class ScalingSummary(SpreadOver):
     # within `reason` (the run's strategy_reason) already
     candidates_verdict: str = field(default="", metadata=UNTRACKED)
     proposed: str = field(default="", metadata=UNTRACKED)
+    mlflow_run_id: str = field(default="", metadata=UNTRACKED)  # the study's parent run
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -339,3 +339,64 @@ def test_dvcs_stages_depend_on_the_sha256_of_the_users_files(tmp_path):
     again = written()
     assert again["model.sha256"] != first["model.sha256"]
     assert again["data.sha256"] == first["data.sha256"]
+
+
+@pytest.mark.integration
+def test_one_call_in_a_notebook_gives_the_study_of_a_function_on_a_dataset(tmp_path, monkeypatch):
+    """`study(build, dataset)` as a notebook calls it: a function defined here and a
+    tf.data.Dataset, both handed over in this process; the answer, the interval, the time
+    to the AUC target and the MLflow run it was tracked in."""
+    import keras
+    import tensorflow as tf
+    from helpers import tiny_params
+
+    import mlflow
+    from flows.notebook import study
+
+    def build(spec):  # as a notebook's cell defines it
+        x = keras.Input(shape=spec.features[0].shape)
+        hidden = keras.layers.Dense(16, activation="relu")(x)
+        model = keras.Model(x, keras.layers.Dense(1)(hidden))
+        model.compile(
+            keras.optimizers.SGD(0.05, momentum=0.9),
+            keras.losses.BinaryCrossentropy(from_logits=True),
+            metrics=[keras.metrics.AUC(from_logits=True, name="auc")],
+        )
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1024, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    monkeypatch.chdir(tmp_path)
+    params = tiny_params(tmp_path, **{"track.store_dir": "mlflow"})
+    result = study(
+        build,
+        tf.data.Dataset.from_tensor_slices((x, y)),
+        params,
+        strategy="mirrored",
+        epochs=3,
+        target_metric="auc",
+        target=0.9,
+    )
+    assert "mirrored" in result.answer and "reached held-out AUC 0.9" in result.answer
+    assert result.speedup_low <= result.speedup <= result.speedup_high
+    assert result.time_to_target_speedup is not None
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    tracked = client.get_run(result.mlflow_run_id)
+    assert tracked.data.params["model"] == "tfscale_notebook:model_build"
+    assert tracked.data.params["optimizer"] == "SGD (momentum 0.9)"
+
+
+@pytest.mark.unit
+def test_a_notebooks_function_is_refused_for_worker_processes_and_arrays_kept_once(tmp_path):
+    from flows.notebook import _dataset_ref, study
+    from tasks.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"lives in this process only.*workers 2"):
+        study(lambda: None, "digits", None, workers=2, strategy="multi_worker")
+    with pytest.raises(UsageError, match=r"study\(\.\.\., epoch=\.\.\.\): no such setting"):
+        study(lambda: None, "digits", None, epoch=2)
+    x, y = np.arange(12.0).reshape(6, 2), np.arange(6) % 2
+    first = _dataset_ref((x, y), tmp_path, "label")
+    assert _dataset_ref((x, y), tmp_path, "label") == first and Path(first).is_file()
+    assert _dataset_ref((x + 1, y), tmp_path, "label") != first
