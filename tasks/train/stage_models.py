@@ -12,17 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.core.errors import UsageError
-from tasks.train.stage_plan import StagePlan, plan_stages
+from tasks.train.stage_plan import StagePlan, graph_of, plan_stages
 
 
 def stage_models(model: Any, plan: StagePlan) -> list[Any]:
     """The stages as Keras models sharing `model`'s layers (and so its variables)."""
     import keras
 
-    ops = model.operations
+    graph = graph_of(model)
+    ops = graph.operations
     models = []
     for s, (lo, hi) in enumerate(plan.bounds):
-        inputs = model.inputs if s == 0 else ops[lo - 1].output
+        inputs = graph.inputs if s == 0 else ops[lo - 1].output
         models.append(keras.Model(inputs, ops[hi].output, name=f"stage_{s + 1}"))
     return models
 
@@ -165,7 +166,7 @@ def build_staged(strategy: StagedDevices, build: Callable[[], Any], seed: int, b
     stage_of_op = {i: s for s, (lo, hi) in enumerate(plan.bounds) for i in range(lo, hi + 1)}
     position = {id(v): n for n, v in enumerate(created)}
     stage_of_variable = [0] * len(created)
-    for i, op in enumerate(draft.operations):
+    for i, op in enumerate(graph_of(draft).operations):
         for weight in getattr(op, "weights", []):
             stage_of_variable[position[id(weight.value)]] = stage_of_op.get(i, 0)
     del draft

@@ -110,11 +110,27 @@ def _elements(tensor: Any) -> int:
     return math.prod(int(d) for d in tensor.shape[1:])
 
 
+def graph_of(model: Any) -> Any:
+    """The functional graph of a model: itself, or the one a built `keras.Sequential`
+    holds (a user's chain of layers), its operations in order from the input."""
+    functional = getattr(model, "_functional", None)
+    graph = functional if functional is not None else model
+    if not hasattr(graph, "operations"):
+        raise UsageError(
+            f"The model {model.name} ({type(model).__name__}) is a subclassed keras.Model: its "
+            "layers are called in code, so it cannot be cut into pipeline stages or split "
+            "by columns",
+            "train it whole (--strategy mirrored, one_device or multi_worker), or write it as "
+            "a functional model or a keras.Sequential, which are cut where one tensor crosses",
+        )
+    return graph
+
+
 def layer_costs(model: Any) -> list[LayerCost]:
     """Every operation of a built functional model, with its estimated costs per example
     (float32 bytes: what a float32 copy of the weights and slots takes)."""
     costs = []
-    for i, op in enumerate(model.operations):
+    for i, op in enumerate(graph_of(model).operations):
         if i == 0:
             continue
         out = _flat(op.output)[0]
@@ -137,7 +153,7 @@ def layer_costs(model: Any) -> list[LayerCost]:
 def cut_points(model: Any) -> list[int]:
     """The operations after which one tensor alone crosses to the rest of the model: where a
     stage may end (never after the last operation)."""
-    ops = model.operations
+    ops = graph_of(model).operations
     last_use: dict[int, int] = {}
     for i, op in enumerate(ops):
         for tensor in _flat(op.input):

@@ -103,7 +103,24 @@ def user_model(ref: str, spec: FeatureSpec) -> Any:
             "return the model (keras.Sequential, keras.Model(inputs, outputs) or a subclass)",
         )
     model.tfscale_source = ref
+    if not model.built or not model.weights:  # a subclassed model: its variables, now
+        model(example_batch(spec), training=False)
     return set_objective(model, objective_from(model, spec))
+
+
+def example_batch(spec: FeatureSpec) -> Any:
+    """One example of zeros (empty text) of each feature: a tensor, or a dict by name."""
+    import numpy as np
+
+    def zero(feature: Any) -> Any:
+        shape = (1, *feature.padded_shape)
+        if feature.dtype == "string":
+            return np.full(shape, "", dtype=object)
+        dtype = {"uint8": "uint8", "int32": "int32", "int64": "int64", "bool": "bool"}
+        return np.zeros(shape, dtype=dtype.get(feature.dtype, "float32"))
+
+    values = {f.name: zero(f) for f in spec.features}
+    return next(iter(values.values())) if len(values) == 1 else values
 
 
 def _load_saved(path: str) -> Any:
@@ -256,7 +273,17 @@ def _loss_name(function: Any) -> str:
 
 
 def _check_rebuilds(ref: str, model: Any) -> None:
-    """Every layer rebuilds from its config, as reading the saved model back does."""
+    """The model and every layer rebuild from their config, as reading the saved model
+    back does."""
+    try:
+        model.get_config()
+    except NotImplementedError:
+        raise ModelError(
+            f"--model {ref}: the model {model.name} ({type(model).__name__}) has no "
+            "get_config, so its trained file cannot be read back",
+            "give the subclassed model a get_config returning its __init__ arguments, or "
+            "write it as a functional model or a keras.Sequential",
+        ) from None
     for layer in model.layers:
         try:
             type(layer).from_config(layer.get_config())

@@ -400,3 +400,63 @@ def test_a_notebooks_function_is_refused_for_worker_processes_and_arrays_kept_on
     first = _dataset_ref((x, y), tmp_path, "label")
     assert _dataset_ref((x, y), tmp_path, "label") == first and Path(first).is_file()
     assert _dataset_ref((x + 1, y), tmp_path, "label") != first
+
+
+CHAINS = textwrap.dedent(
+    """
+    import keras
+
+    def sequential(spec):
+        return keras.Sequential(
+            [
+                keras.Input(shape=spec.features[0].shape),
+                keras.layers.Flatten(),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(spec.label.outputs),
+            ]
+        )
+
+    @keras.saving.register_keras_serializable(package="mine")
+    class Mine(keras.Model):
+        def __init__(self, outputs, **kwargs):
+            super().__init__(**kwargs)
+            self.outputs_ = outputs
+            self.hidden = keras.layers.Dense(32, activation="relu")
+            self.out = keras.layers.Dense(outputs)
+
+        def call(self, x):
+            return self.out(self.hidden(keras.layers.Flatten()(x)))
+
+        def get_config(self):
+            return {**super().get_config(), "outputs": self.outputs_}
+
+    def subclassed(spec):
+        return Mine(spec.label.outputs)
+    """
+)
+
+
+@pytest.mark.integration
+def test_a_sequential_is_cut_into_stages_and_a_subclassed_model_trains_whole(examples):
+    """A user's chain of layers is cut into pipeline stages as the built-ins are, each
+    stage's weights on its own device; a subclassed model (built on its first call) trains
+    whole, and asking to cut it names why it cannot be and what would work."""
+    from tasks.core.errors import UsageError
+
+    (examples / "chains.py").write_text(CHAINS)
+    staged = config_for(
+        examples,
+        "digits",
+        "chains.py:sequential",
+        **{"train.strategy": "pipeline", "train.stages": 2, "train.epochs": 2},
+    )
+    _, result = trained(staged)
+    assert result.stages == 2 and len(result.device_bytes) == 2, result.device_bytes
+    assert result.history[-1]["accuracy"] > 0.5
+    whole = config_for(examples, "digits", "chains.py:subclassed", **{"train.epochs": 2})
+    _, result = trained(whole)
+    assert result.replicas == 2 and result.history[-1]["accuracy"] > 0.5
+    cut = config_for(examples, "digits", "chains.py:subclassed", **{"train.strategy": "pipeline"})
+    with pytest.raises(UsageError, match=r"subclassed keras.Model.*cannot be cut"):
+        trained(cut)
