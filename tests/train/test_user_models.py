@@ -7,6 +7,7 @@ sequences, written to files by each test."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import textwrap
@@ -460,3 +461,34 @@ def test_a_sequential_is_cut_into_stages_and_a_subclassed_model_trains_whole(exa
     cut = config_for(examples, "digits", "chains.py:subclassed", **{"train.strategy": "pipeline"})
     with pytest.raises(UsageError, match=r"subclassed keras.Model.*cannot be cut"):
         trained(cut)
+
+
+@pytest.mark.integration  # a Prefect flow
+def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
+    """`sweep.model` a user's function, over the user's own table (`dataset_sizes: [0]`):
+    each cell trains it, one device and 2 replicas."""
+    from flows.sweep import sweep_flow
+
+    cancer_csv(examples)
+    config = load_config(
+        None,
+        {
+            "prepare.dataset": "cancer.csv",
+            "prepare.label": "target",
+            "prepare.data_dir": str(examples / "data"),
+            "train.runs_dir": str(examples / "runs"),
+            "train.measure_rounds": 3,
+            "sweep.model": "table_classifier.py:build",
+            "sweep.dataset_sizes": [0],
+            "sweep.replicas": [1, 2],
+            "sweep.epochs": 1,
+            "sweep.precision": ["float32"],
+            "sweep.out_dir": str(examples / "out"),
+            "track.store_dir": str(examples / "mlflow"),
+        },
+    )
+    rows = sweep_flow(config)
+    assert [(r.replicas, r.strategy) for r in rows] == [(1, "one_device"), (2, "mirrored")]
+    for row in rows:
+        metrics = json.loads((Path(row.run_dir) / "metrics.json").read_text())
+        assert (metrics["model"], metrics["optimizer"]) == ("table_classifier.py:build", "AdamW")
