@@ -201,8 +201,8 @@ class GradientNoise:
         self.big_batch = effective_batch
         self.on = self.small_batch < self.big_batch
         self.sums = _replica_sums(strategy, 1, shape=(len(self.KEYS),))[0]
-        # what each replica staged, by its replica context: Mirrored traces its replicas'
-        # steps in threads of their own, at once
+        # what each replica staged, by its replica's id (`_replica_key`): Mirrored traces
+        # its replicas' steps in threads of their own, at once
         self._staged: dict[int, tuple[Any, Any, list[Any]]] = {}
 
     def stage(self, micro: list[list], variables: list, factor: float, scale: Any) -> None:
@@ -227,7 +227,7 @@ class GradientNoise:
             squares = tf.square(_flat(grads))
             raw.append(tf.reduce_sum(squares))
             adam_sq.append(tf.reduce_sum(squares * weights))
-        self._staged[id(tf.distribute.get_replica_context())] = (
+        self._staged[_replica_key()] = (
             tf.add_n(raw) * to_mean / len(micro),
             tf.add_n(adam_sq) * to_mean / len(micro),
             weights,
@@ -236,7 +236,7 @@ class GradientNoise:
     def record(self, reduced: list[Any]) -> None:
         """The all-reduced gradient of the step staged last: adds both norms, divided by the
         replicas (each replica adds its share; reading sums them)."""
-        staged = self._staged.pop(id(tf.distribute.get_replica_context()), None)
+        staged = self._staged.pop(_replica_key(), None)
         if staged is None:
             return
         small, small_adam, weights = staged
@@ -263,6 +263,16 @@ class GradientNoise:
             "small_batch": self.small_batch,
             "big_batch": self.big_batch,
         }
+
+
+def _replica_key() -> Any:
+    """Which replica this is, the same in every replica context the step passes through:
+    LossScaleOptimizer (mixed_float16) applies its update from a replica context of its
+    own, made by a `merge_call`, not the step's (so a key by context object found nothing
+    staged there, and nothing was recorded)."""
+    ctx = tf.distribute.get_replica_context()
+    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+    return int(replica) if replica is not None else id(ctx)
 
 
 def _flat(values: list[Any]) -> tf.Tensor:

@@ -740,6 +740,8 @@ CHECKED_ELSEWHERE = {
     "PoolError": "test_pool (a cell whose worker is lost)",
     "NotShared": "test_pool (a data dir the pool's hosts cannot read)",
     "WorkerError": "the killed worker row, in a process of its own",
+    "ModelError": "test_user_models (each bad model of a user's, before anything is written)",
+    "ModelRaised": "test_user_models (a user's model function that raises)",
     "UnknownStrategy": "test_strategy (a kind no registry has); the CLI and params.yaml "
     "name the choices first (the 'unknown strategy' row)",
 }

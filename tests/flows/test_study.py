@@ -584,10 +584,10 @@ def test_plan_reads_the_studys_run_and_says_what_each_figure_came_from(flow_run)
     tmp = flow_run["tmp"]
     common = ["--params", str(tmp / "params.yaml"), "plan", "--devices", "4"]
     code, out, err = run_main([*common, "--target", "0.999"], tmp)
-    assert code == 2 and "did not reach 0.999 held-out accuracy (best 0." in err, err
+    assert code == 2 and "did not reach 99.9% held-out accuracy (best 0." in err, err
     code, out, err = run_main([*common, "--target", "0.5", "--link", "ethernet-10g"], tmp)
     assert code == 0, err
-    assert "the fastest way to 0.5 held-out accuracy on ethernet-10g" in out
+    assert "the fastest way to 50% held-out accuracy on ethernet-10g" in out
     assert "fastest: " in out and "steps to target the run's " in out
     assert "written: " in out, out
     (written,) = (tmp / "runs" / "digits").glob("mirrored-*/plan.json")

@@ -94,6 +94,66 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     assert got["small"] > got["big"]  # a smaller batch's gradient is noisier
 
 
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("replicas, jit", [(1, False), (1, True), (2, False)])
+def test_the_norms_are_recorded_under_every_precision(precision, replicas, jit, two_logical_cpus):
+    """Under mixed precision (mixed_float16's loss scaling applies the update from a
+    replica context of its own), on one device with and without XLA and on Mirrored: the
+    second step's norms are recorded, and are those computed directly in float32 to the
+    half-precision arithmetic's error."""
+    import keras
+    import tensorflow as tf
+
+    from tasks.train.steps import FusedAdam, GradientNoise, replica_step
+
+    strategy = tf.distribute.MirroredStrategy(
+        two_logical_cpus[:replicas], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    model, images, labels = _model_and_data()
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        with strategy.scope():
+            mixed = type(model).from_config(model.get_config())
+            mixed.set_weights(model.get_weights())
+            adam = FusedAdam(1e-2)
+            optimizer = adam
+            if precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(adam)
+            optimizer.build(mixed.trainable_variables)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    noise = GradientNoise(strategy, adam, replicas, 16 // replicas, 1, 16)
+    adam.noise = noise
+    per_replica = 16 // replicas
+    dataset = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (
+            images[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
+            labels[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
+        )
+    )
+
+    def one(x, y):
+        replica_step(mixed, optimizer, x, y, 1, 16, noise)
+
+    inner = tf.function(one, jit_compile=True) if jit else one
+
+    @tf.function
+    def step(batch):
+        strategy.run(inner, args=batch)
+
+    step(dataset)
+    noise.read()
+    model.set_weights(mixed.get_weights())  # the float32 copy, where the second step starts
+    halves = [_mean_gradient(model, images[i : i + 8], labels[i : i + 8]) for i in (0, 8)]
+    whole = _mean_gradient(model, images, labels)
+    step(dataset)
+    got = noise.read()
+    assert got["steps"] == 1, got
+    assert got["small"] == pytest.approx(np.mean([_sq(h) for h in halves]), rel=0.05)
+    assert got["big"] == pytest.approx(_sq(whole), rel=0.05)
+    assert got["small_adam"] is not None and got["big_adam"] is not None
+
+
 def test_the_small_batch_is_a_half_batch_alone_and_a_micro_batch_with_accumulation(
     two_logical_cpus,
 ):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
 import textwrap
 from pathlib import Path
 
@@ -239,7 +240,7 @@ def test_a_bad_model_is_refused_in_one_line_before_anything_is_written(
     (tmp_path / "broken.py").write_text("def build(:\n")
     (tmp_path / "damaged.keras").write_bytes(b"PK\x03\x04 not a zip")
     cancer_csv(tmp_path)
-    params = ["--params", str(tiny_params(tmp_path))]
+    params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
     data = ["--dataset", "cancer.csv", "--label", "target"]
     assert run_main([*params, "prepare", *data], tmp_path)[0] == 0
     argv = [*params, "train", *data, "--model", model, "--no-diagnose", *flags]
@@ -248,6 +249,11 @@ def test_a_bad_model_is_refused_in_one_line_before_anything_is_written(
     assert re.search(expected, err), err[-2000:]
     assert "Traceback" not in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.json"))
+    store = tmp_path / "mlflow" / "mlflow.db"
+    if store.exists():  # no MLflow run left RUNNING
+        with sqlite3.connect(store) as conn:
+            running = conn.execute("select name from runs where status = 'RUNNING'").fetchall()
+        assert not running, running
 
 
 def _bad_module() -> str:
