@@ -45,8 +45,8 @@ def sources(config: Config, args: argparse.Namespace) -> int:
     `model.sha256`, `sweep_model.sha256`): the files DVC's stages depend on, so that a
     changed table or model file reruns them. A built-in's is its name."""
     from tasks.core.files import write_text_atomic
+    from tasks.core.user_code import model_fingerprint
     from tasks.data.user_sources import source_fingerprint
-    from tasks.train.user_models import model_fingerprint
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

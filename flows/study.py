@@ -14,6 +14,7 @@ from flows.caching import RESULTS, cached
 from flows.prefect_api import named_by, quiet_run_logs
 from tasks.core import process
 from tasks.core.progress import status
+from tasks.core.user_code import model_fingerprint
 from tasks.data import preparation
 from tasks.data.manifest import shards_present
 from tasks.distribute import hardware, strategy
@@ -23,7 +24,6 @@ from tasks.report import execute, summary
 from tasks.settings import config as config_mod
 from tasks.track import tracking
 from tasks.train import evaluation
-from tasks.train.user_models import model_fingerprint
 
 
 @task(name="check tracking store")

@@ -137,6 +137,18 @@ def is_registered(ref: str) -> bool:
     return ref.startswith(REGISTRY + ":")
 
 
+def model_fingerprint(ref: str) -> str:
+    """What a model reference is made of, for caches and run directories to key on: a
+    function's module file's sha256 (`fingerprint`), a saved `.keras` file's, else the
+    reference itself (a built-in's name)."""
+    if is_function_ref(ref) or ref in _made_of:
+        return fingerprint(ref)
+    path = Path(ref)
+    if ref.endswith(".keras") and path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return ref
+
+
 def cwd_importable() -> None:
     """`package.module` resolves from where tfscale runs, as `python -m` would."""
     if str(Path.cwd()) not in sys.path:

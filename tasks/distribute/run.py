@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.provenance import code_version
+from tasks.core.user_code import model_fingerprint
 from tasks.data.manifest import Manifest, load_manifest
 from tasks.distribute.hardware import HardwareReport, report_from_dict
 from tasks.distribute.strategy import StrategyChoice
@@ -60,7 +61,8 @@ class Run:
     @property
     def run_dir(self) -> Path:
         """`runs/<dataset>/<strategy>-<replicas>x-<precision>-<key>`: the same config, data,
-        strategy (its precision and XLA too) and code give the same directory."""
+        strategy (its precision and XLA too) and code (a user's model file too) give the
+        same directory."""
         train = config_to_dict(self.config.train)
         train.pop("runs_dir")
         if train.get("link_gbit") is None or self.choice.spec.runs != LOCAL_WORKERS:
@@ -68,7 +70,11 @@ class Run:
         choice = self.choice.to_dict()
         for words in ("reason", "measured", "measured_verdict", "proposed"):
             choice.pop(words)  # what was measured and said of it, not what trains
-        key = json.dumps([train, self.manifest.digest, choice, code_version()], sort_keys=True)
+        parts = [train, self.manifest.digest, choice, code_version()]
+        made_of = model_fingerprint(self.config.train.model)
+        if made_of != self.config.train.model:  # a user's model: its file's contents too
+            parts.append(made_of)
+        key = json.dumps(parts, sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         name = f"{self.choice.kind}-{self.choice.replicas}x-{self.choice.precision}-{digest}"
         return Path(self.config.train.runs_dir) / self.manifest.dataset / name

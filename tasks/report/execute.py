@@ -24,6 +24,7 @@ from tasks.core.errors import MissingInput, UsageError
 from tasks.core.files import atomic_path, write_json_atomic
 from tasks.core.progress import EpochWatcher, epoch_score, status
 from tasks.core.run_lock import hold
+from tasks.core.user_code import model_fingerprint
 from tasks.distribute.run import Role, Run
 from tasks.measure.autotune import Settled, settle
 from tasks.measure.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
@@ -32,7 +33,7 @@ from tasks.report.run_files import TRACKED_AS
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.train.to_target import ToTarget
 from tasks.train.training import TrainResult, timed_epochs, train_model
-from tasks.train.user_models import check_user_model, is_user_model, model_fingerprint
+from tasks.train.user_models import check_user_model, is_user_model
 
 
 def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.errors import UsageError, UserError
-from tasks.core.user_code import fingerprint, is_function_ref, load_function, one_line
+from tasks.core.user_code import is_function_ref, load_function, one_line
 from tasks.data.spec import FeatureSpec
 from tasks.train.objectives import Objective, set_objective
 
@@ -55,18 +55,6 @@ def check_ref(ref: str) -> None:
             )
         return
     raise ModelError(f"Unknown model {ref!r}", f"expected {FORMS}")
-
-
-def model_fingerprint(ref: str) -> str:
-    """What the model is made of, for caches to key on: a built-in's name, a `.keras`
-    file's or a function's module file's sha256."""
-    if ref in BUILT_IN:
-        return ref
-    if ref.endswith(KERAS_SUFFIX) and Path(ref).is_file():
-        from tasks.data.manifest import sha256_of
-
-        return sha256_of(Path(ref))
-    return fingerprint(ref)
 
 
 def user_model(ref: str, spec: FeatureSpec) -> Any:

@@ -305,7 +305,7 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
 def test_a_models_cache_key_is_its_files_contents(tmp_path, monkeypatch):
     """A changed model file is a new key (the baseline trains again); the same file, the
     same key; a built-in's, its name."""
-    from tasks.train.user_models import model_fingerprint
+    from tasks.core.user_code import model_fingerprint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text("def build():\n    pass\n")
