@@ -406,10 +406,11 @@ class Tracker:
         for path in paths:
             self.client.log_artifact(run_id, str(path))
 
-    def log_model(self, run_id: str, model_path: str) -> str:
+    def log_model(self, run_id: str, model_path: str, feature: dict | None = None) -> str:
         """The Keras model as an MLflow logged model of `run_id`, with pinned requirements
-        (given rather than inferred: MLflow's inference reloads the model, about 10 s).
-        Returns the logged model's id."""
+        (given rather than inferred: MLflow's inference reloads the model, about 10 s),
+        its signature from its inputs (a subclassed model's, which has none: from the
+        data's spec, `feature` as the manifest records it). Returns the logged model's id."""
         import mlflow.keras
         import numpy as np
         from mlflow.entities import LoggedModelOutput
@@ -420,7 +421,7 @@ class Tracker:
         experiment = self.client.get_run(run_id).info.experiment_id
         logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
         model = load_trained_model(model_path)
-        example = _example_input(model)
+        example = _example_input(model, feature)
         signature = infer_signature(example, np.asarray(model(example)))
         with tempfile.TemporaryDirectory(prefix="tfscale-model-") as tmp:
             local = Path(tmp) / "model"
@@ -584,7 +585,8 @@ class Tracker:
             *(path for key, path in record.files.items() if key.startswith("forecast")),
         ]
         self.log_artifacts(parent_id, artifacts)
-        model_id = self.log_model(parent_id, record.distributed.model_path)
+        feature = context["manifest"].get("feature")
+        model_id = self.log_model(parent_id, record.distributed.model_path, feature)
         summary = record.summary
         # MLflow's names take no '/' or ':', which a user's data or model reference has
         registered = re.sub(r"[/:]+", "-", f"tfscale-{common['dataset']}-{common['model']}")
@@ -764,11 +766,22 @@ def _model_requirements() -> list[str]:
     return [f"{name}=={version(name)}" for name in ("tensorflow", "keras", "mlflow")]
 
 
-def _example_input(model: Any) -> Any:
+def _example_input(model: Any, feature: dict | None = None) -> Any:
     """One example of zeros (empty text) of the model's input: an array, or a dict of them
-    by feature where the model takes several."""
+    by feature where the model takes several; for a subclassed model (no declared inputs),
+    one of the data's spec (`feature`, as the manifest records it)."""
     import numpy as np
     import tensorflow as tf
+
+    try:
+        declared = model.input
+    except (AttributeError, ValueError):
+        from tasks.data.spec import FeatureSpec
+        from tasks.train.user_models import example_batch
+
+        if feature is None:
+            raise
+        return example_batch(FeatureSpec.from_dict(feature))
 
     def zero(tensor: Any) -> Any:
         shape = (1, *[d or 1 for d in tensor.shape[1:]])
@@ -776,4 +789,4 @@ def _example_input(model: Any) -> Any:
             return np.full(shape, "", dtype=object)
         return np.zeros(shape, dtype=str(tensor.dtype))
 
-    return tf.nest.map_structure(zero, model.input)
+    return tf.nest.map_structure(zero, declared)

@@ -498,3 +498,30 @@ def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
     for row in rows:
         metrics = json.loads((Path(row.run_dir) / "metrics.json").read_text())
         assert (metrics["model"], metrics["optimizer"]) == ("table_classifier.py:build", "AdamW")
+
+
+@pytest.mark.unit
+def test_a_subclassed_models_logged_signature_comes_from_the_datas_spec():
+    """A subclassed model declares no inputs: the example MLflow infers its signature from
+    is one of the data's features, as the manifest records them."""
+    import keras
+
+    from tasks.data.spec import Feature, FeatureSpec, Label
+    from tasks.track.tracking import _example_input
+
+    class Whole(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.out = keras.layers.Dense(3)
+
+        def call(self, features):
+            return self.out(keras.ops.concatenate([features["a"], features["b"]], axis=-1))
+
+    spec = FeatureSpec(
+        (Feature("a", "float32", (2,)), Feature("b", "float32", (4,))),
+        Label("class", (), ("x", "y", "z")),
+    )
+    example = _example_input(Whole(), spec.to_dict())
+    assert {k: v.shape for k, v in example.items()} == {"a": (1, 2), "b": (1, 4)}
+    with pytest.raises((AttributeError, ValueError)):
+        _example_input(Whole())
