@@ -134,11 +134,6 @@ def compare_runs(
     speedup and its split the medians of the per-round ratios, with the speedup's range.
     Otherwise (a run across processes) the throughputs are the two trainings' own."""
     rounds = diagnosis.round_rates if diagnosis else None
-    bottleneck = (
-        (diagnosis.bottleneck, diagnosis.evidence, list(diagnosis.advice))
-        if diagnosis
-        else ("", "", [])
-    )
     if rounds is not None and rounds.speedup is not None:
         figures = _figures_of_rounds(rounds, distributed.shape)
     else:
@@ -166,12 +161,20 @@ def compare_runs(
         test_loss=evaluation.test_loss,
         test_metrics=dict(getattr(evaluation, "metrics", {}) or {}),
         reason=distributed.reason,
-        bottleneck=bottleneck[0],
-        bottleneck_evidence=bottleneck[1],
-        advice=bottleneck[2],
+        **_bottleneck_fields(diagnosis),
         **figures,
     )
     return dataclasses.replace(summary, answer=answer_text(summary, subject))
+
+
+def _bottleneck_fields(diagnosis: Diagnosis | None) -> dict[str, Any]:
+    if diagnosis is None:
+        return {"bottleneck": "", "bottleneck_evidence": "", "advice": []}
+    return {
+        "bottleneck": diagnosis.bottleneck,
+        "bottleneck_evidence": diagnosis.evidence,
+        "advice": list(diagnosis.advice),
+    }
 
 
 def test_row(summary: ScalingSummary, bold: bool = False) -> tuple[str, str]:

@@ -183,16 +183,21 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
             `get_config` (the trained model is saved and read back).
         ModelRaised: the user's function raised.
     """
-    import tensorflow as tf
-
     from tasks.data.inputs import build_dataset
-    from tasks.train.to_target import target_of
 
     spec = manifest.spec
     model = user_model(ref, spec)
-    objective = model.tfscale_objective
     rows = max(1, min(32, manifest.splits["train"]))
     features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
+    outputs = _check_inputs(ref, model, spec, features)
+    _check_kind(ref, model.tfscale_objective, spec.label.kind)
+    _check_loss(ref, model.tfscale_objective, labels, outputs)
+    _check_target(model.tfscale_objective, evaluate)
+    _check_rebuilds(ref, model)
+
+
+def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any:
+    """The model's outputs on a batch of the data's features, one per label value."""
     try:
         outputs = model(features, training=False)
     except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
@@ -210,25 +215,38 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
             f"({spec.label.kind}) needs {spec.label.outputs}",
             f"end the model in a layer of {spec.label.outputs} unit(s) (spec.label.outputs)",
         )
-    _check_kind(ref, objective, spec.label.kind)
+    return outputs
+
+
+def _check_loss(ref: str, objective: Objective, labels: Any, outputs: Any) -> None:
+    """The loss of a batch: computed, and finite."""
+    import tensorflow as tf
+
+    kind = objective.kind
     try:
         loss = objective.loss(labels, outputs)
         tf.debugging.assert_all_finite(tf.cast(loss, tf.float32), "loss")
     except Exception as exc:  # noqa: BLE001 - the user's loss: whatever it raises
         raise ModelError(
-            f"--model {ref}: its loss does not fit the label's kind ({spec.label.kind}): "
+            f"--model {ref}: its loss does not fit the label's kind ({kind}): "
             f"{type(exc).__name__}: {one_line(exc)}",
-            f"compile it with a {DEFAULT_LOSSES[spec.label.kind]} loss (the default for "
-            f"{spec.label.kind}), or leave it uncompiled",
+            f"compile it with a {DEFAULT_LOSSES[kind]} loss (the default for {kind}), or "
+            "leave it uncompiled",
         ) from exc
-    target = target_of(evaluate, spec.label)
-    if target.metric not in (spec.label.score, "loss") and objective.metric(target.metric) is None:
-        raise ModelError(
-            f"evaluate.target_metric {target.metric}: the model does not report it; it "
-            f"reports {', '.join(objective.metric_names())}",
-            "name one of those (--target-metric), or compile the model with that metric",
-        )
-    _check_rebuilds(ref, model)
+
+
+def _check_target(objective: Objective, evaluate: Any) -> None:
+    """The target metric is one the model reports (or one of Keras's)."""
+    from tasks.train.to_target import target_of
+
+    target = target_of(evaluate, objective.label)
+    if target.metric in (objective.label.score, "loss") or objective.metric(target.metric):
+        return
+    raise ModelError(
+        f"evaluate.target_metric {target.metric}: the model does not report it; it reports "
+        f"{', '.join(objective.metric_names())}",
+        "name one of those (--target-metric), or compile the model with that metric",
+    )
 
 
 def _check_kind(ref: str, objective: Objective, kind: str) -> None:
