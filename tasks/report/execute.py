@@ -275,6 +275,7 @@ def write_metrics(result: TrainResult, run: Run) -> Path:
         result.to_dict(),
         dataset=run.manifest.dataset,
         model=run.train.model,
+        lr_scaling_rule=run.train.lr_scaling,  # the rule asked for (`lr_scaling`: followed)
         manifest_digest=run.manifest.digest,
         hardware_fingerprint=run.report.fingerprint,
     )

@@ -21,7 +21,7 @@ from typing import Any
 from tasks.core.errors import UsageError
 from tasks.measure.noise_scale import predicted_steps_to, trajectory
 from tasks.report.forecast import MEASURED, fit_cost_model
-from tasks.train.noise_estimates import static_gain, step_progress
+from tasks.train.noise_estimates import planned_gain, static_gain, step_progress
 from tasks.train.to_target import Target, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
@@ -118,8 +118,15 @@ def make_plan(
     run_batch = metrics["global_batch"] * accum
     own_per_replica = model.per_replica_batch
     link = None if link_name == MEASURED else link_gbit * 1e9 / 8
-    rule = metrics.get("lr_scaling") or "linear"
-    base_rate = metrics["learning_rate"] / static_gain(rule, run_batch / (own_per_replica * accum))
+    # the rule the run's config names (at its base batch the run itself followed `none`);
+    # an adaptive rule's recorded rate is its base rate, before the gain it settles at
+    followed = metrics.get("lr_scaling") or "linear"
+    rule = metrics.get("lr_scaling_rule") or followed
+    base_batch = own_per_replica * accum
+    base_rate = metrics["learning_rate"] / static_gain(followed, run_batch / base_batch)
+
+    def gain(batch: float) -> float:
+        return planned_gain(rule, batch / base_batch, phi, base_batch)
 
     def steps_at(batch: float) -> tuple[float, float, float]:
         steps = predicted_steps_to(path, steps_run, run_batch, batch, "raw")
@@ -146,7 +153,8 @@ def make_plan(
                     devices=n,
                     per_replica_batch=b,
                     global_batch=n * b,
-                    learning_rate=base_rate * static_gain(rule, batch / (own_per_replica * accum)),
+                    learning_rate=base_rate
+                    * planned_gain(rule, batch / base_batch, phi, base_batch),
                     steps=steps,
                     steps_low=low,
                     steps_high=high,
@@ -173,7 +181,12 @@ def make_plan(
         "steps to target": f"the run's {steps_run} steps to {target:g} at global batch "
         f"{run_batch}, scaled by its gradient noise scale {phi:,.0f} (quartiles "
         f"{low_phi:,.0f}-{high_phi:,.0f}, {path.recorded_steps} steps recorded)",
-        "learning rate": f"the run's base rate {base_rate:g} scaled {rule}",
+        "learning rate": f"the run's base rate {base_rate:g} scaled {rule}"
+        + (
+            f" (the gain it settles at with the noise scale {phi:,.0f})"
+            if rule in ("adascale", "auto")
+            else ""
+        ),
         "link": link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)",
         "batches": ", ".join(map(str, batches))
         + ("" if batches == BATCHES else " (those that fit --device-memory-mb)")

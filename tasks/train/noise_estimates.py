@@ -123,6 +123,16 @@ def static_gain(rule: str, scale: float) -> float:
     return {"linear": scale, "sqrt": math.sqrt(scale), "none": 1.0}.get(rule, 1.0)
 
 
+def planned_gain(rule: str, scale: float, phi: float, base_batch: float) -> float:
+    """The gain a rule gives a global batch `scale` times the base rate's `base_batch`, at
+    noise scale `phi`: a fixed rule's (`static_gain`), or the one AdaScale's rules settle
+    at (`AdaptiveGain`: (M/M0)(phi + M0)/(phi + M); `auto`, its square root)."""
+    if rule not in ("adascale", "auto"):
+        return static_gain(rule, scale)
+    gain = step_progress(phi, base_batch, scale * base_batch)
+    return math.sqrt(gain) if rule == "auto" else gain
+
+
 class AdaptiveGain:
     """AdaScale's learning-rate gain, from the noise scale measured as the training runs:
     r = (M/M0)(phi + M0)/(phi + M) for global batch M against the base rate's M0, between 1

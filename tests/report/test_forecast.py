@@ -326,3 +326,30 @@ def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():
     assert plan.sources["batches"] == "16, 32 (those that fit --device-memory-mb)"
     with pytest.raises(UsageError, match="no per-replica batch of 16, 32, 64"):
         make_plan(_planned_run(), 2, "measured", 0.0, None, ())
+
+
+@pytest.mark.parametrize(
+    "followed, asked, expected",
+    [
+        ("linear", "linear", lambda m: 0.001 * m / BATCH),
+        ("sqrt", "sqrt", lambda m: 0.002 / 2**0.5 * (m / BATCH) ** 0.5),
+        # a run at the base batch followed `none`; its config asked for linear
+        ("none", "linear", lambda m: 0.002 * m / BATCH),
+        # AdaScale's gain at the noise scale 64: (M/M0)(64 + M0)/(64 + M)
+        ("adascale", "adascale", lambda m: 0.002 * (m / BATCH) * (64 + BATCH) / (64 + m)),
+        ("auto", "auto", lambda m: 0.002 * ((m / BATCH) * (64 + BATCH) / (64 + m)) ** 0.5),
+    ],
+)
+def test_a_plans_rate_column_follows_the_runs_rule(followed, asked, expected):
+    """Each row's rate is the base rate times the gain the run's rule gives its batch: the
+    config's rule where the run itself was at the base batch (`none`), the gain AdaScale's
+    rules settle at where they adapt (their recorded rate is the base)."""
+    from tasks.report.plan import make_plan
+
+    metrics = {**_planned_run(), "lr_scaling": followed, "lr_scaling_rule": asked}
+    if followed == "none":
+        metrics["global_batch"] = BATCH  # one device at the base batch: no rule applied
+    plan = make_plan(metrics, 4, "ethernet-10g", 10.0)
+    for r in plan.rows:
+        assert r.learning_rate == pytest.approx(expected(r.global_batch)), (r.global_batch, asked)
+    assert asked in plan.sources["learning rate"]
