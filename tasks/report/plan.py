@@ -113,6 +113,14 @@ def make_plan(
             "mirrored or multi_worker.",
         )
     low_phi, phi, high_phi = path.spread("raw", until=steps_run)
+    if not phi > 0:  # NaN: no window whose batch gradient stood above its noise
+        raise UsageError(
+            f"{metrics.get('run_dir')} recorded no measurable gradient noise scale: in every "
+            "window the batch gradient's squared norm |G|^2 came out at or below zero (the "
+            "gradient is all noise at its batches), so no batch's steps can be predicted",
+            "plan from a run at a larger global batch or with more steps before the target "
+            "(a longer run, or a higher --target).",
+        )
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     accum = metrics.get("grad_accum_steps", 1)
     run_batch = metrics["global_batch"] * accum
@@ -129,9 +137,11 @@ def make_plan(
         return planned_gain(rule, batch / base_batch, phi, base_batch)
 
     def steps_at(batch: float) -> tuple[float, float, float]:
+        """The steps along the run's noise scale, and the interval of its quartiles held
+        constant, widened to the point where a changing noise scale puts it outside."""
         steps = predicted_steps_to(path, steps_run, run_batch, batch, "raw")
         ends = [steps_run / step_progress(q, run_batch, batch) for q in (low_phi, high_phi)]
-        return steps, min(ends), max(ends)
+        return steps, min(*ends, steps), max(*ends, steps)
 
     one_step = model.compute_s(own_per_replica)
     one_time = steps_at(own_per_replica * accum)[0] * one_step

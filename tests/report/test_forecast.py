@@ -301,6 +301,29 @@ def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_
         make_plan(_planned_run(), 8, "measured", 0.0, 0.99)
     with pytest.raises(UsageError, match="recorded no gradient noise scale"):
         make_plan({**_planned_run(), "gradient_noise": []}, 8, "measured", 0.0)
+    # every window's |G|^2 at or below zero: (64 x 1.4 - 32 x 3) / 32 < 0
+    noise_only = {"end_step": 50, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
+    noise_only |= {"small": 3.0, "big": 1.4}
+    with pytest.raises(UsageError, match=r"no measurable gradient noise scale.*at or below zero"):
+        make_plan({**_planned_run(), "gradient_noise": [noise_only]}, 8, "measured", 0.0)
+
+
+def test_a_plans_point_lies_inside_its_interval_when_the_noise_scale_rises():
+    """A noise scale rising from 50 to 800 over the run: each row's steps, predicted along
+    it, lie inside the row's interval (the quartiles held constant, widened to the point)."""
+    from tasks.report.plan import make_plan
+
+    windows = []
+    for end, phi in zip((20, 40, 60, 80, 100), (50, 100, 200, 400, 800), strict=True):
+        window = {"end_step": end, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
+        windows.append(window | {"small": 1 + phi / BATCH, "big": 1 + phi / (2 * BATCH)})
+    plan = make_plan({**_planned_run(), "gradient_noise": windows}, 8, "ethernet-10g", 10.0)
+    outside = 0
+    for r in plan.rows:
+        assert r.steps_low <= r.steps <= r.steps_high, r
+        assert r.time_low_s <= r.time_s <= r.time_high_s
+        outside += r.steps in (r.steps_low, r.steps_high) and r.steps_low < r.steps_high
+    assert outside  # the case the widening is for: the quartiles alone missed the point
 
 
 def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():
