@@ -275,21 +275,25 @@ def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     )
 
 
-def test_a_plan_never_prices_a_global_batch_larger_than_the_training_data():
-    """A run of 22 steps an epoch at global batch 64 had 1,408 training examples: 8 devices
-    at 256 (2,048) would not make one full batch, so no row has more than 1,408, the
-    sources say how many were left out, and data too small for any row is refused."""
+def test_a_plan_never_prices_a_global_batch_that_leaves_few_steps_an_epoch():
+    """A run of 22 steps an epoch at global batch 64 had 1,408 training examples: a global
+    batch over 176 would leave fewer than 8 steps an epoch (8 devices at 256 not even one),
+    so no row has more than 176, the sources say how many were left out, and data too
+    small for any is refused."""
     from tasks.core.errors import UsageError
-    from tasks.report.plan import make_plan
+    from tasks.report.plan import MIN_STEPS_PER_EPOCH, make_plan
 
     plan = make_plan({**_planned_run(), "steps_per_epoch": 22}, 8, "ethernet-10g", 10.0)
-    assert plan.rows and max(r.global_batch for r in plan.rows) <= 1408
-    assert (8, 256) not in {(r.devices, r.per_replica_batch) for r in plan.rows}
-    assert (1, 256) in {(r.devices, r.per_replica_batch) for r in plan.rows}
-    assert "left out: a global batch over the 1,408 training examples" in plan.sources["batches"]
+    assert plan.rows and max(r.global_batch for r in plan.rows) <= 1408 // MIN_STEPS_PER_EPOCH
+    shapes = {(r.devices, r.per_replica_batch) for r in plan.rows}
+    assert (8, 256) not in shapes and (1, 256) not in shapes and (1, 128) in shapes
+    assert (
+        "a global batch over 176 leaves fewer than 8 steps an epoch of the 1,408"
+        in (plan.sources["batches"])
+    )
     everything = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
     assert len(everything.rows) > len(plan.rows)
-    with pytest.raises(UsageError, match="larger than the run's 64 training examples"):
+    with pytest.raises(UsageError, match="fewer than 8 steps an epoch of the run's 64 training"):
         make_plan({**_planned_run(), "steps_per_epoch": 1}, 8, "ethernet-10g", 10.0, None, (128,))
 
 
