@@ -383,11 +383,11 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
 
 def _model_form(value: str) -> bool:
     """A built-in model's name, a function reference, or a `.keras` path."""
-    import re
+    from tasks.core.user_code import FUNCTION
 
     if value in ("mlp", "cnn", "resnet", "embedding") or value.endswith(".keras"):
         return True
-    return re.fullmatch(r"[^:]+:[A-Za-z_]\w*", value) is not None
+    return FUNCTION.fullmatch(value) is not None
 
 
 def _web_address(value: str) -> bool:

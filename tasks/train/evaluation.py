@@ -20,6 +20,7 @@ import numpy as np
 
 from tasks.core.files import write_json_atomic
 from tasks.data.manifest import Manifest, sha256_of
+from tasks.train.to_target import METRIC_NAMES
 
 RECORDED = "final_eval.json"
 
@@ -47,9 +48,6 @@ class EvalResult:
         parts = [] if math.isnan(self.test_accuracy) else [f"accuracy {self.test_accuracy:.4f}"]
         parts += [f"{METRIC_NAMES.get(n, n)} {v:.4f}" for n, v in shown.items()]
         return f"test {', '.join(parts)} (loss {self.test_loss:.4f})"
-
-
-METRIC_NAMES = {"auc": "AUC", "mean_absolute_error": "mean absolute error"}
 
 
 def evaluate_model(

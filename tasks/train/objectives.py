@@ -83,7 +83,7 @@ class Objective:
 
     @property
     def one_hot(self) -> bool:
-        name = _name_of(self.loss_fn)
+        name = loss_name(self.loss_fn)
         return "categorical" in name and "sparse" not in name
 
     def score(self, labels: Any, outputs: Any) -> Any:
@@ -135,7 +135,8 @@ def _fresh(config: dict) -> Any:
     return keras.saving.deserialize_keras_object(config)
 
 
-def _name_of(function: Any) -> str:
+def loss_name(function: Any) -> str:
+    """A loss's name, lower-cased (a Keras loss object's function's); empty for none."""
     if function is None:
         return ""
     inner = getattr(function, "fn", function)  # a LossFunctionWrapper's function

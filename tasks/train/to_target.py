@@ -53,28 +53,17 @@ def target_text(metric: str, value: float | None) -> str:
     return f"held-out {name}" + ("" if value is None else f" {value:g}")
 
 
-def target_of(evaluate: Any, label: Any, reported: list[str] | None = None) -> Target:
+def target_of(evaluate: Any, label: Any) -> Target:
     """The target `evaluate.target_metric` and `evaluate.target` (an `EvaluateConfig`) come
     to for a label: `auto` is accuracy, or a real-valued label's mean absolute error;
     accuracy's value is `target_accuracy` unless `target` is set; another metric without a
-    `target` has none. `reported`: the metrics the model reports (None: not checked).
-
-    Raises:
-        UsageError: a target metric the model does not report, or accuracy for a real
-            label.
-    """
-    from tasks.core.errors import UsageError
+    `target` has none. Whether the model reports the metric is checked where the model is
+    (`tasks.train.user_models`, `HeldOut`)."""
     from tasks.train.objectives import lower_is_better
 
     metric = evaluate.target_metric
     if metric == "auto":
         metric = label.score
-    if reported is not None and metric not in reported:
-        raise UsageError(
-            f"evaluate.target_metric {metric}: the model does not report it; it reports "
-            f"{', '.join(reported)}",
-            "name one of those (--target-metric), or compile the model with that metric",
-        )
     value = evaluate.target
     if value is None and metric == "accuracy":
         value = evaluate.target_accuracy

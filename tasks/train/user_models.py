@@ -22,7 +22,7 @@ from typing import Any
 from tasks.core.errors import UsageError, UserError
 from tasks.core.user_code import is_function_ref, load_function, one_line
 from tasks.data.spec import FeatureSpec
-from tasks.train.objectives import Objective, set_objective
+from tasks.train.objectives import Objective, loss_name, set_objective
 
 KERAS_SUFFIX = ".keras"
 BUILT_IN = ("mlp", "cnn", "resnet", "embedding")
@@ -251,7 +251,7 @@ def _check_target(objective: Objective, evaluate: Any) -> None:
 
 def _check_kind(ref: str, objective: Objective, kind: str) -> None:
     """A loss named for one kind of label, given another."""
-    name = _loss_name(objective.loss_fn)
+    name = loss_name(objective.loss_fn)
     wrong = (kind != "class" and "categorical" in name) or (
         kind in ("class", "regression") and "binary" in name
     )
@@ -269,13 +269,6 @@ DEFAULT_LOSSES = {
     "multi_label": "binary_crossentropy",
     "regression": "mean_squared_error",
 }
-
-
-def _loss_name(function: Any) -> str:
-    if function is None:
-        return ""
-    inner = getattr(function, "fn", function)
-    return str(getattr(inner, "__name__", type(inner).__name__)).lower()
 
 
 def _check_rebuilds(ref: str, model: Any) -> None:

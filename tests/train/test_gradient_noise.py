@@ -31,6 +31,17 @@ def _mean_gradient(model, images, labels) -> list[np.ndarray]:
     return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
 
 
+def _replica_slices(strategy, images, labels, replicas: int):
+    """The 16 examples as each replica's share of them, in order."""
+    per_replica = 16 // replicas
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: (
+            images[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
+            labels[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
+        )
+    )
+
+
 def _sq(grads, divisors=None) -> float:
     divisors = divisors or [1.0] * len(grads)
     return float(sum(np.sum((g / d) ** 2) for g, d in zip(grads, divisors, strict=True)))
@@ -63,13 +74,7 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     noise = GradientNoise(strategy, adam, replicas, 16 // replicas, 1, 16)
     assert (noise.small_batch, noise.big_batch, noise.split_batch) == (8, 16, replicas == 1)
     adam.noise = noise
-    per_replica = 16 // replicas
-    dataset = strategy.experimental_distribute_values_from_function(
-        lambda ctx: (
-            images[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
-            labels[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
-        )
-    )
+    dataset = _replica_slices(strategy, images, labels, replicas)
 
     @tf.function
     def step(batch):
@@ -124,13 +129,7 @@ def test_the_norms_are_recorded_under_every_precision(precision, replicas, jit, 
         keras.mixed_precision.set_global_policy("float32")
     noise = GradientNoise(strategy, adam, replicas, 16 // replicas, 1, 16)
     adam.noise = noise
-    per_replica = 16 // replicas
-    dataset = strategy.experimental_distribute_values_from_function(
-        lambda ctx: (
-            images[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
-            labels[ctx.replica_id_in_sync_group * per_replica :][:per_replica],
-        )
-    )
+    dataset = _replica_slices(strategy, images, labels, replicas)
 
     def one(x, y):
         replica_step(mixed, optimizer, x, y, 1, 16, noise)
