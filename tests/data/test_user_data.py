@@ -8,6 +8,7 @@ real values), written to files by each test."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -480,7 +481,10 @@ def test_the_whole_study_on_a_real_valued_table_logs_its_error_and_no_time_to_ta
     )
     (model,) = client.search_logged_models([parent.info.experiment_id])
     assert str(model.status).endswith("READY")
-    was = mlflow.get_tracking_uri()
+    # MLflow's fluent API reads the global URI, and setting it also sets the environment's
+    # MLFLOW_TRACKING_URI: restored to what the environment said (none in tests), else every
+    # later tracker in this process would write to the URI left there
+    was = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(client.tracking_uri)
     try:
         info = mlflow.models.get_model_info(f"models:/{model.model_id}")
