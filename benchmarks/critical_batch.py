@@ -107,7 +107,7 @@ def main() -> None:
     print(
         f"\nthe batch-32 training (seed 42) reached the target in {steps_32} steps; its "
         f"noise scale, recorded over {path.recorded_steps} steps: Adam's "
-        f"{path.spread('adam', steps_32)[1]:,.0f}, raw {path.spread('raw', steps_32)[1]:,.0f}"
+        f"{path.headline('adam', steps_32)[1]:,.0f}, raw {path.headline('raw', steps_32)[1]:,.0f}"
     )
     print(f"{'batch':>6} {'measured steps':>22} {'predicted (Adam)':>17} {'predicted (raw)':>16}")
     ratios = []
@@ -127,7 +127,7 @@ def main() -> None:
     complete = [b for b in BATCHES if None not in measured[b]]
     means = [sum(measured[b]) / len(measured[b]) for b in complete]
     fitted = fit_steps_hyperbola(complete, means)
-    simple = path.spread("adam", steps_32)[1]
+    simple = path.headline("adam", steps_32)[1]
     print(
         f"\ncritical batch (the hyperbola fitted to the measured steps): {fitted.b_crit:,.0f}, "
         f"S_min {fitted.s_min:,.0f}, E_min {fitted.e_min:,.0f}; B_simple (Adam's) {simple:,.0f}, "

@@ -16,10 +16,18 @@ the critical batch B_crit = E_min/S_min.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from tasks.train.noise_estimates import NoiseScale, step_progress, window_estimates
+from tasks.train.noise_estimates import (
+    NoiseScale,
+    planned_gain,
+    rule_progress,
+    step_progress,
+    window_estimates,
+)
 
 
 def predicted_steps(noise_scales: Sequence[float], base_batch: float, batch: float) -> float:
@@ -80,6 +88,7 @@ def fit_steps_hyperbola(batches: Sequence[float], steps: Sequence[float]) -> Hyp
 
 
 VARIANTS = ("raw", "adam")  # the gradient as it is, and as Adam preconditions it
+RESAMPLES = 1000  # the headline's bootstrap over windows
 
 
 @dataclass(frozen=True)
@@ -87,44 +96,73 @@ class Trajectory:
     """A training's noise scale over its steps, from the windows of norms it recorded
     (`tasks.train.steps.GradientNoise.read`): after each window that recorded steps, its
     end step, the window's own B_simple and the moving average's (`NoiseScale`, over the
-    windows so far), for each variant."""
+    windows so far), for each variant; and each window's estimates (|G|^2, tr(S), steps),
+    which the headline figure averages."""
 
     end_steps: tuple[int, ...]
     window: dict[str, tuple[float, ...]]
     averaged: dict[str, tuple[float, ...]]
     recorded_steps: int
+    estimates: dict[str, tuple[tuple[float, float, int], ...]] = field(default_factory=dict)
 
     def at(self, step: int, variant: str) -> float:
         """The averaged noise scale in force at `step`: the last window's that ended at or
-        before it (the first window's before any ended)."""
+        before it (the first window's before any ended); NaN where it was not measurable."""
         values = self.averaged[variant]
         if not values:
             return math.nan
         done = [v for end, v in zip(self.end_steps, values, strict=True) if end <= step]
         return done[-1] if done else values[0]
 
-    def spread(self, variant: str, until: int | None = None) -> tuple[float, float, float]:
-        """The windows' own noise scales up to step `until`: (lower quartile, median, upper
-        quartile), the estimate's spread."""
-        values = sorted(
-            v
-            for end, v in zip(self.end_steps, self.window[variant], strict=True)
-            if (until is None or end <= until) and math.isfinite(v)
-        )
-        if not values:
+    def headline(self, variant: str, until: int | None = None) -> tuple[float, float, float]:
+        """The noise scale of the windows up to step `until`, as (low, value, high): the
+        ratio of the step-weighted means of the windows' tr(S) and |G|^2 estimates, each
+        unbiased, so their ratio is consistent where a mean of ratios, or a median of
+        them, is not; a window whose |G|^2 came out at or below zero counts (dropping it
+        would bias the figure low). The interval is a bootstrap over the windows' 95%.
+        NaN where the mean |G|^2 is at or below zero: the noise is not measurable."""
+        kept = [
+            e
+            for end, e in zip(self.end_steps, self.estimates.get(variant, ()), strict=True)
+            if (until is None or end <= until) and math.isfinite(e[0]) and math.isfinite(e[1])
+        ]
+        value = _ratio_of_means(kept)
+        if not kept or math.isnan(value):
             return (math.nan, math.nan, math.nan)
-        pick = lambda q: values[min(int(q * len(values)), len(values) - 1)]  # noqa: E731
-        return pick(0.25), pick(0.5), pick(0.75)
+        draw = random.Random(len(kept))  # the same windows give the same interval
+        resampled = sorted(
+            _ratio_of_means([draw.choice(kept) for _ in kept]) for _ in range(RESAMPLES)
+        )
+        low = resampled[int(0.025 * RESAMPLES)]
+        high = resampled[int(0.975 * RESAMPLES) - 1]
+        return min(low, value), value, max(high, value)
 
 
-def trajectory(windows: Sequence[dict], beta: float = 0.5) -> Trajectory:
+def _ratio_of_means(estimates: Sequence[tuple[float, float, int]]) -> float:
+    """tr(S)/|G|^2 of the step-weighted means; NaN where the mean |G|^2 is not above 0 (an
+    interval's draw of such windows reads infinity: every batch below the noise)."""
+    steps = sum(n for _, _, n in estimates)
+    if not steps:
+        return math.nan
+    g2 = sum(g * n for g, _, n in estimates) / steps
+    trace = max(sum(t * n for _, t, n in estimates) / steps, 0.0)
+    return trace / g2 if g2 > 0 else math.nan
+
+
+def trajectory(
+    windows: Sequence[dict], beta: float = 0.5, examples: int | None = None
+) -> Trajectory:
     """The noise scale over a training's recorded windows: each window's two-batch
     estimates (its norms are means over its steps, so unbiased over the window), and the
     bias-corrected moving average of the estimates over windows (`beta`: each window weighs
-    as much as all before it, at 0.5)."""
+    as much as all before it, at 0.5). With `examples`, the training split's size, each
+    |G|^2 is corrected for batches drawn without replacement from it: the two-batch
+    estimate reads |G|^2 - tr(S)/N there, which at a batch that is a sizable share of a
+    small split halves a noise scale's reading or worse (700 reads 1,400 at N = 1,437)."""
     end_steps: list[int] = []
     window: dict[str, list[float]] = {v: [] for v in VARIANTS}
     averaged: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    kept: dict[str, list[tuple[float, float, int]]] = {v: [] for v in VARIANTS}
     scales = {v: NoiseScale(beta) for v in VARIANTS}
     recorded = 0
     for w in windows:
@@ -134,6 +172,9 @@ def trajectory(windows: Sequence[dict], beta: float = 0.5) -> Trajectory:
         recorded += w["steps"]
         end_steps.append(int(w["end_step"]))
         for variant, (g2, trace) in estimates.items():
+            if examples:
+                g2 += trace / examples
+            kept[variant].append((g2, trace, int(w["steps"])))
             scales[variant].update(g2, trace)
             own = NoiseScale(0.0)
             own.update(g2, trace)
@@ -144,16 +185,110 @@ def trajectory(windows: Sequence[dict], beta: float = 0.5) -> Trajectory:
         {k: tuple(v) for k, v in window.items()},
         {k: tuple(v) for k, v in averaged.items()},
         recorded,
+        {k: tuple(v) for k, v in kept.items()},
     )
+
+
+def split_examples(record: Any) -> int | None:
+    """The training split's examples as a training's epochs of full steps count them
+    (steps an epoch x global batch x accumulation), from a `TrainResult` or its
+    metrics.json; None where it does not say."""
+    get = record.get if isinstance(record, Mapping) else lambda k, d=None: getattr(record, k, d)
+    steps = get("steps_per_epoch")
+    if not steps:
+        return None
+    return int(steps) * int(get("global_batch")) * int(get("grad_accum_steps", 1) or 1)
 
 
 def predicted_steps_to(
-    path: Trajectory, steps_to_target: int, base_batch: float, batch: float, variant: str
+    path: Trajectory,
+    steps_to_target: int,
+    base_batch: float,
+    batch: float,
+    variant: str,
+    progress: Callable[[float], float] | None = None,
 ) -> float:
     """The steps a training at global batch `batch` needs to the target a training at
     `base_batch` reached in `steps_to_target` steps along `path`: each of its steps at the
-    noise scale then in force (`predicted_steps`)."""
-    scales = [path.at(step, variant) for step in range(1, steps_to_target + 1)]
-    return predicted_steps(
-        [s if math.isfinite(s) or s > 0 else math.inf for s in scales], base_batch, batch
-    )
+    noise scale then in force (the headline's where a window's was not measurable), its
+    progress at `batch` against one at `base_batch` from `progress(phi)` (default:
+    `step_progress`, a rate that keeps its share of its optimum). NaN where the noise was
+    measurable nowhere; infinity where a step makes no progress (the rate too high)."""
+    step = progress or (lambda phi: step_progress(phi, base_batch, batch))
+    fallback = path.headline(variant, until=steps_to_target)[1]
+    total = 0.0
+    for at in range(1, steps_to_target + 1):
+        phi = path.at(at, variant)
+        phi = phi if math.isfinite(phi) else fallback
+        if math.isnan(phi):
+            return math.nan
+        made = step(phi)
+        if made <= 0:
+            return math.inf
+        total += 1 / made
+    return total
+
+
+def rule_gain(rule: str, base_batch: float, batch: float) -> Callable[[float], float]:
+    """The learning-rate gain `rule` (`train.lr_scaling`) gives global batch `batch` over the
+    base rate's `base_batch`, at noise scale phi (`planned_gain`: fixed for `linear`,
+    `sqrt` and `none`, AdaScale's settled gain for `adascale`, its root for `auto`)."""
+    return lambda phi: planned_gain(rule, batch / base_batch, phi, base_batch)
+
+
+@dataclass(frozen=True)
+class RuleSteps:
+    """The steps to a target predicted at another global batch for the rate a rule gives
+    it: a point where the rate's headroom is known (calibrated from a measured pair, or not
+    needed: `adascale` keeps it), else the range from a base rate far below its optimum
+    (`low`: steps fall as the gain grows) to one at it (`high`)."""
+
+    rule: str
+    steps: float | None
+    low: float
+    high: float
+    headroom: float | None = None  # the base rate's share of its optimum, where calibrated
+
+    def text(self, per_step: float = 1.0) -> str:
+        """`5,300` or `4,100-6,900` (in examples, with `per_step` examples a step)."""
+        if self.steps is not None:
+            return _count(self.steps * per_step)
+        return f"{_count(self.low * per_step)}-{_count(self.high * per_step)}"
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}" if math.isfinite(value) else "never (the rate too high)"
+
+
+def rule_steps(
+    path: Trajectory,
+    steps_to_target: int,
+    base_batch: float,
+    batch: float,
+    rule: str,
+    headroom: float | None = None,
+) -> RuleSteps:
+    """`predicted_steps_to` for a training at `batch` whose rate follows `rule` from the
+    base rate set for `base_batch`, each step's progress on the quadratic model
+    (`rule_progress`). `headroom` unknown: a point for `adascale` (its gain keeps the rate's
+    share of its optimum, whatever that is), the range over headroom 0 to 1 for the rest."""
+    gain = rule_gain(rule, base_batch, batch)
+
+    def at(share: float) -> float:
+        return predicted_steps_to(
+            path,
+            steps_to_target,
+            base_batch,
+            batch,
+            "raw",
+            lambda phi: rule_progress(phi, base_batch, batch, gain(phi), share),
+        )
+
+    if rule == "adascale" or batch == base_batch:
+        point = predicted_steps_to(path, steps_to_target, base_batch, batch, "raw")
+        return RuleSteps(rule, point, point, point, headroom)
+    if headroom is not None:
+        point = at(headroom)
+        return RuleSteps(rule, point, point, point, headroom)
+    ends = sorted((at(0.0), at(1.0)))
+    return RuleSteps(rule, None, ends[0], ends[1])

@@ -38,10 +38,10 @@ def with_time_to_target(f: Forecast, metrics: dict[str, Any]) -> Forecast:
     reach the target or recorded no noise scale."""
     import dataclasses
 
-    from tasks.measure.noise_scale import predicted_steps_to, trajectory
+    from tasks.measure.noise_scale import predicted_steps_to, split_examples, trajectory
 
     target = metrics.get("to_target") or {}
-    path = trajectory(metrics.get("gradient_noise") or [])
+    path = trajectory(metrics.get("gradient_noise") or [], examples=split_examples(metrics))
     if not target.get("reached") or not path.end_steps:
         return f
     m = f.model
@@ -50,7 +50,7 @@ def with_time_to_target(f: Forecast, metrics: dict[str, Any]) -> Forecast:
     def steps_at(batch: float) -> float:
         return predicted_steps_to(path, target["steps"], measured_batch, batch, "raw")
 
-    whole = metrics["global_batch"]
+    whole = measured_batch
     one_batch = m.per_replica_batch if f.scaling == "weak" else whole
     one_device = steps_at(one_batch) * m.compute_s(one_batch)
     for name, points in f.predictions.items():

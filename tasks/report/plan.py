@@ -116,7 +116,7 @@ def make_plan(
             "plan from a run with train.noise_scale: true (the default) on one_device, "
             "mirrored or multi_worker.",
         )
-    low_phi, phi, high_phi = path.spread("raw", until=steps_run)
+    low_phi, phi, high_phi = path.headline("raw", until=steps_run)
     if not phi > 0:  # NaN: no window whose batch gradient stood above its noise
         raise UsageError(
             f"{metrics.get('run_dir')} recorded no measurable gradient noise scale: in every "

@@ -341,7 +341,7 @@ def critical_batches(table: list[SweepRow], results: list[dict]) -> list[Critica
     """The critical batch of every group of cells (dataset, scaling, precision) that reached
     the target at three or more global batches; a group whose steps do not fall as the
     batch grows is left out."""
-    from tasks.measure.noise_scale import fit_steps_hyperbola, trajectory
+    from tasks.measure.noise_scale import fit_steps_hyperbola, split_examples, trajectory
 
     groups: dict[tuple, list[tuple[SweepRow, dict]]] = {}
     for row, result in zip(table, results, strict=True):
@@ -361,8 +361,10 @@ def critical_batches(table: list[SweepRow], results: list[dict]) -> list[Critica
         except ValueError:
             continue
         smallest = min(members, key=lambda m: (m[0].global_batch, m[0].replicas))
-        path = trajectory(smallest[1].get("gradient_noise") or [])
-        simple = path.spread("raw")[1] if path.end_steps else math.nan
+        path = trajectory(
+            smallest[1].get("gradient_noise") or [], examples=split_examples(smallest[1])
+        )
+        simple = path.headline("raw")[1] if path.end_steps else math.nan
         found.append(
             CriticalBatch(
                 size,

@@ -80,17 +80,21 @@ class ScalingSummary(SpreadOver):
     time_to_target_speedup_high: float | None = None
     to_target: str = ""  # the time-to-target answer in a sentence (`target_sentence`)
     seeds: int = field(default=1, metadata=PARAM)  # each training's, for the time to target
-    # the baseline's gradient noise scale (B_simple of the raw gradient, the median of its
-    # windows up to the target, with their quartiles; `noise_scale_adam`, of the gradient
-    # as Adam preconditions it), and the examples to target it predicts at the distributed
-    # run's global batch (`tasks.measure.noise_scale.predicted_steps_to`). The raw one
-    # predicts: on the synthetic task of benchmarks/critical_batch.py it put the steps at
-    # global batches 16-256 at 0.82-0.90 of those measured, Adam's at 0.34-0.92
+    # the baseline's gradient noise scale (B_simple of the raw gradient: the ratio of its
+    # windows' averaged |G|^2 and tr(S) up to the target, with a bootstrap's 95% interval;
+    # `noise_scale_adam`, of the gradient as Adam preconditions it), and the examples to
+    # target it predicts at the distributed run's global batch for the rate its rule gave
+    # it (`predicted_for_rule`; `tasks.measure.noise_scale.rule_steps`): a point where the
+    # rule needs no more (adascale), else the range from a base rate far below its optimum
+    # to one at it (`_low`, `_high`)
     noise_scale: float | None = None
     noise_scale_low: float | None = None
     noise_scale_high: float | None = None
     noise_scale_adam: float | None = None
     predicted_examples_to_target_distributed: float | None = None
+    predicted_examples_to_target_low: float | None = None
+    predicted_examples_to_target_high: float | None = None
+    predicted_for_rule: str = ""
     # examples to target of each seed: [baseline's, distributed's] (None: not reached)
     examples_to_target_by_seed: list[list[float | None]] = field(default_factory=list)
     # the result in one sentence (`answer_text`): what ran, its speedup, its time to target

@@ -6,13 +6,20 @@ run's batch, and the summary's sentence of them (`ScalingSummary.to_target`)."""
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
-from tasks.measure.noise_scale import predicted_steps_to, trajectory
+from tasks.measure.noise_scale import rule_steps, split_examples, trajectory
 from tasks.measure.rounds import Spread
 from tasks.train.noise_estimates import efficiency
 from tasks.train.to_target import OverSeeds, over_seeds, target_text
 from tasks.train.training import TrainResult
+
+# one training's examples to a target move with its seed: the relative spread (the standard
+# deviation of their logarithm) measured over 5 seeds at each batch on the synthetic task
+# (`benchmarks/rule_predictions.py`), which a one-seed interval takes for the task's own
+SEED_SPREAD = 0.10
+DRAWS = 2000  # the interval's draws
 
 
 def target_figures(
@@ -26,9 +33,8 @@ def target_figures(
     the examples/s `speedup` times the baseline's examples to target over the
     distributed's. With `repeats` (each training's `to_target` records for more seeds,
     `tasks.report.execute.repeat_to_target`) the examples and times are MLPerf's means over
-    the seeds (`tasks.train.to_target.over_seeds`). The range takes the speedup's range and
-    the seeds' spread together: its low end is the speedup's lowest round over the fewest
-    examples the baseline needed against the most the distributed run did."""
+    the seeds (`tasks.train.to_target.over_seeds`). Its 95% interval takes every source of
+    doubt together (`speedup_interval`)."""
     base = [baseline.to_target, *repeats[0]]
     dist = [distributed.to_target, *repeats[1]]
     examples = [over_seeds([_reached(t, "examples") for t in side]) for side in (base, dist)]
@@ -43,36 +49,85 @@ def target_figures(
     }
     (b, d) = examples
     if b.mean is not None and d.mean is not None:
+        every = (base[0].get("every_examples") or 0, dist[0].get("every_examples") or 0)
+        low, high = speedup_interval(speedup, (b.values, d.values), every)
+        point = speedup.median * b.mean / d.mean
         figures.update(
-            time_to_target_speedup=speedup.median * b.mean / d.mean,
-            time_to_target_speedup_low=speedup.low * b.low / d.high,
-            time_to_target_speedup_high=speedup.high * b.high / d.low,
+            time_to_target_speedup=point,
+            time_to_target_speedup_low=min(low, point),
+            time_to_target_speedup_high=max(high, point),
         )
     figures.update(noise_figures(baseline, distributed))
     figures["to_target"] = target_sentence(baseline, distributed, target, speedup, figures, (b, d))
     return figures
 
 
+def speedup_interval(
+    speedup: Spread, examples: tuple[tuple, tuple], every: tuple[int, int]
+) -> tuple[float, float]:
+    """The time-to-target speedup's 95% interval, drawn (seeded: the same figures give the
+    same interval) from every source of doubt at once:
+    - the rounds': the examples/s speedup's interval, as a log-normal of that width;
+    - where the crossing fell: each side's examples to target lie somewhere in the
+      evaluation interval before the evaluation that found it (`every`: each side's);
+    - the seeds': with two or more a side, a bootstrap over them (MLPerf's mean of each
+      draw); with one, that seed's examples spread as `SEED_SPREAD` measured for a task
+      does, since one seed cannot show its own spread."""
+    draw = random.Random(0)
+    width = math.log(speedup.high / speedup.low) if speedup.low > 0 else 0.0
+    rounds_sigma = width / (2 * 1.96)
+    several = min(len(examples[0]), len(examples[1])) > 1
+
+    def side(values: tuple, interval: int) -> float:
+        if several:  # a draw whose seeds missed too often never reaches the target
+            mean = over_seeds([draw.choice(values) for _ in values]).mean or math.inf
+        else:
+            mean = values[0] * math.exp(draw.gauss(0.0, SEED_SPREAD))
+        return max(mean - draw.random() * interval, 1.0)
+
+    ratios = sorted(
+        speedup.median
+        * math.exp(draw.gauss(0.0, rounds_sigma))
+        * side(examples[0], every[0])
+        / side(examples[1], every[1])
+        for _ in range(DRAWS)
+    )
+    return ratios[int(0.025 * DRAWS)], ratios[int(0.975 * DRAWS) - 1]
+
+
 def noise_figures(baseline: TrainResult, distributed: TrainResult) -> dict[str, Any]:
     """The baseline's noise scale up to its target (or over its training, where it missed
-    it), and the examples to target it predicts at the distributed run's global batch."""
-    path = trajectory(baseline.gradient_noise)
+    it; `Trajectory.headline`), and the examples to target it predicts at the distributed
+    run's global batch for the rate the distributed run's rule gave it (`rule_steps`: a
+    range where that depends on how near its optimum the base rate was)."""
+    path = trajectory(baseline.gradient_noise, examples=split_examples(baseline))
     if not path.end_steps:
         return {}
     steps = baseline.to_target.get("steps") if baseline.to_target.get("reached") else None
-    low, median, high = path.spread("raw", until=steps)
+    low, value, high = path.headline("raw", until=steps)
     figures: dict[str, Any] = {
-        "noise_scale": median,
+        "noise_scale": value,
         "noise_scale_low": low,
         "noise_scale_high": high,
-        "noise_scale_adam": path.spread("adam", until=steps)[1],
+        "noise_scale_adam": path.headline("adam", until=steps)[1],
     }
-    if steps:
-        predicted = predicted_steps_to(
-            path, steps, baseline.global_batch, distributed.global_batch, "raw"
+    if steps and math.isfinite(value):
+        base_batch, batch = effective_batch(baseline), effective_batch(distributed)
+        predicted = rule_steps(path, steps, base_batch, batch, distributed.lr_scaling)
+        figures.update(
+            predicted_examples_to_target_distributed=None
+            if predicted.steps is None
+            else predicted.steps * batch,
+            predicted_examples_to_target_low=predicted.low * batch,
+            predicted_examples_to_target_high=predicted.high * batch,
+            predicted_for_rule=predicted.rule,
         )
-        figures["predicted_examples_to_target_distributed"] = predicted * distributed.global_batch
-    return {k: v for k, v in figures.items() if v is None or math.isfinite(v)}
+    return {k: v for k, v in figures.items() if not isinstance(v, float) or math.isfinite(v)}
+
+
+def effective_batch(result: TrainResult) -> int:
+    """The examples of one optimizer step: the global batch times its accumulation."""
+    return result.global_batch * max(result.grad_accum_steps, 1)
 
 
 def _reached(to_target: dict, key: str) -> float | None:
@@ -131,7 +186,13 @@ def target_sentence(
         f"{speedup.text()}: {d:,.0f} examples to it against {b:,.0f} ({d / b:.2f}x as many) "
         f"at global batch {distributed.global_batch} against {baseline.global_batch}"
     )
-    text += _noise_clause(baseline, distributed, figures)
+    text += _clock_clause(figures) + _noise_clause(baseline, distributed, figures)
+    if seeds == 1:
+        text += (
+            f"; one seed: its interval takes the evaluation interval and a seed's spread of "
+            f"{SEED_SPREAD:.0%} measured on tfscale's synthetic task, not this one's (--seeds 5 "
+            "measures it)"
+        )
     if seeds > 1:
         dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
         ranges = [f"{over.low:,.0f}-{over.high:,.0f}" for over in examples]
@@ -144,20 +205,43 @@ def target_sentence(
 
 def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict) -> str:
     """`; the baseline's gradient noise scale 45 (30-60) predicted 5,300 examples for 2
-    replicas`, and whether the distributed global batch is past it (each example then
-    does less: the statistical efficiency against the baseline's batch)."""
+    replicas at linear's rate` (a range where that depends on how near its optimum the base
+    rate was), and whether the distributed global batch is past it (each example then does
+    less: the statistical efficiency against the baseline's batch)."""
     phi = figures.get("noise_scale")
     if phi is None:
         return ""
     low, high = figures["noise_scale_low"], figures["noise_scale_high"]
     text = f"; the baseline's gradient noise scale {phi:,.0f} ({low:,.0f}-{high:,.0f})"
-    predicted = figures.get("predicted_examples_to_target_distributed")
-    if predicted is not None:
-        text += f" predicted {predicted:,.0f} examples for {distributed.shape}"
-    if distributed.global_batch > phi:
-        share = efficiency(phi, baseline.global_batch, distributed.global_batch)
+    rule = figures.get("predicted_for_rule")
+    if rule is not None:
+        point = figures.get("predicted_examples_to_target_distributed")
+        low = figures.get("predicted_examples_to_target_low", math.nan)
+        high = figures.get("predicted_examples_to_target_high", math.inf)
+        span = f"{point:,.0f}" if point is not None else f"{low:,.0f}-{high:,.0f}"
+        text += f" predicted {span} examples for {distributed.shape} at {rule}'s rate"
+        if point is None:
+            text += " (from a base rate far below its best to one at it)"
+    base_batch, batch = effective_batch(baseline), effective_batch(distributed)
+    if batch > phi:
+        share = efficiency(phi, base_batch, batch)
         text += (
-            f"; global batch {distributed.global_batch} is past it: an example there does "
-            f"{share:.2f} of one at {baseline.global_batch}"
+            f"; global batch {batch} is past it: an example there does "
+            f"{share:.2f} of one at {base_batch}"
         )
     return text
+
+
+def _clock_clause(figures: dict) -> str:
+    """`; on the trainings' own clocks, MLPerf's (tracing and evaluation in them, one run
+    after the other), 2.2 s against 2.9 s`."""
+    base, dist = (
+        figures.get("time_to_target_s_baseline"),
+        figures.get("time_to_target_s_distributed"),
+    )
+    if not base or not dist:
+        return ""
+    return (
+        f"; on the trainings' own clocks, MLPerf's (tracing and evaluation in them, one run "
+        f"after the other), {dist:.1f} s against {base:.1f} s: {base / dist:.2f}x"
+    )

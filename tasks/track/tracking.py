@@ -387,9 +387,9 @@ class Tracker:
         around the average)."""
         from mlflow.entities import Metric
 
-        from tasks.measure.noise_scale import trajectory
+        from tasks.measure.noise_scale import split_examples, trajectory
 
-        path = trajectory(getattr(result, "gradient_noise", []))
+        path = trajectory(getattr(result, "gradient_noise", []), examples=split_examples(result))
         curves = {
             "noise_scale": path.averaged.get("raw", ()),
             "noise_scale_adam": path.averaged.get("adam", ()),

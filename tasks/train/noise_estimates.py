@@ -76,12 +76,13 @@ class NoiseScale:
 
     def value(self, floor: float = 1e-12) -> float:
         """B_simple = tr(S)/|G|^2 of the averages. An averaged |G|^2 at or below `floor`
-        (two replicas' estimate can fall below zero; near zero loss it vanishes) gives
-        infinity: every batch is then below the noise scale."""
+        (two replicas' estimate can fall below zero; near zero loss it vanishes) gives NaN:
+        the noise is not measurable there, and infinity, which would say every batch scales
+        perfectly, is the most optimistic stand-in for a figure missing."""
         if not self._weight:
             return math.nan
         trace = max(self.trace, 0.0)
-        return math.inf if self.sq_norm <= floor else trace / self.sq_norm
+        return math.nan if self.sq_norm <= floor else trace / self.sq_norm
 
 
 def efficiency(noise_scale: float, base_batch: float, batch: float) -> float:
@@ -97,6 +98,46 @@ def step_progress(noise_scale: float, base_batch: float, batch: float) -> float:
     """How much of a step at `base_batch` one step at `batch` achieves: (M/M0) times the
     efficiency. Between 1 (all noise: phi far below both) and M/M0 (no noise)."""
     return batch / base_batch * efficiency(noise_scale, base_batch, batch)
+
+
+def rule_progress(
+    noise_scale: float, base_batch: float, batch: float, gain: float, headroom: float
+) -> float:
+    """How much of a step at `base_batch` at the base rate one step at `batch` achieves with
+    the rate `gain` times the base rate, on McCandlish et al.'s quadratic model of a step
+    (Section 2.2): a step at rate e makes e|G|^2 - e^2 (G'HG + tr(HS)/B)/2 of progress,
+    greatest at e_opt(B) = e_max/(1 + phi/B). `headroom` is the base rate's share of its
+    optimum at the base batch (1: tuned there; near 0: far below it). The rate's share of
+    the optimum at `batch` is r = headroom x gain / g*, where g* = `step_progress` is the
+    gain that keeps the share (AdaScale's), and a step makes (2r - r^2) of its best: so
+
+        progress = g* (2r - r^2) / (2h - h^2),
+
+    `step_progress` itself for a rule that keeps the share (adascale), the gain itself for a
+    rate far below its optimum (headroom -> 0: steps fall as 1/gain), and 0 at r >= 2 (a
+    rate twice its optimum or more makes no progress: the training does not converge)."""
+    best = step_progress(noise_scale, base_batch, batch)
+    if headroom <= 0:
+        return gain
+    share = headroom * gain / best
+    if share >= 2:
+        return 0.0
+    return best * (2 * share - share**2) / (2 * headroom - headroom**2)
+
+
+def headroom_from(
+    noise_scale: float, base_batch: float, batch: float, gain: float, measured: float
+) -> float | None:
+    """The base rate's share of its optimum (`rule_progress`'s `headroom`) that explains
+    `measured`, the steps to a target at `base_batch` over the steps at `batch` with the
+    rate `gain` times the base: solving measured/g* = (2k - k^2 h)/(2 - h), k = gain/g*.
+    None where the pair says nothing of it (a gain that keeps the share: k = 1). Held to
+    [0, 1.9]: a pair better than the rate's gain alone reads 0, one past the optimum 1.9."""
+    best = step_progress(noise_scale, base_batch, batch)
+    k, q = gain / best, measured / best
+    if abs(k - 1) < 1e-6 or abs(k * k - q) < 1e-12:
+        return None
+    return min(max(2 * (k - q) / (k * k - q), 0.0), 1.9)
 
 
 def window_estimates(window: dict, variant: str = "raw") -> tuple[float, float] | None:
