@@ -429,7 +429,9 @@ def plan(config: Config, args: argparse.Namespace) -> int:
         import_tensorflow()
         manifest = load_manifest(dataset_dir(config))
         batches = batches_that_fit(metrics["model"], manifest, args.device_memory_mb, BATCHES)
-    result = make_plan(metrics, args.devices, name, gbit, args.target, batches)
+    study_path = Path(run_dir) / "summary.json"  # the baseline beside it calibrates its rule
+    study = json.loads(study_path.read_text()) if study_path.exists() else None
+    result = make_plan(metrics, args.devices, name, gbit, args.target, batches, study)
     path = write_json_atomic(Path(run_dir) / "plan.json", result.to_dict())
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
     if not args.json:

@@ -19,9 +19,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.core.errors import UsageError
-from tasks.measure.noise_scale import predicted_steps_to, trajectory
+from tasks.measure.noise_scale import Trajectory, predicted_steps_to, split_examples, trajectory
 from tasks.report.forecast import MEASURED, fit_cost_model
-from tasks.train.noise_estimates import planned_gain, static_gain, step_progress
+from tasks.train.noise_estimates import (
+    headroom_from,
+    planned_gain,
+    rule_progress,
+    static_gain,
+    step_progress,
+)
 from tasks.train.to_target import Target, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
@@ -47,6 +53,7 @@ class PlanRow:
     examples_per_s_speedup: float  # against one device at the run's per-replica batch
     time_speedup: float  # time to target, against the same
     past_noise_scale: bool  # the global batch above the noise scale B_simple
+    rate_capped: bool = False  # the rule's rate held at the highest measured to reach it
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Plan:
     rows: list[PlanRow]
     best: int  # the fastest row's index
     sources: dict[str, str] = field(default_factory=dict)
+    rule: str = "linear"  # the learning-rate rule priced (`Pricing.rule`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +98,76 @@ def _steps_to(metrics: dict, target: float | None) -> tuple[float, int]:
     )
 
 
+@dataclass(frozen=True)
+class Pricing:
+    """How a plan turns a batch into steps to the target: the run's steps along its noise
+    scale, each step's progress by the rate the rule gives the batch (`rule_progress`, on
+    the base rate's `headroom`: calibrated from the study's baseline beside the run; None:
+    the rule is `adascale`, whose steps need none), that rate capped at the highest one
+    measured to reach the target."""
+
+    path: Trajectory
+    steps_run: int
+    run_batch: int  # the run's examples a step (its global batch times its accumulation)
+    base_batch: int  # the batch the base rate is for (one replica's, times accumulation)
+    accum: int  # micro-batches a step
+    base_rate: float
+    rule: str
+    headroom: float | None
+    cap: float  # the highest rate measured to reach the target, as a gain over the base
+    noise: tuple[float, float, float]  # the headline noise scale (low, value, high)
+
+    def gain(self, batch: float, phi: float) -> float:
+        return min(planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch), self.cap)
+
+    def capped(self, batch: float) -> bool:
+        phi = self.noise[1]
+        return planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch) > self.cap * (
+            1 + 1e-9
+        )
+
+    def made(self, phi: float, batch: float) -> float:
+        """One step's progress at `batch` against one at the base batch and rate."""
+        if self.headroom is None:
+            return step_progress(phi, self.base_batch, batch)
+        return rule_progress(phi, self.base_batch, batch, self.gain(batch, phi), self.headroom)
+
+    def steps(self, batch: float) -> tuple[float, float, float]:
+        """The steps along the run's noise scale, and the interval of the headline's
+        bounds held constant, widened to the point where a changing noise scale puts it
+        outside; infinite where the rate makes no progress."""
+
+        def relative(phi: float) -> float:
+            run = self.made(phi, self.run_batch)
+            return self.made(phi, batch) / run if run > 0 else 0.0
+
+        steps = predicted_steps_to(
+            self.path, self.steps_run, self.run_batch, batch, "raw", relative
+        )
+        ends = [
+            self.steps_run / made if (made := relative(q)) > 0 else math.inf
+            for q in (self.noise[0], self.noise[2])
+        ]
+        return steps, min(*ends, steps), max(*ends, steps)
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """What a training to the target spends beside its steps: an evaluation's seconds
+    (each `every_examples`) and an epoch's fixed cost (`CostModel.epoch_overhead_s`), each
+    example of the `data` training examples once an epoch."""
+
+    evaluation_s: float
+    every_examples: int
+    epoch_s: float
+    data: int | None
+
+    def seconds(self, examples: float) -> float:
+        evaluations = examples / self.every_examples if self.every_examples else 0.0
+        epochs = examples / self.data if self.data else 0.0
+        return evaluations * self.evaluation_s + epochs * self.epoch_s
+
+
 def make_plan(
     metrics: dict,
     devices: int,
@@ -97,9 +175,40 @@ def make_plan(
     link_gbit: float,
     target: float | None = None,
     batches: tuple[int, ...] = BATCHES,
+    study: dict | None = None,
 ) -> Plan:
     """Every (devices, per-replica batch) priced from the run's `metrics` (its
-    metrics.json), on a link of `link_gbit` (`link_name`; MEASURED: the run's own)."""
+    metrics.json), on a link of `link_gbit` (`link_name`; MEASURED: the run's own); its
+    learning-rate rule calibrated from `study` (the run's summary.json: the baseline's
+    examples to the target beside its own)."""
+    _check_asked(devices, batches)
+    target, steps_run = _steps_to(metrics, target)
+    model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
+    pricing, rule_source = _pricing(metrics, steps_run, model.per_replica_batch, study)
+    link = None if link_name == MEASURED else link_gbit * 1e9 / 8
+    costs = _fixed_costs(metrics, model, pricing.run_batch)
+    one_step = model.compute_s(pricing.base_batch)
+    one_steps = pricing.steps(pricing.base_batch)[0]
+    one = (one_steps * one_step + costs.seconds(one_steps * pricing.base_batch), one_step)
+    rows, left_out = _rows(pricing, model, link, costs, devices, batches, one)
+    if not rows:
+        raise UsageError(
+            f"every global batch priced leaves fewer than {MIN_STEPS_PER_EPOCH} steps an epoch "
+            f"of the run's {costs.data:,} training examples, or needs a rate above the "
+            "highest measured to reach the target",
+            "plan for fewer devices (--devices), or from a run on more data.",
+        )
+    best = min(range(len(rows)), key=lambda i: rows[i].time_s)
+    sources = _sources(metrics, model, pricing, costs, target, batches, left_out, rule_source)
+    sources["link"] = link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)"
+    metric = (metrics.get("to_target") or {}).get("metric", "accuracy")
+    return Plan(
+        str(metrics.get("run_dir")), target, metric, link_name, pricing.noise[1], rows, best,
+        sources, pricing.rule,
+    )  # fmt: skip
+
+
+def _check_asked(devices: int, batches: tuple[int, ...]) -> None:
     if devices < 1:
         raise UsageError(f"--devices must be 1 or more, not {devices}")
     if not batches:
@@ -108,122 +217,234 @@ def make_plan(
             "memory given",
             "give a larger --device-memory-mb, or cut the model into pipeline stages.",
         )
-    target, steps_run = _steps_to(metrics, target)
-    path = trajectory(metrics.get("gradient_noise") or [])
+
+
+def _noise_of(metrics: dict, steps_run: int) -> tuple[Trajectory, tuple[float, float, float]]:
+    """The run's noise scale along its steps and its headline up to the target; refused
+    where it recorded none, or none measurable."""
+    path = trajectory(metrics.get("gradient_noise") or [], examples=split_examples(metrics))
     if not path.end_steps:
         raise UsageError(
             f"{metrics.get('run_dir')} recorded no gradient noise scale",
             "plan from a run with train.noise_scale: true (the default) on one_device, "
             "mirrored or multi_worker.",
         )
-    low_phi, phi, high_phi = path.headline("raw", until=steps_run)
-    if not phi > 0:  # NaN: no window whose batch gradient stood above its noise
+    noise = path.headline("raw", until=steps_run)
+    if not noise[1] > 0:  # NaN: the windows' mean |G|^2 at or below zero
         raise UsageError(
-            f"{metrics.get('run_dir')} recorded no measurable gradient noise scale: in every "
-            "window the batch gradient's squared norm |G|^2 came out at or below zero (the "
-            "gradient is all noise at its batches), so no batch's steps can be predicted",
+            f"{metrics.get('run_dir')} recorded no measurable gradient noise scale: over its "
+            "windows the batch gradient's squared norm |G|^2 came out at or below zero on "
+            "average (the gradient is all noise at its batches), so no batch's steps can be "
+            "predicted",
             "plan from a run at a larger global batch or with more steps before the target "
             "(a longer run, or a higher --target).",
         )
-    model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
-    accum = metrics.get("grad_accum_steps", 1)
-    run_batch = metrics["global_batch"] * accum
-    own_per_replica = model.per_replica_batch
-    link = None if link_name == MEASURED else link_gbit * 1e9 / 8
-    # the rule the run's config names (at its base batch the run itself followed `none`);
-    # an adaptive rule's recorded rate is its base rate, before the gain it settles at
+    return path, noise
+
+
+def _pricing(
+    metrics: dict, steps_run: int, base_batch: int, study: dict | None
+) -> tuple[Pricing, str]:
+    """The plan's `Pricing`, and where its rule's headroom came from (words). The rule is
+    the run's config's (at its base batch the run itself followed `none`); an adaptive
+    rule's recorded rate is its base rate. A fixed rule the study cannot calibrate is
+    priced as `adascale`, whose steps the noise scale predicts whatever the headroom."""
+    path, noise = _noise_of(metrics, steps_run)
+    run_batch = metrics["global_batch"] * metrics.get("grad_accum_steps", 1)
     followed = metrics.get("lr_scaling") or "linear"
     rule = metrics.get("lr_scaling_rule") or followed
-    base_batch = own_per_replica * accum
     base_rate = metrics["learning_rate"] / static_gain(followed, run_batch / base_batch)
+    cap = max(planned_gain(rule, run_batch / base_batch, noise[1], base_batch), 1.0)
+    headroom, source = _headroom(study, rule, noise[1], base_batch, run_batch, steps_run)
+    if headroom is None and rule != "adascale":
+        source = f"{source}; so priced as adascale, whose steps need no calibration"
+        rule = "adascale"  # its rate held at the run's, which reached the target
+    accum = metrics.get("grad_accum_steps", 1)
+    pricing = Pricing(
+        path, steps_run, run_batch, base_batch, accum, base_rate, rule, headroom, cap, noise
+    )
+    return pricing, source
 
-    def gain(batch: float) -> float:
-        return planned_gain(rule, batch / base_batch, phi, base_batch)
 
-    def steps_at(batch: float) -> tuple[float, float, float]:
-        """The steps along the run's noise scale, and the interval of its quartiles held
-        constant, widened to the point where a changing noise scale puts it outside."""
-        steps = predicted_steps_to(path, steps_run, run_batch, batch, "raw")
-        ends = [steps_run / step_progress(q, run_batch, batch) for q in (low_phi, high_phi)]
-        return steps, min(*ends, steps), max(*ends, steps)
+def _headroom(
+    study: dict | None, rule: str, phi: float, base_batch: int, run_batch: int, steps_run: int
+) -> tuple[float | None, str]:
+    """The base rate's share of its optimum that the study's two trainings imply
+    (`headroom_from`): the baseline's steps to the target at the base batch against the
+    run's at its own, with the rule's gain."""
+    if rule == "adascale":
+        return None, "adascale keeps the rate's share of its optimum: no calibration needed"
+    study = study or {}
+    base_examples = study.get("examples_to_target_baseline")
+    run_examples = study.get("examples_to_target_distributed")
+    if not base_examples or not run_examples or run_batch == base_batch:
+        return None, (
+            f"{rule} not calibrated: no baseline at batch {base_batch} reached the target "
+            "beside the run (plan from a `tfscale run`'s distributed run)"
+        )
+    measured = (base_examples / base_batch) / (run_examples / run_batch)
+    gain = planned_gain(rule, run_batch / base_batch, phi, base_batch)
+    headroom = headroom_from(phi, base_batch, run_batch, gain, measured)
+    if headroom is None:
+        return None, f"{rule}'s gain here keeps the rate's share of its optimum"
+    seeds = study.get("seeds", 1)
+    return headroom, (
+        f"{rule}, calibrated: the baseline's {base_examples / base_batch:,.0f} steps at batch "
+        f"{base_batch} against the run's {run_examples / run_batch:,.0f} at {run_batch} "
+        f"({seeds} seed{'s' if seeds > 1 else ''}) put the base rate at {headroom:.2f} of its "
+        "optimum"
+    )
 
-    one_step = model.compute_s(own_per_replica)
-    one_time = steps_at(own_per_replica * accum)[0] * one_step
-    one_rate = own_per_replica / one_step
+
+def _fixed_costs(metrics: dict, model: Any, run_batch: int) -> FixedCosts:
+    """The run's evaluation seconds (`evaluation_seconds`) and epoch fixed cost."""
+    every = int((metrics.get("to_target") or {}).get("every_examples") or 0)
+    return FixedCosts(
+        evaluation_seconds(metrics, _step_seconds(metrics, run_batch)),
+        every,
+        model.epoch_overhead_s,
+        split_examples(metrics),
+    )
+
+
+def _step_seconds(metrics: dict, run_batch: int) -> float:
+    """A training step's seconds on the run's own clock: the median over its epochs after
+    the first (which traces) of an epoch's seconds over its steps."""
+    history = [h for h in metrics.get("history") or [] if h.get("examples")]
+    timed = history[1:] or history
+    per_step = sorted(h["seconds"] / (h["examples"] / run_batch) for h in timed)
+    return per_step[len(per_step) // 2] if per_step else 0.0
+
+
+def evaluation_seconds(metrics: dict, step_s: float) -> float:
+    """One held-out evaluation's seconds: the median, over the run's evaluations after its
+    first epoch (the first traces), of the clock between two evaluations beyond the steps
+    between them at `step_s` each; 0 where the run has too few to tell."""
+    evaluations = metrics.get("evaluations") or []
+    first_epoch = metrics.get("steps_per_epoch") or 0
+    gaps = sorted(
+        max(now["seconds"] - then["seconds"] - (now["steps"] - then["steps"]) * step_s, 0.0)
+        for then, now in zip(evaluations, evaluations[1:], strict=False)
+        if then["steps"] > first_epoch and "seconds" in now and "seconds" in then
+    )
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def _rows(
+    pricing: Pricing,
+    model: Any,
+    link: float | None,
+    costs: FixedCosts,
+    devices: int,
+    batches: tuple[int, ...],
+    one: tuple[float, float],
+) -> tuple[list[PlanRow], dict[str, int]]:
+    """Each (devices, per-replica batch) priced; and how many were left out, and why: too
+    few steps an epoch, or (where the rule's headroom is unknown) a rate above the cap."""
     counts = sorted({*(2**i for i in range(devices.bit_length()) if 2**i <= devices), devices})
-    data = _training_examples(metrics)
-    rows, too_large = [], 0
+    rows, left_out = [], {"steps an epoch": 0, "rate": 0}
     for n in counts:
         for b in batches:
-            batch = n * b * accum
-            if data is not None and batch * MIN_STEPS_PER_EPOCH > data:
-                too_large += 1
+            batch = n * b * pricing.accum
+            if costs.data is not None and batch * MIN_STEPS_PER_EPOCH > costs.data:
+                left_out["steps an epoch"] += 1
                 continue
-            priced = dataclasses.replace(model, per_replica_batch=b)
-            p = priced.predict(n, link, "weak")
-            steps, low, high = steps_at(batch)
-            rows.append(
-                PlanRow(
-                    devices=n,
-                    per_replica_batch=b,
-                    global_batch=n * b,
-                    learning_rate=base_rate
-                    * planned_gain(rule, batch / base_batch, phi, base_batch),
-                    steps=steps,
-                    steps_low=low,
-                    steps_high=high,
-                    step_s=p.step_s,
-                    time_s=steps * p.step_s,
-                    time_low_s=low * p.step_s,
-                    time_high_s=high * p.step_s,
-                    examples_per_s_speedup=p.examples_per_s / one_rate,
-                    time_speedup=one_time / (steps * p.step_s),
-                    past_noise_scale=batch > phi,
-                )
-            )
-    if not rows:
-        raise UsageError(
-            f"every global batch priced leaves fewer than {MIN_STEPS_PER_EPOCH} steps an epoch "
-            f"of the run's {data:,} training examples",
-            "plan for fewer devices (--devices), or from a run on more data.",
-        )
-    best = min(range(len(rows)), key=lambda i: rows[i].time_s)
-    sources = {
+            if pricing.headroom is None and pricing.capped(batch):
+                left_out["rate"] += 1
+                continue
+            rows.append(_row(pricing, model, link, costs, n, b, batch, one))
+    return rows, left_out
+
+
+def _row(
+    pricing: Pricing,
+    model: Any,
+    link: float | None,
+    costs: FixedCosts,
+    n: int,
+    b: int,
+    batch: int,
+    one: tuple[float, float],
+) -> PlanRow:
+    """One configuration: its step from the cost model, its steps from the pricing, its
+    time with the evaluations and epochs the steps take."""
+    priced = dataclasses.replace(model, per_replica_batch=b * pricing.accum)
+    p = priced.predict(n, link, "weak")
+    steps, low, high = pricing.steps(batch)
+    time = [s * p.step_s + costs.seconds(s * batch) for s in (steps, low, high)]
+    phi = pricing.noise[1]
+    return PlanRow(
+        devices=n,
+        per_replica_batch=b,
+        global_batch=n * b,
+        learning_rate=pricing.base_rate * pricing.gain(batch, phi),
+        steps=steps,
+        steps_low=low,
+        steps_high=high,
+        step_s=p.step_s,
+        time_s=time[0],
+        time_low_s=time[1],
+        time_high_s=time[2],
+        examples_per_s_speedup=p.examples_per_s / (model.per_replica_batch / one[1]),
+        time_speedup=one[0] / time[0] if time[0] > 0 else 0.0,
+        past_noise_scale=batch > phi,
+        rate_capped=pricing.capped(batch),
+    )
+
+
+def _sources(
+    metrics: dict,
+    model: Any,
+    pricing: Pricing,
+    costs: FixedCosts,
+    target: float,
+    batches: tuple[int, ...],
+    left_out: dict[str, int],
+    rule_source: str,
+) -> dict[str, str]:
+    """Where each figure came from, in words."""
+    low, phi, high = pricing.noise
+    accum = pricing.accum
+    cap = pricing.base_rate * pricing.cap
+    return {
         "step time": f"the cost model fitted to the run's probes (compute at per-replica "
         f"batches {_probed_batches(metrics)}, the all-reduce at 3 sizes; fit errors "
         f"{model.compute_fit_error:.1%} and {model.comm_fit_error:.1%}); other batches "
         "extrapolate its line",
-        "steps to target": f"the run's {steps_run} steps to {target:g} at global batch "
-        f"{run_batch}, scaled by its gradient noise scale {phi:,.0f} (quartiles "
-        f"{low_phi:,.0f}-{high_phi:,.0f}, {path.recorded_steps} steps recorded)",
-        "learning rate": f"the run's base rate {base_rate:g} scaled {rule}"
-        + (
-            f" (the gain it settles at with the noise scale {phi:,.0f})"
-            if rule in ("adascale", "auto")
-            else ""
-        ),
-        "link": link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)",
-        "batches": ", ".join(map(str, batches))
-        + ("" if batches == BATCHES else " (those that fit --device-memory-mb)")
-        + (
-            f"; {too_large} device counts and batches left out: a global batch over "
-            f"{data // MIN_STEPS_PER_EPOCH:,} leaves fewer than {MIN_STEPS_PER_EPOCH} steps an "
-            f"epoch of the {data:,} training examples"
-            if too_large
-            else ""
-        ),
+        "steps to target": f"the run's {pricing.steps_run} steps to {target:g} at global batch "
+        f"{pricing.run_batch}, scaled by its gradient noise scale {phi:,.0f} (95% interval "
+        f"{low:,.0f}-{high:,.0f}, {pricing.path.recorded_steps} steps recorded) and the "
+        f"rate each batch gets",
+        "learning rate": f"the run's base rate {pricing.base_rate:g} scaled {pricing.rule}, "
+        f"never above {cap:g}, the highest rate measured to reach the target (the run's); "
+        f"{rule_source}",
+        "fixed costs": f"an evaluation {costs.evaluation_s * 1000:.0f} ms every "
+        f"{costs.every_examples:,} examples, an epoch {costs.epoch_s * 1000:.0f} ms beside its "
+        "steps, from the run's own clock",
+        "batches": _batches_source(batches, left_out, costs.data, cap)
+        + (f"; each step accumulates {accum} micro-batches" if accum > 1 else ""),
     }
-    metric = (metrics.get("to_target") or {}).get("metric", "accuracy")
-    return Plan(str(metrics.get("run_dir")), target, metric, link_name, phi, rows, best, sources)
 
 
-def _training_examples(metrics: dict) -> int | None:
-    """The run's training examples, as its epochs of full batches count them (None where
-    its metrics do not say)."""
-    steps = metrics.get("steps_per_epoch")
-    if not steps:
-        return None
-    return int(steps) * int(metrics["global_batch"]) * int(metrics.get("grad_accum_steps", 1))
+def _batches_source(
+    batches: tuple[int, ...], left_out: dict[str, int], data: int | None, cap: float
+) -> str:
+    text = ", ".join(map(str, batches)) + (
+        "" if batches == BATCHES else " (those that fit --device-memory-mb)"
+    )
+    if left_out["steps an epoch"] and data:
+        text += (
+            f"; {left_out['steps an epoch']} device counts and batches left out: a global batch "
+            f"over {data // MIN_STEPS_PER_EPOCH:,} leaves fewer than {MIN_STEPS_PER_EPOCH} steps "
+            f"an epoch of the {data:,} training examples"
+        )
+    if left_out["rate"]:
+        text += (
+            f"; {left_out['rate']} left out: their rate would pass {cap:g}, the highest "
+            "measured to reach the target, and without a calibrated rule their steps at a "
+            "capped rate are unknown"
+        )
+    return text
 
 
 def _probed_batches(metrics: dict) -> str:
@@ -238,8 +459,8 @@ def format_plan(plan: Plan) -> str:
         f"{'time to target':>22} {'ex/s':>6} {'to target':>9}  past B_simple"
     )
     lines = [
-        f"the fastest way to {target_text(plan.metric, plan.target)} on {plan.link}, from "
-        f"{plan.run_dir}",
+        f"the fastest way to {target_text(plan.metric, plan.target)} on {plan.link}, the rate "
+        f"scaled {plan.rule}, from {plan.run_dir}",
         "",
         head,
         "-" * len(head),
@@ -249,7 +470,8 @@ def format_plan(plan: Plan) -> str:
         mark = " <- fastest" if i == plan.best else ""
         lines.append(
             f"{r.devices:>7} {r.per_replica_batch:>6} {r.global_batch:>7} "
-            f"{r.learning_rate:>9.2g} {r.steps:>8,.0f} {r.step_s * 1000:>8.2f} {time:>22} "
+            f"{r.learning_rate:>8.2g}{'*' if r.rate_capped else ' '} {r.steps:>8,.0f} "
+            f"{r.step_s * 1000:>8.2f} {time:>22} "
             f"{r.examples_per_s_speedup:>5.2f}x {r.time_speedup:>8.2f}x  "
             f"{'yes' if r.past_noise_scale else 'no'}{mark}"
         )
@@ -263,6 +485,8 @@ def format_plan(plan: Plan) -> str:
         "from:",
         *[f"  {k:<16}{v}" for k, v in plan.sources.items()],
     ]
-    if not math.isfinite(plan.noise_scale):
-        lines.append("  (the noise scale is unbounded: every batch counts in full)")
+    if any(r.rate_capped for r in plan.rows):
+        lines.insert(
+            4 + len(plan.rows), "* the rule's rate held at the highest measured to reach the target"
+        )
     return "\n".join(lines)

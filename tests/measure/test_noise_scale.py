@@ -186,3 +186,123 @@ def test_steps_to_target_at_another_batch_follow_the_efficiency_of_each_step():
     assert predicted_steps_to(noiseless, 100, 32, 64, "raw") == pytest.approx(100.0, rel=1e-6)
     all_noise = trajectory([_window(50, 10, 1.0, 1e9, small=16, big=32)])
     assert predicted_steps_to(all_noise, 100, 32, 64, "raw") == pytest.approx(50.0, rel=1e-6)
+
+
+def _replica_windows(problem: LinearRegression, steps: int, per_replica: int) -> list[dict]:
+    """What 2 replicas of `per_replica` examples record, a window a step."""
+    windows = []
+    for step in range(1, steps + 1):
+        grads = problem.gradients(2 * per_replica)
+        replicas = [grads[:per_replica].mean(0), grads[per_replica:].mean(0)]
+        whole = grads.mean(0)
+        windows.append(
+            {
+                "end_step": step,
+                "steps": 1,
+                "small": float(np.mean([r @ r for r in replicas])),
+                "big": float(whole @ whole),
+                "small_batch": per_replica,
+                "big_batch": 2 * per_replica,
+            }
+        )
+    return windows
+
+
+def test_the_headline_noise_scale_counts_every_window_and_divides_the_averages():
+    """2 replicas of 8 examples, a true noise scale of 56: a single step's |G|^2 estimate
+    comes out at or below zero in about a third of the windows. The ratio of the averaged
+    estimates, every window counted, holds the truth in its interval; the median of the
+    windows' own ratios with those windows dropped reads under half of it."""
+    from tasks.measure.noise_scale import trajectory
+
+    problem = LinearRegression(noise=1.5, seed=1)
+    truth = problem.trace / problem.sq_norm
+    path = trajectory(_replica_windows(problem, 2000, 8))
+    low, value, high = path.headline("raw")
+    assert low < truth < high and value == pytest.approx(truth, rel=0.15)
+    own = sorted(v for v in path.window["raw"] if math.isfinite(v))
+    assert len(own) < 0.75 * 2000  # the windows a median of ratios would have dropped
+    assert own[len(own) // 2] < truth / 2
+
+
+def test_the_noise_scale_is_corrected_for_batches_drawn_from_a_small_split():
+    """256 examples, 2 replicas of 32 drawn without replacement each epoch: the two-batch
+    estimate reads |G|^2 - tr(S)/256, so the uncorrected noise scale reads high, its
+    interval above the population's own; told the split's size, the interval holds it."""
+    from tasks.measure.noise_scale import trajectory
+
+    population = LinearRegression(noise=2.0, seed=2).gradients(256)
+    mean = population.mean(0)
+    truth = float(((population - mean) ** 2).sum(1).mean()) / float(mean @ mean)
+    rng = np.random.default_rng(0)
+    windows = []
+    for _ in range(300):
+        order = rng.permutation(256)
+        for k in range(4):
+            grads = population[order[64 * k : 64 * (k + 1)]]
+            replicas = [grads[:32].mean(0), grads[32:].mean(0)]
+            whole = grads.mean(0)
+            windows.append(
+                {
+                    "end_step": len(windows) + 1,
+                    "steps": 1,
+                    "small": float(np.mean([r @ r for r in replicas])),
+                    "big": float(whole @ whole),
+                    "small_batch": 32,
+                    "big_batch": 64,
+                }
+            )
+    plain = trajectory(windows).headline("raw")
+    corrected = trajectory(windows, examples=256).headline("raw")
+    assert plain[0] > truth
+    assert corrected[0] < truth < corrected[2]
+
+
+def test_a_noise_scale_measurable_nowhere_predicts_nothing_rather_than_perfect_scaling():
+    """Every window's |G|^2 at or below zero: no figure, where infinity (every batch below
+    the noise, so steps falling as 1/B) would have been the most optimistic answer."""
+    from tasks.measure.noise_scale import predicted_steps_to, trajectory
+
+    noise_only = {"end_step": 50, "steps": 10, "small_batch": 16, "big_batch": 32}
+    path = trajectory([noise_only | {"small": 3.0, "big": 1.4}])  # (32 x 1.4 - 16 x 3)/16 < 0
+    assert math.isnan(path.headline("raw")[1])
+    assert math.isnan(predicted_steps_to(path, 100, 32, 64, "raw"))
+
+
+def test_a_rules_progress_follows_the_quadratic_model_and_its_headroom_is_recovered():
+    """McCandlish's quadratic model at noise scale 64, base batch 32: a rule that keeps
+    the rate's share of its optimum (AdaScale's gain) makes step_progress whatever that
+    share; a base rate far below its optimum makes steps fall as 1/gain; a rate twice its
+    optimum or more makes no progress; and the share a measured pair implies is the one
+    planted, for a gain above the share-keeping one and below it."""
+    from tasks.train.noise_estimates import headroom_from, rule_progress
+
+    best = step_progress(64.0, 32, 128)
+    for share in (0.1, 0.5, 1.0):
+        assert rule_progress(64.0, 32, 128, best, share) == pytest.approx(best)
+    assert rule_progress(64.0, 32, 128, 4.0, 1e-9) == pytest.approx(4.0, rel=1e-6)
+    assert rule_progress(64.0, 32, 128, 2 * best / 0.9, 0.9) == 0.0
+    # at the base batch with the base rate, a step is a base step
+    assert rule_progress(64.0, 32, 32, 1.0, 0.7) == pytest.approx(1.0)
+    for gain in (4.0, 1.5):  # above the share-keeping gain of 2, and below it
+        for share in (0.2, 0.6, 0.9):
+            made = rule_progress(64.0, 32, 128, gain, share)
+            assert headroom_from(64.0, 32, 128, gain, made) == pytest.approx(share)
+    assert headroom_from(64.0, 32, 128, best, best) is None  # the pair says nothing of it
+
+
+def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
+    """Linear's doubled rate at batch 64 (noise scale 32): from 50 steps (a base rate far
+    below its optimum: each step does twice the work) to the steps of a rate at it, which
+    overshoots; with the headroom known, the point; adascale's, the point without it."""
+    from tasks.measure.noise_scale import rule_steps, trajectory
+    from tasks.train.noise_estimates import rule_progress
+
+    path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
+    linear = rule_steps(path, 100, 32, 64, "linear")
+    assert linear.steps is None
+    at_optimum = 100 / rule_progress(32.0, 32, 64, 2.0, 1.0)
+    assert (linear.low, linear.high) == pytest.approx((50.0, at_optimum))
+    known = rule_steps(path, 100, 32, 64, "linear", headroom=0.5)
+    assert known.steps == pytest.approx(100 / rule_progress(32.0, 32, 64, 2.0, 0.5))
+    assert rule_steps(path, 100, 32, 64, "adascale").steps == pytest.approx(75.0)

@@ -11,6 +11,7 @@ from helpers import DEFAULTS
 from flows.cli import main
 from tasks.report.forecast import CostModel, fit_cost_model, forecast, links_from
 from tasks.report.forecast_report import format_forecast
+from tasks.report.plan import format_plan
 
 C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
 ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s
@@ -247,32 +248,141 @@ def _planned_run(noise_scale: float = 64.0) -> dict:
     }
 
 
+HEADROOM = 0.5  # the base rate's share of its optimum the study below implies
+
+
+def _study(rule: str = "linear", phi: float = 64.0, run_batch: int = 2 * BATCH) -> dict:
+    """The run's summary.json: its baseline (one device at 32, the base rate) reached the
+    target in the steps a base rate at `HEADROOM` of its optimum gives, against the run's
+    100 at 64 with the rule's gain."""
+    from tasks.train.noise_estimates import planned_gain, rule_progress
+
+    gain = planned_gain(rule, run_batch / BATCH, phi, BATCH)
+    base_steps = 100 * rule_progress(phi, BATCH, run_batch, gain, HEADROOM)
+    return {
+        "examples_to_target_baseline": base_steps * BATCH,
+        "examples_to_target_distributed": 100 * run_batch,
+        "seeds": 1,
+    }
+
+
 def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
-    """Noise scale 64: at global batch M the steps to 96% are 100 / ((M/64)(64+64)/(64+M));
+    """Noise scale 64, the rule linear calibrated from the study (the base rate at 0.5 of
+    its optimum): at global batch M a step makes rule_progress(64, 32, M, gain, 0.5) of a
+    base step, its gain M/32 held at the run's 2 (the highest rate measured to reach the
+    target), so the steps to 96% are the run's 100 times the run's progress over the row's;
     the step time is the cost model's on the link; one device at 32 is the reference (its
     time to target 1.00x), and the fastest row has the least time."""
     from tasks.report.plan import make_plan
-    from tasks.train.noise_estimates import step_progress
+    from tasks.train.noise_estimates import rule_progress
 
-    plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
+    plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0, study=_study())
     assert sorted({r.devices for r in plan.rows}) == [1, 2, 4, 8]
     model = fit_cost_model(synthetic_probes())
+    run = rule_progress(64.0, BATCH, 64, 2.0, HEADROOM)
     for r in plan.rows:
-        assert r.steps == pytest.approx(100 / step_progress(64.0, 64, r.global_batch), rel=1e-6)
+        gain = min(r.global_batch / BATCH, 2.0)
+        made = rule_progress(64.0, BATCH, r.global_batch, gain, HEADROOM)
+        assert r.steps == pytest.approx(100 * run / made, rel=1e-3)
         priced = CostModel(**{**model.__dict__, "per_replica_batch": r.per_replica_batch})
         step = priced.predict(r.devices, 10.0 * 1e9 / 8, "weak").step_s
         assert r.step_s == pytest.approx(step) and r.time_s == pytest.approx(r.steps * step)
         assert r.past_noise_scale == (r.global_batch > 64)
-        assert r.learning_rate == pytest.approx(0.001 * r.global_batch / BATCH)
+        assert r.learning_rate == pytest.approx(0.001 * gain)
+        assert r.rate_capped == (r.global_batch > 64)
     (one,) = [r for r in plan.rows if (r.devices, r.per_replica_batch) == (1, BATCH)]
     assert one.time_speedup == pytest.approx(1.0) and one.examples_per_s_speedup == 1.0
     assert plan.fastest.time_s == min(r.time_s for r in plan.rows)
     assert "the run's 100 steps to 0.96 at global batch 64" in plan.sources["steps to target"]
+    assert "put the base rate at 0.50 of its optimum" in plan.sources["learning rate"]
+    assert "never above 0.002, the highest rate measured" in plan.sources["learning rate"]
+    table = format_plan(plan)
+    assert "the rate scaled linear" in table.splitlines()[0]
+    assert "* the rule's rate held at the highest measured to reach the target" in table
     # another target: the first evaluation at or above it
     assert (
         "the run's 60 steps to 0.9"
         in make_plan(_planned_run(), 2, "measured", 0.0, 0.9).sources["steps to target"]
     )
+
+
+def test_a_plan_without_a_baseline_to_calibrate_its_rule_prices_adascale_up_to_its_rate():
+    """No study beside the run: how near its optimum linear's base rate was is unknown, so
+    its steps at other batches are too. The plan prices adascale instead (its gain keeps
+    the rate's share of its optimum, so the noise scale alone predicts its steps), and
+    leaves out the batches whose adascale rate would pass the run's, saying why."""
+    from tasks.report.plan import make_plan
+    from tasks.train.noise_estimates import planned_gain, step_progress
+
+    plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
+    assert plan.rule == "adascale"
+    cap = planned_gain("linear", 2.0, 64.0, BATCH)
+    for r in plan.rows:
+        assert planned_gain("adascale", r.global_batch / BATCH, 64.0, BATCH) <= cap
+        run = step_progress(64.0, BATCH, 64)
+        assert r.steps == pytest.approx(100 * run / step_progress(64.0, BATCH, r.global_batch))
+    assert max(r.global_batch for r in plan.rows) == 128  # adascale's gain at 128: 1.33 < 2
+    assert "linear not calibrated: no baseline at batch 32" in plan.sources["learning rate"]
+    assert "so priced as adascale" in plan.sources["learning rate"]
+    assert "left out: their rate would pass 0.002" in plan.sources["batches"]
+
+
+def test_a_plan_counts_gradient_accumulation_once():
+    """A run of 2 workers at 16 per replica accumulating 2 micro-batches a step (64
+    examples a step, the base rate for 32) is the run of 2 workers at 32 without: each row
+    at 16 per replica accumulating is the row at 32 without, to the step and the rate."""
+    from tasks.report.plan import make_plan
+
+    plain = make_plan(_planned_run(), 8, "ethernet-10g", 10.0, study=_study())
+    accumulating = {**_planned_run(), "global_batch": BATCH, "grad_accum_steps": 2}
+    halves = make_plan(accumulating, 8, "ethernet-10g", 10.0, study=_study())
+    by_shape = {(r.devices, r.per_replica_batch): r for r in plain.rows}
+    compared = 0
+    for r in halves.rows:
+        same = by_shape.get((r.devices, 2 * r.per_replica_batch))
+        if same is None:
+            continue
+        compared += 1
+        assert (r.steps, r.step_s, r.learning_rate) == pytest.approx(
+            (same.steps, same.step_s, same.learning_rate)
+        )
+    assert compared >= 8
+    assert "each step accumulates 2 micro-batches" in halves.sources["batches"]
+
+
+def test_a_plans_time_takes_its_evaluations_and_epochs():
+    """The run's clock: 50 ms between evaluations beyond their steps (after the first
+    epoch, which traces), an evaluation every 640 examples; an epoch's fixed cost from its
+    history. Each row's time is its steps' seconds plus an evaluation every 640 of its
+    examples and the epochs they make."""
+    from tasks.report.plan import evaluation_seconds, make_plan
+
+    step_s = 0.004
+    evaluations = [
+        {"steps": s, "seconds": 1.0 + s * step_s + i * 0.05, "accuracy": 0.9 + i * 0.02}
+        for i, s in enumerate((20, 40, 60, 80, 100, 120))
+    ]
+    metrics = {
+        **_planned_run(),
+        "evaluations": evaluations,
+        "steps_per_epoch": 20,
+        "to_target": {"target": 0.96, "reached": True, "steps": 100, "every_examples": 640},
+        "history": [{"seconds": 2.0, "examples": 1280}]
+        + [{"seconds": 20 * step_s, "examples": 1280}] * 5,
+    }
+    assert evaluation_seconds(metrics, step_s) == pytest.approx(0.05)
+    plan = make_plan(metrics, 2, "ethernet-10g", 10.0, study=_study())
+    model = fit_cost_model(metrics["probes"], metrics["history"])
+    for r in plan.rows:
+        examples = r.steps * r.global_batch
+        fixed = examples / 640 * plan_eval(plan) + examples / 1280 * model.epoch_overhead_s
+        assert r.time_s == pytest.approx(r.steps * r.step_s + fixed, rel=1e-6)
+    assert "an evaluation 50 ms every 640 examples" in plan.sources["fixed costs"]
+
+
+def plan_eval(plan) -> float:
+    text = plan.sources["fixed costs"]
+    return float(text.split("an evaluation ")[1].split(" ms")[0]) / 1000
 
 
 def test_a_plan_never_prices_a_global_batch_that_leaves_few_steps_an_epoch():
@@ -283,7 +393,8 @@ def test_a_plan_never_prices_a_global_batch_that_leaves_few_steps_an_epoch():
     from tasks.core.errors import UsageError
     from tasks.report.plan import MIN_STEPS_PER_EPOCH, make_plan
 
-    plan = make_plan({**_planned_run(), "steps_per_epoch": 22}, 8, "ethernet-10g", 10.0)
+    run = {**_planned_run(), "steps_per_epoch": 22}
+    plan = make_plan(run, 8, "ethernet-10g", 10.0, study=_study())
     assert plan.rows and max(r.global_batch for r in plan.rows) <= 1408 // MIN_STEPS_PER_EPOCH
     shapes = {(r.devices, r.per_replica_batch) for r in plan.rows}
     assert (8, 256) not in shapes and (1, 256) not in shapes and (1, 128) in shapes
@@ -291,7 +402,7 @@ def test_a_plan_never_prices_a_global_batch_that_leaves_few_steps_an_epoch():
         "a global batch over 176 leaves fewer than 8 steps an epoch of the 1,408"
         in (plan.sources["batches"])
     )
-    everything = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
+    everything = make_plan(_planned_run(), 8, "ethernet-10g", 10.0, study=_study())
     assert len(everything.rows) > len(plan.rows)
     with pytest.raises(UsageError, match="fewer than 8 steps an epoch of the run's 64 training"):
         make_plan({**_planned_run(), "steps_per_epoch": 1}, 8, "ethernet-10g", 10.0, None, (128,))
@@ -360,23 +471,34 @@ def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():
     [
         ("linear", "linear", lambda m: 0.001 * m / BATCH),
         ("sqrt", "sqrt", lambda m: 0.002 / 2**0.5 * (m / BATCH) ** 0.5),
-        # a run at the base batch followed `none`; its config asked for linear
-        ("none", "linear", lambda m: 0.002 * m / BATCH),
         # AdaScale's gain at the noise scale 64: (M/M0)(64 + M0)/(64 + M)
         ("adascale", "adascale", lambda m: 0.002 * (m / BATCH) * (64 + BATCH) / (64 + m)),
         ("auto", "auto", lambda m: 0.002 * ((m / BATCH) * (64 + BATCH) / (64 + m)) ** 0.5),
     ],
 )
 def test_a_plans_rate_column_follows_the_runs_rule(followed, asked, expected):
-    """Each row's rate is the base rate times the gain the run's rule gives its batch: the
-    config's rule where the run itself was at the base batch (`none`), the gain AdaScale's
-    rules settle at where they adapt (their recorded rate is the base)."""
+    """Each row's rate is the base rate times the gain the run's rule gives its batch (the
+    gain AdaScale's rules settle at where they adapt: their recorded rate is the base),
+    never above the run's own: the highest measured to reach the target."""
     from tasks.report.plan import make_plan
 
     metrics = {**_planned_run(), "lr_scaling": followed, "lr_scaling_rule": asked}
-    if followed == "none":
-        metrics["global_batch"] = BATCH  # one device at the base batch: no rule applied
-    plan = make_plan(metrics, 4, "ethernet-10g", 10.0)
+    plan = make_plan(metrics, 4, "ethernet-10g", 10.0, study=_study(asked))
+    run_rate = expected(2 * BATCH)
     for r in plan.rows:
-        assert r.learning_rate == pytest.approx(expected(r.global_batch)), (r.global_batch, asked)
-    assert asked in plan.sources["learning rate"]
+        rate = min(expected(r.global_batch), run_rate)
+        assert r.learning_rate == pytest.approx(rate), (r.global_batch, asked)
+    assert asked in plan.sources["learning rate"] and plan.rule == asked
+
+
+def test_a_plan_from_a_run_at_the_base_batch_prices_no_rate_above_it():
+    """A run at the base batch followed `none` (its config asked for linear): no pair to
+    calibrate from and no rate above the base measured, so only batches whose adascale
+    rate stays at the base are priced."""
+    from tasks.report.plan import make_plan
+
+    metrics = {**_planned_run(), "lr_scaling": "none", "lr_scaling_rule": "linear"}
+    metrics["global_batch"] = BATCH
+    plan = make_plan(metrics, 4, "ethernet-10g", 10.0)
+    assert {r.global_batch for r in plan.rows} == {16, 32}
+    assert all(r.learning_rate <= 0.002 + 1e-12 for r in plan.rows)

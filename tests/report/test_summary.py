@@ -367,3 +367,30 @@ HEAD = "2 replicas (mirrored, float32; cnn on digits) ran"
 )
 def test_every_branch_of_the_answer(speedup, time, seeds, says):
     assert _answer(speedup, time, seeds) == says
+
+
+def test_the_prediction_counts_gradient_accumulation_once():
+    """One device at 8 accumulating 2 micro-batches (16 examples a step) against 2 replicas
+    at 8 accumulating 2 (32) is the pair at 16 and 32 without: the same noise scale (the
+    windows' batches are the micro-batches and the step's examples), the same steps
+    predicted, the same examples."""
+    window = {"steps": 10, "small_batch": 8, "big_batch": 16}
+    window |= {"small": 2 + 32 / 8, "big": 2 + 32 / 16}
+    windows = [dict(window, end_step=end) for end in (30, 60, 90, 120)]
+    reached = _reached(1600, 1.0) | {"steps": 100}
+    plain_base, plain_dist = _pair(reached, _reached(2000, 1.0))
+    plain_base = dataclasses.replace(plain_base, gradient_noise=windows, steps_per_epoch=0)
+    plain_dist = dataclasses.replace(plain_dist, lr_scaling="adascale")
+    accum_base = dataclasses.replace(
+        plain_base, per_replica_batch=8, global_batch=8, grad_accum_steps=2
+    )
+    accum_dist = dataclasses.replace(
+        plain_dist, per_replica_batch=8, global_batch=16, grad_accum_steps=2
+    )
+    plain = compare_runs(plain_base, plain_dist, EVALUATION, None, "weak", 0.95)
+    accumulating = compare_runs(accum_base, accum_dist, EVALUATION, None, "weak", 0.95)
+    assert plain.predicted_examples_to_target_distributed == pytest.approx(2400.0)
+    assert accumulating.predicted_examples_to_target_distributed == pytest.approx(2400.0)
+    assert "global batch 32 is past it: an example there does 0.67 of one at 16" in (
+        accumulating.to_target
+    )
