@@ -30,34 +30,41 @@ def moved(m: CostModel) -> str:
     return "no cost per byte measured (the devices share one process)"
 
 
-def with_time_to_target(f: Forecast, metrics: dict[str, Any]) -> Forecast:
+def with_time_to_target(
+    f: Forecast, metrics: dict[str, Any], study: dict[str, Any] | None = None
+) -> Forecast:
     """`f` with each prediction's steps and time to the run's held-out target: the steps
-    at the prediction's global batch from the run's own steps to it and its gradient
-    noise scale (`tasks.measure.noise_scale.predicted_steps_to`), times the predicted step;
-    against one device at the baseline's batch, likewise. Unchanged where the run did not
-    reach the target or recorded no noise scale."""
+    at the prediction's global batch from the run's own steps to it, its gradient noise
+    scale and the rate its rule gives that batch, calibrated from `study` (the run's
+    summary: its baseline beside it; `tasks.report.plan.pricing_of`), times the predicted
+    step; against one device at the baseline's batch, likewise. Unchanged where the run did
+    not reach the target or recorded no measurable noise scale; a prediction whose rate
+    would pass the highest measured to reach the target, with the rule uncalibrated, gets
+    none."""
     import dataclasses
 
-    from tasks.measure.noise_scale import predicted_steps_to, split_examples, trajectory
+    from tasks.core.errors import UsageError
+    from tasks.report.plan import pricing_of
 
     target = metrics.get("to_target") or {}
-    path = trajectory(metrics.get("gradient_noise") or [], examples=split_examples(metrics))
-    if not target.get("reached") or not path.end_steps:
-        return f
     m = f.model
-    measured_batch = metrics["global_batch"] * metrics.get("grad_accum_steps", 1)
-
-    def steps_at(batch: float) -> float:
-        return predicted_steps_to(path, target["steps"], measured_batch, batch, "raw")
-
-    whole = measured_batch
+    if not target.get("reached"):
+        return f
+    try:
+        pricing, _ = pricing_of(metrics, target["steps"], m.per_replica_batch, study)
+    except UsageError:  # no noise scale recorded, or none measurable
+        return f
+    whole = pricing.run_batch
     one_batch = m.per_replica_batch if f.scaling == "weak" else whole
-    one_device = steps_at(one_batch) * m.compute_s(one_batch)
+    one_device = pricing.steps(one_batch)[0] * m.compute_s(one_batch)
     for name, points in f.predictions.items():
         placed = []
         for p in points:
             batch = p.workers * m.per_replica_batch if f.scaling == "weak" else whole
-            steps = steps_at(batch)
+            if pricing.headroom is None and pricing.capped(batch):
+                placed.append(p)
+                continue
+            steps = pricing.steps(batch)[0]
             speedup = one_device / (steps * p.step_s)
             placed.append(
                 dataclasses.replace(p, steps_to_target=steps, time_to_target_speedup=speedup)
@@ -192,10 +199,12 @@ def forecast_run(
     presets: list[str],
     scaling: str,
     out_dir: Any = None,
+    study: dict[str, Any] | None = None,
 ) -> tuple[Forecast, list[Any]]:
-    """Fits the run's cost model and forecasts it; writes `forecast.json` and the two
-    charts to `out_dir` (default: the run's directory). Returns the forecast and the
-    files written."""
+    """Fits the run's cost model and forecasts it, its time to target calibrated from
+    `study` (default: the run's summary.json, where there is one); writes `forecast.json`
+    and the two charts to `out_dir` (default: the run's directory). Returns the forecast
+    and the files written."""
     import json
     from pathlib import Path
 
@@ -205,7 +214,10 @@ def forecast_run(
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     links = links_from(gbits, presets, model)
     result = forecast(model, links, workers, scaling, metrics.get("global_batch"))
-    result = with_time_to_target(result, metrics)
+    summary = Path(run_dir) / "summary.json"
+    if study is None and summary.exists():
+        study = json.loads(summary.read_text())
+    result = with_time_to_target(result, metrics, study)
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [write_json_atomic(out / "forecast.json", result.to_dict())]

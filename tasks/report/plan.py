@@ -184,7 +184,7 @@ def make_plan(
     _check_asked(devices, batches)
     target, steps_run = _steps_to(metrics, target)
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
-    pricing, rule_source = _pricing(metrics, steps_run, model.per_replica_batch, study)
+    pricing, rule_source = pricing_of(metrics, steps_run, model.per_replica_batch, study)
     link = None if link_name == MEASURED else link_gbit * 1e9 / 8
     costs = _fixed_costs(metrics, model, pricing.run_batch)
     one_step = model.compute_s(pricing.base_batch)
@@ -242,7 +242,7 @@ def _noise_of(metrics: dict, steps_run: int) -> tuple[Trajectory, tuple[float, f
     return path, noise
 
 
-def _pricing(
+def pricing_of(
     metrics: dict, steps_run: int, base_batch: int, study: dict | None
 ) -> tuple[Pricing, str]:
     """The plan's `Pricing`, and where its rule's headroom came from (words). The rule is

@@ -394,3 +394,25 @@ def test_the_prediction_counts_gradient_accumulation_once():
     assert "global batch 32 is past it: an example there does 0.67 of one at 16" in (
         accumulating.to_target
     )
+
+
+def test_the_markdown_heading_says_the_time_to_target_verdict_beside_the_speedup():
+    """The Prefect artifact's and the MLflow description's heading: 1.50x in examples/s
+    beside what the time to target says, so it never reads as a win above a line saying
+    one device finishes sooner."""
+    from tasks.report.summary import format_markdown
+
+    slower = compare_runs(
+        *_pair(_reached(4000, 4.0), _reached(12000, 4.7)), EVALUATION, None, "weak", 0.95
+    )
+    head = format_markdown(slower, "digits", ("MLflow", "http://x")).splitlines()[0]
+    assert head == (
+        "## digits: 1.50x (1.50-1.60) on 2 replicas (mirrored, float32, weak scaling); to 95% "
+        "held-out accuracy 0.50x (0.38-0.66): one device finishes sooner"
+    )
+    unsure = compare_runs(
+        *_pair(_reached(4000, 4.0), _reached(5000, 4.7)), EVALUATION, None, "weak", 0.95
+    )
+    assert format_markdown(unsure, "digits", ("MLflow", "http://x")).splitlines()[0].endswith(
+        "0.91-1.59): neither surely finishes sooner"
+    )
