@@ -69,7 +69,12 @@ def train(project: Path, params: dict, batch: int, seed: int, power: float) -> d
 
 def main() -> None:
     from benchmarks.time_to_accuracy import TASKS, merged
-    from tasks.measure.noise_scale import fit_steps_hyperbola, predicted_steps_to, trajectory
+    from tasks.measure.noise_scale import (
+        fit_steps_hyperbola,
+        predicted_steps_to,
+        split_examples,
+        trajectory,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=list(TASKS), default="synthetic")
@@ -87,26 +92,25 @@ def main() -> None:
     tfscale = str(Path(sys.executable).parent / "tfscale")
     subprocess.run([tfscale, "--params", str(prepared), "prepare"], cwd=project, check=True)
     measured: dict[int, list[float | None]] = {}
-    base: dict = {}
+    # the predictor: a seed of its own at 32, none of the measured ones
+    base = train(project, params, 32, 41, power)
     for batch in BATCHES:
         measured[batch] = []
         for seed in range(42, 42 + args.seeds):
             metrics = train(project, params, batch, seed, power)
             reached = metrics["to_target"]
             measured[batch].append(reached["steps"] if reached.get("reached") else None)
-            if batch == 32 and seed == 42:
-                base = metrics
         shown = ", ".join("missed" if s is None else f"{s:,}" for s in measured[batch])
         lr = 0.001 * (batch / 32) ** power
         print(
             f"batch {batch:>4} (learning rate {lr:.2g}): steps to target by seed {shown}",
             flush=True,
         )
-    path = trajectory(base["gradient_noise"])
+    path = trajectory(base["gradient_noise"], examples=split_examples(base))
     steps_32 = base["to_target"]["steps"]
     print(
-        f"\nthe batch-32 training (seed 42) reached the target in {steps_32} steps; its "
-        f"noise scale, recorded over {path.recorded_steps} steps: Adam's "
+        f"\nthe predictor, a batch-32 training (seed 41), reached the target in {steps_32} "
+        f"steps; its noise scale, recorded over {path.recorded_steps} steps: Adam's "
         f"{path.headline('adam', steps_32)[1]:,.0f}, raw {path.headline('raw', steps_32)[1]:,.0f}"
     )
     print(f"{'batch':>6} {'measured steps':>22} {'predicted (Adam)':>17} {'predicted (raw)':>16}")
@@ -127,15 +131,15 @@ def main() -> None:
     complete = [b for b in BATCHES if None not in measured[b]]
     means = [sum(measured[b]) / len(measured[b]) for b in complete]
     fitted = fit_steps_hyperbola(complete, means)
-    simple = path.headline("adam", steps_32)[1]
+    simple = path.headline("raw", steps_32)[1]
     print(
         f"\ncritical batch (the hyperbola fitted to the measured steps): {fitted.b_crit:,.0f}, "
-        f"S_min {fitted.s_min:,.0f}, E_min {fitted.e_min:,.0f}; B_simple (Adam's) {simple:,.0f}, "
+        f"S_min {fitted.s_min:,.0f}, E_min {fitted.e_min:,.0f}; B_simple (raw) {simple:,.0f}, "
         f"{simple / fitted.b_crit:.2f}x it (target within 3x)"
     )
     held = all(0.67 <= r <= 1.5 for r in ratios)
     print(
-        "predicted / measured steps (Adam's): "
+        "predicted / measured steps (raw, a rate retuned to each batch): "
         + ", ".join(f"{r:.2f}" for r in ratios)
         + " (target 0.67-1.5): "
         + ("met" if held else "missed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -205,3 +206,26 @@ def epoch_history(*rates: float) -> list[dict]:
         {"epoch": i, "examples_per_s": r, "seconds": 1.0, "accuracy": 0.5}
         for i, r in enumerate(rates, 1)
     ]
+
+
+def train_result(**changes):
+    """A `TrainResult` of one device at batch 16 (rate 0.001, 10 steps an epoch) with no
+    figures measured, each field in `changes` set: the summaries' tests build their pairs
+    from it."""
+    from tasks.train.training import TrainResult
+
+    one_device = TrainResult(
+        run_dir="b",
+        model_path="b",
+        strategy="one_device",
+        reason="",
+        replicas=1,
+        workers=1,
+        precision="float32",
+        per_replica_batch=16,
+        global_batch=16,
+        grad_accum_steps=1,
+        learning_rate=0.001,
+        steps_per_epoch=10,
+    )
+    return dataclasses.replace(one_device, **changes)

@@ -156,23 +156,7 @@ def target_sentence(
         return f"{head}: not measured (evaluate.every_epochs is 0, or there is no test split)"
     if base.get("target", target) is None:
         return f"time to target: not measured: {NO_TARGET} {target_text(metric, None)}"
-    seeds = figures["seeds"]
-    sides = ((("baseline", base), examples[0]), ((distributed.shape, dist), examples[1]))
-    if seeds > 1:
-        missed = [
-            f"the {name} missed it in {over.missed} of {seeds} seeds"
-            for (name, _), over in sides
-            if over.mean is None
-        ]
-    else:
-        missed = [
-            f"the {name} did not reach it (best {t['best_accuracy']:.4f} at "
-            f"{t['best_examples']:,} examples)"
-            if t.get("best_accuracy") is not None
-            else f"the {name} ended before its first evaluation"
-            for (name, t), _ in sides
-            if not t.get("reached")
-        ]
+    missed = _missed(baseline, distributed, figures["seeds"], examples)
     if missed:
         return f"{head}: " + "; ".join(missed) + "; more epochs or a lower target"
     spread = Spread(
@@ -187,20 +171,51 @@ def target_sentence(
         f"at global batch {distributed.global_batch} against {baseline.global_batch}"
     )
     text += _clock_clause(figures) + _noise_clause(baseline, distributed, figures)
+    return text + _seeds_clause(figures["seeds"], distributed.shape, examples)
+
+
+def _missed(
+    baseline: TrainResult,
+    distributed: TrainResult,
+    seeds: int,
+    examples: tuple[OverSeeds, OverSeeds],
+) -> list[str]:
+    """Who did not reach the target: in how many seeds, or (one seed) the best reached."""
+    sides = (
+        (("baseline", baseline.to_target), examples[0]),
+        ((distributed.shape, distributed.to_target), examples[1]),
+    )
+    if seeds > 1:
+        return [
+            f"the {name} missed it in {over.missed} of {seeds} seeds"
+            for (name, _), over in sides
+            if over.mean is None
+        ]
+    return [
+        f"the {name} did not reach it (best {t['best_accuracy']:.4f} at "
+        f"{t['best_examples']:,} examples)"
+        if t.get("best_accuracy") is not None
+        else f"the {name} ended before its first evaluation"
+        for (name, t), _ in sides
+        if not t.get("reached")
+    ]
+
+
+def _seeds_clause(seeds: int, shape: str, examples: tuple[OverSeeds, OverSeeds]) -> str:
+    """What the figures are over: MLPerf's mean of the seeds, or one seed and what its
+    interval assumed."""
     if seeds == 1:
-        text += (
+        return (
             f"; one seed: its interval takes the evaluation interval and a seed's spread of "
             f"{SEED_SPREAD:.0%} measured on tfscale's synthetic task, not this one's (--seeds 5 "
             "measures it)"
         )
-    if seeds > 1:
-        dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
-        ranges = [f"{over.low:,.0f}-{over.high:,.0f}" for over in examples]
-        text += (
-            f"; the mean of {seeds} seeds each{dropped} (MLPerf's score; the baseline's kept "
-            f"seeds {ranges[0]}, the {distributed.shape}' {ranges[1]})"
-        )
-    return text
+    dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
+    ranges = [f"{over.low:,.0f}-{over.high:,.0f}" for over in examples]
+    return (
+        f"; the mean of {seeds} seeds each{dropped} (MLPerf's score; the baseline's kept "
+        f"seeds {ranges[0]}, the {shape}' {ranges[1]})"
+    )
 
 
 def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tensorflow as tf
-from helpers import epoch_history, slowed
+from helpers import epoch_history, slowed, train_result
 
 from tasks.data.preparation import prepare_dataset
 from tasks.distribute.strategy import StrategyChoice
@@ -253,13 +253,12 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
 
     from tasks.measure.diagnosis import Diagnosis
     from tasks.report.summary import compare_runs, format_summary
-    from tasks.train.training import TrainResult
 
     diagnosis = Diagnosis(
         "compute-bound", 9e9, 1600.0, 1500.0, 1000.0, 2, 0.02, "evidence",
         compute_1_device_global_batch_examples_per_s=1200.0,
     )  # fmt: skip
-    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    base = train_result()
     dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
     base, dist = (dataclasses.replace(r, examples_per_s=v) for r, v in ((base, 1000), (dist, 1500)))
     evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
@@ -287,9 +286,8 @@ def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range(
     import dataclasses
 
     from tasks.report.summary import compare_runs, format_summary
-    from tasks.train.training import TrainResult
 
-    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    base = train_result()
     base = dataclasses.replace(base, examples_per_s=930, history=epoch_history(90, 1000, 800, 1000))
     dist = dataclasses.replace(
         base,
@@ -330,7 +328,6 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
 
     from tasks.measure.diagnosis import Diagnosis
     from tasks.report.summary import compare_runs, format_summary
-    from tasks.train.training import TrainResult
 
     rates = {
         "one_device_replica_batch": [1000.0, 800.0, 1000.0],
@@ -343,7 +340,7 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     diagnosis = Diagnosis(
         "compute-bound", 9e9, 1500.0, 1500.0, 1000.0, 2, 0.02, "e", rounds=r.to_dict()
     )
-    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    base = train_result()
     dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
     base, dist = (dataclasses.replace(x, examples_per_s=v) for x, v in ((base, 1), (dist, 9)))
     evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import epoch_history
+from helpers import epoch_history, train_result
 
 from tasks.report.summary import compare_runs, format_summary
 from tasks.train.training import TrainResult
@@ -14,7 +14,7 @@ from tasks.train.training import TrainResult
 
 def _pair(base_target: dict, dist_target: dict) -> tuple[TrainResult, TrainResult]:
     """One device at batch 16 and 2 replicas at 32, 1.50x (1.50-1.60) epoch by epoch."""
-    base = TrainResult("b", "b", "one_device", "", 1, 1, "float32", 16, 16, 1, 0.001, 10)
+    base = train_result()
     base = dataclasses.replace(
         base, examples_per_s=930, history=epoch_history(90, 1000, 800, 1000), to_target=base_target
     )
@@ -413,6 +413,8 @@ def test_the_markdown_heading_says_the_time_to_target_verdict_beside_the_speedup
     unsure = compare_runs(
         *_pair(_reached(4000, 4.0), _reached(5000, 4.7)), EVALUATION, None, "weak", 0.95
     )
-    assert format_markdown(unsure, "digits", ("MLflow", "http://x")).splitlines()[0].endswith(
-        "0.91-1.59): neither surely finishes sooner"
+    assert (
+        format_markdown(unsure, "digits", ("MLflow", "http://x"))
+        .splitlines()[0]
+        .endswith("0.91-1.59): neither surely finishes sooner")
     )
