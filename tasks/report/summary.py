@@ -597,8 +597,9 @@ def summarize_study(
     class_names: list[str],
     repeats: tuple[list[dict], list[dict]] = ([], []),
 ) -> StudyRecord:
-    """Compares the runs and writes the chart, evaluation, diagnosis and summary beside the
-    distributed model."""
+    """Compares the runs and writes the chart, the evaluation and (where the all-reduce was
+    measured) the forecast beside the distributed model; the diagnosis, written by the
+    training's run (`tasks.report.execute`), is listed with them."""
     from tasks.train.evaluation import write_evaluation
 
     subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"

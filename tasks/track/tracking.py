@@ -1,4 +1,5 @@
-"""Everything MLflow: the only module that talks to the tracking server.
+"""Everything MLflow writes and reads for tfscale's runs; the only other reader of the
+store is the UI's runs-table defaults (`tasks.track.ui.table_defaults`, in the server).
 
 A `Tracker` owns the store (the SQLite store under `track.store_dir`, or the server at
 `MLFLOW_TRACKING_URI`), its client and the system-metric monitors of the runs it opened.
