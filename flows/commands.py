@@ -231,22 +231,35 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         tracker.log_artifacts(run_id, [path])
         print(f"{result.text()} ({result.examples} examples){by}; written to {path}")
         if args.baseline:
-            from tasks.report.summary import compare_exported
-
-            summary = compare_exported(
-                Path(args.baseline),
-                model_dir,
-                result,
-                config.train.scaling,
-                config.evaluate.target_accuracy,
-            )
-            mlflow_runs.log_comparison(tracker, run_id, study, result, summary, manifest.dataset)
-            print(
-                f"speedup {summary.speedup_text} over the single-device baseline, scaling "
-                f"efficiency {summary.scaling_efficiency:.2f}; written to "
-                f"{model_dir / 'scaling.json'}"
-            )
+            baseline = Path(args.baseline)
+            _compare(config, baseline, model_dir, result, (tracker, run_id), manifest.dataset)
     return 0
+
+
+def _compare(
+    config: Config,
+    baseline: Path,
+    model_dir: Path,
+    result: Any,
+    logged_on: tuple[Any, str],
+    dataset: str,
+) -> None:
+    """`tfscale evaluate --baseline DIR`: the evaluated model's run against the baseline's
+    exported one, logged on the evaluation's run (`logged_on`: the tracker and the run's
+    id) and its study."""
+    from tasks.report.run_files import study_of
+    from tasks.report.summary import compare_exported
+    from tasks.track import command_runs as mlflow_runs
+
+    summary = compare_exported(
+        baseline, model_dir, result, config.train.scaling, config.evaluate.target_accuracy
+    )
+    tracker, run_id = logged_on
+    mlflow_runs.log_comparison(tracker, run_id, study_of(model_dir), result, summary, dataset)
+    print(
+        f"speedup {summary.speedup_text} over the single-device baseline, scaling "
+        f"efficiency {summary.scaling_efficiency:.2f}; written to {model_dir / 'scaling.json'}"
+    )
 
 
 def run(config: Config, args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import tensorflow as tf
@@ -47,17 +48,26 @@ def parse_block(spec, batch_size: int) -> int:
     return max(1, min(64, PARSE_BLOCK_BYTES // per_batch))
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How one input pipeline reads its split: which of `pipelines` it is (`pipeline_id`),
+    the shuffle's `seed` and the examples held to shuffle (`shuffle_buffer`), and whether
+    the serialized records stay in memory after the first pass (`cache`)."""
+
+    pipelines: int = 1
+    pipeline_id: int = 0
+    seed: int = 42
+    cache: bool = False
+    shuffle_buffer: int = 4096
+
+
 def build_dataset(
     manifest: Manifest,
     data_dir: str | Path,
     split: str,
     batch_size: int,
     training: bool,
-    num_pipelines: int = 1,
-    pipeline_id: int = 0,
-    seed: int = 42,
-    cache: bool = False,
-    shuffle_buffer: int = 4096,
+    reading: Reading = Reading(),  # noqa: B008 (frozen: one shared default is safe)
 ) -> tf.data.Dataset:
     """A dataset of `(features, labels)` batches for one input pipeline: images, or any
     features as the manifest records them (`tasks.data.records.parse_records`).
@@ -66,20 +76,21 @@ def build_dataset(
     manifest order. Files are split between pipelines (FILE policy) when there are at least as
     many shards as pipelines, otherwise every pipeline reads all files and keeps
     every n-th record (DATA policy, with a warning). Training batches are shuffled
-    with `seed` and have a static batch dimension; evaluation batches keep the
+    with the reading's seed and have a static batch dimension; evaluation batches keep the
     remainder, so every example is seen exactly once across pipelines. `batch_size` is
-    this pipeline's, one of `num_pipelines` (`pipeline_id`); `cache` keeps the serialized
-    records in memory after the first pass; `shuffle_buffer` examples are held to shuffle.
+    this pipeline's (`Reading`).
     """
+    num_pipelines, pipeline_id = reading.pipelines, reading.pipeline_id
+    seed = reading.seed
     files, by_file = _pipeline_files(manifest, data_dir, split, num_pipelines, pipeline_id)
     spec = manifest.spec
     ds = _records(files, training, seed, parallel=spec.is_image)
     if not by_file and num_pipelines > 1:
         ds = ds.shard(num_pipelines, pipeline_id)
-    if cache:
+    if reading.cache:
         ds = ds.cache()
     if training:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(reading.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     static = batch_size if training else None
     if spec.is_image:
         ds = ds.batch(batch_size, drop_remainder=training)

@@ -189,11 +189,11 @@ class HeldOut:
     def __init__(
         self, model: Any, manifest: Manifest, data_dir: str, batch_size: int, metric: str = ""
     ):
-        from tasks.data.inputs import build_dataset
+        from tasks.data.inputs import Reading, build_dataset
         from tasks.train.objectives import objective_of
 
         self.dataset = build_dataset(
-            manifest, data_dir, "test", batch_size, training=False, cache=True
+            manifest, data_dir, "test", batch_size, training=False, reading=Reading(cache=True)
         )
         self.examples = manifest.splits["test"]
         objective = objective_of(model)

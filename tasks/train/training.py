@@ -27,7 +27,7 @@ from tasks.core.fields import PARAM, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.process import use_precision
 from tasks.core.progress import status
-from tasks.data.inputs import build_dataset
+from tasks.data.inputs import Reading, build_dataset
 from tasks.data.manifest import Manifest
 from tasks.distribute.run import Run
 from tasks.distribute.strategy import StrategyChoice, build_strategy
@@ -297,18 +297,14 @@ def train_dataset_fn(
     repeated; `transform` (a probe's slowed pipeline) applies before the repeat."""
 
     def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
-        dataset = build_dataset(
-            manifest,
-            data_dir,
-            "train",
-            batch,
-            training=True,
-            num_pipelines=ctx.num_input_pipelines if ctx else 1,
+        reading = Reading(
+            pipelines=ctx.num_input_pipelines if ctx else 1,
             pipeline_id=ctx.input_pipeline_id if ctx else 0,
             seed=cfg.seed,
             cache=cfg.cache,
             shuffle_buffer=cfg.shuffle_buffer,
         )
+        dataset = build_dataset(manifest, data_dir, "train", batch, True, reading)
         return (transform(dataset) if transform else dataset).repeat()
 
     return dataset_fn

@@ -10,7 +10,7 @@ import pytest
 from helpers import DEFAULTS
 
 from flows.cli import main
-from tasks.data.inputs import build_dataset
+from tasks.data.inputs import Reading, build_dataset
 from tasks.data.manifest import ShardError, verify_shards
 from tasks.data.preparation import dataset_dir, open_source, prepare_dataset
 
@@ -186,9 +186,9 @@ def test_evaluation_sees_every_example_once_across_pipelines(make_config, caplog
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             parts = [
-                read_split(
-                    result.manifest, result.data_dir, "test", num_pipelines=pipelines, pipeline_id=i
-                )[1]
+                read_split(result.manifest, result.data_dir, "test", reading=Reading(pipelines, i))[
+                    1
+                ]
                 for i in range(pipelines)
             ]
         assert sum(len(p) for p in parts) == len(everything) == 360
@@ -201,7 +201,12 @@ def test_training_batches_are_static_and_seeded(make_config):
 
     def first_labels(seed):
         ds = build_dataset(
-            result.manifest, result.data_dir, "train", batch_size=100, training=True, seed=seed
+            result.manifest,
+            result.data_dir,
+            "train",
+            100,
+            training=True,
+            reading=Reading(seed=seed),
         )
         assert ds.element_spec[0].shape.as_list() == [100, 8, 8, 1]
         return next(iter(ds))[1].numpy()
