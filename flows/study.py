@@ -148,8 +148,7 @@ def repeat_task(base: Run, run: Run) -> tuple[list[dict], list[dict]]:
 def summarize_task(context, baseline, distributed, result, diagnosis, run: Run, repeats):
     return summary.summarize_study(
         context,
-        baseline,
-        distributed,
+        (baseline, distributed),
         result,
         diagnosis,
         run.train.scaling,

@@ -208,5 +208,41 @@ def test_the_checks_see_an_upward_import(tmp_path):
     }
 
 
+MOST_LINES = 50  # a function's, its signature and docstring included
+MOST_PARAMETERS = 8  # beyond: a value object
+
+
+def oversized(path: Path) -> list[str]:
+    """The functions in `path` over either limit: `module.py:12 name: 63 lines`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        lines = node.end_lineno - node.lineno + 1
+        given = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        parameters = len([a for a in given if a.arg not in ("self", "cls")])
+        if lines > MOST_LINES:
+            found.append(f"{path}:{node.lineno} {node.name}: {lines} lines")
+        if parameters > MOST_PARAMETERS:
+            found.append(f"{path}:{node.lineno} {node.name}: {parameters} parameters")
+    return found
+
+
+def test_no_function_is_over_50_lines_or_8_parameters():
+    """The size limits, held as the layers are: a function that outgrows them is split,
+    its parameters gathered into a value object."""
+    found = [line for path in modules_in_tree().values() for line in oversized(path)]
+    assert not found, "over the limits (split it, or gather its parameters):\n" + "\n".join(found)
+
+
+def test_the_size_check_sees_a_long_function_and_a_long_signature(tmp_path):
+    module = tmp_path / "m.py"
+    body = "".join(f"    x{i} = {i}\n" for i in range(50))
+    module.write_text(
+        f"def long():\n{body}\n\ndef wide(self, a, b, c, d, e, f, g, h, i):\n    pass\n"
+    )
+    assert oversized(module) == [f"{module}:1 long: 51 lines", f"{module}:54 wide: 9 parameters"]
+
+
 if __name__ == "__main__":
     print(diagram(), end="")

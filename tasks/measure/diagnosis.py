@@ -355,6 +355,20 @@ def diagnose_run(
         stage_probes = probes.to_dict()
         if bottleneck != "input-bound":
             bottleneck, evidence, advice = classify_stages(probes)
+    return _diagnosis_of(r, cfg, choice, (bottleneck, evidence, advice), stage_probes, started)
+
+
+def _diagnosis_of(
+    r: RoundRates,
+    cfg: TrainConfig,
+    choice: StrategyChoice,
+    verdict: tuple[str, str, list[str]],
+    stage_probes: dict,
+    started: float,
+) -> Diagnosis:
+    """The `Diagnosis` of the rounds `r` measured and the verdict (bottleneck, its
+    evidence, the advice) drawn from them."""
+    bottleneck, evidence, advice = verdict
     median = r.medians
     several = choice.replicas > 1
     return Diagnosis(

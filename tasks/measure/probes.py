@@ -165,29 +165,14 @@ def measure_rounds(
         "input": _input_block(feed, run, steps),
     }
     devices = max(choice.replicas, choice.stages)  # a split model's devices hold its parts
+    what = "the training with its input and without"
     if devices > 1:
-        one = baseline_choice(choice)
-        per_replica, global_batch = batch_sizes(cfg, choice.replicas)
-        sizes = [
-            ("one_device_replica_batch", per_replica),
-            ("one_device_global_batch", global_batch),
-        ]
-        for name, batch in sizes[1:] if choice.spec.splits else sizes:  # split: one batch
-            config = dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak")
-            setup = set_up_training(config, manifest, one)
-            one_feed = _feed(config, manifest, data_dir, setup, transform)
-            calls[name] = _steps_block(setup, one, one_feed, steps)
-            calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
+        batches = _one_device_blocks(cfg, manifest, data_dir, choice, (steps, transform), calls)
+        what = "the run and one device at batch " + " and ".join(map(str, batches))
     scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
     rule = Settling(aim, rounds)
     watched = watched_name(calls, scaling)  # the keys the rounds' values will have
-    what = (
-        "the run and one device at batch "
-        + " and ".join(str(b) for _, b in sizes[1 if choice.spec.splits else 0 :])
-        if devices > 1
-        else "the training with its input and without"
-    ) + f", in blocks of up to {steps} steps"
-    progress = RoundsProgress(what, watched, rounds, aim)
+    progress = RoundsProgress(f"{what}, in blocks of up to {steps} steps", watched, rounds, aim)
 
     def settled(values: dict[str, list[float]]) -> bool:
         figure = watched_figure(values, scaling)
@@ -198,20 +183,39 @@ def measure_rounds(
     with LoadWatch() as watch, progress:
         rates = alternate(_paired(calls, scaling), rounds, settled)
     verdict = rule.check(*watched_figure(rates, scaling))  # the last round's: never None
-    grad_bytes, by_bytes = 0, []
-    if choice.replicas > 1:  # what the forecast fits: the replicas' all-reduce at 3 sizes
-        grad_bytes = gradient_bytes(run.model)
-        by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3))
+    grad_bytes = gradient_bytes(run.model) if choice.replicas > 1 else 0
+    # what the forecast fits: the replicas' all-reduce at 3 sizes
+    by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3)) if grad_bytes else []
+    settling = dataclasses.replace(verdict, figure=watched).to_dict()
+    load = watch.result.to_dict()
     return RoundRates(
-        devices,
-        scaling,
-        run.step_examples,
-        rates,
-        grad_bytes,
-        by_bytes,
-        watch.result.to_dict(),
-        dataclasses.replace(verdict, figure=watched).to_dict(),
+        devices, scaling, run.step_examples, rates, grad_bytes, by_bytes, load, settling
     )
+
+
+def _one_device_blocks(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    block: tuple[int, Transform | None],
+    calls: dict[str, Callable[[], float]],
+) -> list[int]:
+    """Adds to `calls` one device's blocks at the run's per-replica batch and at its global
+    batch (a split model: the global one only), with input and without; `block`: the steps
+    a block and the input's transform. Returns the batches."""
+    steps, transform = block
+    one = baseline_choice(choice)
+    per_replica, global_batch = batch_sizes(cfg, choice.replicas)
+    sizes = [("one_device_replica_batch", per_replica), ("one_device_global_batch", global_batch)]
+    sizes = sizes[1:] if choice.spec.splits else sizes  # split: one batch
+    for name, batch in sizes:
+        config = dataclasses.replace(cfg, batch_size_per_replica=batch, scaling="weak")
+        setup = set_up_training(config, manifest, one)
+        one_feed = _feed(config, manifest, data_dir, setup, transform)
+        calls[name] = _steps_block(setup, one, one_feed, steps)
+        calls[name + "_compute"] = _steps_block(setup, one, _one_batch(one_feed), steps)
+    return [batch for _, batch in sizes]
 
 
 def watched_figure(values: dict[str, list[float]], scaling: str) -> tuple[list[float], list[float]]:

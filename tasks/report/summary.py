@@ -588,8 +588,7 @@ class StudyRecord:
 
 def summarize_study(
     context: dict,
-    baseline: TrainResult,
-    distributed: TrainResult,
+    trainings: tuple[TrainResult, TrainResult],
     evaluation: EvalResult,
     diagnosis: Diagnosis,
     scaling: str,
@@ -597,11 +596,11 @@ def summarize_study(
     class_names: list[str],
     repeats: tuple[list[dict], list[dict]] = ([], []),
 ) -> StudyRecord:
-    """Compares the runs and writes the chart, the evaluation and (where the all-reduce was
-    measured) the forecast beside the distributed model; the diagnosis, written by the
-    training's run (`tasks.report.execute`), is listed with them."""
-    from tasks.train.evaluation import write_evaluation
-
+    """Compares the `trainings` (the baseline, the distributed run) and writes the chart,
+    the evaluation and (where the all-reduce was measured) the forecast beside the
+    distributed model; the diagnosis, written by the training's run
+    (`tasks.report.execute`), is listed with them."""
+    baseline, distributed = trainings
     subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"
     summary = compare_runs(
         baseline, distributed, evaluation, diagnosis, scaling, target_accuracy, repeats, subject
@@ -613,8 +612,27 @@ def summarize_study(
         candidates_verdict=choice.get("measured_verdict", ""),
         proposed=choice.get("proposed", ""),
     )
+    files = _study_files(summary, trainings, evaluation, class_names)
+    summary, forecast = _with_forecast(summary, distributed, scaling, files)
+    (Path(distributed.run_dir) / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    return StudyRecord(
+        context, baseline, distributed, evaluation, diagnosis, summary, files, forecast
+    )
+
+
+def _study_files(
+    summary: ScalingSummary,
+    trainings: tuple[TrainResult, TrainResult],
+    evaluation: EvalResult,
+    class_names: list[str],
+) -> dict[str, Path]:
+    """The evaluation and the speedup chart, written beside the distributed model, with
+    the trainings' metrics and the diagnosis already there."""
+    from tasks.train.evaluation import write_evaluation
+
+    baseline, distributed = trainings
     out_dir = Path(distributed.run_dir)
-    files = {
+    return {
         "evaluation": write_evaluation(evaluation, out_dir, class_names),
         # classes only: a real-valued label has no confusion matrix
         **(
@@ -627,21 +645,22 @@ def summarize_study(
         "distributed_metrics": out_dir / "metrics.json",
         "diagnosis": out_dir / "diagnosis.txt",
     }
-    forecast = {}
-    if distributed.probes.get("comm_s_by_bytes"):  # all-reduce measured: how it would scale
-        from tasks.report.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics
-        from tasks.report.forecast_report import forecast_run, headline
 
-        study = dataclasses.asdict(summary)  # its baseline calibrates the rule's rate
-        predicted, written = forecast_run(
-            out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling, study=study
-        )
-        forecast = forecast_metrics(predicted)
-        summary = dataclasses.replace(summary, forecast=headline(predicted))
-        files.update(
-            zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True)
-        )
-    (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    return StudyRecord(
-        context, baseline, distributed, evaluation, diagnosis, summary, files, forecast
+
+def _with_forecast(
+    summary: ScalingSummary, distributed: TrainResult, scaling: str, files: dict[str, Path]
+) -> tuple[ScalingSummary, dict[str, float]]:
+    """Where the distributed run measured its all-reduce: the forecast of how it would
+    scale, its files added to `files`, its headline on the summary, and its figures."""
+    if not distributed.probes.get("comm_s_by_bytes"):
+        return summary, {}
+    out_dir = Path(distributed.run_dir)
+    from tasks.report.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics
+    from tasks.report.forecast_report import forecast_run, headline
+
+    study = dataclasses.asdict(summary)  # its baseline calibrates the rule's rate
+    predicted, written = forecast_run(
+        out_dir, list(DEFAULT_WORKERS), [], list(RUN_PRESETS), scaling, study=study
     )
+    files.update(zip(("forecast", "forecast_speedup", "forecast_efficiency"), written, strict=True))
+    return dataclasses.replace(summary, forecast=headline(predicted)), forecast_metrics(predicted)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -346,38 +347,11 @@ def make_epoch_runner(
     """
     next_batches = replica_batches(strategy, dataset_fn)
     sums = _replica_sums(strategy, 2)
-    noise = _noise_of(optimizer)
-
-    def steps_fn(recorder: GradientNoise | None) -> Callable:
-        def step_and_count(images, labels):
-            loss, correct = replica_step(
-                model, optimizer, images, labels, accum_steps, effective_batch, recorder
-            )
-            sums[0].assign_add(loss)
-            sums[1].assign_add(correct)
-
-        def one_step(images, labels):
-            strategy.run(step_and_count, args=(images, labels))
-
-        step = tf.function(one_step, jit_compile=True) if jit_compile else one_step
-
-        @tf.function
-        def train_steps(n):
-            for _ in tf.range(n):
-                images, labels = next_batches()
-                step(images, labels)
-
-        return train_steps
-
-    plain = steps_fn(None)
-    calls = itertools.count()
-    if noise is None:
-        train_steps = plain
-    else:  # one call in `every_calls` records the noise scale, the first among them
-        recording, every = steps_fn(noise), noise.every_calls
-
-        def train_steps(n):
-            (recording if next(calls) % every == 0 else plain)(n)
+    graph = _StepsGraph(
+        strategy, model, optimizer, next_batches, sums, (accum_steps, effective_batch),
+        jit_compile,
+    )  # fmt: skip
+    train_steps = _recording_every(graph, _noise_of(optimizer))
 
     @tf.function
     def reset():
@@ -389,6 +363,61 @@ def make_epoch_runner(
         return float(sums[0].read_value()), float(sums[1].read_value())
 
     return run_epoch
+
+
+@dataclass(frozen=True)
+class _StepsGraph:
+    """What one graph call of `make_epoch_runner` runs: up to n steps on the replicas, each
+    summing its loss and correct count into `sums`; `batches`: the step's examples over
+    its accumulated micro-batches (accumulation steps, effective batch)."""
+
+    strategy: Any
+    model: Any
+    optimizer: Any
+    next_batches: Callable[[], tuple]
+    sums: list
+    batches: tuple[int, int]
+    jit_compile: bool
+
+    def train_steps(self, recorder: GradientNoise | None) -> Callable:
+        """The graph of n steps, recording the gradient noise scale into `recorder` (None:
+        plain steps)."""
+        accum_steps, effective_batch = self.batches
+        model, optimizer, sums = self.model, self.optimizer, self.sums
+
+        def step_and_count(images, labels):
+            loss, correct = replica_step(
+                model, optimizer, images, labels, accum_steps, effective_batch, recorder
+            )
+            sums[0].assign_add(loss)
+            sums[1].assign_add(correct)
+
+        def one_step(images, labels):
+            self.strategy.run(step_and_count, args=(images, labels))
+
+        step = tf.function(one_step, jit_compile=True) if self.jit_compile else one_step
+
+        @tf.function
+        def train_steps(n):
+            for _ in tf.range(n):
+                images, labels = self.next_batches()
+                step(images, labels)
+
+        return train_steps
+
+
+def _recording_every(graph: _StepsGraph, noise: GradientNoise | None) -> Callable[[int], None]:
+    """The graph call to run: plain steps, or (recording the noise scale) one call in
+    `noise.every_calls` recording, the first among them."""
+    plain = graph.train_steps(None)
+    if noise is None:
+        return plain
+    recording, every, calls = graph.train_steps(noise), noise.every_calls, itertools.count()
+
+    def train_steps(n):
+        (recording if next(calls) % every == 0 else plain)(n)
+
+    return train_steps
 
 
 def adam_of(optimizer: Any) -> Any:

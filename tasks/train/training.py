@@ -148,12 +148,7 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
     )
     clock = _target_clock(run, setup, resumed_step)
-    noise = _gradient_noise(setup, choice, cfg)
-    gain = None
-    if setup.lr_gain is not None and noise is not None:
-        sqrt = setup.lr_scaling == "auto"  # Adam's: the square root of AdaScale's gain
-        gain = AdaptiveGain(setup.lr_gain, setup.base_batch, setup.step_examples, sqrt)
-    watch = _Watch(clock, noise, cfg.stop_at_target, gain)
+    watch = _watch(setup, choice, cfg, clock)
     run_epoch = setup.epoch_runner(choice, dataset_fn)  # recording where `watch.noise` is set
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
@@ -173,15 +168,7 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
             break
     if watch.noise is not None:  # later steps (the measuring rounds') are plain
         watch.noise.optimizer.noise = None
-    model_path = run_dir / "model.keras"
-    if chief:
-        setup.model.save(model_path)
-        if choice.kind in FINAL_EVALUATED and run.manifest.splits.get("test", 0):
-            record_final(
-                setup.model, model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
-            )
-    else:
-        shutil.rmtree(manager.directory, ignore_errors=True)
+    model_path = _saved(run, setup, manager)
     result = _result(setup, choice, run_dir, model_path, history, resumed_step)
     held_out = {
         "to_target": clock.result().to_dict() if clock.on else {},
@@ -189,6 +176,33 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         "gradient_noise": watch.windows,
     }
     return Trained(setup, dataclasses.replace(result, **held_out))
+
+
+def _watch(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig, clock: Any) -> _Watch:
+    """What watches the epochs: the held-out `clock`, the gradient noise recorder where
+    the step records it, and AdaScale's gain where the rule adapts to it."""
+    noise = _gradient_noise(setup, choice, cfg)
+    gain = None
+    if setup.lr_gain is not None and noise is not None:
+        sqrt = setup.lr_scaling == "auto"  # Adam's: the square root of AdaScale's gain
+        gain = AdaptiveGain(setup.lr_gain, setup.base_batch, setup.step_examples, sqrt)
+    return _Watch(clock, noise, cfg.stop_at_target, gain)
+
+
+def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
+    """The trained model's path: the chief saves it there (and records its final
+    evaluation where the model evaluates outside the strategy); another worker removes
+    its checkpoints."""
+    model_path = run.run_dir / "model.keras"
+    if run.role.chief:
+        setup.model.save(model_path)
+        if run.choice.kind in FINAL_EVALUATED and run.manifest.splits.get("test", 0):
+            record_final(
+                setup.model, model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
+            )
+    else:
+        shutil.rmtree(manager.directory, ignore_errors=True)
+    return model_path
 
 
 # where the model in memory is one Keras model that evaluates outside the strategy: its
