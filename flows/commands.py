@@ -136,13 +136,13 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     """What `auto` left open, measured (`tasks.measure.autotune`). A baseline, or a run compared
     with one (`--against-baseline`, as the DVC stages are), keeps the proposed replicas and
     settles precision and XLA for them, so that both sides share them and one measurement."""
-    from tasks.measure.autotune import format_line
+    from tasks.measure.autotune import settled_line
     from tasks.report.execute import settle_auto
 
     compared = args.baseline or args.against_baseline is not None
     run, settled = settle_auto(run, for_study=compared)
     if settled.timed:
-        print(f"auto: {format_line(settled)}", flush=True)
+        print(f"auto: {settled_line(settled)}", flush=True)
     return run
 
 

@@ -43,14 +43,14 @@ def prepare_task(config: config_mod.Config):
     present = shards_present(preparation.dataset_dir(config))
     source = preparation.source_fingerprint(config.prepare)
     prepared = cached(_prepare_task, config, files_present=present)(config, source)
-    status("prepare", preparation.format_line(prepared, reused=present))
+    status("prepare", preparation.prepared_line(prepared, reused=present))
     return prepared
 
 
 @task(name="detect hardware")
 def detect_task():
     report = hardware.detect_hardware()
-    status("hardware", hardware.format_line(report))
+    status("hardware", hardware.hardware_line(report))
     return report
 
 
@@ -73,7 +73,7 @@ def settle_task(run: Run) -> Run:
     run, settled = execute.settle_auto(run, for_study=True)
     choice = run.choice
     if settled.timed:
-        status("auto", autotune.format_line(settled))
+        status("auto", autotune.settled_line(settled))
     xla = "XLA on" if choice.jit_compile else "XLA off"
     over = " (over memory)" if choice.kind != proposed else ""  # cut into pipeline stages
     status("strategy", f"{choice.kind}, {choice.shape}, {choice.precision}, {xla}{over}")
@@ -106,7 +106,7 @@ def baseline_task(run: Run, on_epoch=None):
     complete = run.is_complete
     model = model_fingerprint(run.train.model)
     result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch, model)
-    status("baseline", execute.format_line(result) + ("" if not complete else " (reused)"))
+    status("baseline", execute.trained_line(result) + ("" if not complete else " (reused)"))
     return result
 
 
@@ -115,7 +115,7 @@ def distributed_task(run: Run, on_epoch=None):
     """The distributed run and its bottleneck diagnosis."""
 
     def trained(result) -> None:
-        status("distributed", execute.format_line(result))
+        status("distributed", execute.trained_line(result))
 
     result, diagnosis = execute.train_and_diagnose(
         run, on_epoch=on_epoch, label="distributed", on_trained=trained

@@ -74,7 +74,7 @@ def prepare_dataset(config: Config, *, force: bool = False, progress: bool = Tru
     )
 
 
-def format_line(result: PrepareResult, *, reused: bool = False) -> str:
+def prepared_line(result: PrepareResult, *, reused: bool = False) -> str:
     """One line: the dataset, its splits and whether shards were written (`reused`: a
     cached result, nothing written this time)."""
     m = result.manifest

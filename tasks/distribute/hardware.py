@@ -271,7 +271,7 @@ def _from_tf_config(text: str) -> ClusterInfo:
     )
 
 
-def format_line(report: HardwareReport) -> str:
+def hardware_line(report: HardwareReport) -> str:
     """One line: cores, accelerators, cluster."""
     parts = [f"{report.cpu_cores} CPU cores"]
     parts.append(f"{len(report.gpus)} GPUs" if report.gpus else "no GPU")

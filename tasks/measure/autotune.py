@@ -310,7 +310,7 @@ def _read_within(directory: Path, options: list[Candidate]) -> list[Timed] | Non
     return None
 
 
-def format_line(settled: Settled) -> str:
+def settled_line(settled: Settled) -> str:
     """`2 replicas, float32, XLA off: 1,136 ex/s, the fastest of 2 (XLA on 864)`."""
     timed = list(settled.timed)
     best = fastest(timed)

@@ -20,7 +20,7 @@ from tasks.distribute.strategy import StrategyChoice
 from tasks.measure.in_place import InPlaceProbes
 from tasks.measure.pipeline_probes import StageProbes, classify_stages, measure_stages
 from tasks.measure.probes import RoundRates, Transform, measure_rounds
-from tasks.measure.rounds import Settled, Spread
+from tasks.measure.rounds import RoundsEnded, Spread
 from tasks.settings.config import TrainConfig
 from tasks.train.training import batch_sizes
 
@@ -94,14 +94,14 @@ class Diagnosis:
         return self.compute_examples_per_s / (one * self.replicas) if one else None
 
 
-def classify(r: RoundRates) -> tuple[str, str]:
+def classify(rounds: RoundRates) -> tuple[str, str]:
     """The bottleneck class of a run in this process, and the measured numbers that show it,
     from its alternating rounds. A class is named only when every round agrees; where the
     rounds fall on both sides of a threshold the class is `undetermined`, saying which."""
-    n = len(r.rates["compute"])
-    share, inputs, compute = r.input_share, r.spread("input"), r.spread("compute")
-    step = Spread.of([r.step_examples / c for c in r.rates["compute"]])
-    efficiency = r.compute_efficiency
+    n = len(rounds.rates["compute"])
+    share, inputs, compute = rounds.input_share, rounds.spread("input"), rounds.spread("compute")
+    step = Spread.of([rounds.step_examples / c for c in rounds.rates["compute"]])
+    efficiency = rounds.compute_efficiency
     starved = inputs.median < compute.median
     if share.below(INPUT_SLACK) and starved:
         return "input-bound", (
@@ -114,11 +114,11 @@ def classify(r: RoundRates) -> tuple[str, str]:
             f"round: per-step dispatch and synchronisation dominate the arithmetic"
         )
     if efficiency is not None and efficiency.below(COMM_EFFICIENCY):
-        one = r.spread(r.baseline + "_compute")
+        one = rounds.spread(rounds.baseline + "_compute")
         moves = "grows" if compute.median > one.median else "falls"
         return "communication-bound", (
             f"compute-only throughput {moves} from {one.text(' ex/s', 0)} on 1 replica to "
-            f"{compute.text(' ex/s', 0)} on {r.replicas} (efficiency {efficiency.text('', 2)})"
+            f"{compute.text(' ex/s', 0)} on {rounds.replicas} (efficiency {efficiency.text('', 2)})"
         )
     unsure = []
     if share.holds(INPUT_SLACK) and starved:
@@ -190,7 +190,7 @@ def recommend(
     return advice
 
 
-def classify_in_place(p: InPlaceProbes) -> tuple[str, str]:
+def classify_in_place(probes: InPlaceProbes) -> tuple[str, str]:
     """The bottleneck class of a multi-process run from its in-place probes, and the
     measured numbers that show it, in one sentence.
 
@@ -201,36 +201,40 @@ def classify_in_place(p: InPlaceProbes) -> tuple[str, str]:
     its share of a step needs, that worker holds everyone back.
     """
     ms = 1000.0
-    ratio = p.step_s / p.end_to_end_s
-    need = p.worker_examples / p.step_s  # examples/s one worker's share of a step needs
-    slowest = min(range(len(p.input_examples_per_s)), key=p.input_examples_per_s.__getitem__)
-    slowest_rate = p.input_examples_per_s[slowest]
+    ratio = probes.step_s / probes.end_to_end_s
+    need = probes.worker_examples / probes.step_s  # examples/s one worker's share of a step needs
+    slowest = min(
+        range(len(probes.input_examples_per_s)), key=probes.input_examples_per_s.__getitem__
+    )
+    slowest_rate = probes.input_examples_per_s[slowest]
     if ratio < INPUT_SLACK and slowest_rate < need:
         return "input-bound", (
             f"worker {slowest}'s input pipeline alone gives {slowest_rate:,.0f} ex/s, below "
             f"the {need:,.0f} its share of a step needs: end-to-end steps take "
-            f"{p.end_to_end_s * ms:.1f} ms against {p.step_s * ms:.1f} ms on an in-memory batch"
+            f"{probes.end_to_end_s * ms:.1f} ms against {probes.step_s * ms:.1f} ms on an "
+            "in-memory batch"
         )
-    comm_share = min(p.comm_s / p.step_s, 1.0)
-    sync_s = max(p.step_s - p.local_step_s - p.comm_s, 0.0)
-    sync_share = sync_s / p.step_s
+    comm_share = min(probes.comm_s / probes.step_s, 1.0)
+    sync_s = max(probes.step_s - probes.local_step_s - probes.comm_s, 0.0)
+    sync_share = sync_s / probes.step_s
     split = (
-        f"of each {p.step_s * ms:.1f} ms step the local step takes {p.local_step_s * ms:.1f} ms, "
-        f"the {p.comm} of {p.gradient_bytes / 1024:,.0f} KiB alone {p.comm_s * ms:.1f} ms "
+        f"of each {probes.step_s * ms:.1f} ms step the local step takes "
+        f"{probes.local_step_s * ms:.1f} ms, the {probes.comm} of "
+        f"{probes.gradient_bytes / 1024:,.0f} KiB alone {probes.comm_s * ms:.1f} ms "
         f"({comm_share:.0%}) and synchronisation and dispatch the other {sync_s * ms:.1f} ms "
         f"({sync_share:.0%})"
     )
     if comm_share + sync_share >= STEP_SHARE:  # the local step is under 70% of a step
         if comm_share < sync_share:
             return "overhead-bound", split
-        if p.comm == "all-reduce" and p.workers > 1:  # a ring sends 2(N-1)/N of the bytes
-            sent = p.gradient_bytes * 2 * (p.workers - 1) / p.workers
+        if probes.comm == "all-reduce" and probes.workers > 1:  # a ring sends 2(N-1)/N of the bytes
+            sent = probes.gradient_bytes * 2 * (probes.workers - 1) / probes.workers
             split += (
                 f"; each worker sends {sent / 1024:,.0f} KiB per all-reduce, about "
-                f"{sent * 8 / p.comm_s / 1e6:,.0f} Mbit/s"
+                f"{sent * 8 / probes.comm_s / 1e6:,.0f} Mbit/s"
             )
         return "communication-bound", split
-    if p.step_s < OVERHEAD_STEP_S:
+    if probes.step_s < OVERHEAD_STEP_S:
         return "overhead-bound", split
     return "compute-bound", split
 
@@ -274,29 +278,33 @@ def diagnose_in_place(
     )
 
 
-def format_diagnosis(d: Diagnosis) -> str:
-    one = d.compute_1_replica_examples_per_s
+def format_diagnosis(diagnosis: Diagnosis) -> str:
+    one = diagnosis.compute_1_replica_examples_per_s
     lines = [
-        f"bottleneck: {d.bottleneck}",
-        f"because:    {d.evidence}",
-        f"input-only {d.input_examples_per_s:,.0f} ex/s, compute-only "
-        f"{d.compute_examples_per_s:,.0f} ex/s on "
-        + (f"{d.stage_probes['stages']} stages" if d.stage_probes else f"{d.replicas} replicas")
+        f"bottleneck: {diagnosis.bottleneck}",
+        f"because:    {diagnosis.evidence}",
+        f"input-only {diagnosis.input_examples_per_s:,.0f} ex/s, compute-only "
+        f"{diagnosis.compute_examples_per_s:,.0f} ex/s on "
+        + (
+            f"{diagnosis.stage_probes['stages']} stages"
+            if diagnosis.stage_probes
+            else f"{diagnosis.replicas} replicas"
+        )
         + (f" ({one:,.0f} on 1)" if one else "")
-        + f", end-to-end {d.end_to_end_examples_per_s:,.0f} ex/s, step "
-        f"{d.step_seconds * 1000:.1f} ms",
+        + f", end-to-end {diagnosis.end_to_end_examples_per_s:,.0f} ex/s, step "
+        f"{diagnosis.step_seconds * 1000:.1f} ms",
     ]
-    if d.local_step_seconds is not None:
-        workers = ", ".join(f"{rate:,.0f}" for rate in d.input_examples_per_s_by_worker)
+    if diagnosis.local_step_seconds is not None:
+        workers = ", ".join(f"{rate:,.0f}" for rate in diagnosis.input_examples_per_s_by_worker)
         lines.insert(
             2,
-            f"measured:   in {d.measured_in}, with their own communication; input-only per "
+            f"measured:   in {diagnosis.measured_in}, with their own communication; input-only per "
             f"worker {workers} ex/s",
         )
-    r = d.round_rates
+    r = diagnosis.round_rates
     if r is not None:
         rounds = len(r.rates["compute"])
-        ended = f", {Settled(**r.settled).text()}" if r.settled else ""
+        ended = f", {RoundsEnded(**r.settled).text()}" if r.settled else ""
         lines.insert(
             2, f"measured:   in this process, {rounds} alternating rounds (median, range){ended}"
         )
@@ -309,19 +317,20 @@ def format_diagnosis(d: Diagnosis) -> str:
                 f"({one.text(' ex/s', 0)}) as at the per-replica batch: that part of the "
                 "speedup needs no more devices"
             )
-    elif d.batch_effect is not None:
+    elif diagnosis.batch_effect is not None:
         lines.append(
-            f"batch:      one device computes {d.batch_effect:.2f}x as fast at the global batch "
-            f"({d.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
+            f"batch:      one device computes {diagnosis.batch_effect:.2f}x as fast at the global "
+            "batch "
+            f"({diagnosis.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
             f"per-replica batch: that part of the speedup needs no more devices"
         )
-    if d.stage_probes:
-        p = StageProbes(**d.stage_probes)
+    if diagnosis.stage_probes:
+        p = StageProbes(**diagnosis.stage_probes)
         stage_ms = ", ".join(f"{t * 1000:.1f}" for t in p.stage_seconds[str(p.micro_batches)])
         lines.append(f"stages:     {p.stages} ({'; '.join(p.names)}); alone {stage_ms} ms")
         lines.append(f"bubble:     measured (GPipe's schedule) at {p.bubble_table()}")
         lines.append(f"transfer:   {p.transfer_seconds * 1000:.2f} ms a step between stages")
-    return "\n".join(lines + [f"advice:     {a}" for a in d.advice])
+    return "\n".join(lines + [f"advice:     {a}" for a in diagnosis.advice])
 
 
 def diagnose_run(

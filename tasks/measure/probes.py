@@ -74,7 +74,7 @@ class RoundRates:
     comm_s_by_bytes: list[list[float]] = field(default_factory=list)
     # what else used the machine during the rounds (`tasks.core.machine_load.Interference`)
     interference: dict = field(default_factory=dict)
-    # why the rounds ended (`tasks.measure.rounds.Settled`): the watched figure's interval
+    # why the rounds ended (`tasks.measure.rounds.RoundsEnded`): the watched figure's interval
     # narrow enough, or the cap
     settled: dict = field(default_factory=dict)
 

@@ -9,12 +9,12 @@ samples until its estimate is good enough; pyperf calibrates its runs). After ea
 its median round (`ratio_interval`: order statistics, no assumption about the
 distribution, so a shared machine's odd slow round moves it no more than any other
 round would) is within the aimed precision (e.g. +-3%) the rounds stop, and at its cap
-they stop anyway, saying so (`Settled`). Never fewer rounds than the interval needs:
+they stop anyway, saying so (`RoundsEnded`). Never fewer rounds than the interval needs:
 below 6, even the lowest and highest round hold the median with less than 95%
 confidence.
 
 Ownership: `alternate` runs the calls it is given and owns nothing else; a `Spread`, a
-`Settling` rule and its `Settled` verdict are values.
+`Settling` rule and its `RoundsEnded` verdict are values.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def half_width(interval: Spread) -> float:
 
 
 @dataclass(frozen=True)
-class Settled:
+class RoundsEnded:
     """Why a figure's rounds ended: its interval reached the aimed precision
     (`ended_by="precision"`), or the cap of rounds came first (`"cap"`)."""
 
@@ -197,7 +197,7 @@ class Settling:
 
     def check(
         self, numerator: list[float], denominator: list[float] | None = None
-    ) -> Settled | None:
+    ) -> RoundsEnded | None:
         """The verdict after a round on the figure `numerator / denominator`, round by round
         (without a denominator, `numerator` itself): None to go on."""
         bottom = denominator if denominator is not None else [1.0] * len(numerator)
@@ -210,7 +210,7 @@ class Settling:
         else:
             return None
         figures = dataclasses.asdict(interval) if interval is not None else {}
-        return Settled(len(numerator), ended_by, self.aim, self.cap, width, **figures)
+        return RoundsEnded(len(numerator), ended_by, self.aim, self.cap, width, **figures)
 
 
 def ratio(numerator: list[float], denominator: list[float]) -> Spread:

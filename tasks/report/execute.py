@@ -248,7 +248,7 @@ def repeat_to_target(run: Run, seeds: int, label: str) -> list[dict[str, Any]]:
     return records
 
 
-def format_line(result: TrainResult) -> str:
+def trained_line(result: TrainResult) -> str:
     """One line: speed, batch and final accuracy of a training run. Its examples/s are
     the training's own, over whole epochs after the first (which traces the step), each
     epoch's start and end included: the summary's rounds time blocks of steps alone."""

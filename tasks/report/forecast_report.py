@@ -31,9 +31,9 @@ def moved(m: CostModel) -> str:
 
 
 def with_time_to_target(
-    f: Forecast, metrics: dict[str, Any], study: dict[str, Any] | None = None
+    predicted: Forecast, metrics: dict[str, Any], study: dict[str, Any] | None = None
 ) -> Forecast:
-    """`f` with each prediction's steps and time to the run's held-out target: the steps
+    """`predicted` with each prediction's steps and time to the run's held-out target: the steps
     at the prediction's global batch from the run's own steps to it, its gradient noise
     scale and the rate its rule gives that batch, calibrated from `study` (the run's
     summary: its baseline beside it; `tasks.report.plan.pricing_of`), times the predicted
@@ -47,20 +47,20 @@ def with_time_to_target(
     from tasks.report.plan import pricing_of
 
     target = metrics.get("to_target") or {}
-    m = f.model
+    m = predicted.model
     if not target.get("reached"):
-        return f
+        return predicted
     try:
         pricing, _ = pricing_of(metrics, target["steps"], m.per_replica_batch, study)
     except UsageError:  # no noise scale recorded, or none measurable
-        return f
+        return predicted
     whole = pricing.run_batch
-    one_batch = m.per_replica_batch if f.scaling == "weak" else whole
+    one_batch = m.per_replica_batch if predicted.scaling == "weak" else whole
     one_device = pricing.steps(one_batch)[0] * m.compute_s(one_batch)
-    for name, points in f.predictions.items():
+    for name, points in predicted.predictions.items():
         placed = []
         for p in points:
-            batch = p.workers * m.per_replica_batch if f.scaling == "weak" else whole
+            batch = p.workers * m.per_replica_batch if predicted.scaling == "weak" else whole
             if pricing.headroom is None and pricing.capped(batch):
                 placed.append(p)
                 continue
@@ -69,14 +69,14 @@ def with_time_to_target(
             placed.append(
                 dataclasses.replace(p, steps_to_target=steps, time_to_target_speedup=speedup)
             )
-        f.predictions[name] = placed
-    return f
+        predicted.predictions[name] = placed
+    return predicted
 
 
-def format_forecast(f: Forecast) -> str:
-    m = f.model
+def format_forecast(predicted: Forecast) -> str:
+    m = predicted.model
     lines = [
-        f"cost model ({f.scaling} scaling, per-replica batch {m.per_replica_batch}, "
+        f"cost model ({predicted.scaling} scaling, per-replica batch {m.per_replica_batch}, "
         f"{m.gradient_bytes / 1024:,.0f} KiB of gradients):",
         f"  compute  {m.compute_fixed_s * 1000:.2f} ms + {m.compute_per_example_s * 1e6:.2f} "
         f"us/example (fit error {m.compute_fit_error:.1%})",
@@ -88,8 +88,8 @@ def format_forecast(f: Forecast) -> str:
         f"{'link':<28}{'workers':>8}{'step ms':>10}{'ex/s':>12}{'speedup':>9}"
         f"{'efficiency':>12}{'to target':>11}  {'bottleneck':<14}epoch-bound below",
     ]
-    for name, points in f.predictions.items():
-        label = f"{name} ({gbit_text(f.links_gbit[name])})" if name == MEASURED else name
+    for name, points in predicted.predictions.items():
+        label = f"{name} ({gbit_text(predicted.links_gbit[name])})" if name == MEASURED else name
         for p in points:
             to_target = (
                 "-" if p.time_to_target_speedup is None else f"{p.time_to_target_speedup:.2f}x"
@@ -103,11 +103,11 @@ def format_forecast(f: Forecast) -> str:
     return "\n".join(lines)
 
 
-def headline(f: Forecast, counts: tuple[int, ...] = (8, 64)) -> str:
+def headline(predicted: Forecast, counts: tuple[int, ...] = (8, 64)) -> str:
     """One line for the run's summary: the speedup at a few worker counts on each named
     link (and in time to the target, where predicted), and what bounds the largest."""
     parts, bound = [], ""
-    for name, points in f.predictions.items():
+    for name, points in predicted.predictions.items():
         chosen = [p for p in points if p.workers in counts]
         if name == MEASURED or not chosen:
             continue
@@ -123,7 +123,7 @@ def headline(f: Forecast, counts: tuple[int, ...] = (8, 64)) -> str:
     return f"{shown} devices like these: {', '.join(parts)} ({bound}; tfscale forecast)"
 
 
-def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
+def plot_forecast(predicted: Forecast, out_dir: Any) -> list[Any]:
     """Speedup and efficiency against workers, one line per link, the ideal dashed."""
     from pathlib import Path
 
@@ -136,10 +136,10 @@ def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
         ("efficiency", lambda n: 1.0, "scaling efficiency"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        workers = [p.workers for p in next(iter(f.predictions.values()))]
+        workers = [p.workers for p in next(iter(predicted.predictions.values()))]
         ax.plot(workers, [ideal(n) for n in workers], "k--", label="ideal")
-        for name, points in f.predictions.items():
-            gbit = f.links_gbit[name]
+        for name, points in predicted.predictions.items():
+            gbit = predicted.links_gbit[name]
             label_ = f"{name} ({gbit_text(gbit)})" if name == MEASURED else name
             ax.plot(workers, [getattr(p, key) for p in points], "o-", label=label_)
         ax.set_xscale("log", base=2)
@@ -150,7 +150,7 @@ def plot_forecast(f: Forecast, out_dir: Any) -> list[Any]:
             ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.set_xlabel("workers")
         ax.set_ylabel(label)
-        ax.set_title(f"forecast: {label} ({f.scaling} scaling)")
+        ax.set_title(f"forecast: {label} ({predicted.scaling} scaling)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         path = Path(out_dir) / f"forecast_{key}.png"

@@ -16,7 +16,7 @@ from tasks.distribute.run import Run
 from tasks.measure.autotune import TIMED_IN
 from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
-from tasks.measure.rounds import Settled, Spread
+from tasks.measure.rounds import RoundsEnded, Spread
 from tasks.report.execute import load_exported
 from tasks.report.time_to_target import NO_TARGET, target_figures
 from tasks.settings.kinds import SpreadOver, shape_text
@@ -297,7 +297,7 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
         "speedup_from_batch": from_batch.median if from_batch else None,
         "speedup_from_devices": from_devices,
         "measured_over": f"{len(rounds.rates['end_to_end'])} alternating rounds"
-        + (f", {Settled(**rounds.settled).text()}" if rounds.settled else "")
+        + (f", {RoundsEnded(**rounds.settled).text()}" if rounds.settled else "")
         + " (the trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
         "recommendation": recommend_devices(speedup, shape),

@@ -7,7 +7,7 @@ import pytest
 from helpers import scaled
 
 from tasks.measure.rounds import (
-    Settled,
+    RoundsEnded,
     Settling,
     Spread,
     alternate,
@@ -137,7 +137,7 @@ def test_a_cap_below_what_the_interval_needs_says_there_was_none():
     assert fixed.check([1.2] * 8).text() == (
         "a fixed count: the figure known to +-0.0% (95% confidence)"
     )
-    assert Settled(**fixed.check([1.2] * 8).to_dict()) == fixed.check([1.2] * 8)
+    assert RoundsEnded(**fixed.check([1.2] * 8).to_dict()) == fixed.check([1.2] * 8)
 
 
 def test_alternate_stops_after_the_round_its_rule_settles():

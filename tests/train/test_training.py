@@ -83,7 +83,7 @@ def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
     """The stage line's examples/s leave the first epoch (tracing) out, as
     `examples_per_s` does, and the line says so: the summary's rounds are another
     measurement, and a reader comparing the two must know which is which."""
-    from tasks.report.execute import format_line
+    from tasks.report.execute import trained_line
     from tasks.train.training import TrainResult, examples_per_s
 
     history = [
@@ -95,11 +95,11 @@ def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
     fields |= dict(replicas=2, workers=1, precision="float32", per_replica_batch=32)
     fields |= dict(global_batch=64, grad_accum_steps=1, learning_rate=0.1, steps_per_epoch=2)
     three = TrainResult(**fields, history=history, examples_per_s=examples_per_s(history))
-    assert format_line(three) == (
+    assert trained_line(three) == (
         "4,000 examples/s over epochs 2-3, 2 replicas, global batch 64, train accuracy 0.9000"
     )
     one = TrainResult(**fields, history=history[:1], examples_per_s=examples_per_s(history[:1]))
-    assert format_line(one).startswith("100 examples/s over its one epoch, 2 replicas")
+    assert trained_line(one).startswith("100 examples/s over its one epoch, 2 replicas")
 
 
 @pytest.mark.parametrize("devices", [["/cpu:0"], ["/cpu:0", "/cpu:1"]])
