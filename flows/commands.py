@@ -110,25 +110,25 @@ def train(config: Config, args: argparse.Namespace) -> int:
         cluster.serve(report.cluster, config.cluster.chief_wait_s)
         return 0
     set_up_devices(proposed.logical_cpus)
-    run = Run(config, manifest, str(data_dir), proposed, report)
+    planned = Run(config, manifest, str(data_dir), proposed, report)
     if role == CHIEF and report.cluster is None:
-        run = _settle(run, args)
-    compared = run  # what a baseline is the baseline of
+        planned = _settle(planned, args)
+    baseline_of = planned  # what a baseline is the baseline of
     if args.baseline:
-        run = run.with_choice(baseline_choice(run.choice))
-    choice = run.choice
+        planned = planned.with_choice(baseline_choice(planned.choice))
+    choice = planned.choice
     if role == EVALUATOR:
         from tasks.report.execute import evaluate_as_sidecar
 
         print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
-        evaluate_as_sidecar(run)
+        evaluate_as_sidecar(planned)
         return 0
     print(
         f"training {config.train.model} on {manifest.dataset}: {choice.kind}, "
         f"{choice.shape}, {choice.precision} ({choice.reason})",
         flush=True,
     )
-    _train_tracked(run, args, tracked=role == CHIEF, compared=compared)
+    _train_tracked(planned, args, tracked=role == CHIEF, baseline_of=baseline_of)
     return 0
 
 
@@ -139,18 +139,18 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     from tasks.measure.autotune import settled_line
     from tasks.report.execute import settle_auto
 
-    compared = args.baseline or args.against_baseline is not None
-    run, settled = settle_auto(run, for_study=compared)
+    in_a_study = args.baseline or args.against_baseline is not None
+    run, settled = settle_auto(run, for_study=in_a_study)
     if settled.timed:
         print(f"auto: {settled_line(settled)}", flush=True)
     return run
 
 
-def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compared: Any) -> None:
+def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baseline_of: Any) -> None:
     """Trains and diagnoses `run`, logged as an MLflow run of its own when `tracked` (a
     cluster's chief, or a run of one process), then exports and reports it. A baseline
-    opens the study run its comparison nests under (`compared`: what it is the baseline
-    of); a run `--against-baseline DIR` joins the study of the baseline in DIR."""
+    opens the study run its comparison nests under (`baseline_of`: the run it is the
+    baseline of); a run `--against-baseline DIR` joins the study of the baseline in DIR."""
     from tasks.measure.diagnosis import format_diagnosis
     from tasks.report.execute import export_run, train_and_diagnose
     from tasks.track import command_runs as mlflow_runs
@@ -167,7 +167,7 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, compare
     params = mlflow_runs.training_params(run)
     against = Path(args.against_baseline) if args.against_baseline else None
     study = mlflow_runs.study_run(
-        tracker, compared, tags, params, baseline=args.baseline, against=against
+        tracker, baseline_of, tags, params, baseline=args.baseline, against=against
     )
     name = (
         ("baseline" if args.baseline else "distributed")

@@ -333,11 +333,11 @@ def export_run(result: TrainResult, export_dir: Path) -> None:
     shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
     if (run_dir / TRACKED_AS).exists():  # the MLflow run that logged the training
         shutil.copyfile(run_dir / TRACKED_AS, export_dir / TRACKED_AS)
-    stale = export_dir / "diagnosis.json"
+    exported_diagnosis = export_dir / "diagnosis.json"
     if (run_dir / "diagnosis.json").exists():
-        shutil.copyfile(run_dir / "diagnosis.json", stale)
-    elif stale.exists():
-        stale.unlink()
+        shutil.copyfile(run_dir / "diagnosis.json", exported_diagnosis)
+    elif exported_diagnosis.exists():  # an earlier export's, not this run's
+        exported_diagnosis.unlink()
     with open(export_dir / "history.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
         writer.writeheader()
