@@ -16,6 +16,7 @@ scaling) and steps constant.
 
     uv run python benchmarks/rule_predictions.py [--seeds 5] [--rules linear,sqrt]
         [--results FILE]   # print from a saved run's results, training nothing
+        [--project DIR]    # go on with an earlier run's project, its trainings kept
 
 Targets: predicted/measured within 0.83-1.2 at every batch for each rule reported, and
 closer to 1 than both trivial predictors at 128 and 256.
@@ -60,6 +61,10 @@ def train(project: Path, params: dict, batch: int, seed: int, rate: float) -> di
         precision="float32",
         jit_compile=False,
     )
+    done = list((project / f"runs-{name}").rglob("metrics.json"))
+    if done:  # a resumed measurement: trained before
+        kept = {k: v for k, v in json.loads(done[0].read_text()).items() if k in KEPT}
+        return {"batch": batch, "seed": seed, "rate": rate, **kept}
     path = project / f"params-{name}.yaml"
     path.write_text(yaml.safe_dump(params))
     tfscale = str(Path(sys.executable).parent / "tfscale")
@@ -72,11 +77,12 @@ def train(project: Path, params: dict, batch: int, seed: int, rate: float) -> di
     return {"batch": batch, "seed": seed, "rate": rate, **kept}
 
 
-def measure(seeds: int, rules: list[str]) -> dict:
-    """Every training the table needs, each once (batch 32 is every rule's)."""
+def measure(seeds: int, rules: list[str], project: Path | None = None) -> dict:
+    """Every training the table needs, each once (batch 32 is every rule's), in `project`
+    (default: a new temporary one; an earlier one's finished trainings are kept)."""
     from benchmarks.time_to_accuracy import TASKS, merged
 
-    project = Path(tempfile.mkdtemp(prefix="tfscale-judge-"))
+    project = project or Path(tempfile.mkdtemp(prefix="tfscale-judge-"))
     params = merged(yaml.safe_load((ROOT / "params.yaml").read_text()), TASKS["synthetic"])
     params["prepare"]["data_dir"] = str(project / "data")
     params["track"]["store_dir"] = str(project / "mlflow")
@@ -85,7 +91,8 @@ def measure(seeds: int, rules: list[str]) -> dict:
     prepared = project / "params.yaml"
     prepared.write_text(yaml.safe_dump(params))
     tfscale = str(Path(sys.executable).parent / "tfscale")
-    subprocess.run([tfscale, "--params", str(prepared), "prepare"], cwd=project, check=True)
+    if not (project / "data").exists():
+        subprocess.run([tfscale, "--params", str(prepared), "prepare"], cwd=project, check=True)
     predictor_seeds = list(range(42, 42 + seeds))
     judge_seeds = list(range(1042, 1042 + seeds))
     done: dict[tuple[int, int, float], dict] = {}
@@ -190,11 +197,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--rules", default="linear,sqrt")
     parser.add_argument("--results", type=Path, help="a results.json to report, training none")
+    parser.add_argument("--project", type=Path, help="go on with an earlier run's trainings")
     args = parser.parse_args()
     if args.results:
         results = json.loads(args.results.read_text())
     else:
-        results = measure(args.seeds, args.rules.split(","))
+        results = measure(args.seeds, args.rules.split(","), args.project)
     report(results)
 
 

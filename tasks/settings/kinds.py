@@ -71,6 +71,12 @@ class StrategyKind:
     # how it splits one model over devices: "stages" (pipeline), "columns" (a layer's kernel
     # split by columns), "" (it replicates the model, or keeps it on one device)
     splits: str = ""
+    # its step is `replica_step` under `strategy.run`: the gradient noise scale is recorded
+    # at its all-reduce
+    records_noise: bool = False
+    # the model in memory is one Keras model that evaluates outside the strategy: its final
+    # evaluation is recorded for `tfscale evaluate` (`tasks.train.evaluation`)
+    evaluated_after: bool = False
 
     @property
     def staged(self) -> bool:
@@ -211,7 +217,14 @@ def build_tpu(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any
 KINDS: dict[str, StrategyKind] = {
     kind.name: kind
     for kind in (
-        StrategyKind("one_device", HERE, lambda replicas, gpus, workers: 1, build_one_device),
+        StrategyKind(
+            "one_device",
+            HERE,
+            lambda replicas, gpus, workers: 1,
+            build_one_device,
+            records_noise=True,
+            evaluated_after=True,
+        ),
         StrategyKind(
             "mirrored",
             HERE,
@@ -219,6 +232,8 @@ KINDS: dict[str, StrategyKind] = {
             build_mirrored,
             all_reduce=True,
             in_sweep=True,
+            records_noise=True,
+            evaluated_after=True,
         ),
         StrategyKind(
             "multi_worker",
@@ -229,6 +244,8 @@ KINDS: dict[str, StrategyKind] = {
             all_reduce=True,
             cross_process=True,
             in_sweep=True,
+            records_noise=True,
+            evaluated_after=True,
         ),
         StrategyKind(
             "parameter_server",
@@ -241,7 +258,12 @@ KINDS: dict[str, StrategyKind] = {
             tasks_serve=True,
         ),
         StrategyKind(
-            "tpu", HERE, lambda replicas, gpus, workers: replicas, build_tpu, devices="tpu"
+            "tpu",
+            HERE,
+            lambda replicas, gpus, workers: replicas,
+            build_tpu,
+            devices="tpu",
+            records_noise=True,
         ),
         StrategyKind(
             "pipeline",

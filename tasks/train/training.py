@@ -50,10 +50,6 @@ from tasks.train.user_models import parameter_count
 
 log = logging.getLogger(__name__)
 
-# the kinds whose step is `replica_step` under `strategy.run`: the gradient noise scale is
-# recorded at their all-reduce
-NOISE_KINDS = ("one_device", "mirrored", "multi_worker", "tpu")
-
 
 @dataclass(frozen=True)
 class TrainResult(SpreadOver):
@@ -196,18 +192,13 @@ def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
     model_path = run.run_dir / "model.keras"
     if run.role.chief:
         setup.model.save(model_path)
-        if run.choice.kind in FINAL_EVALUATED and run.manifest.splits.get("test", 0):
+        if run.choice.spec.evaluated_after and run.manifest.splits.get("test", 0):
             record_final(
                 setup.model, model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
             )
     else:
         shutil.rmtree(manager.directory, ignore_errors=True)
     return model_path
-
-
-# where the model in memory is one Keras model that evaluates outside the strategy: its
-# final evaluation is recorded for `tfscale evaluate` (`tasks.train.evaluation`)
-FINAL_EVALUATED = ("one_device", "mirrored", "multi_worker")
 
 
 def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetClock:
@@ -342,7 +333,7 @@ def _gradient_noise(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConf
     """The gradient noise scale's recorder, set on the optimizer, where the config asks for
     it and the strategy's step is `replica_step` under `strategy.run` (not a parameter
     server's or a pipeline's)."""
-    if not cfg.noise_scale or choice.kind not in NOISE_KINDS:
+    if not cfg.noise_scale or not choice.spec.records_noise:
         return None
     adam = adam_of(setup.optimizer)
     noise = GradientNoise(
@@ -566,14 +557,14 @@ class Rate:
 def learning_rate_rule(cfg: TrainConfig, choice: StrategyChoice, scale: float) -> Rate:
     """The rule `train.lr_scaling` comes to for a global batch `scale` times the base
     rate's, and whether it adapts to the noise scale as the training runs: AdaScale's rules
-    need the noise scale recorded (`NOISE_KINDS`, `train.noise_scale`); without it adascale
-    is linear and auto sqrt. At the base batch every rule is 1: `none`."""
+    need the noise scale recorded (`StrategyKind.records_noise`, `train.noise_scale`);
+    without it adascale is linear and auto sqrt. At the base batch every rule is 1: `none`."""
     rule = cfg.lr_scaling
     if scale == 1:
         return Rate("none")
     if rule not in ("auto", "adascale"):
         return Rate(rule)
-    if cfg.noise_scale and choice.kind in NOISE_KINDS:
+    if cfg.noise_scale and choice.spec.records_noise:
         return Rate(rule, adaptive=True)
     return Rate("linear" if rule == "adascale" else "sqrt")
 
