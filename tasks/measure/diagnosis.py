@@ -320,17 +320,23 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     elif diagnosis.batch_effect is not None:
         lines.append(
             f"batch:      one device computes {diagnosis.batch_effect:.2f}x as fast at the global "
-            "batch "
-            f"({diagnosis.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
+            f"batch ({diagnosis.compute_1_device_global_batch_examples_per_s:,.0f} ex/s) as at the "
             f"per-replica batch: that part of the speedup needs no more devices"
         )
     if diagnosis.stage_probes:
-        p = StageProbes(**diagnosis.stage_probes)
-        stage_ms = ", ".join(f"{t * 1000:.1f}" for t in p.stage_seconds[str(p.micro_batches)])
-        lines.append(f"stages:     {p.stages} ({'; '.join(p.names)}); alone {stage_ms} ms")
-        lines.append(f"bubble:     measured (GPipe's schedule) at {p.bubble_table()}")
-        lines.append(f"transfer:   {p.transfer_seconds * 1000:.2f} ms a step between stages")
+        lines += _stage_lines(StageProbes(**diagnosis.stage_probes))
     return "\n".join(lines + [f"advice:     {a}" for a in diagnosis.advice])
+
+
+def _stage_lines(probes: StageProbes) -> list[str]:
+    """A pipeline's step taken apart: its stages alone, the bubble, the transfers."""
+    alone = probes.stage_seconds[str(probes.micro_batches)]
+    stage_ms = ", ".join(f"{seconds * 1000:.1f}" for seconds in alone)
+    return [
+        f"stages:     {probes.stages} ({'; '.join(probes.names)}); alone {stage_ms} ms",
+        f"bubble:     measured (GPipe's schedule) at {probes.bubble_table()}",
+        f"transfer:   {probes.transfer_seconds * 1000:.2f} ms a step between stages",
+    ]
 
 
 def diagnose_run(

@@ -4,11 +4,11 @@ A `StrategyKind` says what the rest of the code needs to know about a strategy: 
 runs, how its replicas are counted, how it communicates, how it is built, the epoch
 runner that drives it and how many examples one step consumes. Code elsewhere asks the
 kind (`kind_of(choice.kind).runs_here`), never compares a strategy's name with a string.
-Adding a strategy is one row here and its builder beside it.
+Adding a strategy is one row here and its builder in `tasks/distribute/builders.py`.
 
-The builders import TensorFlow when called, and the epoch runners (in `tasks/train/steps.py`) are
-imported when first called, so that choosing a strategy (`tfscale hardware`, the config)
-stays free of TensorFlow.
+This module is pure data: the builders (`tasks/distribute/builders.py`) and the epoch
+runners (`tasks/train/steps.py`) are named here and imported when first called, so that
+choosing a strategy (`tfscale hardware`, the config) stays free of TensorFlow.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.core.errors import UsageError
-from tasks.core.internals import cluster_resolver_of
-from tasks.core.process import wait_for_peers_at_exit
 
 HERE = "this process"
 LOCAL_WORKERS = "local worker processes"
@@ -52,17 +50,6 @@ class StrategyKind:
     cross_process: bool = False  # its collectives cross processes (RING on CPUs)
     one_worker_per_step: bool = False  # a step consumes one worker's batch, not the global one
     tasks_serve: bool = False  # in a cluster its ps and worker tasks serve; the chief trains
-
-    def replicas_of(self, strategy: Any) -> tuple[int, int]:
-        """(replicas, workers) of a built strategy: the only source of the global batch, the
-        loss divisor, steps per epoch and every examples/s figure."""
-        spec = cluster_spec_of(strategy)
-        workers = max(len(spec.get("worker", [])) + len(spec.get("chief", [])), 1)
-        in_sync = strategy.num_replicas_in_sync
-        if self.one_worker_per_step:  # each worker steps on its own: concurrency is workers
-            workers = max(len(spec.get("worker", [])), 1)
-            return in_sync * workers, workers
-        return in_sync, workers
 
     in_sweep: bool = False  # a sweep can scale it over replica counts
     devices: str | None = None  # the device type it always runs on (None: GPUs, else CPUs)
@@ -127,93 +114,6 @@ class SpreadOver:
         return shape_text(self.replicas, self.stages, self.micro_batches, self.splits)
 
 
-def cluster_spec_of(strategy: Any) -> dict[str, list[str]]:
-    """The cluster a built strategy spans ({} for one process)."""
-    resolver = cluster_resolver_of(strategy)
-    return resolver.cluster_spec().as_dict() if resolver is not None else {}
-
-
-# How each strategy is built: (choice, cluster resolver or None, collective timeout in seconds)
-# -> tf.distribute.Strategy.
-
-
-def build_one_device(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-
-
-def build_mirrored(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    import tensorflow as tf
-
-    from tasks.core.process import logical_cpus
-
-    if tf.config.list_physical_devices("GPU"):
-        return _mirrored_on_gpus()
-    # Reduction to one device: collective all-reduce (the CPU default) keys its
-    # instances per process, so a second strategy in the same process can collide.
-    return tf.distribute.MirroredStrategy(
-        devices=logical_cpus(choice.replicas),
-        cross_device_ops=tf.distribute.ReductionToOneDevice(),
-    )
-
-
-def _mirrored_on_gpus() -> Any:
-    """Mirrored over every local GPU with NCCL, or hierarchical copy where NCCL fails."""
-    import logging
-
-    import tensorflow as tf
-
-    try:
-        strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())
-        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-        return strategy
-    except (tf.errors.OpError, RuntimeError, ValueError) as exc:
-        logging.getLogger(__name__).warning(
-            "NCCL all-reduce unavailable (%s); using hierarchical copy", exc
-        )
-        return tf.distribute.MirroredStrategy(
-            cross_device_ops=tf.distribute.HierarchicalCopyAllReduce()
-        )
-
-
-def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    """Collectives over RING (NCCL on GPUs) that fail after `timeout_s` on a lost peer."""
-    import tensorflow as tf
-
-    implementation = (
-        tf.distribute.experimental.CommunicationImplementation.NCCL
-        if choice.communication == "nccl"
-        else tf.distribute.experimental.CommunicationImplementation.RING
-    )
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=timeout_s
-    )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    wait_for_peers_at_exit(timeout_s)
-    return strategy
-
-
-def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    import tensorflow as tf
-
-    from tasks.core.process import fail_fast_rpcs
-
-    fail_fast_rpcs()
-    resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.ParameterServerStrategy(resolver)
-
-
-def build_tpu(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
-    import tensorflow as tf
-
-    resolver = resolver or tf.distribute.cluster_resolver.TPUClusterResolver()
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
-
-
 KINDS: dict[str, StrategyKind] = {
     kind.name: kind
     for kind in (
@@ -221,7 +121,7 @@ KINDS: dict[str, StrategyKind] = {
             "one_device",
             HERE,
             lambda replicas, gpus, workers: 1,
-            build_one_device,
+            _later("tasks.distribute.builders", "build_one_device"),
             records_noise=True,
             evaluated_after=True,
         ),
@@ -229,7 +129,7 @@ KINDS: dict[str, StrategyKind] = {
             "mirrored",
             HERE,
             lambda replicas, gpus, workers: gpus if gpus > 1 else replicas,
-            build_mirrored,
+            _later("tasks.distribute.builders", "build_mirrored"),
             all_reduce=True,
             in_sweep=True,
             records_noise=True,
@@ -239,7 +139,7 @@ KINDS: dict[str, StrategyKind] = {
             "multi_worker",
             LOCAL_WORKERS,
             lambda replicas, gpus, workers: workers * max(gpus, 1),
-            build_multi_worker,
+            _later("tasks.distribute.builders", "build_multi_worker"),
             takes_workers=True,
             all_reduce=True,
             cross_process=True,
@@ -251,7 +151,7 @@ KINDS: dict[str, StrategyKind] = {
             "parameter_server",
             COORDINATOR,
             lambda replicas, gpus, workers: workers,
-            build_parameter_server,
+            _later("tasks.distribute.builders", "build_parameter_server"),
             epoch_runner=_later("tasks.train.steps", "make_ps_epoch_runner"),
             takes_workers=True,
             one_worker_per_step=True,
@@ -261,7 +161,7 @@ KINDS: dict[str, StrategyKind] = {
             "tpu",
             HERE,
             lambda replicas, gpus, workers: replicas,
-            build_tpu,
+            _later("tasks.distribute.builders", "build_tpu"),
             devices="tpu",
             records_noise=True,
         ),

@@ -29,10 +29,11 @@ from tasks.core.process import use_precision
 from tasks.core.progress import status
 from tasks.data.inputs import Reading, build_dataset
 from tasks.data.manifest import Manifest
+from tasks.distribute.builders import cluster_spec_of, replicas_of
 from tasks.distribute.run import Run
 from tasks.distribute.strategy import StrategyChoice, build_strategy
 from tasks.settings.config import TrainConfig
-from tasks.settings.kinds import SpreadOver, cluster_spec_of
+from tasks.settings.kinds import SpreadOver
 from tasks.train.evaluation import record_final
 from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
@@ -516,7 +517,7 @@ def set_up_training(
     """
     use_precision(choice.precision)
     strategy = build_strategy(choice, resolver, collective_timeout_s)
-    replicas, workers = choice.spec.replicas_of(strategy)
+    replicas, workers = replicas_of(choice.spec, strategy)
     if (replicas, workers) != (choice.replicas, choice.workers):
         log.info(
             "the strategy has %d replicas on %d workers (the hardware report expected %d on %d)",

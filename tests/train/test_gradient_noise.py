@@ -223,14 +223,15 @@ def test_each_learning_rate_rule_at_four_times_the_base_batch(rule, kind, noise,
     from types import SimpleNamespace
 
     from tasks.settings.config import load_config
+    from tasks.settings.kinds import kind_of
     from tasks.train.noise_estimates import static_gain
     from tasks.train.training import learning_rate_rule
 
     cfg = load_config(None, {"train.lr_scaling": rule, "train.noise_scale": noise}).train
-    rate = learning_rate_rule(cfg, SimpleNamespace(kind=kind), 4.0)
+    rate = learning_rate_rule(cfg, SimpleNamespace(kind=kind, spec=kind_of(kind)), 4.0)
     applied, adaptive = rate.rule, rate.adaptive
     assert (applied, adaptive, static_gain(applied, 4.0)) == got
-    none = learning_rate_rule(cfg, SimpleNamespace(kind=kind), 1.0)
+    none = learning_rate_rule(cfg, SimpleNamespace(kind=kind, spec=kind_of(kind)), 1.0)
     assert (none.rule, none.adaptive) == ("none", False)
 
 
