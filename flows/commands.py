@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -302,9 +300,9 @@ def ui(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.errors import UserError
     from tasks.core.network import port_taken
     from tasks.track.tracking import Tracker
+    from tasks.track.ui_server import serve_ui, server_command
 
     tracker = Tracker.for_config(config.track)
-    uri = tracker.uri
     configured = urlsplit(config.track.ui_url)  # links point there: serve there unless told
     host = args.host or configured.hostname or "127.0.0.1"
     port = args.port or configured.port or 5000
@@ -317,83 +315,10 @@ def ui(config: Config, args: argparse.Namespace) -> int:
             "another with 'tfscale ui --port N' (the links a run writes while it serves "
             "point there).",
         )
-    command = [
-        sys.executable,
-        "-P",  # a user's own `tasks` module in the working directory must not stand in
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        uri,
-        "--registry-store-uri",  # the same store (MLflow says so at start when not given)
-        uri,
-        "--default-artifact-root",
-        tracker.artifact_root,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--app-name",  # MLflow's app, opening pages on model training (tasks/track/ui.py)
-        "tfscale",
-    ]
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}  # no job workers
-    # MLflow's own use of a deprecated Starlette module warns at every start; not the user's
-    quiet = "ignore:starlette.middleware.wsgi is deprecated"
-    env["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+    command, env = server_command(tracker, host, port)
     # links name where a browser reaches it: this machine, when it listens on every address
     reach = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return serve_ui(tracker, command, env, f"http://{reach}:{port}")
-
-
-def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -> int:
-    """Runs the MLflow server `command` until it ends or this process is stopped: once it
-    answers, records where it serves (`tracking.serving_ui`: the links a run writes while
-    it serves point there, whatever the port) and prints its address, the results table and
-    the latest study's run. A stop (Ctrl-C, SIGTERM, SIGHUP) stops the server and the record
-    goes."""
-    import subprocess
-
-    from tasks.core.process import stopped_by_signals
-
-    with stopped_by_signals():
-        return _serve_ui(tracker, subprocess.Popen(command, env=env), base)
-
-
-def _serve_ui(tracker: Any, server: Any, base: str) -> int:
-    import subprocess
-
-    from tasks.core.errors import UserError
-    from tasks.core.network import wait_healthy
-    from tasks.track.tracking import forget_serving_ui, record_serving_ui
-
-    try:
-        print(f"MLflow UI for {tracker.uri}: starting at {base}", flush=True)
-        problem = wait_healthy(f"{base}/health", 180.0, 0.5, lambda: server.poll() is None)
-        if problem:
-            raise UserError(
-                f"the MLflow UI at {base} did not start: {problem}",
-                "the server's own lines above say why; or serve on another port with "
-                "'tfscale ui --port N'",
-            )
-        record_serving_ui(tracker.store_dir, base)
-        print(f"MLflow UI at {base} (Ctrl-C stops it)", flush=True)
-        print(f"results: {tracker.results_url(base)}", flush=True)
-        latest = tracker.latest_study()
-        if latest:
-            print(f"latest run: {tracker.run_url(base, latest)}", flush=True)
-        return server.wait()
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        forget_serving_ui(tracker.store_dir)
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:
@@ -424,12 +349,12 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 
 def plan(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.files import write_json_atomic
-    from tasks.report.forecast import LINK_PRESETS, MEASURED
+    from tasks.report.forecast import link_named
     from tasks.report.forecast_report import probed_run
     from tasks.report.plan import BATCHES, format_plan, make_plan
     from tasks.track.tracking import Tracker
 
-    name, gbit = _link_of(args.link, LINK_PRESETS, MEASURED)
+    name, gbit = link_named(args.link)
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
     metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
     batches = BATCHES
@@ -454,26 +379,6 @@ def plan(config: Config, args: argparse.Namespace) -> int:
         if not args.json:
             print(f"tracked: MLflow run {run_id} ('tfscale ui' shows it)")
     return 0
-
-
-def _link_of(text: str, presets: dict[str, float], measured: str) -> tuple[str, float]:
-    """`--link`: a preset's name, a rate in Gbit/s, or the run's own (measured)."""
-    from tasks.core.errors import UsageError
-
-    if text == measured:
-        return measured, 0.0
-    if text in presets:
-        return text, presets[text]
-    try:
-        gbit = float(text)
-    except ValueError:
-        raise UsageError(
-            f"unknown link {text!r}",
-            f"use measured, a rate in Gbit/s, or one of: {', '.join(presets)}.",
-        ) from None
-    if gbit <= 0:
-        raise UsageError(f"a link of {gbit:g} Gbit/s", "give a rate above 0.")
-    return f"{gbit:g} Gbit/s", gbit
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:

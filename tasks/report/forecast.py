@@ -69,6 +69,27 @@ class ForecastError(UsageError, ValueError):
     """A forecast asked for something the measurements or the presets cannot give."""
 
 
+def link_named(text: str) -> tuple[str, float]:
+    """`--link`: a preset's name, a rate in Gbit/s, or the run's own (`MEASURED`), as its
+    name and rate (0 for the run's own)."""
+    from tasks.core.errors import UsageError
+
+    if text == MEASURED:
+        return MEASURED, 0.0
+    if text in LINK_PRESETS:
+        return text, LINK_PRESETS[text]
+    try:
+        gbit = float(text)
+    except ValueError:
+        raise UsageError(
+            f"unknown link {text!r}",
+            f"use measured, a rate in Gbit/s, or one of: {', '.join(LINK_PRESETS)}.",
+        ) from None
+    if gbit <= 0:
+        raise UsageError(f"a link of {gbit:g} Gbit/s", "give a rate above 0.")
+    return f"{gbit:g} Gbit/s", gbit
+
+
 @dataclass(frozen=True)
 class Fit:
     """y = intercept + slope * x, with its largest relative error over the points."""

@@ -305,9 +305,9 @@ def test_tfscale_ui_links_where_a_browser_reaches_it_and_a_stop_takes_its_server
 def test_a_ui_whose_server_fails_to_start_says_so_and_records_nothing(tmp_path):
     """MLflow's server exits before it answers: one error naming the address and the fix,
     no record of a UI serving the store (links would point at nothing)."""
-    from flows.commands import serve_ui
     from tasks.core.errors import UserError
     from tasks.track.tracking import Tracker
+    from tasks.track.ui_server import serve_ui
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path))
     failing = [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(3)"]
