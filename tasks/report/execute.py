@@ -54,13 +54,15 @@ def run_training(
     label: str = "",
     *,
     epoch_lines: bool = False,
+    written: bool = True,
 ) -> TrainResult:
     """Trains where the choice says: in this process, N local workers, a local PS cluster,
     or, when a cluster manager described a cluster, as this task's role in it (chief or
     training worker; `tasks.distribute.cluster`). With `probe_steps` the processes that trained then
     measure its steps in place (`train_and_probe`). Each epoch, as the chief writes it, goes
     to the progress display (`label`; off a terminal, with `epoch_lines`, a line each) and
-    to `on_epoch`."""
+    to `on_epoch`. The chief writes `metrics.json`, the mark of a finished run, unless the
+    caller writes it (`written` false: `train_and_diagnose`, once its probes are in)."""
     _check_link(run)
     _check_model(run)  # before any worker starts or any file is written
     run_dir = run.run_dir
@@ -74,7 +76,7 @@ def run_training(
         )
         with watch if chief else contextlib.nullcontext():
             result = _train_where_chosen(run, probe_steps)
-        if chief:
+        if chief and written:
             write_metrics(result, run)
     return result
 
@@ -211,28 +213,39 @@ def train_and_diagnose(
     in_place = cluster is not None or not choice.spec.runs_here
     with hold(run.run_dir) if run.writes_outputs else contextlib.nullcontext():
         result = run_training(
-            run, probe_steps if in_place else 0, on_epoch, label, epoch_lines=epoch_lines
-        )
+            run, probe_steps if in_place else 0, on_epoch, label, epoch_lines=epoch_lines,
+            written=False,
+        )  # fmt: skip
         if on_trained is not None:  # its line before the diagnosis's rounds begin
             on_trained(result)
-        if not probe_steps or (cluster is not None and not cluster.is_chief):
-            return result, None
-        cpu_flags = run.report.cpu_flags
-        if in_place:
-            diagnosis = diagnose_in_place(
-                InPlaceProbes(**result.probes), run.train, run.manifest, choice, cpu_flags
-            )
-        else:
-            diagnosis = diagnose_run(
-                run.train, run.manifest, run.data_dir, choice, cpu_flags, steps=probe_steps
-            )
-            if diagnosis.cost_probes:  # what a forecast of this run fits (`tfscale forecast`)
-                result = dataclasses.replace(result, probes=diagnosis.cost_probes)
-                write_metrics(result, run)
-        run_dir = Path(result.run_dir)
-        (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
-        write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
+        diagnosis = None
+        if probe_steps and (cluster is None or cluster.is_chief):
+            result, diagnosis = _diagnosed(run, result, probe_steps, in_place)
+        if run.writes_outputs:  # once, with what a forecast of it fits
+            write_metrics(result, run)
         return result, diagnosis
+
+
+def _diagnosed(
+    run: Run, result: TrainResult, probe_steps: int, in_place: bool
+) -> tuple[TrainResult, Diagnosis]:
+    """The trained run's diagnosis, written beside it, and the result with the probes a
+    forecast fits (`tfscale forecast`) where the diagnosis measured them here."""
+    cpu_flags = run.report.cpu_flags
+    if in_place:
+        diagnosis = diagnose_in_place(
+            InPlaceProbes(**result.probes), run.train, run.manifest, run.choice, cpu_flags
+        )
+    else:
+        diagnosis = diagnose_run(
+            run.train, run.manifest, run.data_dir, run.choice, cpu_flags, steps=probe_steps
+        )
+        if diagnosis.cost_probes:
+            result = dataclasses.replace(result, probes=diagnosis.cost_probes)
+    run_dir = Path(result.run_dir)
+    (run_dir / "diagnosis.txt").write_text(format_diagnosis(diagnosis) + "\n")
+    write_json_atomic(run_dir / "diagnosis.json", diagnosis.to_dict())
+    return result, diagnosis
 
 
 def repeat_to_target(run: Run, seeds: int, label: str) -> list[dict[str, Any]]:
