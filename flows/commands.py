@@ -331,6 +331,7 @@ def serve(config: Config, args: argparse.Namespace) -> int:
 def forecast(config: Config, args: argparse.Namespace) -> int:
     from tasks.report.forecast import check_request
     from tasks.report.forecast_report import forecast_run, format_forecast, probed_run
+    from tasks.track.records import log_forecast
     from tasks.track.tracking import Tracker
 
     check_request(args.workers, args.link_gbit, args.preset)  # usage errors first
@@ -342,7 +343,7 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
     print(format_forecast(result))
     print(f"written: {', '.join(str(path) for path in written)}")
     if not args.no_track:
-        run_id = Tracker.for_config(config.track).log_forecast(result, written, run_dir)
+        run_id = log_forecast(Tracker.for_config(config.track), result, written, run_dir)
         print(f"tracked: MLflow run {run_id} ('tfscale ui' shows it)")
     return 0
 
@@ -352,6 +353,7 @@ def plan(config: Config, args: argparse.Namespace) -> int:
     from tasks.report.forecast import link_named
     from tasks.report.forecast_report import probed_run
     from tasks.report.plan import BATCHES, format_plan, make_plan
+    from tasks.track.records import log_plan
     from tasks.track.tracking import Tracker
 
     name, gbit = link_named(args.link)
@@ -375,7 +377,7 @@ def plan(config: Config, args: argparse.Namespace) -> int:
     if not args.json:
         print(f"written: {path}")
     if not args.no_track:
-        run_id = Tracker.for_config(config.track).log_plan(result, path)
+        run_id = log_plan(Tracker.for_config(config.track), result, path)
         if not args.json:
             print(f"tracked: MLflow run {run_id} ('tfscale ui' shows it)")
     return 0

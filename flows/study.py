@@ -22,7 +22,7 @@ from tasks.distribute.run import Run
 from tasks.measure import autotune
 from tasks.report import execute, summary
 from tasks.settings import config as config_mod
-from tasks.track import tracking
+from tasks.track import records, tracking
 from tasks.train import evaluation
 
 
@@ -161,13 +161,13 @@ def summarize_task(context, baseline, distributed, result, diagnosis, run: Run, 
 @task(name="close child run", retries=2, retry_delay_seconds=2)
 def close_child_task(live: tracking.EpochLog, result, context: dict):
     said = frozenset({context["choice"]["reason"]})  # the parent's strategy_reason
-    live.tracker.log_training(live.run_id, result, tracking.study_params(context), said)
+    records.log_training(live.tracker, live.run_id, result, tracking.study_params(context), said)
     live.tracker.finish(live.run_id)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_task(tracker: tracking.Tracker, parent_id: str, record):
-    tracker.log_study(parent_id, record)
+    records.log_study(tracker, parent_id, record)
     dataset = record.context["manifest"]["dataset"]
     # on the run's own page, a link relative to the UI showing it (any host, any port)
     table = ("the runs table", tracker.results_url(""))

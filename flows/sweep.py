@@ -19,7 +19,7 @@ from tasks.distribute import strategy
 from tasks.distribute.run import Run
 from tasks.report import scaling_grid
 from tasks.settings import config as config_mod
-from tasks.track import tracking
+from tasks.track import records, tracking
 
 
 @task(name="plan the grid")
@@ -76,7 +76,7 @@ def tabulate_task(cells, results, config):
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_sweep_task(tracker: tracking.Tracker, parent_id, rows, results, files):
-    tracker.log_sweep(parent_id, rows, results, files)
+    records.log_sweep(tracker, parent_id, rows, results, files)
     create_table_artifact(
         [row.shown() for row in rows],
         key="scaling-sweep",

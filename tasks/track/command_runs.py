@@ -15,6 +15,7 @@ from typing import Any
 from tasks.core.files import write_json_atomic
 from tasks.report.run_files import TRACKED_AS, study_of, trained_by
 from tasks.settings.config import Config, config_to_dict
+from tasks.track import records
 from tasks.track.tracking import Tracker, choice_params, run_tags, study_params, study_run_name
 
 
@@ -93,7 +94,7 @@ def log_trained(
 ) -> None:
     """A training's figures, params and diagnosis on its run, and beside its model the
     link `evaluate` follows back to this run (and its study)."""
-    tracker.log_training(run_id, result, params)
+    records.log_training(tracker, run_id, result, params)
     link = {"run_id": run_id, "url": tracker.run_url(tracker.ui_base, run_id)}
     if study:
         link["study_run_id"] = study

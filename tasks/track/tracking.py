@@ -1,5 +1,8 @@
-"""Everything MLflow writes and reads for tfscale's runs; the only other reader of the
-store is the UI's runs-table defaults (`tasks.track.ui.table_defaults`, in the server).
+"""The MLflow store's client for tfscale: where the store is, its runs opened, logged,
+finished and linked to, its models logged and registered. The domain's logging (a
+training's, a study's, a forecast's, a plan's, a sweep's run) is `tasks.track.records`,
+over this client; the only other reader of the store is the UI's runs-table defaults
+(`tasks.track.ui.table_defaults`, in the server).
 
 A `Tracker` owns the store (the SQLite store under `track.store_dir`, or the server at
 `MLFLOW_TRACKING_URI`), its client and the system-metric monitors of the runs it opened.
@@ -26,9 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
-import re
 import subprocess
 import tempfile
 import time
@@ -41,7 +42,6 @@ from tasks.core.fields import fields_by_type
 from tasks.core.files import write_json_atomic
 
 if TYPE_CHECKING:
-    from tasks.report.summary import StudyRecord
     from tasks.settings.config import TrackConfig
 
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
@@ -324,7 +324,7 @@ class Tracker:
 
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in (metrics or {}).items()]
-        self._log_batch(
+        self.log_batch(
             run_id,
             items,
             [Param(k, str(v)) for k, v in (params or {}).items()],
@@ -351,57 +351,7 @@ class Tracker:
             for epoch in history
             for key, value in epoch_figures(epoch).items()
         ]
-        self._log_batch(run_id, points, [], [])
-
-    def log_evaluations(self, run_id: str, result: Any) -> None:
-        """A training's held-out evaluations as the curve `heldout_accuracy_by_examples`
-        (another target metric's: `heldout_auc_by_examples`; its step: the training examples
-        seen), and its examples, steps and time to target where it reached it
-        (`tasks.train.to_target`)."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        curve = f"heldout_{result.to_target.get('metric', 'accuracy')}_by_examples"
-        points = [
-            Metric(curve, float(e["accuracy"]), now, int(e["examples"])) for e in result.evaluations
-        ]
-        points += self._noise_points(result, now)
-        target = result.to_target
-        if target.get("reached"):
-            reached = {"examples": "examples", "steps": "steps", "seconds": "time"}
-            points += [
-                Metric(
-                    f"{name}_to_target" + ("_s" if name == "time" else ""),
-                    rounded(float(target[key])),
-                    now,
-                    0,
-                )
-                for key, name in reached.items()
-            ]
-        self._log_batch(run_id, points, [], [])
-
-    @staticmethod
-    def _noise_points(result: Any, now: int) -> list:
-        """The gradient noise scale against step: `noise_scale` (of the raw gradient,
-        averaged over the windows so far), `noise_scale_adam` (of the gradient as Adam
-        preconditions it) and `noise_scale_window` (each window's own raw one: its spread
-        around the average)."""
-        from mlflow.entities import Metric
-
-        from tasks.measure.noise_scale import split_examples, trajectory
-
-        path = trajectory(getattr(result, "gradient_noise", []), examples=split_examples(result))
-        curves = {
-            "noise_scale": path.averaged.get("raw", ()),
-            "noise_scale_adam": path.averaged.get("adam", ()),
-            "noise_scale_window": path.window.get("raw", ()),
-        }
-        return [
-            Metric(name, rounded(value), now, step)
-            for name, values in curves.items()
-            for step, value in zip(path.end_steps, values, strict=True)
-            if math.isfinite(value)
-        ]
+        self.log_batch(run_id, points, [], [])
 
     def log_artifacts(self, run_id: str, paths: list[Path]) -> None:
         for path in paths:
@@ -490,20 +440,6 @@ class Tracker:
         self.log(run_id, tags={"error": error[:4000]})
         self.finish(run_id, status="FAILED")
 
-    def log_training(
-        self, run_id: str, result: Any, params: dict[str, Any], said: Collection[str] = ()
-    ) -> None:
-        """A training's result in the run opened when it started: its fields, `params`, the
-        epochs if they were not logged live (a cached result) and metrics.json. A tag whose
-        words are among `said` (its parent's, as the study's `strategy_reason`) is not
-        repeated."""
-        self.log_result(run_id, result, said=said)
-        self.log(run_id, params=params)
-        if not self.client.get_metric_history(run_id, "loss"):
-            self.log_history(run_id, result.history)
-        self.log_evaluations(run_id, result)
-        self.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
-
     @contextlib.contextmanager
     def run(
         self, name: str, tags: dict[str, str], nested_under: str | None = None
@@ -558,104 +494,7 @@ class Tracker:
         )
         return run_id
 
-    def log_study(self, parent_id: str, record: StudyRecord) -> None:
-        """Logs a whole study on its parent (its children were closed as their
-        training ended): the summary, diagnosis, artifacts, and the registered model."""
-        context = record.context
-        common = study_params(context)
-        _, distributed_params, _ = fields_by_type(record.distributed)
-        self.log_result(parent_id, record.summary)
-        # the diagnosis's figures; its words are the summary's bottleneck tags already
-        shown = set(fields_by_type(record.summary)[2].values())
-        self.log_result(parent_id, record.diagnosis, "diagnosis_", said=shown)
-        self.log(
-            parent_id,
-            metrics={k: rounded(v) for k, v in record.forecast.items()},
-            params={**common, **distributed_params},
-        )
-        artifacts = [
-            write_json_artifact("hardware.json", context["hardware"]),
-            write_json_artifact("manifest.json", context["manifest"]),
-            write_json_artifact("summary.json", record.summary.to_dict()),
-            *(
-                record.files[k]
-                for k in ("speedup_chart", "confusion_matrix", "evaluation")
-                if k in record.files
-            ),
-            record.files["diagnosis"],
-            *(path for key, path in record.files.items() if key.startswith("forecast")),
-        ]
-        self.log_artifacts(parent_id, artifacts)
-        feature = context["manifest"].get("feature")
-        model_id = self.log_model(parent_id, record.distributed.model_path, feature)
-        summary = record.summary
-        # MLflow's names take no '/' or ':', which a user's data or model reference has
-        registered = re.sub(r"[/:]+", "-", f"tfscale-{common['dataset']}-{common['model']}")
-        self.register_model(
-            registered,
-            model_id,
-            parent_id,
-            {
-                "speedup": rounded(summary.speedup),
-                "scaling_efficiency": rounded(summary.scaling_efficiency),
-                "test_accuracy": rounded(summary.test_accuracy),
-                "strategy": summary.strategy,
-                "replicas": summary.replicas,
-            },
-        )
-        self.finish(parent_id)
-
-    def log_forecast(self, forecast: Any, files: list[Path], source_run_dir: str) -> str:
-        """A `forecast` run: the fitted constants and predictions as metrics, the links and
-        scaling as params, forecast.json and the charts as artifacts. Returns its id."""
-        from tasks.report.forecast import forecast_metrics
-
-        run_id = self.start_run("forecast", {"source_run_dir": str(source_run_dir)})
-        params = {
-            "scaling": forecast.scaling,
-            **{f"link_{k}": v for k, v in forecast.links_gbit.items()},
-        }
-        self.log(run_id, metrics=forecast_metrics(forecast), params=params)
-        self.log_artifacts(run_id, files)
-        self.finish(run_id)
-        return run_id
-
-    def log_plan(self, plan: Any, path: Path) -> str:
-        """A `plan` run: the fastest configuration's figures as metrics and its settings
-        as params, where each figure came from as tags, plan.json as an artifact."""
-        best = plan.fastest
-        asdict = dataclasses.asdict
-        run_id = self.start_run("plan", {"source_run_dir": plan.run_dir, "link": plan.link})
-        self.log(
-            run_id,
-            metrics={
-                k: rounded(float(v))
-                for k, v in asdict(best).items()
-                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            }
-            | {"target_accuracy": plan.target},
-            params={"devices": best.devices, "per_replica_batch": best.per_replica_batch},
-            tags={f"source_{k.replace(' ', '_')}": v for k, v in plan.sources.items()},
-        )
-        self.log_artifacts(run_id, [path])
-        self.finish(run_id)
-        return run_id
-
-    def log_sweep(
-        self, parent_id: str, rows: list[Any], results: list[dict], files: dict[str, Path]
-    ) -> None:
-        """A child run per cell (each `SweepRow`'s fields by type, per-epoch metrics), then
-        the table and charts on the parent."""
-        for row, result in zip(rows, results, strict=True):
-            child = self.start_run(row.run_name, {}, parent_id=parent_id)
-            self.log_result(child, row)
-            self.log_history(child, result["history"])
-            self.finish(child)
-        self.log(parent_id, metrics={"cells": len(rows)})
-        self.log_artifacts(parent_id, list(files.values()))
-        self.finish(parent_id)
-
-    def _log_batch(self, run_id: str, metrics: list, params: list, tags: list) -> None:
+    def log_batch(self, run_id: str, metrics: list, params: list, tags: list) -> None:
         for start in range(0, max(len(metrics), 1), _BATCH):
             first = start == 0
             self.client.log_batch(

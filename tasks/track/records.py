@@ -1,0 +1,188 @@
+"""tfscale's results as MLflow runs: a training's (its fields, epochs, held-out curve and
+gradient noise scale), a study's on its parent (summary, diagnosis, artifacts, the
+registered model), and a forecast's, a plan's and a sweep's runs. The domain's logging,
+over the store's client (`tasks.track.tracking.Tracker`), as MLflow keeps its fluent API
+apart from its client."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.core.fields import fields_by_type
+from tasks.track.tracking import Tracker, rounded, study_params, write_json_artifact
+
+if TYPE_CHECKING:
+    from tasks.report.summary import StudyRecord
+
+
+def log_training(
+    tracker: Tracker, run_id: str, result: Any, params: dict[str, Any], said: Collection[str] = ()
+) -> None:
+    """A training's result in the run opened when it started: its fields, `params`, the
+    epochs if they were not logged live (a cached result) and metrics.json. A tag whose
+    words are among `said` (its parent's, as the study's `strategy_reason`) is not
+    repeated."""
+    tracker.log_result(run_id, result, said=said)
+    tracker.log(run_id, params=params)
+    if not tracker.client.get_metric_history(run_id, "loss"):
+        tracker.log_history(run_id, result.history)
+    log_evaluations(tracker, run_id, result)
+    tracker.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
+
+
+def log_evaluations(tracker: Tracker, run_id: str, result: Any) -> None:
+    """A training's held-out evaluations as the curve `heldout_accuracy_by_examples`
+    (another target metric's: `heldout_auc_by_examples`; its step: the training examples
+    seen), and its examples, steps and time to target where it reached it
+    (`tasks.train.to_target`)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    curve = f"heldout_{result.to_target.get('metric', 'accuracy')}_by_examples"
+    points = [
+        Metric(curve, float(e["accuracy"]), now, int(e["examples"])) for e in result.evaluations
+    ]
+    points += _noise_points(result, now)
+    target = result.to_target
+    if target.get("reached"):
+        reached = {"examples": "examples", "steps": "steps", "seconds": "time"}
+        points += [
+            Metric(
+                f"{name}_to_target" + ("_s" if name == "time" else ""),
+                rounded(float(target[key])),
+                now,
+                0,
+            )
+            for key, name in reached.items()
+        ]
+    tracker.log_batch(run_id, points, [], [])
+
+
+def _noise_points(result: Any, now: int) -> list:
+    """The gradient noise scale against step: `noise_scale` (of the raw gradient,
+    averaged over the windows so far), `noise_scale_adam` (of the gradient as Adam
+    preconditions it) and `noise_scale_window` (each window's own raw one: its spread
+    around the average)."""
+    from mlflow.entities import Metric
+
+    from tasks.measure.noise_scale import split_examples, trajectory
+
+    path = trajectory(getattr(result, "gradient_noise", []), examples=split_examples(result))
+    curves = {
+        "noise_scale": path.averaged.get("raw", ()),
+        "noise_scale_adam": path.averaged.get("adam", ()),
+        "noise_scale_window": path.window.get("raw", ()),
+    }
+    return [
+        Metric(name, rounded(value), now, step)
+        for name, values in curves.items()
+        for step, value in zip(path.end_steps, values, strict=True)
+        if math.isfinite(value)
+    ]
+
+
+def log_study(tracker: Tracker, parent_id: str, record: StudyRecord) -> None:
+    """Logs a whole study on its parent (its children were closed as their
+    training ended): the summary, diagnosis, artifacts, and the registered model."""
+    context = record.context
+    common = study_params(context)
+    _, distributed_params, _ = fields_by_type(record.distributed)
+    tracker.log_result(parent_id, record.summary)
+    # the diagnosis's figures; its words are the summary's bottleneck tags already
+    shown = set(fields_by_type(record.summary)[2].values())
+    tracker.log_result(parent_id, record.diagnosis, "diagnosis_", said=shown)
+    tracker.log(
+        parent_id,
+        metrics={k: rounded(v) for k, v in record.forecast.items()},
+        params={**common, **distributed_params},
+    )
+    artifacts = [
+        write_json_artifact("hardware.json", context["hardware"]),
+        write_json_artifact("manifest.json", context["manifest"]),
+        write_json_artifact("summary.json", record.summary.to_dict()),
+        *(
+            record.files[k]
+            for k in ("speedup_chart", "confusion_matrix", "evaluation")
+            if k in record.files
+        ),
+        record.files["diagnosis"],
+        *(path for key, path in record.files.items() if key.startswith("forecast")),
+    ]
+    tracker.log_artifacts(parent_id, artifacts)
+    feature = context["manifest"].get("feature")
+    model_id = tracker.log_model(parent_id, record.distributed.model_path, feature)
+    summary = record.summary
+    # MLflow's names take no '/' or ':', which a user's data or model reference has
+    registered = re.sub(r"[/:]+", "-", f"tfscale-{common['dataset']}-{common['model']}")
+    tracker.register_model(
+        registered,
+        model_id,
+        parent_id,
+        {
+            "speedup": rounded(summary.speedup),
+            "scaling_efficiency": rounded(summary.scaling_efficiency),
+            "test_accuracy": rounded(summary.test_accuracy),
+            "strategy": summary.strategy,
+            "replicas": summary.replicas,
+        },
+    )
+    tracker.finish(parent_id)
+
+
+def log_forecast(tracker: Tracker, forecast: Any, files: list[Path], source_run_dir: str) -> str:
+    """A `forecast` run: the fitted constants and predictions as metrics, the links and
+    scaling as params, forecast.json and the charts as artifacts. Returns its id."""
+    from tasks.report.forecast import forecast_metrics
+
+    run_id = tracker.start_run("forecast", {"source_run_dir": str(source_run_dir)})
+    params = {
+        "scaling": forecast.scaling,
+        **{f"link_{k}": v for k, v in forecast.links_gbit.items()},
+    }
+    tracker.log(run_id, metrics=forecast_metrics(forecast), params=params)
+    tracker.log_artifacts(run_id, files)
+    tracker.finish(run_id)
+    return run_id
+
+
+def log_plan(tracker: Tracker, plan: Any, path: Path) -> str:
+    """A `plan` run: the fastest configuration's figures as metrics and its settings
+    as params, where each figure came from as tags, plan.json as an artifact."""
+    best = plan.fastest
+    asdict = dataclasses.asdict
+    run_id = tracker.start_run("plan", {"source_run_dir": plan.run_dir, "link": plan.link})
+    tracker.log(
+        run_id,
+        metrics={
+            k: rounded(float(v))
+            for k, v in asdict(best).items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        | {"target_accuracy": plan.target},
+        params={"devices": best.devices, "per_replica_batch": best.per_replica_batch},
+        tags={f"source_{k.replace(' ', '_')}": v for k, v in plan.sources.items()},
+    )
+    tracker.log_artifacts(run_id, [path])
+    tracker.finish(run_id)
+    return run_id
+
+
+def log_sweep(
+    tracker: Tracker, parent_id: str, rows: list[Any], results: list[dict], files: dict[str, Path]
+) -> None:
+    """A child run per cell (each `SweepRow`'s fields by type, per-epoch metrics), then
+    the table and charts on the parent."""
+    for row, result in zip(rows, results, strict=True):
+        child = tracker.start_run(row.run_name, {}, parent_id=parent_id)
+        tracker.log_result(child, row)
+        tracker.log_history(child, result["history"])
+        tracker.finish(child)
+    tracker.log(parent_id, metrics={"cells": len(rows)})
+    tracker.log_artifacts(parent_id, list(files.values()))
+    tracker.finish(parent_id)
