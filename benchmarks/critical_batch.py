@@ -7,7 +7,7 @@ for more replicas), each with `--seeds` seeds, to the target (`--stop-at-target 
 and for each batch prints:
 - the steps to the target, mean and range over the seeds (measured);
 - the steps the batch-32 training's gradient noise scale predicts there (each of its steps
-  at the noise scale then measured, `tasks.measure.noise_scale.predicted_steps_to`), from
+  at the noise scale then measured, `tasks.measure.noise_trajectory.predicted_steps_to`), from
   Adam's preconditioned gradient and from the raw gradient;
 then McCandlish's hyperbola S = S_min(1 + B_noise/B) fitted to the measured steps, whose
 B_noise is the critical batch, beside the noise scale B_simple the batch-32 training
@@ -69,7 +69,7 @@ def train(project: Path, params: dict, batch: int, seed: int, power: float) -> d
 
 def main() -> None:
     from benchmarks.time_to_accuracy import TASKS, merged
-    from tasks.measure.noise_scale import (
+    from tasks.measure.noise_trajectory import (
         fit_steps_hyperbola,
         predicted_steps_to,
         split_examples,

@@ -8,11 +8,12 @@ learning-rate rule (`linear`, `sqrt`) it trains, on one device, each with its ow
   from 32's by the rule.
 Every training evaluates the held-out split every 0.1 epoch (a crossing known to about
 2% of the examples to it) and stops at the target. From the predictor alone it predicts
-the steps at each batch (`tasks.measure.noise_scale.rule_prediction`: the MLPerf mean of
-the batch-32 seeds' steps, each seed's noise scale along its training, the rate's headroom
-calibrated from the 64 pair) and prints them beside the judge's MLPerf mean (its seeds'
-range), their ratio, and the two trivial predictors: steps falling as 1/B (perfect
-scaling) and steps constant.
+the steps at each batch as `tfscale plan` does (`tasks.measure.noise_trajectory.rule_steps`:
+each batch-32 seed's steps along its own noise scale, at the rate the rule gives the
+batch, with the base rate's headroom calibrated from the predictor's MLPerf means at 32
+and 64; then the MLPerf mean over the seeds) and prints them beside the judge's MLPerf
+mean (its seeds' range), their ratio, and the two trivial predictors: steps falling as
+1/B (perfect scaling) and steps constant.
 
     uv run python benchmarks/rule_predictions.py [--seeds 5] [--rules linear,sqrt]
         [--results FILE]   # print from a saved run's results, training nothing
@@ -127,30 +128,46 @@ def mlperf(values: list[float | None]) -> tuple[float | None, float, float]:
     return over.mean, over.low, over.high
 
 
+def predictor(results: dict, rule: str) -> tuple[list, list[int], float | None, float]:
+    """The predictor's seeds at 32 (each one's trajectory and steps), the headroom their
+    MLPerf means at 32 and 64 imply for `rule` (`headroom_from`), and their noise scale
+    (the mean of the seeds' headlines)."""
+    from tasks.measure.noise_trajectory import split_examples, trajectory
+    from tasks.train.noise_estimates import headroom_from, planned_gain
+
+    seeds, trainings = results["seeds"]["predictor"], results["trainings"]
+    base = [t for t in trainings if t["batch"] == BASE and t["seed"] in seeds]
+    base = [t for t in base if t["to_target"].get("reached")]
+    paths = [trajectory(t["gradient_noise"], examples=split_examples(t)) for t in base]
+    steps = [int(t["to_target"]["steps"]) for t in base]
+    phi = sum(p.headline("raw", s)[1] for p, s in zip(paths, steps, strict=True)) / len(paths)
+    pair_rate = BASE_RATE * gain(rule, PAIR)
+    pair = [
+        t["to_target"].get("steps")
+        for t in trainings
+        if t["batch"] == PAIR and t["seed"] in seeds and math.isclose(t["rate"], pair_rate)
+    ]
+    base_mean, pair_mean = mlperf(steps)[0], mlperf(pair)[0]
+    headroom = None
+    if base_mean and pair_mean:
+        rule_gain = planned_gain(rule, PAIR / BASE, phi, BASE)
+        headroom = headroom_from(phi, BASE, PAIR, rule_gain, base_mean / pair_mean)
+    return paths, steps, headroom, phi
+
+
 def report(results: dict) -> bool:
-    from tasks.measure.noise_scale import rule_prediction
+    from tasks.measure.noise_trajectory import rule_steps
 
-    seeds = results["seeds"]
-    trainings = results["trainings"]
-
-    def steps(batch: int, seed_list: list[int], rate: float) -> list[float | None]:
-        found = [
-            t
-            for t in trainings
-            if t["batch"] == batch and t["seed"] in seed_list and math.isclose(t["rate"], rate)
-        ]
-        return [t["to_target"]["steps"] if t["to_target"].get("reached") else None for t in found]
-
-    base_runs = [t for t in trainings if t["batch"] == BASE and t["seed"] in seeds["predictor"]]
-    base_steps, _, _ = mlperf([t["to_target"].get("steps") for t in base_runs])
+    trainings, judge = results["trainings"], results["seeds"]["judge"]
     met = True
     for rule in results["rules"]:
-        pair_rate = BASE_RATE * gain(rule, PAIR)
-        pair_steps, _, _ = mlperf(steps(PAIR, seeds["predictor"], pair_rate))
+        paths, steps, headroom, phi = predictor(results, rule)
+        base_steps = mlperf(steps)[0]
+        shown = "none" if headroom is None else f"{headroom:.2f}"
         print(
-            f"\n## {rule}: predictor {len(base_runs)} seeds at {BASE} ({base_steps:,.0f} steps, "
-            f"MLPerf mean) and at {PAIR} ({pair_steps:,.0f}); judged on {len(seeds['judge'])} "
-            "other seeds"
+            f"\n## {rule}: predictor {len(steps)} seeds at {BASE} ({base_steps:,.0f} steps, "
+            f"MLPerf mean; noise scale {phi:,.0f}), headroom from the pair at {PAIR}: {shown}; "
+            f"judged on {len(judge)} other seeds"
         )
         head = (
             f"{'batch':>6} {'rate':>7} {'measured steps':>22} {'predicted':>10} {'ratio':>6} "
@@ -159,25 +176,30 @@ def report(results: dict) -> bool:
         print(head + "\n" + "-" * len(head))
         for batch in JUDGED:
             rate = BASE_RATE * gain(rule, batch)
-            measured, low, high = mlperf(steps(batch, seeds["judge"], rate))
-            predicted = rule_prediction(
-                [t["gradient_noise"] for t in base_runs],
-                [t["to_target"].get("steps") for t in base_runs],
-                BASE,
-                batch,
-                rule,
-                (PAIR, pair_steps),
+            measured, low, high = mlperf(
+                [
+                    t["to_target"]["steps"] if t["to_target"].get("reached") else None
+                    for t in trainings
+                    if t["batch"] == batch and t["seed"] in judge and math.isclose(t["rate"], rate)
+                ]
             )
+            each = [
+                rule_steps(path, n, BASE, batch, rule, headroom).steps
+                for path, n in zip(paths, steps, strict=True)
+            ]
+            finite = [p for p in each if p is not None and math.isfinite(p)]
+            predicted = mlperf(finite)[0] if len(finite) == len(each) else math.inf
+            said = "never" if not math.isfinite(predicted) else f"{predicted:,.0f}"
             if measured is None:
-                print(f"{batch:>6} {rate:>7.2g} {'missed by a seed':>22} {predicted.text():>10}")
-                met = met and not math.isfinite(predicted.steps)
+                print(f"{batch:>6} {rate:>7.2g} {'missed by a seed':>22} {said:>10}")
+                met = met and not math.isfinite(predicted)
                 continue
-            ratio = predicted.steps / measured
+            ratio = predicted / measured
             inverse = base_steps * BASE / batch / measured
             constant = base_steps / measured
             print(
                 f"{batch:>6} {rate:>7.2g} {measured:>10,.0f} ({low:,.0f}-{high:,.0f}) "
-                f"{predicted.steps:>10,.0f} {ratio:>6.2f} {inverse:>9.2f} {constant:>9.2f}"
+                f"{said:>10} {ratio:>6.2f} {inverse:>9.2f} {constant:>9.2f}"
             )
             ok = 0.83 <= ratio <= 1.2
             if batch >= 128:

@@ -5,7 +5,7 @@ batch is priced as time to target = predicted steps x predicted step time:
 - the step time from the run's cost model (`tasks.report.forecast`: compute per example,
   all-reduce, sync, input) on the named link;
 - the steps from the run's own steps to the target and its gradient noise scale
-  (`tasks.measure.noise_scale.predicted_steps_to`), with the interval of the noise scale's
+  (`tasks.measure.noise_trajectory.predicted_steps_to`), with the interval of the noise scale's
   quartiles.
 
 Each figure says which measurement it came from (`Plan.sources`).
@@ -19,7 +19,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.core.errors import UsageError
-from tasks.measure.noise_scale import Trajectory, predicted_steps_to, split_examples, trajectory
+from tasks.measure.noise_trajectory import (
+    Trajectory,
+    predicted_steps_to,
+    split_examples,
+    trajectory,
+)
 from tasks.report.forecast import MEASURED, fit_cost_model
 from tasks.train.noise_estimates import (
     headroom_from,

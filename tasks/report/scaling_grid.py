@@ -341,7 +341,7 @@ def critical_batches(table: list[SweepRow], results: list[dict]) -> list[Critica
     """The critical batch of every group of cells (dataset, scaling, precision) that reached
     the target at three or more global batches; a group whose steps do not fall as the
     batch grows is left out."""
-    from tasks.measure.noise_scale import fit_steps_hyperbola, split_examples, trajectory
+    from tasks.measure.noise_trajectory import fit_steps_hyperbola, split_examples, trajectory
 
     groups: dict[tuple, list[tuple[SweepRow, dict]]] = {}
     for row, result in zip(table, results, strict=True):

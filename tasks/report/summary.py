@@ -18,7 +18,7 @@ from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
 from tasks.measure.rounds import RoundsEnded, Spread
 from tasks.report.execute import load_exported
-from tasks.report.time_to_target import NO_TARGET, target_figures
+from tasks.report.target_comparison import NO_TARGET, target_figures
 from tasks.settings.kinds import SpreadOver, shape_text
 from tasks.train.evaluation import EvalResult
 from tasks.train.to_target import target_text
@@ -84,7 +84,7 @@ class ScalingSummary(SpreadOver):
     # windows' averaged |G|^2 and tr(S) up to the target, with a bootstrap's 95% interval;
     # `noise_scale_adam`, of the gradient as Adam preconditions it), and the examples to
     # target it predicts at the distributed run's global batch for the rate its rule gave
-    # it (`predicted_for_rule`; `tasks.measure.noise_scale.rule_steps`): a point where the
+    # it (`predicted_for_rule`; `tasks.measure.noise_trajectory.rule_steps`): a point where the
     # rule needs no more (adascale), else the range from a base rate far below its optimum
     # to one at it (`_low`, `_high`)
     noise_scale: float | None = None

@@ -71,7 +71,7 @@ def _noise_points(result: Any, now: int) -> list:
     around the average)."""
     from mlflow.entities import Metric
 
-    from tasks.measure.noise_scale import split_examples, trajectory
+    from tasks.measure.noise_trajectory import split_examples, trajectory
 
     path = trajectory(getattr(result, "gradient_noise", []), examples=split_examples(result))
     curves = {

@@ -1,5 +1,5 @@
 """The gradient noise scale's estimators, used while training (the learning-rate gain of
-`train.lr_scaling: adascale` and `auto`) and after it (`tasks.measure.noise_scale`).
+`train.lr_scaling: adascale` and `auto`) and after it (`tasks.measure.noise_trajectory`).
 
 A gradient averaged over a batch of B examples has E|G_B|^2 = |G|^2 + tr(S)/B, where G is
 the true gradient and S the per-example gradients' covariance (McCandlish et al. 2018).

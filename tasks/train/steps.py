@@ -164,7 +164,7 @@ def _split(features: Any, parts: int) -> list[Any]:
 
 class GradientNoise:
     """Sums, one copy per replica (sync-on-read), of the squared gradient norms the gradient
-    noise scale is estimated from (`tasks.measure.noise_scale`): each micro-batch's gradient
+    noise scale is estimated from (`tasks.measure.noise_trajectory`): each micro-batch's gradient
     before the all-reduce (a batch of `small_batch` examples) and the all-reduced gradient
     (`big_batch`), raw and as Adam preconditions them (divided by sqrt(v_hat) + epsilon,
     with v_hat the second moment before this step's gradient), over the steps since the

@@ -99,7 +99,7 @@ class TrainResult(SpreadOver):
     evaluations: list[dict[str, float]] = field(default_factory=list)  # `to_target.Evaluation`s
     # the gradient noise scale's norms (`tasks.train.steps.GradientNoise.read`), a window of
     # steps each, read at each evaluation (each epoch's end without evaluations):
-    # `tasks.measure.noise_scale` makes the noise scale of them
+    # `tasks.measure.noise_trajectory` makes the noise scale of them
     gradient_noise: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

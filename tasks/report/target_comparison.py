@@ -9,7 +9,7 @@ import math
 import random
 from typing import Any
 
-from tasks.measure.noise_scale import rule_steps, split_examples, trajectory
+from tasks.measure.noise_trajectory import rule_steps, split_examples, trajectory
 from tasks.measure.rounds import Spread
 from tasks.train.noise_estimates import efficiency
 from tasks.train.to_target import OverSeeds, over_seeds, target_text

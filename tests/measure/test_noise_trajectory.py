@@ -1,5 +1,6 @@
-"""The gradient noise scale's estimators and what they predict (`tasks/measure/noise_scale.py`),
-checked against a problem whose true gradient and covariance are known."""
+"""The gradient noise scale's estimators and what they predict
+(`tasks/measure/noise_trajectory.py`), checked against a problem whose true gradient and
+covariance are known."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.measure.noise_scale import Hyperbola, fit_steps_hyperbola, predicted_steps
+from tasks.measure.noise_trajectory import Hyperbola, fit_steps_hyperbola, predicted_steps
 from tasks.train.noise_estimates import (
     NoiseScale,
     efficiency,
@@ -151,7 +152,7 @@ def test_a_trajectory_recovers_each_windows_planted_noise_scale_and_averages_the
     window's own value is exact; the averages of |G|^2 and tr(S) weigh the newer window
     twice the older (beta 0.5, bias-corrected: the first window is its own), and an empty
     window (no recorded call) adds nothing."""
-    from tasks.measure.noise_scale import trajectory
+    from tasks.measure.noise_trajectory import trajectory
 
     windows = [
         _window(22, 10, 1.0, 20.0, adam=(1.0, 200.0)),
@@ -178,7 +179,7 @@ def test_steps_to_target_at_another_batch_follow_the_efficiency_of_each_step():
     steps needs 100 x (32/64) x (32+64)/(32+32) = 75 steps at 64 (a quarter saved, not
     half); with no noise (phi near 0) every example counts as at 32 and 64 saves nothing
     (100 steps: each step's progress is 1); with all noise, half (50)."""
-    from tasks.measure.noise_scale import predicted_steps_to, trajectory
+    from tasks.measure.noise_trajectory import predicted_steps_to, trajectory
 
     path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
     assert predicted_steps_to(path, 100, 32, 64, "raw") == pytest.approx(75.0)
@@ -213,7 +214,7 @@ def test_the_headline_noise_scale_counts_every_window_and_divides_the_averages()
     comes out at or below zero in about a third of the windows. The ratio of the averaged
     estimates, every window counted, holds the truth in its interval; the median of the
     windows' own ratios with those windows dropped reads under half of it."""
-    from tasks.measure.noise_scale import trajectory
+    from tasks.measure.noise_trajectory import trajectory
 
     problem = LinearRegression(noise=1.5, seed=1)
     truth = problem.trace / problem.sq_norm
@@ -229,7 +230,7 @@ def test_the_noise_scale_is_corrected_for_batches_drawn_from_a_small_split():
     """256 examples, 2 replicas of 32 drawn without replacement each epoch: the two-batch
     estimate reads |G|^2 - tr(S)/256, so the uncorrected noise scale reads high, its
     interval above the population's own; told the split's size, the interval holds it."""
-    from tasks.measure.noise_scale import trajectory
+    from tasks.measure.noise_trajectory import trajectory
 
     population = LinearRegression(noise=2.0, seed=2).gradients(256)
     mean = population.mean(0)
@@ -261,7 +262,7 @@ def test_the_noise_scale_is_corrected_for_batches_drawn_from_a_small_split():
 def test_a_noise_scale_measurable_nowhere_predicts_nothing_rather_than_perfect_scaling():
     """Every window's |G|^2 at or below zero: no figure, where infinity (every batch below
     the noise, so steps falling as 1/B) would have been the most optimistic answer."""
-    from tasks.measure.noise_scale import predicted_steps_to, trajectory
+    from tasks.measure.noise_trajectory import predicted_steps_to, trajectory
 
     noise_only = {"end_step": 50, "steps": 10, "small_batch": 16, "big_batch": 32}
     path = trajectory([noise_only | {"small": 3.0, "big": 1.4}])  # (32 x 1.4 - 16 x 3)/16 < 0
@@ -295,7 +296,7 @@ def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
     """Linear's doubled rate at batch 64 (noise scale 32): from 50 steps (a base rate far
     below its optimum: each step does twice the work) to the steps of a rate at it, which
     overshoots; with the headroom known, the point; adascale's, the point without it."""
-    from tasks.measure.noise_scale import rule_steps, trajectory
+    from tasks.measure.noise_trajectory import rule_steps, trajectory
     from tasks.train.noise_estimates import rule_progress
 
     path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
