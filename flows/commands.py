@@ -94,7 +94,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     from tasks.distribute.strategy import baseline_choice, select_strategy
 
     if args.against_baseline:  # the baseline it joins, named before any work
-        from tasks.report.execute import load_exported
+        from tasks.execute.trainings import load_exported
 
         load_exported(Path(args.against_baseline))
     data_dir = dataset_dir(config)
@@ -116,7 +116,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
         planned = planned.with_choice(baseline_choice(planned.choice))
     choice = planned.choice
     if role == EVALUATOR:
-        from tasks.report.execute import evaluate_as_sidecar
+        from tasks.execute.trainings import evaluate_as_sidecar
 
         print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
         evaluate_as_sidecar(planned)
@@ -134,8 +134,8 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     """What `auto` left open, measured (`tasks.measure.autotune`). A baseline, or a run compared
     with one (`--against-baseline`, as the DVC stages are), keeps the proposed replicas and
     settles precision and XLA for them, so that both sides share them and one measurement."""
+    from tasks.execute.trainings import settle_auto
     from tasks.measure.autotune import settled_line
-    from tasks.report.execute import settle_auto
 
     in_a_study = args.baseline or args.against_baseline is not None
     run, settled = settle_auto(run, for_study=in_a_study)
@@ -149,8 +149,8 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baselin
     cluster's chief, or a run of one process), then exports and reports it. A baseline
     opens the study run its comparison nests under (`baseline_of`: the run it is the
     baseline of); a run `--against-baseline DIR` joins the study of the baseline in DIR."""
+    from tasks.execute.trainings import export_run, train_and_diagnose
     from tasks.measure.diagnosis import format_diagnosis
-    from tasks.report.execute import export_run, train_and_diagnose
     from tasks.track import command_runs as mlflow_runs
     from tasks.track.tracking import EpochLog
     from tasks.train.to_target import ToTarget
@@ -196,12 +196,12 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.errors import MissingInput
     from tasks.data.manifest import verify_shards
     from tasks.data.preparation import dataset_dir
-    from tasks.report.run_files import latest_run, study_of, trained_by
+    from tasks.execute.run_files import latest_run, study_of, trained_by
     from tasks.track import command_runs as mlflow_runs
     from tasks.train.evaluation import recorded_or_evaluated, write_evaluation
 
     if args.baseline:  # the baseline it compares with, named before any work
-        from tasks.report.execute import load_exported
+        from tasks.execute.trainings import load_exported
 
         load_exported(Path(args.baseline))
     data_dir = dataset_dir(config)
@@ -245,7 +245,7 @@ def _compare(
     """`tfscale evaluate --baseline DIR`: the evaluated model's run against the baseline's
     exported one, logged on the evaluation's run (`logged_on`: the tracker and the run's
     id) and its study."""
-    from tasks.report.run_files import study_of
+    from tasks.execute.run_files import study_of
     from tasks.report.summary import compare_exported
     from tasks.track import command_runs as mlflow_runs
 

@@ -19,8 +19,9 @@ from tasks.data import preparation
 from tasks.data.manifest import shards_present
 from tasks.distribute import hardware, strategy
 from tasks.distribute.run import Run
+from tasks.execute import trainings
 from tasks.measure import autotune
-from tasks.report import execute, summary
+from tasks.report import summary
 from tasks.settings import config as config_mod
 from tasks.track import records, tracking
 from tasks.train import evaluation
@@ -70,7 +71,7 @@ def settle_task(run: Run) -> Run:
     is what trains, after the measured candidates (one page, one answer: the proposal's
     precision is not shown as the run's when `auto` kept another)."""
     proposed = run.choice.kind
-    run, settled = execute.settle_auto(run, for_study=True)
+    run, settled = trainings.settle_auto(run, for_study=True)
     choice = run.choice
     if settled.timed:
         status("auto", autotune.settled_line(settled))
@@ -98,7 +99,7 @@ def start_child_task(tracker: tracking.Tracker, parent_id: str, name: str, tags:
 def _baseline_task(run: Run, on_epoch=None, model: str = ""):
     """`model`: the model's fingerprint, in the cache key (a user's model file changed is
     trained again)."""
-    return execute.run_training(run, on_epoch=on_epoch, label="baseline")
+    return trainings.run_training(run, on_epoch=on_epoch, label="baseline")
 
 
 def baseline_task(run: Run, on_epoch=None):
@@ -106,7 +107,7 @@ def baseline_task(run: Run, on_epoch=None):
     complete = run.is_complete
     model = model_fingerprint(run.train.model)
     result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch, model)
-    status("baseline", execute.trained_line(result) + ("" if not complete else " (reused)"))
+    status("baseline", trainings.trained_line(result) + ("" if not complete else " (reused)"))
     return result
 
 
@@ -115,9 +116,9 @@ def distributed_task(run: Run, on_epoch=None):
     """The distributed run and its bottleneck diagnosis."""
 
     def trained(result) -> None:
-        status("distributed", execute.trained_line(result))
+        status("distributed", trainings.trained_line(result))
 
-    result, diagnosis = execute.train_and_diagnose(
+    result, diagnosis = trainings.train_and_diagnose(
         run, on_epoch=on_epoch, label="distributed", on_trained=trained
     )
     if diagnosis is not None:
@@ -139,8 +140,8 @@ def repeat_task(base: Run, run: Run) -> tuple[list[dict], list[dict]]:
     """Both trainings again with each further seed (`evaluate.seeds`), to the target only."""
     seeds = run.config.evaluate.seeds
     return (
-        execute.repeat_to_target(base, seeds, "baseline"),
-        execute.repeat_to_target(run, seeds, "distributed"),
+        trainings.repeat_to_target(base, seeds, "baseline"),
+        trainings.repeat_to_target(run, seeds, "distributed"),
     )
 
 

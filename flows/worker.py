@@ -19,7 +19,7 @@ def main(spec_path: str) -> int:
     set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
     # after the worker's set-up: its threads and devices are fixed when TensorFlow starts
     from tasks.distribute.run import Role, Run
-    from tasks.report.execute import train_and_probe
+    from tasks.execute.trainings import train_and_probe
 
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     print(f"worker {index}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")

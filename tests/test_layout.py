@@ -25,6 +25,7 @@ LAYERS = (
     "tasks.distribute",
     "tasks.train",
     "tasks.measure",
+    "tasks.execute",
     "tasks.report",
     "tasks.track",
     "flows",

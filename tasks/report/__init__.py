@@ -1,3 +1,4 @@
-"""Layer 7, runs and what they report: a run end to end (`execute`: where it trains, what is
-measured after, its outputs), the speedup summary, the forecast beyond this machine and its
-report, and the scaling grid of a sweep (`scaling_grid`) with its table and charts."""
+"""Layer 8, what runs report: the speedup summary and the time to target compared
+(`summary`, `target_comparison`), the forecast beyond this machine and its report, the
+plan to a target (`plan`), and the scaling grid of a sweep (`scaling_grid`) with its table
+and charts."""

@@ -194,7 +194,7 @@ def cell_devices(config: Config, report: Any) -> int:
 def train_cell(run: Any, host: str) -> dict[str, Any]:
     """One cell trained and diagnosed: the figures its row and child run take, and the
     host that trained it."""
-    from tasks.report.execute import train_and_diagnose
+    from tasks.execute.trainings import train_and_diagnose
 
     result, diagnosis = train_and_diagnose(run, probe_steps=10)
     return dict(

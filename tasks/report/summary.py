@@ -13,11 +13,11 @@ from tasks.core.fields import EACH, PARAM, UNTRACKED, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.provenance import code_version
 from tasks.distribute.run import Run
+from tasks.execute.trainings import load_exported
 from tasks.measure.autotune import TIMED_IN
 from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
 from tasks.measure.rounds import RoundsEnded, Spread
-from tasks.report.execute import load_exported
 from tasks.report.target_comparison import NO_TARGET, target_figures
 from tasks.settings.kinds import SpreadOver, shape_text
 from tasks.train.evaluation import EvalResult
@@ -599,7 +599,7 @@ def summarize_study(
     """Compares the `trainings` (the baseline, the distributed run) and writes the chart,
     the evaluation and (where the all-reduce was measured) the forecast beside the
     distributed model; the diagnosis, written by the training's run
-    (`tasks.report.execute`), is listed with them."""
+    (`tasks.execute.trainings`), is listed with them."""
     baseline, distributed = trainings
     subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"
     summary = compare_runs(

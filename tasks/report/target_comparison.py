@@ -32,7 +32,7 @@ def target_figures(
     """Examples and time to `target` of both trainings, and the time-to-target speedup:
     the examples/s `speedup` times the baseline's examples to target over the
     distributed's. With `repeats` (each training's `to_target` records for more seeds,
-    `tasks.report.execute.repeat_to_target`) the examples and times are MLPerf's means over
+    `tasks.execute.trainings.repeat_to_target`) the examples and times are MLPerf's means over
     the seeds (`tasks.train.to_target.over_seeds`). Its 95% interval takes every source of
     doubt together (`speedup_interval`)."""
     base = [baseline.to_target, *repeats[0]]

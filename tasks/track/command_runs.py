@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.files import write_json_atomic
-from tasks.report.run_files import TRACKED_AS, study_of, trained_by
+from tasks.execute.run_files import TRACKED_AS, study_of, trained_by
 from tasks.settings.config import Config, config_to_dict
 from tasks.track import records
 from tasks.track.tracking import Tracker, choice_params, run_tags, study_params, study_run_name

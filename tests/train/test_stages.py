@@ -152,7 +152,7 @@ def pipeline_run(digits, tmp_path, **train):
 def test_stages_on_two_devices_train_as_one_device_does_and_the_model_loads_on_one(
     digits, tmp_path
 ):
-    from tasks.report.execute import run_training
+    from tasks.execute.trainings import run_training
     from tasks.train.evaluation import evaluate_model
 
     _, manifest, data_dir = digits
@@ -178,7 +178,7 @@ def test_stages_on_two_devices_train_as_one_device_does_and_the_model_loads_on_o
 
 @pytest.mark.integration
 def test_a_budget_below_the_model_trains_it_in_stages_each_within_the_budget(digits, tmp_path):
-    from tasks.report.execute import run_training, settle_auto
+    from tasks.execute.trainings import run_training, settle_auto
 
     model = build_model("cnn", DIGITS, 10)
     whole = footprint(layer_costs(model), 32).total
@@ -333,7 +333,7 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
 
 @pytest.mark.integration
 def test_a_dense_layer_split_by_columns_trains_as_one_device_and_loads_whole(digits, tmp_path):
-    from tasks.report.execute import run_training
+    from tasks.execute.trainings import run_training
     from tasks.train.evaluation import evaluate_model
     from tasks.train.models import load_trained_model
 

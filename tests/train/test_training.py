@@ -20,7 +20,7 @@ from tasks.distribute.hardware import detect_hardware
 from tasks.distribute.launch import WorkerError
 from tasks.distribute.run import Run
 from tasks.distribute.strategy import select_strategy
-from tasks.report.execute import run_training, train_and_diagnose
+from tasks.execute.trainings import run_training, train_and_diagnose
 from tasks.settings.config import load_config
 from tasks.train.training import batch_sizes, train_model
 
@@ -83,7 +83,7 @@ def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
     """The stage line's examples/s leave the first epoch (tracing) out, as
     `examples_per_s` does, and the line says so: the summary's rounds are another
     measurement, and a reader comparing the two must know which is which."""
-    from tasks.report.execute import trained_line
+    from tasks.execute.trainings import trained_line
     from tasks.train.training import TrainResult, examples_per_s
 
     history = [

@@ -54,7 +54,7 @@ def trained(config):
     from tasks.distribute.hardware import detect_hardware
     from tasks.distribute.run import Run
     from tasks.distribute.strategy import select_strategy
-    from tasks.report.execute import run_training
+    from tasks.execute.trainings import run_training
 
     prepared = prepare_dataset(config, progress=False)
     report = detect_hardware()

@@ -26,10 +26,10 @@ from tasks.core.progress import EpochWatcher, epoch_score, status
 from tasks.core.run_lock import hold
 from tasks.core.user_code import model_fingerprint
 from tasks.distribute.run import Role, Run
+from tasks.execute.run_files import TRACKED_AS
 from tasks.measure.autotune import Settled, settle
 from tasks.measure.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
 from tasks.measure.in_place import InPlaceProbes, probe_in_place
-from tasks.report.run_files import TRACKED_AS
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.train.to_target import ToTarget
 from tasks.train.training import TrainResult, timed_epochs, train_model
