@@ -38,10 +38,8 @@ from tasks.measure.timing import (
     input_only_rate,
     seconds_per_call,
 )
-from tasks.train.models import model_for_data
-from tasks.train.optimizers import compiled_optimizer, make_optimizer
-from tasks.train.steps import input_context_of, replica_step
-from tasks.train.training import TrainingSetup, train_dataset_fn
+from tasks.train.steps import input_context_of
+from tasks.train.training import TrainingSetup, local_copy, train_dataset_fn
 
 
 @dataclass(frozen=True)
@@ -255,21 +253,13 @@ def _local_step_seconds(
 ) -> float:
     """Seconds per training step of a copy of the model outside the strategy on `images`:
     the step with no communication, on this process's devices."""
-    with tf.distribute.get_strategy().scope():  # the default strategy: no replicas, no sync
-        manifest = run.manifest
-        model = model_for_data(run.train.model, manifest.spec)
-        optimizer = make_optimizer(compiled_optimizer(model), 1e-3)  # the run's kind
-        optimizer.build(model.trainable_variables)
-    effective = int(labels.shape[0])
+    step = local_copy(run.train, run.manifest, setup.accum_steps)
 
     @tf.function
     def local_steps():
         loss = tf.constant(0.0)
         for _ in tf.range(per_call):
-            step_loss, _ = replica_step(
-                model, optimizer, images, labels, setup.accum_steps, effective
-            )
-            loss += tf.cast(step_loss, tf.float32)
+            loss += tf.cast(step(images, labels), tf.float32)
         return loss
 
     return min(seconds_per_call(local_steps, calls) for _ in range(3)) / per_call

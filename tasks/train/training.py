@@ -39,7 +39,7 @@ from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
 from tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
 from tasks.train.optimizers import describe as describe_optimizer
-from tasks.train.steps import GradientNoise, adam_of, make_warmup_schedule
+from tasks.train.steps import GradientNoise, adam_of, make_warmup_schedule, replica_step
 from tasks.train.to_target import (
     Evaluation,
     HeldOut,
@@ -499,6 +499,22 @@ class TrainingSetup:
             self.steps_per_call,
             choice.jit_compile,
         )
+
+
+def local_copy(cfg: TrainConfig, manifest: Manifest, accum_steps: int) -> Callable[..., Any]:
+    """A copy of the run's model and its optimizer's kind outside any strategy (the default
+    one: no replicas, no sync), as one training step on a batch, returning its loss: the
+    step with no communication, which `tasks.measure.in_place` times beside the real one."""
+    with tf.distribute.get_strategy().scope():
+        model = model_for_data(cfg.model, manifest.spec)
+        optimizer = make_optimizer(compiled_optimizer(model), 1e-3)
+        optimizer.build(model.trainable_variables)
+
+    def step(images: Any, labels: Any) -> Any:
+        effective = int(labels.shape[0])
+        return replica_step(model, optimizer, images, labels, accum_steps, effective)[0]
+
+    return step
 
 
 def set_up_training(
