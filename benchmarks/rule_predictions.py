@@ -128,12 +128,14 @@ def mlperf(values: list[float | None]) -> tuple[float | None, float, float]:
     return over.mean, over.low, over.high
 
 
-def predictor(results: dict, rule: str) -> tuple[list, list[int], float | None, float]:
-    """The predictor's seeds at 32 (each one's trajectory and steps), the headroom their
-    MLPerf means at 32 and 64 imply for `rule` (`headroom_from`), and their noise scale
-    (the mean of the seeds' headlines)."""
+def predictor(
+    results: dict, rule: str
+) -> tuple[list, list[int], tuple[float | None, float], float]:
+    """The predictor's seeds at 32 (each one's trajectory and steps), the headroom and noise
+    factor their MLPerf means at 32 and 64 imply for `rule` (`calibrated`, as `tfscale
+    plan` calibrates), and their noise scale (the mean of the seeds' headlines)."""
     from tasks.measure.noise_trajectory import split_examples, trajectory
-    from tasks.train.noise_estimates import headroom_from, planned_gain
+    from tasks.train.noise_estimates import calibrated, planned_gain
 
     seeds, trainings = results["seeds"]["predictor"], results["trainings"]
     base = [t for t in trainings if t["batch"] == BASE and t["seed"] in seeds]
@@ -145,14 +147,16 @@ def predictor(results: dict, rule: str) -> tuple[list, list[int], float | None, 
     pair = [
         t["to_target"].get("steps")
         for t in trainings
-        if t["batch"] == PAIR and t["seed"] in seeds and math.isclose(t["rate"], pair_rate)
+        if t["batch"] == PAIR
+        and t["seed"] in seeds
+        and math.isclose(t["rate"], pair_rate, rel_tol=1e-5)
     ]
     base_mean, pair_mean = mlperf(steps)[0], mlperf(pair)[0]
-    headroom = None
+    calibration: tuple[float | None, float] = (None, 1.0)
     if base_mean and pair_mean:
         rule_gain = planned_gain(rule, PAIR / BASE, phi, BASE)
-        headroom = headroom_from(phi, BASE, PAIR, rule_gain, base_mean / pair_mean)
-    return paths, steps, headroom, phi
+        calibration = calibrated(phi, BASE, PAIR, lambda _: rule_gain, base_mean / pair_mean)
+    return paths, steps, calibration, phi
 
 
 def report(results: dict) -> bool:
@@ -161,9 +165,9 @@ def report(results: dict) -> bool:
     trainings, judge = results["trainings"], results["seeds"]["judge"]
     met = True
     for rule in results["rules"]:
-        paths, steps, headroom, phi = predictor(results, rule)
+        paths, steps, (headroom, factor), phi = predictor(results, rule)
         base_steps = mlperf(steps)[0]
-        shown = "none" if headroom is None else f"{headroom:.2f}"
+        shown = "none" if headroom is None else f"{headroom:.2f}, noise factor {factor:.2f}"
         print(
             f"\n## {rule}: predictor {len(steps)} seeds at {BASE} ({base_steps:,.0f} steps, "
             f"MLPerf mean; noise scale {phi:,.0f}), headroom from the pair at {PAIR}: {shown}; "
@@ -180,11 +184,13 @@ def report(results: dict) -> bool:
                 [
                     t["to_target"]["steps"] if t["to_target"].get("reached") else None
                     for t in trainings
-                    if t["batch"] == batch and t["seed"] in judge and math.isclose(t["rate"], rate)
+                    if t["batch"] == batch
+                    and t["seed"] in judge
+                    and math.isclose(t["rate"], rate, rel_tol=1e-5)
                 ]
             )
             each = [
-                rule_steps(path, n, BASE, batch, rule, headroom).steps
+                rule_steps(path, n, BASE, batch, rule, headroom, factor).steps
                 for path, n in zip(paths, steps, strict=True)
             ]
             finite = [p for p in each if p is not None and math.isfinite(p)]

@@ -267,11 +267,14 @@ def rule_steps(
     batch: float,
     rule: str,
     headroom: float | None = None,
+    noise_factor: float = 1.0,
 ) -> RuleSteps:
     """`predicted_steps_to` for a training at `batch` whose rate follows `rule` from the
     base rate set for `base_batch`, each step's progress on the quadratic model
     (`rule_progress`). `headroom` unknown: a point for `adascale` (its gain keeps the rate's
-    share of its optimum, whatever that is), the range over headroom 0 to 1 for the rest."""
+    share of its optimum, whatever that is), the range over headroom 0 to 1 for the rest.
+    `noise_factor`: the noise scale's, where a calibration took it above the measured one
+    (`tasks.train.noise_estimates.calibrated`)."""
     gain = rule_gain(rule, base_batch, batch)
 
     def at(share: float) -> float:
@@ -281,7 +284,7 @@ def rule_steps(
             base_batch,
             batch,
             "raw",
-            lambda phi: rule_progress(phi, base_batch, batch, gain(phi), share),
+            lambda phi: rule_progress(phi * noise_factor, base_batch, batch, gain(phi), share),
         )
 
     if rule == "adascale" or batch == base_batch:

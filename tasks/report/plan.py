@@ -27,7 +27,7 @@ from tasks.measure.noise_trajectory import (
 )
 from tasks.report.forecast import MEASURED, fit_cost_model
 from tasks.train.noise_estimates import (
-    headroom_from,
+    calibrated,
     planned_gain,
     rule_progress,
     static_gain,
@@ -107,9 +107,10 @@ def _steps_to(metrics: dict, target: float | None) -> tuple[float, int]:
 class Pricing:
     """How a plan turns a batch into steps to the target: the run's steps along its noise
     scale, each step's progress by the rate the rule gives the batch (`rule_progress`, on
-    the base rate's `headroom`: calibrated from the study's baseline beside the run; None:
-    the rule is `adascale`, whose steps need none), that rate capped at the highest one
-    measured to reach the target."""
+    the base rate's `headroom`: calibrated from the study's baseline beside the run, with
+    the noise scale `noise_factor` times the measured one where a base rate at its optimum
+    cannot explain the pair (`calibrated`); None: the rule is `adascale`, whose steps need
+    none), that rate capped at the highest one measured to reach the target."""
 
     path: Trajectory
     steps_run: int
@@ -121,6 +122,7 @@ class Pricing:
     headroom: float | None
     cap: float  # the highest rate measured to reach the target, as a gain over the base
     noise: tuple[float, float, float]  # the headline noise scale (low, value, high)
+    noise_factor: float = 1.0
 
     def gain(self, batch: float, phi: float) -> float:
         return min(planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch), self.cap)
@@ -135,7 +137,8 @@ class Pricing:
         """One step's progress at `batch` against one at the base batch and rate."""
         if self.headroom is None:
             return step_progress(phi, self.base_batch, batch)
-        return rule_progress(phi, self.base_batch, batch, self.gain(batch, phi), self.headroom)
+        gain = self.gain(batch, phi)  # an adaptive rule's, from the noise scale it measures
+        return rule_progress(phi * self.noise_factor, self.base_batch, batch, gain, self.headroom)
 
     def steps(self, batch: float) -> tuple[float, float, float]:
         """The steps along the run's noise scale, and the interval of the headline's
@@ -260,44 +263,50 @@ def pricing_of(
     rule = metrics.get("lr_scaling_rule") or followed
     base_rate = metrics["learning_rate"] / static_gain(followed, run_batch / base_batch)
     cap = max(planned_gain(rule, run_batch / base_batch, noise[1], base_batch), 1.0)
-    headroom, source = _headroom(study, rule, noise[1], base_batch, run_batch, steps_run)
+    (headroom, factor), source = _headroom(study, rule, noise[1], base_batch, run_batch)
     if headroom is None and rule != "adascale":
         source = f"{source}; so priced as adascale, whose steps need no calibration"
         rule = "adascale"  # its rate held at the run's, which reached the target
     accum = metrics.get("grad_accum_steps", 1)
     pricing = Pricing(
-        path, steps_run, run_batch, base_batch, accum, base_rate, rule, headroom, cap, noise
-    )
+        path, steps_run, run_batch, base_batch, accum, base_rate, rule, headroom, cap, noise,
+        factor,
+    )  # fmt: skip
     return pricing, source
 
 
 def _headroom(
-    study: dict | None, rule: str, phi: float, base_batch: int, run_batch: int, steps_run: int
-) -> tuple[float | None, str]:
-    """The base rate's share of its optimum that the study's two trainings imply
-    (`headroom_from`): the baseline's steps to the target at the base batch against the
-    run's at its own, with the rule's gain."""
+    study: dict | None, rule: str, phi: float, base_batch: int, run_batch: int
+) -> tuple[tuple[float | None, float], str]:
+    """The base rate's share of its optimum and the noise scale's factor that the study's
+    two trainings imply (`calibrated`): the baseline's steps to the target at the base
+    batch against the run's at its own, with the rule's gain; and where that came from."""
     if rule == "adascale":
-        return None, "adascale keeps the rate's share of its optimum: no calibration needed"
+        return (None, 1.0), "adascale keeps the rate's share of its optimum: no calibration"
     study = study or {}
     base_examples = study.get("examples_to_target_baseline")
     run_examples = study.get("examples_to_target_distributed")
     if not base_examples or not run_examples or run_batch == base_batch:
-        return None, (
+        return (None, 1.0), (
             f"{rule} not calibrated: no baseline at batch {base_batch} reached the target "
             "beside the run (plan from a `tfscale run`'s distributed run)"
         )
     measured = (base_examples / base_batch) / (run_examples / run_batch)
     gain = planned_gain(rule, run_batch / base_batch, phi, base_batch)
-    headroom = headroom_from(phi, base_batch, run_batch, gain, measured)
+    headroom, factor = calibrated(phi, base_batch, run_batch, lambda _: gain, measured)
     if headroom is None:
-        return None, f"{rule}'s gain here keeps the rate's share of its optimum"
+        return (None, 1.0), f"{rule}'s gain here keeps the rate's share of its optimum"
     seeds = study.get("seeds", 1)
-    return headroom, (
+    said = (
+        f"put the base rate at {headroom:.2f} of its optimum"
+        if factor == 1.0
+        else f"need more than a base rate at its optimum: the noise scale is taken as "
+        f"{factor:.2f}x the measured"
+    )
+    return (headroom, factor), (
         f"{rule}, calibrated: the baseline's {base_examples / base_batch:,.0f} steps at batch "
         f"{base_batch} against the run's {run_examples / run_batch:,.0f} at {run_batch} "
-        f"({seeds} seed{'s' if seeds > 1 else ''}) put the base rate at {headroom:.2f} of its "
-        "optimum"
+        f"({seeds} seed{'s' if seeds > 1 else ''}) {said}"
     )
 
 

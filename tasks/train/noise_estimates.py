@@ -14,7 +14,7 @@ also AdaScale's gain for SGD.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -132,12 +132,45 @@ def headroom_from(
     `measured`, the steps to a target at `base_batch` over the steps at `batch` with the
     rate `gain` times the base: solving measured/g* = (2k - k^2 h)/(2 - h), k = gain/g*.
     None where the pair says nothing of it (a gain that keeps the share: k = 1). Held to
-    [0, 1.9]: a pair better than the rate's gain alone reads 0, one past the optimum 1.9."""
+    [0, 1.9]: a pair better than the rate's gain alone reads 0, one past the optimum 1.9
+    (`calibrated` reads that as a noise scale measured low)."""
     best = step_progress(noise_scale, base_batch, batch)
     k, q = gain / best, measured / best
     if abs(k - 1) < 1e-6 or abs(k * k - q) < 1e-12:
         return None
     return min(max(2 * (k - q) / (k * k - q), 0.0), 1.9)
+
+
+def calibrated(
+    noise_scale: float,
+    base_batch: float,
+    batch: float,
+    gain_at: Callable[[float], float],
+    measured: float,
+) -> tuple[float | None, float]:
+    """What a measured pair (`measured`: the steps to a target at `base_batch` over those at
+    `batch`, the rate there `gain_at(phi)` times the base) says of the quadratic model's two
+    unknowns, as (headroom, noise factor): the base rate's headroom where one at or below its
+    optimum explains the pair (`headroom_from`, the noise scale as measured: factor 1);
+    else a base rate at its optimum and the noise scale `factor` times the measured one, the
+    smallest that explains it (B_simple can read below the critical batch: McCandlish et
+    al., Appendix D; on tfscale's synthetic task it read half of it). (None, 1) where the
+    pair says nothing (a gain that keeps the rate's share of its optimum)."""
+    headroom = headroom_from(noise_scale, base_batch, batch, gain_at(noise_scale), measured)
+    if headroom is None or headroom < 1.0:
+        return headroom, 1.0
+
+    def made(factor: float) -> float:  # the pair's steps ratio at headroom 1
+        phi = noise_scale * factor
+        return rule_progress(phi, base_batch, batch, gain_at(phi), 1.0)
+
+    low, high = 1.0, 64.0
+    if made(high) < measured:
+        return 1.0, high
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if made(middle) < measured else (low, middle)
+    return 1.0, high
 
 
 def window_estimates(window: dict, variant: str = "raw") -> tuple[float, float] | None:

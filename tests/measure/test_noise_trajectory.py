@@ -307,3 +307,26 @@ def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
     known = rule_steps(path, 100, 32, 64, "linear", headroom=0.5)
     assert known.steps == pytest.approx(100 / rule_progress(32.0, 32, 64, 2.0, 0.5))
     assert rule_steps(path, 100, 32, 64, "adascale").steps == pytest.approx(75.0)
+
+
+def test_a_pair_a_base_rate_at_its_optimum_cannot_explain_reads_as_a_noise_scale_measured_low():
+    """A pair made at headroom 0.5 with the noise scale as measured reads back as headroom
+    0.5, factor 1. One made under sqrt's gain at headroom 1 with a true noise scale twice
+    the measured one (the larger batch gains more than any rate at or below its optimum
+    explains at the measured noise scale) reads as headroom 1 and factor 2. Under linear's
+    gain, above the share-keeping one, the same truth reads as a lower headroom instead:
+    one pair cannot tell the two apart, and the headroom is preferred."""
+    from tasks.train.noise_estimates import calibrated, rule_progress
+
+    for gain in (2**0.5, 2.0):
+        made = rule_progress(60.0, 32, 64, gain, 0.5)
+        assert calibrated(60.0, 32, 64, lambda _, g=gain: g, made) == pytest.approx((0.5, 1.0))
+    sqrt = 2**0.5
+    made = rule_progress(120.0, 32, 64, sqrt, 1.0)
+    assert calibrated(60.0, 32, 64, lambda _: sqrt, made) == pytest.approx((1.0, 2.0), rel=1e-4)
+    headroom, factor = calibrated(
+        60.0, 32, 64, lambda _: 2.0, rule_progress(120.0, 32, 64, 2.0, 1.0)
+    )
+    assert factor == 1.0 and headroom < 1.0
+    best = step_progress(60.0, 32, 64)
+    assert calibrated(60.0, 32, 64, lambda _: best, best) == (None, 1.0)
