@@ -26,6 +26,7 @@ from tasks.measure.noise_trajectory import (
     trajectory,
 )
 from tasks.report.forecast import MEASURED, fit_cost_model
+from tasks.report.target_comparison import SEED_SPREAD
 from tasks.train.noise_estimates import (
     calibrated,
     planned_gain,
@@ -131,6 +132,7 @@ class Pricing:
     cap: float  # the highest rate measured to reach the target, as a gain over the base
     noise: tuple[float, float, float]  # the headline noise scale (low, value, high)
     noise_factor: float = 1.0
+    seed_spread: float = SEED_SPREAD  # of the run's own steps to the target (log, one sd)
 
     def gain(self, batch: float, phi: float) -> float:
         return min(planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch), self.cap)
@@ -151,7 +153,8 @@ class Pricing:
     def steps(self, batch: float) -> tuple[float, float, float]:
         """The steps along the run's noise scale, and the interval of the headline's
         bounds held constant, widened to the point where a changing noise scale puts it
-        outside; infinite where the rate makes no progress."""
+        outside, and by the run's own steps' doubt (`seed_spread`: a seed's spread over the
+        seeds they are a mean of); infinite where the rate makes no progress."""
 
         def relative(phi: float) -> float:
             run = self.made(phi, self.run_batch)
@@ -164,7 +167,8 @@ class Pricing:
             self.steps_run / made if (made := relative(q)) > 0 else math.inf
             for q in (self.noise[0], self.noise[2])
         ]
-        return steps, min(*ends, steps), max(*ends, steps)
+        doubt = math.exp(1.96 * self.seed_spread)
+        return steps, min(*ends, steps) / doubt, max(*ends, steps) * doubt
 
 
 @dataclass(frozen=True)
@@ -276,9 +280,11 @@ def pricing_of(
         source = f"{source}; so priced as adascale, whose steps need no calibration"
         rule = "adascale"  # its rate held at the run's, which reached the target
     accum = metrics.get("grad_accum_steps", 1)
+    seeds = (study or {}).get("seeds", 1)  # MLPerf's mean keeps all but the extremes of 3+
+    spread = SEED_SPREAD / math.sqrt(seeds - 2 if seeds >= 3 else seeds)
     pricing = Pricing(
         path, steps_run, run_batch, base_batch, accum, base_rate, rule, headroom, cap, noise,
-        factor,
+        factor, spread,
     )  # fmt: skip
     return pricing, source
 
