@@ -245,5 +245,11 @@ def test_the_size_check_sees_a_long_function_and_a_long_signature(tmp_path):
     assert oversized(module) == [f"{module}:1 long: 51 lines", f"{module}:54 wide: 9 parameters"]
 
 
+def test_the_readme_is_a_front_door_of_at_most_200_lines():
+    """What a new user reads first: the set-up, the answer, where the rest is."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail to docs/"
+
+
 if __name__ == "__main__":
     print(diagram(), end="")
