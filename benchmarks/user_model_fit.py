@@ -59,7 +59,7 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     """tfscale's epoch runner and a `fit` of the same model, each `(steps) -> None`."""
     import keras
 
-    from tasks.data.inputs import build_dataset
+    from tasks.data.inputs import Reading, build_dataset
     from tasks.data.preparation import prepare_dataset
     from tasks.distribute.hardware import detect_hardware
     from tasks.distribute.strategy import select_strategy
@@ -98,9 +98,8 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
             metrics=metrics,
             steps_per_execution=config.train.steps_per_call,
         )
-    train = build_dataset(
-        manifest, data_dir, "train", setup.global_batch, training=True, seed=config.train.seed
-    ).repeat()
+    reading = Reading(seed=config.train.seed)
+    train = build_dataset(manifest, data_dir, "train", setup.global_batch, True, reading).repeat()
 
     def tfscale(steps: int) -> None:
         run_epoch(steps)  # its steps alone: the runner is made once

@@ -62,7 +62,7 @@ def imported_modules(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
-            if node.module in (*ROOTS, *LAYERS):  # from tasks.report import execute
+            if node.module in (*ROOTS, *LAYERS):  # from tasks.execute import trainings
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
