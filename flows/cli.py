@@ -421,9 +421,11 @@ def _add_plan(sub: Any) -> None:
         "plan",
         help=text,
         description=text + ". Prices every device count (powers of 2 up to --devices) and "
-        "per-replica batch (16 to 512) as predicted steps to the target (the run's own steps "
-        "and gradient noise scale) x predicted step time (its cost model on --link), and "
-        "recommends the fastest; writes plan.json beside the run.",
+        "per-replica batch (16 to 512) as predicted steps to the target (the run's own steps, "
+        "its gradient noise scale and its learning-rate rule, calibrated from the study's "
+        "baseline) x predicted step time (its cost model on --link), with evaluations and "
+        "epochs' fixed costs, never at a rate above the highest measured to reach the "
+        "target, and recommends the fastest; writes plan.json beside the run.",
     )
     _add_run_source(plan, "plan from", ", as `tfscale run` leaves")
     plan.add_argument("--devices", type=int, default=8, help="the most devices (8)")

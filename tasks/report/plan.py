@@ -1,12 +1,16 @@
 """`tfscale plan`: the fastest way to a held-out target on up to N devices, from one run's
 measurements. Every configuration of devices (powers of 2 up to N, and N) and per-replica
-batch is priced as time to target = predicted steps x predicted step time:
+batch is priced as time to target = predicted steps x predicted step time + evaluations
+and epochs' fixed costs:
 
 - the step time from the run's cost model (`tasks.report.forecast`: compute per example,
   all-reduce, sync, input) on the named link;
-- the steps from the run's own steps to the target and its gradient noise scale
-  (`tasks.measure.noise_trajectory.predicted_steps_to`), with the interval of the noise scale's
-  quartiles.
+- the steps from the run's own steps to the target, its gradient noise scale and the rate
+  its learning-rate rule gives each batch, calibrated from the study's baseline
+  (`Pricing`; `tasks.measure.noise_trajectory`), with the interval of the noise scale's
+  95% bounds and the run's own seed doubt;
+- no rate above the highest measured to reach the target, and no global batch that leaves
+  fewer than `MIN_STEPS_PER_EPOCH` steps an epoch.
 
 Each figure says which measurement it came from (`Plan.sources`).
 """
