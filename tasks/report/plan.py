@@ -208,6 +208,8 @@ def make_plan(
     _check_asked(devices, batches)
     target, steps_run = _steps_to(metrics, target)
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
+    if study is not None and not _same_target(study.get("target_accuracy"), target):
+        study = None  # its two trainings were compared at another target
     pricing, rule_source = pricing_of(metrics, steps_run, model.per_replica_batch, study)
     link = None if link_name == MEASURED else link_gbit * 1e9 / 8
     costs = _fixed_costs(metrics, model, pricing.run_batch)
@@ -264,6 +266,10 @@ def _noise_of(metrics: dict, steps_run: int) -> tuple[Trajectory, tuple[float, f
             "(a longer run, or a higher --target).",
         )
     return path, noise
+
+
+def _same_target(theirs: float | None, ours: float) -> bool:
+    return theirs is not None and math.isclose(theirs, ours, rel_tol=1e-9)
 
 
 def pricing_of(

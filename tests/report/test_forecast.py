@@ -284,6 +284,7 @@ def _study(rule: str = "linear", phi: float = 64.0, run_batch: int = 2 * BATCH) 
     return {
         "examples_to_target_baseline": base_steps * BATCH,
         "examples_to_target_distributed": 100 * run_batch,
+        "target_accuracy": 0.96,
         "seeds": 1,
     }
 
@@ -347,6 +348,16 @@ def test_a_plan_without_a_baseline_to_calibrate_its_rule_prices_adascale_up_to_i
     assert "linear not calibrated: no baseline at batch 32" in plan.sources["learning rate"]
     assert "so priced as adascale" in plan.sources["learning rate"]
     assert "left out: their rate would pass 0.002" in plan.sources["batches"]
+
+
+def test_a_plan_to_another_target_than_the_studys_does_not_calibrate_from_it():
+    """The study compared its trainings at 0.96; a plan to 0.9 cannot take its pair for
+    that target's, so its rule is not calibrated and it prices adascale."""
+    from tasks.report.plan import make_plan
+
+    assert make_plan(_planned_run(), 4, "ethernet-10g", 10.0, study=_study()).rule == "linear"
+    other = make_plan(_planned_run(), 4, "ethernet-10g", 10.0, 0.9, study=_study())
+    assert other.rule == "adascale" and "linear not calibrated" in other.sources["learning rate"]
 
 
 def test_a_plan_counts_gradient_accumulation_once():
