@@ -215,11 +215,13 @@ def predicted_steps_to(
     `step_progress`, a rate that keeps its share of its optimum). NaN where the noise was
     measurable nowhere; infinity where a step makes no progress (the rate too high)."""
     step = progress or (lambda phi: step_progress(phi, base_batch, batch))
-    fallback = path.headline(variant, until=steps_to_target)[1]
+    fallback: list[float] = []  # the headline, computed once where a window needs it
     total = 0.0
     for at in range(1, steps_to_target + 1):
         phi = path.at(at, variant)
-        phi = phi if math.isfinite(phi) else fallback
+        if not math.isfinite(phi):
+            fallback = fallback or [path.headline(variant, until=steps_to_target)[1]]
+            phi = fallback[0]
         if math.isnan(phi):
             return math.nan
         made = step(phi)
