@@ -9,7 +9,7 @@ import math
 import random
 from typing import Any
 
-from tasks.measure.noise_trajectory import rule_steps, split_examples, trajectory
+from tasks.measure.noise_trajectory import RuleSteps, rule_steps, split_examples, trajectory
 from tasks.measure.rounds import Spread
 from tasks.train.noise_estimates import efficiency
 from tasks.train.to_target import OverSeeds, over_seeds, target_text
@@ -233,8 +233,8 @@ def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict
     if rule is not None:
         point = figures.get("predicted_examples_to_target_distributed")
         low = figures.get("predicted_examples_to_target_low", math.nan)
-        high = figures.get("predicted_examples_to_target_high", math.inf)
-        span = f"{point:,.0f}" if point is not None else f"{low:,.0f}-{high:,.0f}"
+        high = figures.get("predicted_examples_to_target_high", math.inf)  # inf: dropped
+        span = RuleSteps(rule, point, low, high).text()  # in examples already
         text += f" predicted {span} examples for {distributed.shape} at {rule}'s rate"
         if point is None:
             text += " (from a base rate far below its best to one at it)"
