@@ -61,7 +61,7 @@ def with_time_to_target(
         placed = []
         for p in points:
             batch = p.workers * m.per_replica_batch if predicted.scaling == "weak" else whole
-            if pricing.headroom is None and pricing.capped(batch):
+            if not pricing.priceable(batch):
                 placed.append(p)
                 continue
             steps = pricing.steps(batch)[0]

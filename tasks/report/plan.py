@@ -138,14 +138,20 @@ class Pricing:
     noise_factor: float = 1.0
     seed_spread: float = SEED_SPREAD  # of the run's own steps to the target (log, one sd)
 
+    def asked(self, batch: float, phi: float) -> float:
+        """The gain the rule gives `batch` at noise scale `phi`, before the cap."""
+        return planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch)
+
     def gain(self, batch: float, phi: float) -> float:
-        return min(planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch), self.cap)
+        return min(self.asked(batch, phi), self.cap)
 
     def capped(self, batch: float) -> bool:
-        phi = self.noise[1]
-        return planned_gain(self.rule, batch / self.base_batch, phi, self.base_batch) > self.cap * (
-            1 + 1e-9
-        )
+        return self.asked(batch, self.noise[1]) > self.cap * (1 + 1e-9)
+
+    def priceable(self, batch: float) -> bool:
+        """Whether `batch`'s steps are known: the rule calibrated, or its rate within the
+        cap (an uncalibrated rule's steps at a capped rate are not)."""
+        return self.headroom is not None or not self.capped(batch)
 
     def made(self, phi: float, batch: float) -> float:
         """One step's progress at `batch` against one at the base batch and rate."""
@@ -387,7 +393,7 @@ def _rows(
             if costs.data is not None and batch * MIN_STEPS_PER_EPOCH > costs.data:
                 left_out["steps an epoch"] += 1
                 continue
-            if pricing.headroom is None and pricing.capped(batch):
+            if not pricing.priceable(batch):
                 left_out["rate"] += 1
                 continue
             rows.append(_row(pricing, model, link, costs, n, b, batch, one))
