@@ -27,7 +27,6 @@ within an order of magnitude and often much closer). Adam's preconditioned noise
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -42,29 +41,15 @@ BATCHES = (16, 32, 64, 128, 256)
 
 
 def train(project: Path, params: dict, batch: int, seed: int, power: float) -> dict:
-    """One training to the target, its learning rate 0.001 x (batch/32)^power; its
-    metrics.json."""
-    params = json.loads(json.dumps(params))
-    params["train"].update(
-        batch_size_per_replica=batch,
-        seed=seed,
-        learning_rate=0.001 * (batch / 32) ** power,
-        warmup_epochs=1,
-        stop_at_target=True,
-        noise_scale_every=1,
-        runs_dir=str(project / f"runs-{batch}-{seed}"),
-        precision="float32",
-        jit_compile=False,
-    )
-    path = project / f"params-{batch}-{seed}.yaml"
-    path.write_text(yaml.safe_dump(params))
-    tfscale = str(Path(sys.executable).parent / "tfscale")
-    command = [tfscale, "--params", str(path), "train", "--strategy", "one_device"]
-    proc = subprocess.run([*command, "--no-diagnose"], cwd=project, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(proc.stderr[-3000:])
-    (metrics,) = (project / f"runs-{batch}-{seed}").rglob("metrics.json")
-    return json.loads(metrics.read_text())
+    """One training to the target, its learning rate 0.001 x (batch/32)^power, recording
+    the noise scale on every graph call; its metrics.json."""
+    from benchmarks.time_to_accuracy import train_to_target
+
+    rate = 0.001 * (batch / 32) ** power
+    return train_to_target(
+        project, params, f"{batch}-{seed}", batch_size_per_replica=batch, seed=seed,
+        learning_rate=rate, noise_scale_every=1,
+    )  # fmt: skip
 
 
 def main() -> None:

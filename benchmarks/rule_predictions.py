@@ -50,31 +50,13 @@ def gain(rule: str, batch: int) -> float:
 
 def train(project: Path, params: dict, batch: int, seed: int, rate: float) -> dict:
     """One training to the target on one device; the parts of its metrics.json kept."""
-    name = f"{batch}-{seed}-{rate:g}"
-    params = json.loads(json.dumps(params))
-    params["train"].update(
-        batch_size_per_replica=batch,
-        seed=seed,
+    from benchmarks.time_to_accuracy import train_to_target
+
+    metrics = train_to_target(
+        project, params, f"{batch}-{seed}-{rate:g}", batch_size_per_replica=batch, seed=seed,
         learning_rate=rate,
-        warmup_epochs=1,
-        stop_at_target=True,
-        runs_dir=str(project / f"runs-{name}"),
-        precision="float32",
-        jit_compile=False,
-    )
-    done = list((project / f"runs-{name}").rglob("metrics.json"))
-    if done:  # a resumed measurement: trained before
-        kept = {k: v for k, v in json.loads(done[0].read_text()).items() if k in KEPT}
-        return {"batch": batch, "seed": seed, "rate": rate, **kept}
-    path = project / f"params-{name}.yaml"
-    path.write_text(yaml.safe_dump(params))
-    tfscale = str(Path(sys.executable).parent / "tfscale")
-    command = [tfscale, "--params", str(path), "train", "--strategy", "one_device"]
-    proc = subprocess.run([*command, "--no-diagnose"], cwd=project, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(proc.stderr[-3000:])
-    (metrics,) = (project / f"runs-{name}").rglob("metrics.json")
-    kept = {k: v for k, v in json.loads(metrics.read_text()).items() if k in KEPT}
+    )  # fmt: skip
+    kept = {k: v for k, v in metrics.items() if k in KEPT}
     return {"batch": batch, "seed": seed, "rate": rate, **kept}
 
 

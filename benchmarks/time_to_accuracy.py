@@ -59,6 +59,34 @@ def merged(base: dict, changes: dict) -> dict:
     return out
 
 
+def train_to_target(project: Path, params: dict, name: str, **train: object) -> dict:
+    """One training to the target on one device (`train.stop_at_target`), float32 without
+    XLA, warming up over one epoch, `train`'s keys set, in `project`'s `runs-NAME`: its
+    metrics.json, read back where an earlier run of the benchmark left it there."""
+    runs = project / f"runs-{name}"
+    done = list(runs.rglob("metrics.json"))
+    if done:  # a resumed measurement: trained before
+        return json.loads(done[0].read_text())
+    params = json.loads(json.dumps(params))
+    params["train"].update(
+        warmup_epochs=1,
+        stop_at_target=True,
+        runs_dir=str(runs),
+        precision="float32",
+        jit_compile=False,
+        **train,
+    )
+    path = project / f"params-{name}.yaml"
+    path.write_text(yaml.safe_dump(params))
+    tfscale = str(Path(sys.executable).parent / "tfscale")
+    command = [tfscale, "--params", str(path), "train", "--strategy", "one_device"]
+    proc = subprocess.run([*command, "--no-diagnose"], cwd=project, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(proc.stderr[-3000:])
+    (metrics,) = runs.rglob("metrics.json")
+    return json.loads(metrics.read_text())
+
+
 def study(task: str, seeds: int, lr_scaling: str | None = None) -> tuple[dict, dict]:
     """The summary of one `tfscale run --seeds` on `task` (with `lr_scaling`, that
     `train.lr_scaling`), and its config."""
