@@ -207,7 +207,6 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     speed = _spread(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = target_text(s.target_metric, s.target_accuracy)
-    low, high = s.time_to_target_speedup_low, s.time_to_target_speedup_high
     seeds = f"{s.seeds} seeds" if s.seeds > 1 else "one seed; --seeds 5 to be sure"
     by_speed = (
         f"use {shape}"
@@ -216,12 +215,12 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
         if speed.below(1.0)
         else "either: its interval holds 1"
     )
-    if s.time_to_target_speedup is None or low is None or high is None:
+    time = time_spread(s)
+    if time is None:
         why = s.to_target.partition(": ")[2]
         if NO_TARGET in why:
             return f"{head}: {by_speed}; no time to target: {NO_TARGET} {target}"
         return f"{head}: {by_speed}" + (f"; to {target}, not compared: {why}" if why else "")
-    time = Spread(s.time_to_target_speedup, low, high)
     join = (
         "but"
         if (time.below(1.0) and speed.above(1.0)) or (time.above(1.0) and speed.below(1.0))
@@ -237,20 +236,24 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     return f"{reached}: {either}neither surely finishes sooner, its interval holds 1 ({seeds})"
 
 
+def time_spread(s: ScalingSummary) -> Spread | None:
+    """The time-to-target speedup with its interval; None where it was not compared."""
+    point, low, high = (
+        s.time_to_target_speedup,
+        s.time_to_target_speedup_low,
+        s.time_to_target_speedup_high,
+    )
+    return None if None in (point, low, high) else Spread(point, low, high)
+
+
 def time_verdict(summary: ScalingSummary) -> str:
     """`; to 96% held-out accuracy 0.96x (0.70-1.31): neither surely finishes sooner`, so
     a heading never says a speedup above a line that says one device finishes sooner; ""
     where the time to target was not compared."""
     s = summary
-    if None in (
-        s.time_to_target_speedup,
-        s.time_to_target_speedup_low,
-        s.time_to_target_speedup_high,
-    ):
+    time = time_spread(s)
+    if time is None:
         return ""
-    time = Spread(
-        s.time_to_target_speedup, s.time_to_target_speedup_low, s.time_to_target_speedup_high
-    )
     said = (
         f"{s.shape} finish sooner"
         if time.above(1.0)
