@@ -80,27 +80,46 @@ class Stopped(KeyboardInterrupt):
         self.signum, self.exit_code = signum, 128 + signum
 
 
+class StopRequest:
+    """The signal that stopped a `stopped_by_signals` block, once one has (`signum`). The
+    block's exception is raised once, wherever the main thread is then, and library code
+    that catches every exception can swallow it (seen once in 1,150 placements inside
+    MLflow's store set-up): a wait inside the block checks `signum` too, so a stop never
+    depends on the exception arriving."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+
 @contextmanager
-def stopped_by_signals() -> Iterator[None]:
+def stopped_by_signals() -> Iterator[StopRequest]:
     """Within the block, SIGTERM and SIGHUP raise `Stopped` in the main thread, so that the
     block's `finally` (a server it owns) runs; their handlers are put back after. Only
     where the signals still have their default action and this is the main thread: a
     training's own handler (a preemption's checkpoint) is left alone, and so is a process
     whose main thread may wait in TensorFlow's C++ (a worker), which a Python handler
-    could not interrupt where the default action ends it."""
+    could not interrupt where the default action ends it. Ctrl-C (SIGINT, where Python's
+    own handler has it) still raises KeyboardInterrupt; every stop is also recorded in
+    the `StopRequest` the block gets."""
     import signal
     import threading
 
+    request = StopRequest()
+
     def stop(signum: int, frame: object) -> None:
+        request.signum = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Stopped(signum)
 
     taken = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(signum) is signal.SIG_DFL:
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            if signal.getsignal(signum) is default:
                 taken[signum] = signal.signal(signum, stop)
     try:
-        yield
+        yield request
     finally:
         for signum, before in taken.items():
             signal.signal(signum, before)

@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.core.process import StopRequest
 
 
 def server_command(tracker: Any, host: str, port: int) -> tuple[list[str], dict[str, str]]:
@@ -51,11 +54,11 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
     goes."""
     from tasks.core.process import stopped_by_signals
 
-    with stopped_by_signals():
-        return _serve_ui(tracker, subprocess.Popen(command, env=env), base)
+    with stopped_by_signals() as stop:
+        return _serve_ui(tracker, subprocess.Popen(command, env=env), base, stop)
 
 
-def _serve_ui(tracker: Any, server: Any, base: str) -> int:
+def _serve_ui(tracker: Any, server: Any, base: str, stop: StopRequest) -> int:
     from tasks.core.errors import UserError
     from tasks.core.network import wait_healthy
     from tasks.track.tracking import forget_serving_ui, record_serving_ui
@@ -75,7 +78,7 @@ def _serve_ui(tracker: Any, server: Any, base: str) -> int:
         latest = tracker.latest_study()
         if latest:
             print(f"latest run: {tracker.run_url(base, latest)}", flush=True)
-        return server.wait()
+        return _until_stopped(server, stop)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -86,3 +89,14 @@ def _serve_ui(tracker: Any, server: Any, base: str) -> int:
             except subprocess.TimeoutExpired:
                 server.kill()
         forget_serving_ui(tracker.store_dir)
+
+
+def _until_stopped(server: Any, stop: StopRequest) -> int:
+    """The server's exit code when it ends, or 0 once a stop was requested: a stop whose
+    exception some library swallowed (`StopRequest`) ends the wait as well."""
+    while stop.signum is None:
+        try:
+            return server.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+    return 0

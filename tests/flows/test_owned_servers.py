@@ -302,6 +302,49 @@ def test_tfscale_ui_links_where_a_browser_reaches_it_and_a_stop_takes_its_server
                 proc.kill()
 
 
+def test_a_ui_stops_when_a_library_swallows_the_stop(tmp_path):
+    """SIGTERM lands in library code that catches every exception (it happened inside
+    MLflow's store set-up, the UI then waited on its server for ever): the stop is
+    recorded where it was raised, so the UI still stops its server and its record goes."""
+    from tasks.track.tracking import Tracker
+    from tasks.track.ui_server import serve_ui
+
+    class Swallowing(Tracker):
+        def latest_study(self):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler runs here, and its exception is caught below
+            except BaseException:  # noqa: BLE001 (the library's habit, reproduced)
+                pass
+            return None
+
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import http.server, sys, threading\n"
+        "class Health(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "server = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), Health)\n"
+        "threading.Thread(target=server.serve_forever, daemon=True).start()\n"
+        "threading.Event().wait(60)\n"
+        "sys.exit(7)  # a UI that waited for the server instead of the stop returns this\n"
+    )
+    from helpers import free_port
+
+    port = free_port()
+    command = [sys.executable, str(script), str(port)]
+    tracker = Swallowing(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path))
+    others = set(psutil.Process().children())
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the block takes only a default
+    try:
+        assert serve_ui(tracker, command, dict(os.environ), f"http://127.0.0.1:{port}") == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert list(tmp_path.glob("ui.json")) == []
+    assert set(psutil.Process().children()) <= others, "the server outlived the UI"
+
+
 def test_a_ui_whose_server_fails_to_start_says_so_and_records_nothing(tmp_path):
     """MLflow's server exits before it answers: one error naming the address and the fix,
     no record of a UI serving the store (links would point at nothing)."""
