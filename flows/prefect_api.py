@@ -85,7 +85,14 @@ class TemporaryAPI:
                 return
             if not self.crowded_out() or attempt == START_TRIES:
                 break
+            taken = self.url
             self.start()
+            logging.getLogger(__name__).info(
+                "Prefect's temporary API server at %s lost its start to another command "
+                "(its port or its database); started again at %s",
+                taken,
+                self.url,
+            )
         code = self.process.poll()
         state = f"exited with code {code}" if code is not None else problem
         raise ServerUnavailable(
