@@ -81,6 +81,17 @@ class Objective:
             return labels
         return tf.reshape(tf.cast(labels, outputs.dtype), tf.shape(outputs))
 
+    def keras_labels(self, labels: Any) -> Any:
+        """The labels as a step of the model's own takes them, as `fit` would be given them:
+        class ids (one-hot where the compiled loss is categorical), else float32."""
+        import tensorflow as tf
+
+        if self.kind == "class":
+            if self.one_hot:
+                return tf.one_hot(tf.cast(labels, tf.int32), self.label.num_classes)
+            return labels
+        return tf.cast(labels, tf.float32)
+
     @property
     def one_hot(self) -> bool:
         name = loss_name(self.loss_fn)

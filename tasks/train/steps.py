@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tasks.core.internals import cluster_resolver_of, input_pipelines_of
 from tasks.data.inputs import distributed_iterator
+from tasks.train.keras_meaning import own_train_step, run_own_train_step, step_loss
 from tasks.train.objectives import objective_of
 
 EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (loss, correct)
@@ -114,31 +115,40 @@ def make_warmup_schedule(
 def replica_step(
     model, optimizer, images, labels, accum_steps: int, effective_batch: int, noise=None
 ):
-    """One optimizer update from `accum_steps` micro-batches of this replica's batch.
+    """One optimizer update from `accum_steps` micro-batches of this replica's batch, as
+    Keras's `fit` means it (`tasks.train.keras_meaning`): the model's own `train_step` where
+    it has one, else the loss its `compute_loss` gives (the compiled loss and
+    `model.losses`), scaled so that summing across replicas (which the optimizer does) gives
+    the effective global batch's mean gradient. Returns (loss, the sum of the examples'
+    scores: the correct count for classes; `tasks.train.objectives`). `images` is a tensor,
+    or a dict of them (features by name).
 
-    The loss is averaged over the effective global batch, so summing across replicas
-    (which the optimizer does) gives the mean gradient. Returns (loss, the sum of the
-    examples' scores: the correct count for classes; `tasks.train.objectives`). `images`
-    is a tensor, or a dict of them (features by name).
-
-    With `noise` (a `GradientNoise`, also set on the `FusedAdam` whose all-reduce records
-    it), each micro-batch's gradient is kept for it, and a lone replica splits a batch of no
-    micro-batches in two, so that there is a smaller batch to compare the whole with.
+    With `noise` (a `GradientNoise`, also set on the optimizer whose all-reduce records
+    it), each micro-batch's gradient is kept for it; a lone replica with no micro-batches
+    also takes its first half's gradient from the same forward pass, so that there is a
+    smaller batch to compare the whole with while the update is the whole batch's, as `fit`
+    makes it (BatchNormalization's statistics and Dropout's draws are the whole batch's).
     """
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     objective = objective_of(model)
-    splits = accum_steps
-    if noise is not None and noise.split_batch:
-        splits = 2
+    if own_train_step(model):
+        return run_own_train_step(model, objective, images, labels)
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    halves = noise is not None and noise.split_batch
     grads, total_loss, correct, micro = None, 0.0, 0.0, []
-    for images_i, labels_i in zip(_split(images, splits), tf.split(labels, splits), strict=True):
-        with tf.GradientTape() as tape:
+    for images_i, labels_i in zip(
+        _split(images, accum_steps), tf.split(labels, accum_steps), strict=True
+    ):
+        with tf.GradientTape(persistent=halves) as tape:
             logits = model(images_i, training=True)
-            per_example = objective.loss(labels_i, logits)
-            loss = tf.reduce_sum(per_example) / effective_batch
+            loss = step_loss(model, objective, images_i, labels_i, logits, effective_batch)
             target = optimizer.scale_loss(loss) if scaled else loss
+            if halves:
+                half = _first_half_loss(model, objective, images_i, labels_i, logits)
+                half = optimizer.scale_loss(half) if scaled else half
         step_grads = tape.gradient(target, model.trainable_variables)
-        if noise is not None:
+        if halves:
+            micro = _halves(tape.gradient(half, model.trainable_variables), step_grads)
+        elif noise is not None:
             micro.append(step_grads)
         grads = (
             step_grads if grads is None else [a + b for a, b in zip(grads, step_grads, strict=True)]
@@ -148,9 +158,25 @@ def replica_step(
     if noise is not None:
         scale = optimizer.scale_loss(1.0) if scaled else 1.0
         rows = tf.nest.flatten(images_i)[0].shape[0]
-        noise.stage(micro, model.trainable_variables, effective_batch / rows, scale)
+        factor = 1.0 if halves else effective_batch / rows
+        noise.stage(micro, model.trainable_variables, factor, scale)
     optimizer.apply(grads, model.trainable_variables)
     return total_loss, correct
+
+
+def _first_half_loss(model, objective, images, labels, logits) -> tf.Tensor:
+    """The loss of the first half of a lone replica's batch, from the whole batch's forward
+    pass (its mean: the loss of a batch of half as many examples)."""
+    rows = labels.shape[0] // 2
+    first = tf.nest.map_structure(lambda t: t[:rows], images)
+    return step_loss(model, objective, first, labels[:rows], logits[:rows], rows)
+
+
+def _halves(first: list, whole: list) -> list[list]:
+    """The mean gradients of a batch's two halves, from the first's and the whole's (whose
+    mean of the two it is)."""
+    second = [2.0 * w - f for f, w in zip(first, whole, strict=True)]
+    return [first, second]
 
 
 def _split(features: Any, parts: int) -> list[Any]:

@@ -35,6 +35,7 @@ from tasks.distribute.strategy import StrategyChoice, build_strategy
 from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver
 from tasks.train.evaluation import record_final
+from tasks.train.keras_meaning import attach, own_train_step
 from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
 from tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
@@ -47,7 +48,7 @@ from tasks.train.to_target import (
     interval_examples,
     target_of,
 )
-from tasks.train.user_models import parameter_count
+from tasks.train.user_models import example_batch, example_labels, parameter_count
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +336,13 @@ def _gradient_noise(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConf
     it and the strategy's step is `replica_step` under `strategy.run` (not a parameter
     server's or a pipeline's)."""
     if not cfg.noise_scale or not choice.spec.records_noise:
+        return None
+    if own_train_step(setup.model):
+        status(
+            "noise scale",
+            "not recorded: the model's own train_step computes its gradients, so tfscale "
+            "sees no batch smaller than the all-reduced one",
+        )
         return None
     adam = adam_of(setup.optimizer)
     noise = GradientNoise(
@@ -625,6 +633,7 @@ def _model_and_optimizer(
         if choice.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
+        attach(model, optimizer, example_batch(manifest.spec), example_labels(manifest.spec))
     return model, optimizer, rate
 
 

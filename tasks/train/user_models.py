@@ -111,6 +111,14 @@ def example_batch(spec: FeatureSpec) -> Any:
     return next(iter(values.values())) if len(values) == 1 else values
 
 
+def example_labels(spec: FeatureSpec) -> Any:
+    """One example's label of zeros, as the data gives it (class ids are integers)."""
+    import numpy as np
+
+    label = spec.label
+    return np.zeros((1, *label.shape), "int64" if label.kind == "class" else "float32")
+
+
 def _load_saved(path: str) -> Any:
     import zipfile
 

@@ -1,0 +1,104 @@
+"""What Keras's own `fit` means by a training step, for tfscale's loop to train exactly that:
+the loss of a batch as the model's `compute_loss` gives it (the compiled loss with its
+`loss_weights`, plus `model.losses`: regularisers and `add_loss`), and a model's own
+`train_step` where it overrides Keras's.
+
+tfscale's loop owns the distribution, the clock and the gradient noise scale; the meaning of
+a step is the model's. Reduction follows Keras under a strategy: the compiled loss is the
+mean over the replica's batch divided by the replicas in sync, and so is each of
+`model.losses` (`keras/src/backend/tensorflow/trainer.py` `_aggregate_additional_loss`), so
+the optimizer's all-reduced sum is the global batch's mean gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tasks.train.objectives import objective_of
+
+
+def _overrides(model: Any, method: str) -> bool:
+    return getattr(type(model), method, None) is not getattr(keras.Model, method)
+
+
+def own_train_step(model: Any) -> bool:
+    """Whether the model overrides Keras's `train_step` (Keras's guide "Customizing what
+    happens in fit()")."""
+    return _overrides(model, "train_step")
+
+
+def own_test_step(model: Any) -> bool:
+    return _overrides(model, "test_step")
+
+
+def keras_loss(model: Any) -> bool:
+    """Whether Keras's `compute_loss` gives the model's loss: it was compiled with a loss,
+    or overrides `compute_loss`. Otherwise the label kind's default loss stands in for the
+    compiled one (`tasks.train.objectives`), with `model.losses` added as Keras adds them."""
+    compiled = getattr(model, "compiled", False) and getattr(model, "_compile_loss", None)
+    return bool(compiled) or _overrides(model, "compute_loss")
+
+
+def attach(model: Any, optimizer: Any, features: Any, labels: Any) -> None:
+    """Readies a model for tfscale's step, in the strategy's scope: its compiled loss and
+    metrics built for a batch like (`features`, `labels`), as `fit` builds them before its
+    first step (their variables made here, not inside a traced step); a model with its own
+    `train_step` updates with tfscale's `optimizer` (`model.optimizer`), whose all-reduce
+    the training's rate and rounds act on."""
+    if own_train_step(model):
+        model.optimizer = optimizer
+    if getattr(model, "compiled", False):
+        targets = objective_of(model).keras_labels(labels)
+        model._symbolic_build(data_batch=(features, targets))
+
+
+def step_loss(
+    model: Any, objective: Any, x: Any, labels: Any, outputs: Any, effective_batch: int
+) -> tf.Tensor:
+    """The loss of a (micro-)batch whose replica's examples are `effective_batch` divided by
+    the replicas in sync, in float32: Keras's `compute_loss` of it divided by the
+    micro-batches of the step, or (no compiled loss) the objective's loss summed over the
+    effective batch plus `model.losses` as Keras scales them."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    rows = tf.nest.flatten(x)[0].shape[0]
+    share = effective_batch / (rows * replicas)  # the micro-batches of a step
+    if keras_loss(model):
+        targets = objective.targets(labels, outputs)
+        loss = model._compute_loss(x=x, y=targets, y_pred=outputs, training=True)
+        return tf.cast(loss, tf.float32) / share
+    loss = tf.reduce_sum(objective.loss(labels, outputs)) / effective_batch
+    extra = [tf.cast(tf.reduce_sum(each), tf.float32) for each in model.losses]
+    if extra:
+        loss += tf.add_n(extra) / (replicas * share)
+    return loss
+
+
+def run_own_train_step(model: Any, objective: Any, x: Any, labels: Any) -> tuple[Any, Any]:
+    """The model's own `train_step` on this replica's batch, its metrics reset first so that
+    what it returns is this step's: (its loss over the replicas in sync, so that summing
+    the replicas gives the mean; the sum of the examples' scores where it reports the label
+    kind's score, else NaN)."""
+    for metric in model.metrics:
+        metric.reset_state()
+    logs = model.train_step((x, objective.keras_labels(labels)))
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    rows = tf.cast(tf.shape(labels)[0], tf.float32)
+    return _logged(logs, "loss") / replicas, _logged(logs, objective.label.score) * rows
+
+
+def _logged(logs: Any, name: str) -> tf.Tensor:
+    """A value the step returned by name, float32; NaN where it returned none such."""
+    value = _log(logs, name)
+    return tf.constant(float("nan")) if value is None else tf.cast(value, tf.float32)
+
+
+def _log(logs: Any, name: str) -> Any:
+    if not isinstance(logs, dict):
+        return None
+    value = logs.get(name)
+    if value is None and name == "accuracy":
+        value = next((v for k, v in logs.items() if k.endswith("accuracy")), None)
+    return value
