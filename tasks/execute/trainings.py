@@ -81,7 +81,7 @@ def run_training(
     return result
 
 
-_checked: set[tuple[str, str, str, str]] = set()  # the user's models checked, on which data
+_checked: set[tuple] = set()  # the user's models checked: on which data, trained how
 
 
 def _check_model(run: Run) -> None:
@@ -90,9 +90,14 @@ def _check_model(run: Run) -> None:
     ref = run.train.model
     if not is_user_model(ref):
         return
-    key = (ref, model_fingerprint(ref), run.manifest.digest, repr(run.config.evaluate))
+    key = (
+        ref, model_fingerprint(ref), run.manifest.digest, repr(run.config.evaluate),
+        run.train.grad_accum_steps, run.choice.kind,
+    )  # fmt: skip
     if key not in _checked:
-        check_user_model(ref, run.manifest, run.data_dir, run.config.evaluate)
+        check_user_model(
+            ref, run.manifest, run.data_dir, run.config.evaluate, (run.train, run.choice)
+        )
         _checked.add(key)
 
 

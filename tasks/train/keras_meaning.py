@@ -42,6 +42,19 @@ def keras_loss(model: Any) -> bool:
     return bool(compiled) or _overrides(model, "compute_loss")
 
 
+def not_cut_as_it_means(model: Any) -> list[str]:
+    """What of the model's own meaning a pipeline or column cut would not train (its stages
+    run the objective's loss alone): empty where nothing."""
+    found = []
+    if own_train_step(model):
+        found.append("its own train_step")
+    if _overrides(model, "compute_loss"):
+        found.append("its own compute_loss")
+    if model.losses:
+        found.append(f"{len(model.losses)} regularisation or add_loss term(s) (model.losses)")
+    return found
+
+
 def attach(model: Any, optimizer: Any, features: Any, labels: Any) -> None:
     """Readies a model for tfscale's step, in the strategy's scope: its compiled loss and
     metrics built for a batch like (`features`, `labels`), as `fit` builds them before its

@@ -151,8 +151,9 @@ def objective_from(model: Any, spec: FeatureSpec) -> Objective:
     loss = model.loss
     if isinstance(loss, (list, tuple, dict)):
         raise ModelError(
-            f"--model {model.tfscale_source} is compiled with {len(loss)} losses",
-            "give a model of one output, compiled with one loss",
+            f"--model {model.tfscale_source} is compiled with {len(loss)} losses; tfscale's "
+            "data has one label, so every output but one would train on nothing",
+            "give the model one output, compiled with one loss",
         )
     loss = keras.losses.get(loss) if isinstance(loss, str) else loss
     kwargs = getattr(loss, "_fn_kwargs", None)
@@ -178,7 +179,9 @@ def parameter_count(model: Any) -> int:
     return int(sum(math.prod(w.shape) for w in model.weights))
 
 
-def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> None:
+def check_user_model(
+    ref: str, manifest: Any, data_dir: str, evaluate: Any, run: Any = None
+) -> None:
     """Builds the user's model once, before anything trains or is written, and runs a few
     training examples through it, its loss and the target metric (`evaluate`, an
     `EvaluateConfig`): the worker processes and cluster tasks that build it again then
@@ -189,7 +192,10 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
             features, its outputs do not fit the label, its loss does not fit the label's
             kind; the target metric is not one it reports; a custom layer has no
             `get_config` (the trained model is saved and read back).
-        ModelRaised: the user's function raised.
+        ModelRaised: the user's function raised; its own `train_step` raised.
+        ModelError: its own `train_step` updates with optimizers other than the one it was
+            compiled with; what a pipeline cut or gradient accumulation (`run`: its
+            `TrainConfig` and `StrategyChoice`) cannot train as the model means it.
     """
     from tasks.data.inputs import build_dataset
 
@@ -202,6 +208,9 @@ def check_user_model(ref: str, manifest: Any, data_dir: str, evaluate: Any) -> N
     _check_loss(ref, model.tfscale_objective, labels, outputs)
     _check_target(model.tfscale_objective, evaluate)
     _check_rebuilds(ref, model)
+    if run is not None:
+        _check_how_trained(ref, model, *run)
+    _check_own_step(ref, model, features, labels)
 
 
 def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any:
@@ -216,6 +225,15 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
             "give the model one input per feature, named and shaped as the data's "
             "(the function receives the spec: spec.features)",
         ) from exc
+    if isinstance(outputs, (list, tuple, dict)) and len(outputs) > 1:
+        raise ModelError(
+            f"--model {ref} gives {len(outputs)} outputs; tfscale's data has one label "
+            f"({spec.label.kind}), so every output but one would train on nothing",
+            "give the model one output (several labels: one model each, or one output of "
+            "their values together)",
+        )
+    if isinstance(outputs, (list, tuple, dict)):
+        outputs = next(iter(outputs.values() if isinstance(outputs, dict) else outputs))
     width = int(outputs.shape[-1]) if outputs.shape.rank and outputs.shape.rank > 1 else 1
     if width != spec.label.outputs:
         raise ModelError(
@@ -224,6 +242,57 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
             f"end the model in a layer of {spec.label.outputs} unit(s) (spec.label.outputs)",
         )
     return outputs
+
+
+def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:
+    """What the run's strategy or accumulation would change of the model's meaning."""
+    from tasks.train.keras_meaning import not_cut_as_it_means, own_train_step
+
+    if choice.spec.splits and (lost := not_cut_as_it_means(model)):
+        raise ModelError(
+            f"--model {ref}: a {choice.kind} cut trains each stage on the compiled loss "
+            f"alone, without {', '.join(lost)}",
+            "train it data-parallel (--strategy mirrored, multi_worker or one_device)",
+        )
+    if own_train_step(model) and train.grad_accum_steps > 1:
+        raise ModelError(
+            f"--model {ref}: its own train_step applies each batch's gradients itself, so "
+            f"tfscale cannot accumulate {train.grad_accum_steps} micro-batches into a step",
+            "set --grad-accum-steps 1, or raise the batch instead",
+        )
+
+
+def _check_own_step(ref: str, model: Any, features: Any, labels: Any) -> None:
+    """A model's own `train_step`, run once on a few training examples: it runs, and it
+    updates through `model.optimizer` (which tfscale replaces with its own, to set the
+    rate by its rule and record the noise scale at its all-reduce)."""
+    import keras
+
+    from tasks.train.keras_meaning import own_train_step
+
+    if not own_train_step(model):
+        return
+    optimizer = getattr(model, "optimizer", None)
+    before = int(optimizer.iterations.numpy()) if optimizer is not None else 0
+    try:
+        model.train_step((features, model.tfscale_objective.keras_labels(labels)))
+    except Exception as exc:  # noqa: BLE001 - the user's step: whatever it raises
+        raise ModelRaised(
+            f"--model {ref}: its train_step raised {type(exc).__name__}: {one_line(exc)} "
+            "(given (features, labels), as fit gives a dataset of pairs)",
+            "fix the train_step (run again with --debug for the traceback)",
+        ) from exc
+    if optimizer is None or int(optimizer.iterations.numpy()) == before:
+        others = [
+            name for name, value in vars(model).items()
+            if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
+        ]  # fmt: skip
+        raise ModelError(
+            f"--model {ref}: its train_step does not update through model.optimizer"
+            + (f" but through {', '.join(others)}" if others else ""),
+            "tfscale sets the rate and measures through the optimizer compile() gives the "
+            "model: apply the gradients with self.optimizer, or train it with model.fit",
+        )
 
 
 def _check_loss(ref: str, objective: Objective, labels: Any, outputs: Any) -> None:

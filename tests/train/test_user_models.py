@@ -198,6 +198,62 @@ BAD = {
             return keras.Model(inputs, keras.layers.Dense(1)(x))
         """
     ),
+    "two_outputs": textwrap.dedent(
+        """
+        import keras
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            return keras.Model(inputs, [keras.layers.Dense(1)(x), keras.layers.Dense(1)(x)])
+        """
+    ),
+    "raising_step": textwrap.dedent(
+        """
+        import keras
+        class Raising(keras.Model):
+            def train_step(self, data):
+                raise RuntimeError("the user's own step ran")
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            model = Raising(inputs, keras.layers.Dense(1)(x))
+            model.compile(optimizer="adam", loss="binary_crossentropy")
+            return model
+        """
+    ),
+    "own_optimizers": textwrap.dedent(
+        """
+        import keras
+        import tensorflow as tf
+        class TwoOptimizers(keras.Model):
+            def compile(self, first, second):
+                super().compile()
+                self.first, self.second = first, second
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = keras.ops.mean(keras.ops.square(self(x, training=True)))
+                grads = tape.gradient(loss, self.trainable_variables)
+                self.first.apply(grads, self.trainable_variables)
+                return {"loss": loss}
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            model = TwoOptimizers(inputs, keras.layers.Dense(1)(x))
+            model.compile(keras.optimizers.Adam(), keras.optimizers.SGD())
+            return model
+        """
+    ),
+    "regularised": textwrap.dedent(
+        """
+        import keras
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            x = keras.layers.Dense(8, kernel_regularizer=keras.regularizers.L2(0.1))(x)
+            return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8)(x)))
+        """
+    ),
 }
 
 
@@ -225,6 +281,26 @@ BAD = {
             2,
         ),
         ("table_classifier.py:build", ["--target-metric", "f1"], r"does not report it", 2),
+        ("bad.py:two_outputs", [], r"gives 2 outputs; tfscale's data has one label", 2),
+        ("bad.py:raising_step", [], r"train_step raised RuntimeError: the user's own step", 1),
+        (
+            "bad.py:raising_step",
+            ["--grad-accum-steps", "2"],
+            r"(?s)own train_step applies each batch's gradients itself.*--grad-accum-steps 1",
+            2,
+        ),
+        (
+            "bad.py:own_optimizers",
+            [],
+            r"train_step does not update through model.optimizer but through first, second",
+            2,
+        ),
+        (
+            "bad.py:regularised",
+            ["--strategy", "pipeline", "--stages", "2"],
+            r"a pipeline cut trains each stage on the compiled loss alone, without 1 regular",
+            2,
+        ),
         ("damaged.keras", [], r"damaged.keras did not load", 2),
         ("model.h5", [], r"train.model: expected mlp, cnn", 2),
     ],
