@@ -203,10 +203,13 @@ def write_case_files(folder: Path) -> None:
     np.savez(folder / "table.npz", x=x, y=y)
 
 
-def compare(folder: Path, case: str, strategy: str, steps: int = 20, epochs: int = 5) -> Fidelity:
+def compare(
+    folder: Path, case: str, strategy: str, steps: int = 20, epochs: int = 5, noise: bool = False
+) -> Fidelity:
     """Trains `case` from `folder` (`write_case_files`) with tfscale's loop and with
     `model.fit`, each from the same seeded start on the same examples in the same order,
-    and measures how far apart their losses are."""
+    and measures how far apart their losses are. With `noise`, tfscale's loop records the
+    gradient noise scale at every step, as a training that measures it does."""
     import keras
     import numpy as np
 
@@ -215,14 +218,23 @@ def compare(folder: Path, case: str, strategy: str, steps: int = 20, epochs: int
     from tasks.distribute.strategy import select_strategy
     from tasks.settings.config import load_config
     from tasks.train.models import model_for_data
-    from tasks.train.training import set_up_training, train_dataset_fn, weights_digest
+    from tasks.train.training import (
+        _gradient_noise,
+        set_up_training,
+        train_dataset_fn,
+        weights_digest,
+    )
 
-    config = load_config(None, _values(folder, case, strategy))
+    values = _values(folder, case, strategy)
+    values.update({"train.noise_scale": noise, "train.noise_scale_every": 1})
+    config = load_config(None, values)
     prepared = prepare_dataset(config, progress=False)
     manifest, data_dir = prepared.manifest, prepared.data_dir
     choice = select_strategy(detect_hardware(), config.train)
     setup = set_up_training(config.train, manifest, choice)
     start = weights_digest(setup.model)
+    if noise and _gradient_noise(setup, choice, config.train) is None:
+        raise AssertionError(f"{case}: no gradient noise scale recorded on {strategy}")
     dataset_fn = train_dataset_fn(config.train, manifest, data_dir, setup.per_replica)
     run_epoch = setup.epoch_runner(choice, dataset_fn)
     ours = np.array([run_epoch(1)[0] for _ in range(epochs * setup.steps)])
@@ -236,7 +248,12 @@ def compare(folder: Path, case: str, strategy: str, steps: int = 20, epochs: int
     train = _same_examples(dataset_fn, config.train.seed, batches, setup.global_batch)
     losses = StepLosses()
     fitted.fit(
-        train.repeat(), epochs=epochs, steps_per_epoch=setup.steps, verbose=0, callbacks=[losses]
+        train.repeat(),
+        epochs=epochs,
+        steps_per_epoch=setup.steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[losses],
     )
     theirs = np.array(losses.losses)
     by_epoch = (epochs, setup.steps)
@@ -277,7 +294,6 @@ def _values(folder: Path, case: str, strategy: str) -> dict:
         "train.batch_size_per_replica": PER_REPLICA,
         "train.lr_scaling": "none",  # fit knows no rule: its rate as compiled
         "train.warmup_epochs": 0,
-        "train.noise_scale": False,
     }
 
 
