@@ -129,7 +129,7 @@ def distributed_task(run: Run, on_epoch=None):
 @task(name="evaluate on the test split")
 def evaluate_task(model_path: str, run: Run):
     result, _ = evaluation.recorded_or_evaluated(
-        model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
+        model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size, run.train.model
     )
     status("evaluate", result.text())
     return result

@@ -367,11 +367,12 @@ class Tracker:
         from mlflow.entities import LoggedModelOutput
         from mlflow.models import infer_signature
 
+        from tasks.execute.run_files import trained_by
         from tasks.train.models import load_trained_model
 
         experiment = self.client.get_run(run_id).info.experiment_id
         logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
-        model = load_trained_model(model_path)
+        model = load_trained_model(model_path, trained_by(Path(model_path).parent).get("model", ""))
         example = _example_input(model, feature)
         signature = infer_signature(example, np.asarray(model(example)))
         with tempfile.TemporaryDirectory(prefix="tfscale-model-") as tmp:

@@ -51,13 +51,19 @@ class EvalResult:
 
 
 def evaluate_model(
-    model_path: str, manifest: Manifest, data_dir: str, batch_size: int, split: str = "test"
+    model_path: str,
+    manifest: Manifest,
+    data_dir: str,
+    batch_size: int,
+    split: str = "test",
+    source: str = "",
 ) -> EvalResult:
-    """Runs the saved model once over every example of `split`, in one process."""
+    """Runs the saved model once over every example of `split`, in one process; `source`:
+    the function that built it (`train.model`), whose module its custom objects are in."""
     from tasks.train.models import load_trained_model
 
     started = time.perf_counter()
-    model = load_trained_model(model_path)
+    model = load_trained_model(model_path, source)
     return evaluate_keras_model(model, manifest, data_dir, batch_size, split, model_path, started)
 
 
@@ -224,18 +230,18 @@ def recorded(model_path: str, manifest: Manifest, batch_size: int) -> EvalResult
 
 
 def recorded_or_evaluated(
-    model_path: str, manifest: Manifest, data_dir: str, batch_size: int
+    model_path: str, manifest: Manifest, data_dir: str, batch_size: int, source: str = ""
 ) -> tuple[EvalResult, bool]:
     """The test split's evaluation of `model_path`: the one its training recorded
-    (`recorded`), else computed now, TensorFlow imported quietly only then; and whether it
-    was the recorded one."""
+    (`recorded`), else computed now (`evaluate_model`, with the `source` that built it),
+    TensorFlow imported quietly only then; and whether it was the recorded one."""
     result = recorded(model_path, manifest, batch_size)
     if result is not None:
         return result, True
     from tasks.core.process import import_tensorflow
 
     import_tensorflow()
-    return evaluate_model(model_path, manifest, data_dir, batch_size), False
+    return evaluate_model(model_path, manifest, data_dir, batch_size, source=source), False
 
 
 def write_evaluation(result: EvalResult, out_dir: Path, class_names: list[str]) -> Path:

@@ -17,22 +17,25 @@ from tasks.train.objectives import set_objective
 from tasks.train.user_models import is_user_model, user_model
 
 
-def load_trained_model(path: str) -> keras.Model:
+def load_trained_model(path: str, source: str = "") -> keras.Model:
     """A model tfscale saved, without its optimizer (its learning-rate schedule is
-    registered with Keras in `tasks.train.steps`)."""
+    registered with Keras in `tasks.train.steps`), with the user's own code in place: the
+    module of `source` (the function that built it, `train.model`) imported first, so that
+    its custom layers, losses and models load, registered with Keras or not."""
     import zipfile
 
     import tasks.train.steps  # noqa: F401  (registers WarmupSchedule)
 
+    custom = users_objects(source)
     try:
         try:  # a user's compiled model keeps its loss and metrics (`tasks.train.user_models`)
             with warnings.catch_warnings():  # its optimizer's slots were never saved: none
                 warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
-                return keras.models.load_model(path)
+                return keras.models.load_model(path, custom_objects=custom)
         except (TypeError, ValueError) as exc:
             if "compile" not in str(exc).lower() and "deserializ" not in str(exc).lower():
                 raise
-            return keras.models.load_model(path, compile=False)
+            return keras.models.load_model(path, custom_objects=custom, compile=False)
     except (ValueError, OSError, zipfile.BadZipFile) as exc:  # not a model, or damaged
         if isinstance(exc, OSError) and system_error(exc) is not None:
             raise
@@ -42,6 +45,29 @@ def load_trained_model(path: str) -> keras.Model:
             "give the model.keras a 'tfscale train' wrote (its run directory, or "
             "--export-dir), or train again if that file was damaged.",
         ) from None
+
+
+def users_objects(source: str) -> dict[str, Any]:
+    """The Keras classes (layers, models, losses, metrics) of the user's module whose
+    function `source` names, imported now; none for a built-in or a saved file, or where
+    the module is not there (Keras then names the class it cannot find)."""
+    from tasks.core.user_code import is_function_ref, load_function
+
+    if not is_function_ref(source):
+        return {}
+    try:
+        function, _ = load_function(source, "model")
+    except UserError:
+        return {}
+    import inspect
+
+    kinds = (keras.layers.Layer, keras.losses.Loss, keras.metrics.Metric)
+    module = inspect.unwrap(function).__globals__  # not `load_function`'s wrapper's
+    return {
+        name: value
+        for name, value in module.items()
+        if isinstance(value, type) and issubclass(value, kinds)
+    }
 
 
 def build_model(

@@ -601,3 +601,49 @@ def test_a_subclassed_models_logged_signature_comes_from_the_datas_spec():
     assert {k: v.shape for k, v in example.items()} == {"a": (1, 2), "b": (1, 4)}
     with pytest.raises((AttributeError, ValueError)):
         _example_input(Whole())
+
+
+CUSTOM_LAYER = textwrap.dedent(
+    """
+    import keras
+
+    class Scale(keras.layers.Layer):  # registered with nothing
+        def __init__(self, factor=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+        def call(self, x):
+            return x * self.factor
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+    def build(spec):
+        inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+        x = Scale(0.5)(keras.layers.Concatenate()(list(inputs.values())))
+        return keras.Model(inputs, keras.layers.Dense(1)(x))
+    """
+)
+
+
+@pytest.mark.integration
+def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path):
+    """`tfscale evaluate --batch-size` reads the trained file back (the training recorded
+    its evaluation at another batch size): the model's own module is imported first, so
+    its unregistered layer loads."""
+    from helpers import run_main, tiny_params
+
+    cancer_csv(tmp_path)
+    (tmp_path / "scaled.py").write_text(CUSTOM_LAYER)
+    params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
+    data = ["--dataset", "cancer.csv", "--label", "target"]
+    assert run_main([*params, "prepare", *data], tmp_path)[0] == 0
+    train = [*params, "train", *data, "--model", "scaled.py:build", "--no-diagnose"]
+    train += ["--strategy", "one_device"]
+    code, out, err = run_main(train, tmp_path)
+    assert code == 0, err[-2000:]
+    code, out, err = run_main([*params, "evaluate", *data, "--batch-size", "7"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert "as its training evaluated it" not in out  # read back and run, not the record
+    found = re.search(r"test accuracy (0\.\d+).*\((\d+) examples\)", out)
+    assert found, out
+    recorded = json.loads(next((tmp_path / "runs").rglob("final_eval.json")).read_text())
+    assert float(found[1]) == pytest.approx(recorded["result"]["test_accuracy"], abs=1e-4)
