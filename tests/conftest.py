@@ -106,6 +106,7 @@ def unit_tests_stay_in_process(request, monkeypatch):
     """A `unit` test that starts a process, trains a model or times steps in rounds fails,
     naming what it did: mark it `integration` (or `cluster`)."""
     if request.node.get_closest_marker("unit") is None:
+        yield
         return
     import sys
 
@@ -118,14 +119,30 @@ def unit_tests_stay_in_process(request, monkeypatch):
         return refused
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("starts a process"))
+    refused = {}
     for module_name, name, what in NOT_IN_UNIT:
         if module_name not in sys.modules:
             __import__(module_name)
         original = getattr(sys.modules[module_name], name)
-        for module in list(sys.modules.values()):
-            if getattr(module, "__name__", "").startswith(("tasks.", "flows.")):
-                if getattr(module, name, None) is original:
-                    monkeypatch.setattr(module, name, refuse(what))
+        refused[name] = (original, refuse(what))
+        for module in _ours():
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, refused[name][1])
+    yield
+    # a module first imported during the test took the refusal by name: it gets the original
+    for module in _ours():
+        for name, (original, refusal) in refused.items():
+            if getattr(module, name, None) is refusal:
+                setattr(module, name, original)
+
+
+def _ours() -> list:
+    import sys
+
+    return [
+        m for m in list(sys.modules.values())
+        if getattr(m, "__name__", "").startswith(("tasks.", "flows."))
+    ]  # fmt: skip
 
 
 HOME_SKIPPED = {".claude", ".pyenv", ".rustup", ".cargo", ".m2", ".npm", ".cache"}

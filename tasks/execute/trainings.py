@@ -33,7 +33,12 @@ from tasks.measure.in_place import InPlaceProbes, probe_in_place
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
 from tasks.train.to_target import ToTarget
 from tasks.train.training import TrainResult, timed_epochs, train_model
-from tasks.train.user_models import check_user_model, is_user_model
+from tasks.train.user_models import (
+    ModelError,
+    check_user_model,
+    is_user_model,
+    precision_failure,
+)
 
 
 def train_and_probe(run: Run, probe_steps: int = 0, resolver: Any = None) -> TrainResult:
@@ -184,6 +189,7 @@ def settle_auto(run: Run, *, for_study: bool = False) -> tuple[Run, Settled]:
     from tasks.train.stage_plan import fit_to_memory
 
     _check_model(run)  # before anything is measured
+    run = _precision_that_runs(run)
     if run.report.cluster is None:  # a model too large for a device: pipeline stages
         run = run.with_choice(fit_to_memory(run.choice, run.train, run.manifest))
 
@@ -192,6 +198,32 @@ def settle_auto(run: Run, *, for_study: bool = False) -> tuple[Run, Settled]:
 
     settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_study=for_study)
     return run.with_choice(settled.choice).with_train(settled.train), settled
+
+
+def _precision_that_runs(run: Run) -> Run:
+    """`run`, its user's model checked under its mixed precision: `auto`'s proposal that
+    fails is dropped for float32, said in a line; one asked for is refused.
+
+    Raises:
+        ModelError: the model fails under the precision `--precision` asks for.
+    """
+    choice, ref = run.choice, run.train.model
+    if choice.precision == "float32" or not is_user_model(ref):
+        return run
+    failure = precision_failure(ref, run.manifest, run.data_dir, choice.precision)
+    if failure is None:
+        return run
+    if run.train.precision != "auto":
+        raise ModelError(
+            f"--model {ref} fails under --precision {choice.precision}: {failure}",
+            "use --precision float32, or cast in that layer (x * ops.cast(c, x.dtype))",
+        )
+    status("auto", f"{choice.precision} dropped: {failure}")
+    reason = f"float32 because the model fails under {choice.precision} ({failure})"
+    kept = [part for part in choice.reason.split("; ") if choice.precision not in part]
+    return run.with_choice(
+        dataclasses.replace(choice, precision="float32", reason="; ".join([*kept, reason]))
+    )
 
 
 def train_and_diagnose(

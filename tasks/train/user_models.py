@@ -244,6 +244,39 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
     return outputs
 
 
+def precision_failure(ref: str, manifest: Any, data_dir: str, policy: str) -> str | None:
+    """Why the user's model does not build or run under the dtype `policy` (a mixed
+    precision), in a line naming the layer (`Temperature.call: Input 'y' of 'Mul' Op has
+    type float32 ...`); None where it does. The global policy is as it was after."""
+    import keras
+
+    from tasks.data.inputs import build_dataset
+
+    rows = max(1, min(8, manifest.splits["train"]))
+    features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = user_model(ref, manifest.spec)
+        model.tfscale_objective.loss(labels, model(features, training=True))
+    except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
+        return _failure_line(exc.__cause__ or exc)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    return None
+
+
+def _failure_line(exc: BaseException) -> str:
+    """A Keras layer's failure in one line: the layer's call and the error inside it."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    layer = re.search(r"calling (\w+)\.call\(\)", text)
+    inner = re.search(r"Error encountered:\s*\n\s*(.+)", text)
+    cause = inner[1].strip() if inner else one_line(exc)
+    return f"{layer[1]}.call: {cause}" if layer else f"{type(exc).__name__}: {cause}"
+
+
 def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:
     """What the run's strategy or accumulation would change of the model's meaning."""
     from tasks.train.keras_meaning import not_cut_as_it_means, own_train_step

@@ -647,3 +647,67 @@ def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path
     assert found, out
     recorded = json.loads(next((tmp_path / "runs").rglob("final_eval.json")).read_text())
     assert float(found[1]) == pytest.approx(recorded["result"]["test_accuracy"], abs=1e-4)
+
+
+MIXES_DTYPES = textwrap.dedent(
+    """
+    import keras
+    import tensorflow as tf
+
+    class Temperature(keras.layers.Layer):  # float32 whatever the policy
+        def call(self, x):
+            return x * tf.constant(0.5, tf.float32)
+
+    def build(spec):
+        inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+        x = keras.layers.Dense(8, activation="relu")(
+            keras.layers.Concatenate()(list(inputs.values()))
+        )
+        return keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(Temperature()(x)))
+    """
+)
+
+
+def _mixes_dtypes(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """The project of a model that works in float32 only, prepared: (params, data flags)."""
+    from helpers import run_main, tiny_params
+
+    cancer_csv(tmp_path)
+    (tmp_path / "temperature.py").write_text(MIXES_DTYPES)
+    params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
+    data = ["--dataset", "cancer.csv", "--label", "target"]
+    assert run_main([*params, "prepare", *data], tmp_path)[0] == 0
+    return params, [*data, "--model", "temperature.py:build", "--strategy", "one_device"]
+
+
+@pytest.mark.unit
+def test_a_precision_asked_for_that_the_model_fails_under_is_refused_naming_the_layer(tmp_path):
+    from helpers import run_main
+
+    params, flags = _mixes_dtypes(tmp_path)
+    argv = [*params, "train", *flags, "--precision", "mixed_bfloat16", "--no-diagnose"]
+    code, out, err = run_main(argv, tmp_path)
+    assert code == 2, err[-2000:]
+    assert "fails under --precision mixed_bfloat16: Temperature.call: Input 'y' of 'Mul'" in err
+    assert "use --precision float32" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.json"))
+
+
+@pytest.mark.integration
+def test_autos_mixed_precision_is_dropped_where_the_model_fails_under_it(tmp_path, monkeypatch):
+    """A CPU with avx512_bf16 (its flags faked: this machine's may lack it) makes `auto`
+    propose mixed_bfloat16; the model fails under it, so float32 trains, said in a line."""
+    from helpers import run_main
+
+    from tasks.distribute import hardware
+
+    read_cpu = hardware.read_cpu
+    monkeypatch.setattr(hardware, "read_cpu", lambda: (read_cpu()[0], ["avx512f", "avx512_bf16"]))
+    params, flags = _mixes_dtypes(tmp_path)
+    argv = [*params, "train", *flags, "--precision", "auto", "--no-diagnose"]
+    code, out, err = run_main(argv, tmp_path)
+    assert code == 0, err[-2000:]
+    assert re.search(r"auto +mixed_bfloat16 dropped: Temperature.call: Input 'y'", out + err)
+    metrics = json.loads(next((tmp_path / "runs").rglob("metrics.json")).read_text())
+    assert metrics["precision"] == "float32"
+    assert "float32 because the model fails under mixed_bfloat16" in metrics["reason"]
