@@ -502,7 +502,19 @@ def _inputs_of(element: Any, label_key: str, name: str) -> dict[str, Any]:
         return flat({k: v for k, v in element.items() if k != label_key})
     if isinstance(element, tuple) and len(element) == 2:
         features = element[0]
+        if isinstance(element[1], dict):
+            raise DatasetError(
+                f"{name} gives a dict of labels ({', '.join(element[1])}); tfscale trains "
+                "on one label",
+                "give one label (a model of one output), or one tensor of their values",
+            )
         return flat(features) if isinstance(features, dict) else {"x": features}
+    if isinstance(element, tuple) and len(element) == 3:
+        raise DatasetError(
+            f"{name} gives (features, label, sample_weight) triples; tfscale does not carry "
+            "sample weights into its shards yet, and would train without them",
+            "give (features, label) pairs to train unweighted, or train it with model.fit",
+        )
     raise DatasetError(
         f"{name} gives elements of {type(element).__name__}, not (features, label) or a dict",
         "return a dataset of (features, label) pairs, or of dicts with the label under --label",

@@ -493,3 +493,35 @@ def test_the_whole_study_on_a_real_valued_table_logs_its_error_and_no_time_to_ta
     assert sorted(info.signature.inputs.input_names()) == sorted(
         c for c in load_diabetes(as_frame=True).frame.columns if c != "target"
     )
+
+
+WEIGHTED = """
+import tensorflow as tf
+
+def weighted():
+    x = tf.random.stateless_normal((40, 3), seed=(1, 2))
+    y = tf.cast(x[:, 0] > 0, tf.int64)
+    return tf.data.Dataset.from_tensor_slices((x, y, tf.ones(40)))
+
+def two_labels():
+    x = tf.random.stateless_normal((40, 3), seed=(1, 2))
+    labels = {"a": tf.cast(x[:, 0] > 0, tf.int64), "b": tf.cast(x[:, 1] > 0, tf.int64)}
+    return tf.data.Dataset.from_tensor_slices((x, labels))
+"""
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "function, expected",
+    [
+        ("weighted", r"\(features, label, sample_weight\) triples; .* would train without them"),
+        ("two_labels", r"gives a dict of labels \(a, b\); tfscale trains on one label"),
+    ],
+)
+def test_a_pipeline_of_what_tfscale_would_drop_is_refused_at_prepare(tmp_path, function, expected):
+    """Sample weights or several labels from a tf.data function: refused, naming them,
+    where they would otherwise be dropped and something else trained."""
+    (tmp_path / "weighted.py").write_text(WEIGHTED)
+    with pytest.raises(DatasetError, match=expected):
+        prepare(tmp_path, f"{tmp_path / 'weighted.py'}:{function}")
+    assert not (tmp_path / "tfrecords").exists() or not any((tmp_path / "tfrecords").rglob("*"))
