@@ -160,6 +160,12 @@ TRAIN_FLAGS = {
     ),
     "--warmup-epochs": ("train.warmup_epochs", int, "epochs of linear learning-rate warm-up"),
     "--grad-accum-steps": ("train.grad_accum_steps", int, "micro-batches per optimizer update"),
+    "--loop": (
+        "train.loop",
+        str,
+        "tfscale (its own distributed loop; every strategy) | fit (Keras's model.fit, as you "
+        "train today; one_device and mirrored), timed and evaluated alike",
+    ),
     "--steps-per-call": ("train.steps_per_call", int, "training steps per graph call (10)"),
     "--measure-rounds": (
         "train.measure_rounds",

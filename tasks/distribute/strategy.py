@@ -86,6 +86,7 @@ def select_strategy(report: HardwareReport, cfg: TrainConfig) -> StrategyChoice:
     communication = spec.communication(devices)
     if spec.splits:
         _check_stages(report, cfg, spec.staged)
+    _check_loop(cfg, spec)
     # a pipeline's stages, or the devices `auto` may cut a model over if it does not fit one
     stages = cfg.stages if spec.splits or (cfg.strategy == "auto" and cfg.device_memory_mb) else 1
     if spec.staged:
@@ -154,6 +155,30 @@ def _pick_kind(report: HardwareReport, cfg: TrainConfig) -> tuple[str, str]:
     if report.gpus:
         return "one_device", "one GPU"
     return "one_device", "CPU only, one replica"
+
+
+def _check_loop(cfg: TrainConfig, spec: StrategyKind) -> None:
+    """Keras's `fit` (`train.loop: fit`) where it can train the run.
+
+    Raises:
+        UsageError: a strategy `fit` does not train under, or gradient accumulation (which
+            Keras's optimizer fails at under Mirrored: keras-team/keras#20582).
+    """
+    if cfg.loop != "fit":
+        return
+    if not spec.keras_fit:
+        raise UsageError(
+            f"train.loop fit: Keras's model.fit does not train under {spec.name} (Keras 3 on "
+            "TensorFlow: keras-team/keras#20585 for multi_worker, #18624 for "
+            "parameter_server; pipeline stages are tfscale's own)",
+            "use --loop tfscale (the default), or --strategy mirrored or one_device",
+        )
+    if cfg.grad_accum_steps > 1:
+        raise UsageError(
+            "train.loop fit: Keras's fit does not accumulate micro-batches under a strategy "
+            "(its optimizer's gradient_accumulation_steps fails: keras-team/keras#20582)",
+            "set --grad-accum-steps 1, or use --loop tfscale",
+        )
 
 
 def _pick_precision(report: HardwareReport, cfg: TrainConfig) -> tuple[str, str]:

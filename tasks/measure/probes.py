@@ -60,6 +60,9 @@ def baseline_name(scaling: str) -> str:
     return "one_device_replica_batch" if scaling == "weak" else "one_device_global_batch"
 
 
+TFSCALE_LOOP = "tfscale_loop"  # with `train.loop: fit`, tfscale's loop at the run's setting
+
+
 @dataclass(frozen=True)
 class RoundRates:
     """Examples/s of each measured configuration, one value per round, in round order."""
@@ -104,6 +107,15 @@ class RoundRates:
         if self.replicas == 1:
             return None
         top, bottom = self.rates["end_to_end"], self.rates[self.baseline]
+        return ratio_interval(top, bottom) or ratio(top, bottom)
+
+    @property
+    def tfscale_over_fit(self) -> Spread | None:
+        """With `train.loop: fit`, tfscale's own loop over the user's `fit` at the same
+        setting end to end, round by round (None where the rounds did not time it)."""
+        if TFSCALE_LOOP not in self.rates:
+            return None
+        top, bottom = self.rates[TFSCALE_LOOP], self.rates["end_to_end"]
         return ratio_interval(top, bottom) or ratio(top, bottom)
 
     @property
@@ -157,13 +169,7 @@ def measure_rounds(
     `rounds.BLOCK_SECONDS` a block): until the watched figure's median round ratio
     (`watched_figure`: the speedup; with one device, the input's share) is known to `aim`
     (+-, relative, 95% confidence), at most `rounds` rounds; `aim` 0 runs all `rounds`."""
-    run = set_up_training(cfg, manifest, choice)
-    feed = _feed(cfg, manifest, data_dir, run, transform)
-    calls = {
-        "end_to_end": _steps_block(run, choice, feed, steps),
-        "compute": _steps_block(run, choice, _one_batch(feed), steps),
-        "input": _input_block(feed, run, steps),
-    }
+    run, calls = _run_blocks(cfg, manifest, data_dir, choice, (steps, transform))
     devices = max(choice.replicas, choice.stages)  # a split model's devices hold its parts
     what = "the training with its input and without"
     if devices > 1:
@@ -191,6 +197,30 @@ def measure_rounds(
     return RoundRates(
         devices, scaling, run.step_examples, rates, grad_bytes, by_bytes, load, settling
     )
+
+
+def _run_blocks(
+    cfg: TrainConfig,
+    manifest: Manifest,
+    data_dir: str,
+    choice: StrategyChoice,
+    block: tuple[int, Transform | None],
+) -> tuple[TrainingSetup, dict[str, Callable[[], float]]]:
+    """The run's set-up and its blocks: end to end, compute-only and the input alone;
+    with `train.loop: fit`, tfscale's own loop at the same setting beside the user's fit."""
+    steps, transform = block
+    run = set_up_training(cfg, manifest, choice)
+    feed = _feed(cfg, manifest, data_dir, run, transform)
+    calls = {
+        "end_to_end": _steps_block(run, choice, feed, steps),
+        "compute": _steps_block(run, choice, _one_batch(feed), steps),
+        "input": _input_block(feed, run, steps),
+    }
+    if cfg.loop == "fit":
+        ours = set_up_training(dataclasses.replace(cfg, loop="tfscale"), manifest, choice)
+        ours_feed = _feed(cfg, manifest, data_dir, ours, transform)
+        calls[TFSCALE_LOOP] = _steps_block(ours, choice, ours_feed, steps)
+    return run, calls
 
 
 def _one_device_blocks(
@@ -241,7 +271,7 @@ def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:
     Two blocks timed back to back share more of the machine's moment than two a few
     blocks apart, so their ratio moves less from round to round."""
     base = baseline_name(scaling)
-    first = ["end_to_end", base, "compute", base + "_compute"]
+    first = ["end_to_end", TFSCALE_LOOP, base, "compute", base + "_compute"]
     order = [n for n in first if n in calls] + [n for n in calls if n not in first]
     order.sort(key=lambda name: name == "input")  # stable: only the input moves
     return {name: calls[name] for name in order}
@@ -300,10 +330,13 @@ def _steps_block(
     the blocks that follow (`rounds.block_steps`)."""
     run_epoch = setup.epoch_runner(choice, dataset_fn)
 
+    own = getattr(run_epoch, "clock", None)  # `fit` calls: their steps' own time
+
     def timed(n: int) -> float:
         started = time.perf_counter()
         run_epoch(n)
-        return n * setup.step_examples / (time.perf_counter() - started)
+        seconds = own.seconds if own is not None else time.perf_counter() - started
+        return n * setup.step_examples / seconds
 
     return _sized(timed, steps, setup.step_examples)
 

@@ -108,6 +108,12 @@ class ScalingSummary(SpreadOver):
     candidates_verdict: str = field(default="", metadata=UNTRACKED)
     proposed: str = field(default="", metadata=UNTRACKED)
     mlflow_run_id: str = field(default="", metadata=UNTRACKED)  # the study's parent run
+    # the training loop (`train.loop`): tfscale's, or the user's `fit`; with fit, tfscale's
+    # loop over fit at the run's setting, from the same rounds
+    loop: str = field(default="tfscale", metadata=PARAM)
+    tfscale_over_fit: float | None = None
+    tfscale_over_fit_low: float | None = None
+    tfscale_over_fit_high: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,6 +171,7 @@ def compare_runs(
         test_loss=evaluation.test_loss,
         test_metrics=dict(getattr(evaluation, "metrics", {}) or {}),
         reason=distributed.reason,
+        loop=distributed.loop,
         **_bottleneck_fields(diagnosis),
         **figures,
     )
@@ -203,7 +210,8 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     decides where its interval lies on one side of 1; else the examples/s."""
     s = summary
     shape = s.shape
-    what = f"{shape} ({s.strategy}, {s.precision}{'; ' + subject if subject else ''})"
+    loop = ", Keras's fit" if s.loop == "fit" else ""
+    what = f"{shape} ({s.strategy}, {s.precision}{loop}{'; ' + subject if subject else ''})"
     speed = _spread(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = target_text(s.target_metric, s.target_accuracy)
@@ -234,6 +242,16 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     faster = f"{shape}" if speed.above(1.0) else "one device" if speed.below(1.0) else ""
     either = f"{faster} for examples/s; " if faster else ""
     return f"{reached}: {either}neither surely finishes sooner, its interval holds 1 ({seeds})"
+
+
+def loop_text(s: ScalingSummary) -> str:
+    """`your fit on 2 replicas ran 1.10x (1.02-1.18) one device's; tfscale's loop runs 1.80x
+    (1.70-1.90) your fit at that setting (the same rounds)`."""
+    head = f"your fit on {s.shape} ran {s.speedup_text} one device's"
+    if s.tfscale_over_fit is None:
+        return f"{head} (Keras's model.fit trained both)"
+    ours = _spread(s.tfscale_over_fit, s.tfscale_over_fit_low, s.tfscale_over_fit_high)
+    return f"{head}; tfscale's loop runs {ours.text()} your fit at that setting (the same rounds)"
 
 
 def time_spread(s: ScalingSummary) -> Spread | None:
@@ -304,7 +322,16 @@ def _figures_of_rounds(rounds: RoundRates, shape: str) -> dict[str, Any]:
         + " (the trainings' own examples/s are on their stage lines and MLflow child runs)",
         "interference": rounds.interfered,
         "recommendation": recommend_devices(speedup, shape),
+        **_loops(rounds.tfscale_over_fit),
     }
+
+
+def _loops(ours: Spread | None) -> dict[str, Any]:
+    """tfscale's loop over the user's `fit`, where the rounds timed both."""
+    if ours is None:
+        return {}
+    return {"tfscale_over_fit": ours.median, "tfscale_over_fit_low": ours.low,
+            "tfscale_over_fit_high": ours.high}  # fmt: skip
 
 
 def recommend_devices(speedup: Spread, replicas: int | str, over: str = "round") -> str:
@@ -456,6 +483,7 @@ def format_summary(summary: ScalingSummary, ui_command: str) -> str:
         ),
         *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
         ("to target", summary.to_target),
+        *([("loop", loop_text(summary))] if summary.loop == "fit" else []),
         ("measured over", summary.measured_over),
         *([("interference", summary.interference)] if summary.interference else []),
         ("scaling efficiency", f"{summary.scaling_efficiency:.2f} (1.00 is linear)"),

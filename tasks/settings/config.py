@@ -143,6 +143,10 @@ class TrainConfig:
     # one graph call in this many records it (1: every call; on the default digits CNN a
     # recording call is 9-13% slower, one in 10 costs 0-3%)
     noise_scale_every: int = _spec(10, lo=1, hi=100_000)
+    # the training loop: tfscale's own (`tasks.train.steps`), or Keras's `model.fit` under
+    # the strategy (`tasks.train.fit_loop`), timed and evaluated alike; the rounds then time
+    # tfscale's loop beside fit's
+    loop: Literal["tfscale", "fit"] = "tfscale"
 
     @property
     def per_replica_batch(self) -> int:

@@ -64,6 +64,9 @@ class StrategyKind:
     # the model in memory is one Keras model that evaluates outside the strategy: its final
     # evaluation is recorded for `tfscale evaluate` (`tasks.train.evaluation`)
     evaluated_after: bool = False
+    # Keras's own `model.fit` trains under it (`train.loop: fit`): not MultiWorkerMirrored
+    # (keras-team/keras#20585), ParameterServer (#18624) or a pipeline's stages
+    keras_fit: bool = False
 
     @property
     def staged(self) -> bool:
@@ -124,6 +127,7 @@ KINDS: dict[str, StrategyKind] = {
             _later("tasks.distribute.builders", "build_one_device"),
             records_noise=True,
             evaluated_after=True,
+            keras_fit=True,
         ),
         StrategyKind(
             "mirrored",
@@ -134,6 +138,7 @@ KINDS: dict[str, StrategyKind] = {
             in_sweep=True,
             records_noise=True,
             evaluated_after=True,
+            keras_fit=True,
         ),
         StrategyKind(
             "multi_worker",

@@ -81,6 +81,19 @@ class Objective:
             return labels
         return tf.reshape(tf.cast(labels, outputs.dtype), tf.shape(outputs))
 
+    def keras_loss(self) -> Any:
+        """The loss as a Keras loss object for `compile`: the user's, else the kind's
+        default (`loss` computes the same per example)."""
+        import keras
+
+        if self.loss_fn is not None:
+            return self.loss_fn
+        if self.kind == "class":
+            return keras.losses.SparseCategoricalCrossentropy(from_logits=self.from_logits)
+        if self.kind == "regression":
+            return keras.losses.MeanSquaredError()
+        return keras.losses.BinaryCrossentropy(from_logits=self.from_logits)
+
     def keras_labels(self, labels: Any) -> Any:
         """The labels as a step of the model's own takes them, as `fit` would be given them:
         class ids (one-hot where the compiled loss is categorical), else float32."""

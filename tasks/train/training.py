@@ -76,6 +76,7 @@ class TrainResult(SpreadOver):
     # in each window of `gradient_noise` (`lr_gain`)
     lr_scaling: str = "none"
     jit_compile: bool = field(default=False, metadata=PARAM)
+    loop: str = field(default="tfscale", metadata=PARAM)  # `train.loop`: tfscale or fit
     history: list[dict[str, float]] = field(default_factory=list)
     # over the epochs after the first (tracing); `examples_per_s` is each epoch's own curve
     examples_per_s: float = field(default=0.0, metadata=tracked_as("examples_per_s_after_epoch_1"))
@@ -136,6 +137,8 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     cfg, choice, run_dir, chief = run.train, run.choice, run.run_dir, run.role.chief
     timeout_s = run.config.cluster.collective_timeout_s
     setup = set_up_training(cfg, run.manifest, choice, resolver, timeout_s)
+    if cfg.loop == "fit":
+        return _train_with_fit(run, setup)
     step, manager = _restored(setup, run_dir, chief)
     resumed_step = int(step.numpy())
     preemption = _preemption_hook(setup.strategy, manager, step) if run.role.preemptible else None
@@ -168,12 +171,47 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         watch.noise.optimizer.noise = None
     model_path = _saved(run, setup, manager)
     result = _result(setup, choice, run_dir, model_path, history, resumed_step)
-    held_out = {
-        "to_target": clock.result().to_dict() if clock.on else {},
-        "evaluations": [asdict(e) for e in clock.evaluations],
-        "gradient_noise": watch.windows,
-    }
-    return Trained(setup, dataclasses.replace(result, **held_out))
+    return Trained(setup, _with_held_out(result, clock, gradient_noise=watch.windows))
+
+
+def _with_held_out(result: TrainResult, clock: TargetClock, **more: Any) -> TrainResult:
+    """The result with its held-out evaluations and time to target (and `more`)."""
+    return dataclasses.replace(
+        result,
+        to_target=clock.result().to_dict() if clock.on else {},
+        evaluations=[asdict(e) for e in clock.evaluations],
+        **more,
+    )
+
+
+def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
+    """Trains `run` with Keras's own `model.fit` (`tasks.train.fit_loop`): one call for
+    every epoch, recorded and evaluated on the held-out clock as tfscale's loop records
+    its own (no checkpoints to resume from, no gradient noise scale: Keras's step)."""
+    from tasks.train.fit_loop import EpochRecords, compile_for_fit, fit_input
+
+    cfg, chief = run.train, run.role.chief
+    compile_for_fit(setup.model, setup.optimizer, cfg.steps_per_call)
+    dataset_fn = train_dataset_fn(cfg, run.manifest, run.data_dir, setup.global_batch)
+    clock = _target_clock(run, setup, 0)
+
+    def written(record: dict[str, float]) -> None:
+        if chief:
+            _write_json(run.run_dir / "evaluations.json", [asdict(e) for e in clock.evaluations])
+            _write_json(run.run_dir / "history.json", records.history)
+
+    records = EpochRecords(clock, setup.steps, setup.step_examples, cfg.stop_at_target, written)
+    setup.model.fit(
+        fit_input(dataset_fn, setup.model),
+        epochs=cfg.epochs,
+        steps_per_epoch=setup.steps,
+        verbose=0,
+        shuffle=False,  # the input is shuffled by its seed, each epoch anew
+        callbacks=[records],
+    )
+    model_path = _saved(run, setup, None)
+    result = _result(setup, run.choice, run.run_dir, model_path, records.history, 0)
+    return Trained(setup, _with_held_out(result, clock, loop="fit"))
 
 
 def _watch(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig, clock: Any) -> _Watch:
@@ -198,7 +236,7 @@ def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
             record_final(
                 setup.model, model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
             )
-    else:
+    elif manager is not None:
         shutil.rmtree(manager.directory, ignore_errors=True)
     return model_path
 
@@ -494,9 +532,15 @@ class TrainingSetup:
     lr_scaling: str = "none"  # the rule the rate follows (`learning_rate_rule`)
     lr_gain: Any = None  # an adaptive rule's gain variable (`noise_estimates.AdaptiveGain`)
     base_batch: int = 0  # the batch the base rate is for
+    loop: str = "tfscale"  # `train.loop`: the epoch runner's, tfscale's or Keras's `fit`
 
     def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
-        """The strategy kind's epoch runner over `dataset_fn`: `run(steps)` -> (loss, correct)."""
+        """The strategy kind's epoch runner over `dataset_fn` (each replica's batches), or
+        with `loop` fit, one of `fit` calls: `run(steps)` -> (loss, correct)."""
+        if self.loop == "fit":
+            from tasks.train.fit_loop import make_fit_runner
+
+            return make_fit_runner(self, dataset_fn)
         return choice.spec.epoch_runner(
             self.strategy,
             self.model,
@@ -565,6 +609,7 @@ def set_up_training(
     return TrainingSetup(
         strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
         step_examples, steps, rate.value, cfg.steps_per_call, rate.rule, rate.gain, base_batch,
+        cfg.loop,
     )  # fmt: skip
 
 

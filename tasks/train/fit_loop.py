@@ -1,0 +1,159 @@
+"""Keras's own `model.fit` as the training loop (`train.loop: fit`): the training a user runs
+today, under the run's strategy and tfscale's optimizer (its rate rule), timed and evaluated
+on the held-out clock by a callback, so that its figures stand beside tfscale's loop's.
+
+One `fit` call trains every epoch (Keras reshuffles each epoch's examples; its iterator
+runs on across the held-out evaluations); `make_fit_runner` times blocks of steps for the
+measuring rounds, each a `fit` call timed from its first step (its set-up not counted).
+Keras's `fit` runs under OneDevice and Mirrored strategies (`StrategyKind.keras_fit`; the
+others are refused as the strategy is chosen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tasks.train.objectives import objective_of
+
+SCORE = "tfscale_score"
+
+
+def compile_for_fit(model: Any, optimizer: Any, steps_per_execution: int) -> None:
+    """Compiles the model for `fit` with tfscale's `optimizer`: its own compiled loss,
+    `loss_weights` and metrics where it was compiled (the label kind's default loss where
+    not), and the label kind's score (`SCORE`) for the training's records."""
+    objective = objective_of(model)
+    config = dict(getattr(model, "_compile_config", None).config) if model.compiled else {}
+    metrics = [m for m in _as_list(config.get("metrics")) if m is not None]
+    loss = config.get("loss") if model.compiled else objective.keras_loss()
+    model.compile(
+        optimizer=optimizer,
+        loss=loss,
+        loss_weights=config.get("loss_weights"),
+        metrics=[*metrics, _Score(objective)],
+        steps_per_execution=steps_per_execution,
+    )
+
+
+def _as_list(metrics: Any) -> list[Any]:
+    if metrics is None:
+        return []
+    if isinstance(metrics, dict):
+        return [m for value in metrics.values() for m in _as_list(value)]
+    return list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+
+
+class _Score(keras.metrics.Mean):
+    """The mean of the label kind's score of each example (`Objective.score`): accuracy, or
+    a real value's absolute error."""
+
+    def __init__(self, objective: Any):
+        super().__init__(name=SCORE)
+        self.objective = objective
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if self.objective.kind == "class" and self.objective.one_hot:
+            y_true = tf.argmax(y_true, axis=-1)
+        return super().update_state(self.objective.score(y_true, y_pred))
+
+
+def fit_input(dataset_fn: Callable, model: Any) -> tf.data.Dataset:
+    """The training input as `fit` takes it: global batches (this worker's replicas' in
+    turn, which `fit` splits among them), labels as the model's loss takes them."""
+    objective = objective_of(model)
+    return dataset_fn(None).map(lambda x, y: (x, objective.keras_labels(y)))
+
+
+class EpochRecords(keras.callbacks.Callback):
+    """Each epoch of one `fit` call as tfscale's loop records it (`training._timed_epoch`):
+    its loss and score, its seconds without the held-out evaluations, which it runs at the
+    clock's cuts (at the first step a graph call ends on or after each), ending the
+    training at the target when asked."""
+
+    def __init__(
+        self,
+        clock: Any,
+        steps: int,
+        step_examples: int,
+        stop_at_target: bool,
+        written: Callable[[dict[str, float]], None],
+    ):
+        super().__init__()
+        self.clock, self.steps, self.step_examples = clock, steps, step_examples
+        self.stop_at_target, self.written = stop_at_target, written
+        self.history: list[dict[str, float]] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.clock.start()
+        self.first = epoch * self.steps
+        self.done, self.evaluating = 0, 0.0
+        self.cuts = self.clock.cuts(self.first, self.first + self.steps)
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.done = batch + 1
+        step = self.first + self.done
+        if self.cuts and step >= self.cuts[0]:
+            self.cuts = [c for c in self.cuts if c > step]
+            self.evaluating += self.clock.evaluate(step)
+            if self.stop_at_target and self.clock.reached:
+                self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - self.started - self.evaluating
+        examples = self.done * self.step_examples
+        record = {
+            "epoch": epoch + 1,
+            "loss": float(logs["loss"]),
+            self.clock.score: float(logs[SCORE]),
+            "seconds": seconds,
+            "examples": examples,
+            "examples_per_s": examples / seconds,
+        }
+        last = self.clock.evaluations[-1] if self.clock.evaluations else None
+        if last is not None and last.steps > self.first:
+            record[f"heldout_{self.clock.target.metric}"] = last.accuracy
+        self.history.append(record)
+        self.written(record)
+
+
+def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
+    """An epoch runner (`steps.make_epoch_runner`'s contract) of `fit` calls over
+    `dataset_fn` (each replica's batches, taken in turn as global batches): `run(steps)`
+    trains `steps` steps with `fit` and returns (the loss summed over them, the summed
+    score of their examples), as tfscale's runner does; `run.clock.seconds` is the last
+    call's steps' own time."""
+    model = setup.model
+    compile_for_fit(model, setup.optimizer, setup.steps_per_call)
+    data = fit_input(lambda ctx: dataset_fn(ctx).rebatch(setup.global_batch), model)
+    clock = _FirstStepClock()
+
+    def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
+        logs = model.fit(
+            data, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[clock]
+        ).history
+        after_steps(steps)
+        return logs["loss"][-1] * steps, logs[SCORE][-1] * steps * setup.step_examples
+
+    run_epoch.clock = clock
+    return run_epoch
+
+
+class _FirstStepClock(keras.callbacks.Callback):
+    """The seconds of a `fit` call from its first step's start to its end: its steps
+    alone, without the set-up of each call (its iterator over the input, its callbacks)."""
+
+    def on_train_begin(self, logs=None):
+        self.began = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.began is None:
+            self.began = time.perf_counter()
+
+    def on_train_end(self, logs=None):
+        self.seconds = time.perf_counter() - self.began

@@ -1,0 +1,82 @@
+"""`train.loop: fit`: the user's training as they run it today, Keras's own `model.fit`
+under the run's strategy, timed and evaluated on the held-out clock as tfscale's loop is,
+with tfscale's loop timed beside it in the same rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tasks.core.errors import UsageError
+from tasks.settings.config import load_config
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ({"train.strategy": "multi_worker"}, r"does not train under multi_worker.*#20585"),
+        ({"train.strategy": "parameter_server"}, r"does not train under parameter_server"),
+        ({"train.strategy": "pipeline"}, r"does not train under pipeline"),
+        ({"train.strategy": "mirrored", "train.grad_accum_steps": 2}, r"does not accumulate"),
+    ],
+)
+def test_the_fit_loop_is_refused_where_kerass_fit_cannot_train(values, expected):
+    from helpers import report
+
+    from tasks.distribute.strategy import select_strategy
+
+    cfg = load_config(None, {"train.loop": "fit", **values}).train
+    with pytest.raises(UsageError, match=expected) as caught:
+        select_strategy(report(), cfg)
+    assert "--loop tfscale" in caught.value.fix or "--grad-accum-steps 1" in caught.value.fix
+
+
+@pytest.mark.integration
+def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_path, monkeypatch):
+    """One `fit` call trains every epoch (Keras's own, counted here), and the run's files
+    hold its epochs and held-out evaluations as tfscale's loop writes them."""
+    import keras
+    from helpers import run_main, tiny_params
+
+    calls = []
+    fit = keras.Model.fit
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("epochs"))
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "fit", counted)
+    overrides, _, _ = digits
+    params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]})
+    argv = ["--params", str(params), "train", "--loop", "fit", "--strategy", "mirrored"]
+    code, out, err = run_main([*argv, "--epochs", "2", "--no-diagnose"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert calls == [2]
+    run_dir = next((tmp_path / "runs").rglob("metrics.json")).parent
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["loop"] == "fit" and metrics["replicas"] == 2
+    history = json.loads((run_dir / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert all(h["examples_per_s"] > 0 and 0 < h["accuracy"] <= 1 for h in history)
+    assert history[1]["loss"] < history[0]["loss"]
+    assert json.loads((run_dir / "evaluations.json").read_text())  # the held-out clock ran
+
+
+@pytest.mark.integration
+def test_the_rounds_time_tfscales_loop_beside_the_users_fit(digits):
+    from tasks.distribute.hardware import detect_hardware
+    from tasks.distribute.strategy import select_strategy
+    from tasks.measure.probes import TFSCALE_LOOP, measure_rounds
+
+    overrides, manifest, data_dir = digits
+    values = {**overrides, "train.loop": "fit", "train.strategy": "one_device"}
+    cfg = dataclasses.replace(load_config(None, values).train, batch_size_per_replica=32)
+    cfg = dataclasses.replace(cfg, model="mlp", precision="float32", jit_compile=False)
+    choice = select_strategy(detect_hardware(), cfg)
+    rates = measure_rounds(cfg, manifest, data_dir, choice, steps=20, rounds=3)
+    assert len(rates.rates[TFSCALE_LOOP]) == len(rates.rates["end_to_end"]) == 3
+    ours = rates.tfscale_over_fit
+    assert ours is not None and ours.median > 0 and ours.low <= ours.median <= ours.high
