@@ -64,6 +64,7 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     from tasks.distribute.hardware import detect_hardware
     from tasks.distribute.strategy import select_strategy
     from tasks.settings.config import load_config
+    from tasks.train.fit_loop import FirstStepClock
     from tasks.train.models import model_for_data
     from tasks.train.training import set_up_training, train_dataset_fn
 
@@ -104,34 +105,13 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     def tfscale(steps: int) -> None:
         run_epoch(steps)  # its steps alone: the runner is made once
 
-    clock = StepClock()
+    clock = FirstStepClock()
 
     def fit(steps: int) -> float:
         fitted.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
         return clock.seconds
 
     return {"tfscale": tfscale, "fit": fit}, setup
-
-
-class StepClock:
-    """A Keras callback timing a `fit` from its first step's start to its end: its steps
-    alone, without the set-up of each call (its iterator over the input, its callbacks)."""
-
-    def __new__(cls):
-        import keras
-
-        class Clock(keras.callbacks.Callback):
-            def on_train_begin(self, logs=None):
-                self.started = None
-
-            def on_train_batch_begin(self, batch, logs=None):
-                if self.started is None:
-                    self.started = time.perf_counter()
-
-            def on_train_end(self, logs=None):
-                self.seconds = time.perf_counter() - self.started
-
-        return Clock()
 
 
 def timed(run, steps: int) -> tuple[float, float]:

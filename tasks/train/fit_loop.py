@@ -131,7 +131,7 @@ def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
     model = setup.model
     compile_for_fit(model, setup.optimizer, setup.steps_per_call)
     data = fit_input(lambda ctx: dataset_fn(ctx).rebatch(setup.global_batch), model)
-    clock = _FirstStepClock()
+    clock = FirstStepClock()
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
         logs = model.fit(
@@ -144,7 +144,7 @@ def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
     return run_epoch
 
 
-class _FirstStepClock(keras.callbacks.Callback):
+class FirstStepClock(keras.callbacks.Callback):
     """The seconds of a `fit` call from its first step's start to its end: its steps
     alone, without the set-up of each call (its iterator over the input, its callbacks)."""
 
