@@ -116,6 +116,7 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
             f"{path}: no column {cfg.label!r} to take the label from (its columns: {shown})",
             "name the target column with --label (prepare.label)",
         )
+    _refuse_weights(path, [name for name in types if name != cfg.label], "column")
     raw = _label_column(path, cfg.label, types)
     if len(raw) == 0:
         raise DatasetError(f"{path} has no rows", "give a table with rows under its header")
@@ -135,6 +136,25 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
             yield _table_chunk(batch, features, cfg.label)
 
     return _source(path.name, _file_version(path), features, coding, {None: raw}, cfg, read)
+
+
+WEIGHTS = ("sample_weight", "sample_weights", "class_weight", "class_weights")
+
+
+def _refuse_weights(path: Path, names: list[str], what: str) -> None:
+    """A column or array named as Keras's weights would otherwise become a feature the
+    model trains on, and the training go unweighted.
+
+    Raises:
+        DatasetError: one of `names` is in `WEIGHTS`.
+    """
+    found = [name for name in names if name.lower() in WEIGHTS]
+    if found:
+        raise DatasetError(
+            f"{path}: its {what} {found[0]!r} holds weights, which tfscale does not carry "
+            "into training yet: it would become a feature and the training go unweighted",
+            f"drop the {what} to train unweighted, or train with model.fit",
+        )
 
 
 def _table_types(path: Path) -> dict[str, str]:
@@ -284,6 +304,7 @@ def _npz_parts(path: Path, label: str) -> dict[str | None, tuple[dict[str, Any],
             f"{path} is not an .npz tfscale can read ({str(exc).splitlines()[0]})",
             "save the arrays with numpy.savez(path, x=..., y=...)",
         ) from None
+    _refuse_weights(path, list(arrays), "array")
     parts: dict[str | None, tuple[dict[str, Any], np.ndarray]]
     if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
         parts = {s: ({"x": arrays[f"x_{s}"]}, arrays[f"y_{s}"]) for s in ("train", "test")}

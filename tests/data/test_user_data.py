@@ -525,3 +525,21 @@ def test_a_pipeline_of_what_tfscale_would_drop_is_refused_at_prepare(tmp_path, f
     with pytest.raises(DatasetError, match=expected):
         prepare(tmp_path, f"{tmp_path / 'weighted.py'}:{function}")
     assert not (tmp_path / "tfrecords").exists() or not any((tmp_path / "tfrecords").rglob("*"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("form", ["csv", "npz"])
+def test_weights_in_a_table_or_arrays_are_refused_not_trained_on_as_a_feature(tmp_path, form):
+    rng = np.random.default_rng(3)
+    x, y, w = rng.normal(size=(30, 2)), rng.integers(0, 2, 30), rng.uniform(size=30)
+    if form == "csv":
+        rows = "\n".join(f"{a},{b},{c},{d}" for (a, b), c, d in zip(x, y, w, strict=True))
+        (tmp_path / "t.csv").write_text("a,b,label,sample_weight\n" + rows + "\n")
+        dataset, expected = str(tmp_path / "t.csv"), "its column 'sample_weight' holds weights"
+    else:
+        np.savez(tmp_path / "t.npz", x=x, y=y, sample_weight=w)
+        dataset, expected = str(tmp_path / "t.npz"), "its array 'sample_weight' holds weights"
+    with pytest.raises(DatasetError, match=expected) as caught:
+        prepare(tmp_path, dataset, label="label")
+    assert "drop the" in caught.value.fix
+    assert not list(tmp_path.rglob("manifest.json"))
