@@ -80,6 +80,7 @@ def evaluate_keras_model(
     import tensorflow as tf
 
     from tasks.data.inputs import build_dataset
+    from tasks.train.keras_meaning import held_out_losses
 
     started = time.perf_counter() if started is None else started
     objective = _objective(model, manifest)
@@ -87,7 +88,7 @@ def evaluate_keras_model(
     losses, labels_seen, logits_seen = [], [], []
     for features, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
         outputs = tf.cast(model(features, training=False), tf.float32)
-        losses.append(objective.loss(labels, outputs).numpy())
+        losses.append(held_out_losses(model, objective, labels, outputs).numpy())
         for metric in own.values():
             metric.update_state(objective.targets(labels, outputs), outputs)
         labels_seen.append(labels.numpy())

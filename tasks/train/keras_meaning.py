@@ -85,6 +85,15 @@ def step_loss(
     return loss
 
 
+def held_out_losses(model: Any, objective: Any, labels: Any, outputs: Any) -> tf.Tensor:
+    """Each example's loss as Keras's `evaluate` counts it: the compiled (or the kind's)
+    loss, plus the `model.losses` (regularisers, `add_loss`) of the call that gave
+    `outputs`, which Keras adds to every batch's mean."""
+    each = tf.cast(objective.loss(labels, outputs), tf.float32)
+    extra = [tf.cast(tf.reduce_sum(term), tf.float32) for term in model.losses]
+    return each + tf.add_n(extra) if extra else each
+
+
 def run_own_train_step(model: Any, objective: Any, x: Any, labels: Any) -> tuple[Any, Any]:
     """The model's own `train_step` on this replica's batch, its metrics reset first so that
     what it returns is this step's: (its loss over the replicas in sync, so that summing

@@ -206,7 +206,12 @@ class HeldOut:
     def _mean(self, model: Any, objective: Any, metric: str) -> Any:
         import tensorflow as tf
 
-        each = objective.loss if metric == "loss" else objective.score
+        from tasks.train.keras_meaning import held_out_losses
+
+        def each(labels: Any, outputs: Any) -> Any:
+            if metric == "loss":  # as Keras's evaluate: with the model's own losses
+                return held_out_losses(model, objective, labels, outputs)
+            return objective.score(labels, outputs)
 
         @tf.function
         def total() -> tf.Tensor:

@@ -53,3 +53,31 @@ def test_recording_the_noise_scale_on_one_device_does_not_change_what_is_trained
 )
 def test_each_keras_feature_trains_as_fit_trains_it(cases, case, strategy):
     _agrees(fidelity.compare(cases, case, strategy, STEPS, EPOCHS))
+
+
+@pytest.mark.unit
+def test_the_held_out_loss_is_kerass_evaluate_loss_with_the_models_own_losses(digits):
+    """A regularised model's held-out loss, from `tfscale evaluate` and from the held-out
+    clock, is what `model.evaluate` reports: the compiled loss plus `model.losses`."""
+    import keras
+
+    from tasks.data.inputs import build_dataset
+    from tasks.train.evaluation import evaluate_keras_model
+    from tasks.train.to_target import HeldOut
+
+    _, manifest, data_dir = digits
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input(manifest.spec.shape)
+    hidden = keras.layers.Dense(16, kernel_regularizer=keras.regularizers.L2(0.5))(
+        keras.layers.Flatten()(inputs)
+    )
+    model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer="adam", loss=loss)
+    test = build_dataset(manifest, data_dir, "test", 64, training=False)
+    expected = model.evaluate(test, verbose=0)
+    assert sum(float(term) for term in model.losses) > 0.1 * expected  # the L2 term counts
+    ours = evaluate_keras_model(model, manifest, data_dir, 64).test_loss
+    clocked = HeldOut(model, manifest, data_dir, 64, "loss").accuracy()
+    assert ours == pytest.approx(expected, rel=1e-5)
+    assert clocked == pytest.approx(expected, rel=1e-5)
