@@ -221,7 +221,11 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         tracker.log(run_id, params=setup)
         mlflow_runs.describe_evaluation(tracker, run_id, trained, manifest.dataset)
         result, kept = recorded_or_evaluated(
-            model_path, manifest, str(data_dir), config.evaluate.batch_size, trained.get("model")
+            model_path,
+            manifest,
+            str(data_dir),
+            config.evaluate.batch_size,
+            trained.get("model", ""),
         )
         by = " (as its training evaluated it: model and shards unchanged)" if kept else ""
         path = write_evaluation(result, model_dir, manifest.feature["class_names"])

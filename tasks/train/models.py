@@ -53,7 +53,7 @@ def users_objects(source: str) -> dict[str, Any]:
     the module is not there (Keras then names the class it cannot find)."""
     from tasks.core.user_code import is_function_ref, load_function
 
-    if not is_function_ref(source):
+    if not source or not is_function_ref(source):
         return {}
     try:
         function, _ = load_function(source, "model")
