@@ -40,6 +40,22 @@ def compile_for_fit(model: Any, optimizer: Any, steps_per_execution: int) -> Non
     )
 
 
+def compiled_as_given(model: Any) -> Callable[[], None]:
+    """A call that puts the model's compile back as the user gave it (their optimizer, loss
+    and metrics, or none), so that its saved file reads back as tfscale's loop saves it:
+    `compile_for_fit`'s score metric is tfscale's own, not for the file."""
+    compiled = model.compiled
+    config = dict(model._compile_config.config) if compiled else None
+
+    def restore() -> None:
+        if config is not None:
+            model.compile(**config)
+        else:
+            model.compiled = False
+
+    return restore
+
+
 def _as_list(metrics: Any) -> list[Any]:
     if metrics is None:
         return []

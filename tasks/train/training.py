@@ -188,9 +188,10 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     """Trains `run` with Keras's own `model.fit` (`tasks.train.fit_loop`): one call for
     every epoch, recorded and evaluated on the held-out clock as tfscale's loop records
     its own (no checkpoints to resume from, no gradient noise scale: Keras's step)."""
-    from tasks.train.fit_loop import EpochRecords, compile_for_fit, fit_input
+    from tasks.train.fit_loop import EpochRecords, compile_for_fit, compiled_as_given, fit_input
 
     cfg, chief = run.train, run.role.chief
+    as_given = compiled_as_given(setup.model)
     compile_for_fit(setup.model, setup.optimizer, cfg.steps_per_call)
     dataset_fn = train_dataset_fn(cfg, run.manifest, run.data_dir, setup.global_batch)
     clock = _target_clock(run, setup, 0)
@@ -209,6 +210,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
         shuffle=False,  # the input is shuffled by its seed, each epoch anew
         callbacks=[records],
     )
+    as_given()
     model_path = _saved(run, setup, None)
     result = _result(setup, run.choice, run.run_dir, model_path, records.history, 0)
     return Trained(setup, _with_held_out(result, clock, loop="fit"))

@@ -307,8 +307,10 @@ def _check_own_step(ref: str, model: Any, features: Any, labels: Any) -> None:
         return
     optimizer = getattr(model, "optimizer", None)
     before = int(optimizer.iterations.numpy()) if optimizer is not None else 0
+    data = (features, model.tfscale_objective.keras_labels(labels))
     try:
-        model.train_step((features, model.tfscale_objective.keras_labels(labels)))
+        model._symbolic_build(data_batch=data)  # its optimizer and metrics, as fit builds them
+        model.train_step(data)
     except Exception as exc:  # noqa: BLE001 - the user's step: whatever it raises
         raise ModelRaised(
             f"--model {ref}: its train_step raised {type(exc).__name__}: {one_line(exc)} "

@@ -606,6 +606,7 @@ def test_a_subclassed_models_logged_signature_comes_from_the_datas_spec():
 CUSTOM_LAYER = textwrap.dedent(
     """
     import keras
+    import tensorflow as tf
 
     class Scale(keras.layers.Layer):  # registered with nothing
         def __init__(self, factor=2.0, **kwargs):
@@ -620,12 +621,28 @@ CUSTOM_LAYER = textwrap.dedent(
         inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
         x = Scale(0.5)(keras.layers.Concatenate()(list(inputs.values())))
         return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+    class OwnStep(keras.Model):  # the guide's train_step, with SGD
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables))
+            return {"loss": loss}
+
+    def own_step(spec):
+        inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+        x = Scale(0.5)(keras.layers.Concatenate()(list(inputs.values())))
+        model = OwnStep(inputs, keras.layers.Dense(1)(x))
+        model.compile(keras.optimizers.SGD(1e-3, momentum=0.9), "binary_crossentropy")
+        return model
     """
 )
 
 
 @pytest.mark.integration
-def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path):
+@pytest.mark.parametrize("function", ["build", "own_step"])
+def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path, function):
     """`tfscale evaluate --batch-size` reads the trained file back (the training recorded
     its evaluation at another batch size): the model's own module is imported first, so
     its unregistered layer loads."""
@@ -636,7 +653,7 @@ def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path
     params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
     data = ["--dataset", "cancer.csv", "--label", "target"]
     assert run_main([*params, "prepare", *data], tmp_path)[0] == 0
-    train = [*params, "train", *data, "--model", "scaled.py:build", "--no-diagnose"]
+    train = [*params, "train", *data, "--model", f"scaled.py:{function}", "--no-diagnose"]
     train += ["--strategy", "one_device"]
     code, out, err = run_main(train, tmp_path)
     assert code == 0, err[-2000:]
