@@ -28,7 +28,7 @@ def compile_for_fit(model: Any, optimizer: Any, steps_per_execution: int) -> Non
     `loss_weights` and metrics where it was compiled (the label kind's default loss where
     not), and the label kind's score (`SCORE`) for the training's records."""
     objective = objective_of(model)
-    config = dict(getattr(model, "_compile_config", None).config) if model.compiled else {}
+    config = _compile_given(model) or {}
     metrics = [m for m in _as_list(config.get("metrics")) if m is not None]
     loss = config.get("loss") if model.compiled else objective.keras_loss()
     model.compile(
@@ -44,8 +44,7 @@ def compiled_as_given(model: Any) -> Callable[[], None]:
     """A call that puts the model's compile back as the user gave it (their optimizer, loss
     and metrics, or none), so that its saved file reads back as tfscale's loop saves it:
     `compile_for_fit`'s score metric is tfscale's own, not for the file."""
-    compiled = model.compiled
-    config = dict(model._compile_config.config) if compiled else None
+    config = _compile_given(model)
 
     def restore() -> None:
         if config is not None:
@@ -54,6 +53,11 @@ def compiled_as_given(model: Any) -> Callable[[], None]:
             model.compiled = False
 
     return restore
+
+
+def _compile_given(model: Any) -> dict[str, Any] | None:
+    """The arguments the model was compiled with (Keras keeps them), or None."""
+    return dict(model._compile_config.config) if model.compiled else None
 
 
 def _as_list(metrics: Any) -> list[Any]:
@@ -123,17 +127,8 @@ class EpochRecords(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self.started - self.evaluating
         examples = self.done * self.step_examples
-        record = {
-            "epoch": epoch + 1,
-            "loss": float(logs["loss"]),
-            self.clock.score: float(logs[SCORE]),
-            "seconds": seconds,
-            "examples": examples,
-            "examples_per_s": examples / seconds,
-        }
-        last = self.clock.evaluations[-1] if self.clock.evaluations else None
-        if last is not None and last.steps > self.first:
-            record[f"heldout_{self.clock.target.metric}"] = last.accuracy
+        loss, score = float(logs["loss"]), float(logs[SCORE])
+        record = self.clock.epoch_record(epoch + 1, self.first, loss, score, seconds, examples)
         self.history.append(record)
         self.written(record)
 

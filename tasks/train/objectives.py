@@ -76,9 +76,7 @@ class Objective:
         import tensorflow as tf
 
         if self.kind == "class":
-            if self.one_hot:
-                return tf.one_hot(tf.cast(labels, tf.int32), self.label.num_classes)
-            return labels
+            return self.keras_labels(labels)
         return tf.reshape(tf.cast(labels, outputs.dtype), tf.shape(outputs))
 
     def keras_loss(self) -> Any:

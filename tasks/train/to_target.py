@@ -315,6 +315,24 @@ class TargetClock:
         )
         return now - began
 
+    def epoch_record(
+        self, epoch: int, first: int, loss: float, score: float, seconds: float, examples: int
+    ) -> dict[str, float]:
+        """An epoch's record (`history.json`): its mean loss and score (under `score`'s
+        key), its training seconds and examples, and the held-out value of its last
+        evaluation when one fell after its first step (`first`)."""
+        record = {
+            "epoch": epoch,
+            "loss": loss,
+            self.score: score,
+            "seconds": seconds,
+            "examples": examples,
+            "examples_per_s": examples / seconds,
+        }
+        if self.evaluations and self.evaluations[-1].steps > first:
+            record[f"heldout_{self.target.metric}"] = self.evaluations[-1].accuracy
+        return record
+
     @property
     def reached(self) -> bool:
         return bool(self.evaluations) and self.target.met(self.evaluations[-1].accuracy)

@@ -427,18 +427,7 @@ def _timed_epoch(
             if watch.stop_at_target and clock.reached:
                 break
     examples = done * step_examples
-    score = clock.score  # the key: accuracy, or a real-valued label's mean_absolute_error
-    record = {
-        "epoch": epoch,
-        "loss": loss / done,
-        score: correct / examples,
-        "seconds": seconds,
-        "examples": examples,
-        "examples_per_s": examples / seconds,
-    }
-    if clock.evaluations and clock.evaluations[-1].steps > first:
-        record[f"heldout_{clock.target.metric}"] = clock.evaluations[-1].accuracy
-    return record
+    return clock.epoch_record(epoch, first, loss / done, correct / examples, seconds, examples)
 
 
 def _result(

@@ -301,16 +301,15 @@ def _check_own_step(ref: str, model: Any, features: Any, labels: Any) -> None:
     rate by its rule and record the noise scale at its all-reduce)."""
     import keras
 
-    from tasks.train.keras_meaning import own_train_step
+    from tasks.train.keras_meaning import attach, own_train_step
 
     if not own_train_step(model):
         return
     optimizer = getattr(model, "optimizer", None)
     before = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-    data = (features, model.tfscale_objective.keras_labels(labels))
     try:
-        model._symbolic_build(data_batch=data)  # its optimizer and metrics, as fit builds them
-        model.train_step(data)
+        attach(model, optimizer, features, labels)  # its optimizer and metrics, as fit's
+        model.train_step((features, model.tfscale_objective.keras_labels(labels)))
     except Exception as exc:  # noqa: BLE001 - the user's step: whatever it raises
         raise ModelRaised(
             f"--model {ref}: its train_step raised {type(exc).__name__}: {one_line(exc)} "
