@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -50,3 +51,30 @@ def test_a_configured_server_is_used_as_is():
             api.wait()
             assert api.process is None
             assert PREFECT_API_URL.value() == "http://127.0.0.1:4200/api"
+
+
+def test_a_stop_that_prefect_turned_into_its_own_error_ends_as_the_stop():
+    """A SIGTERM landing as a task run is being created: Prefect's handler raises
+    `TerminationSignal`, its task engine fails to record the crash ("Task run is not set")
+    and never sends the signal on. The block ends as the stop (exit 143 in the CLI), the
+    server stopped with it; another error passes as it is."""
+    from prefect.exceptions import TerminationSignal
+
+    from tasks.core.process import Stopped
+
+    with pytest.raises(Stopped) as stop:
+        with prefect_api.temporary_api() as api:
+            api.wait()
+            try:
+                raise TerminationSignal(signal.SIGTERM)
+            except TerminationSignal:
+                raise ValueError("Task run is not set")
+    assert stop.value.exit_code == 128 + signal.SIGTERM
+    assert api.process.poll() is not None
+
+    with pytest.raises(ValueError):
+        with prefect_api.temporary_api() as api:
+            try:
+                raise KeyError("not a signal")
+            except KeyError:
+                raise ValueError("another error") from None
