@@ -68,7 +68,7 @@ def test_a_stop_that_prefect_turned_into_its_own_error_ends_as_the_stop():
             try:
                 raise TerminationSignal(signal.SIGTERM)
             except TerminationSignal:
-                raise ValueError("Task run is not set")
+                raise ValueError("Task run is not set")  # noqa: B904 (as Prefect raises it)
     assert stop.value.exit_code == 128 + signal.SIGTERM
     assert api.process.poll() is not None
 
