@@ -32,8 +32,9 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--label-kind": (
         "prepare.label_kind",
         str,
-        "auto | class | binary | multi_label | regression (auto: floats are regression, two "
-        "values binary, else classes)",
+        "auto | class | binary | multi_label | regression (auto: two values binary; text "
+        "classes; fractional floats real values; integers classes unless many values for "
+        "the rows; one-hot rows classes: docs/data.md)",
     ),
     "--data-dir": ("prepare.data_dir", str, "root of the prepared datasets (data/tfrecords)"),
     "--num-shards": ("prepare.num_shards", int, "shards per split (default: from the shard size)"),

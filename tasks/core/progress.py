@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tasks.core.label_kinds import SCORES  # what an epoch reports, by the label's kind
 from tasks.core.process import STATUS_MARK
 
 log = logging.getLogger("tfscale")
@@ -44,9 +45,6 @@ def _prefect_run_logger() -> Any:
     if FlowRunContext.get() is None and TaskRunContext.get() is None:
         return None
     return get_run_logger()
-
-
-SCORES = ("accuracy", "mean_absolute_error")  # what an epoch reports, by the label's kind
 
 
 def epoch_score(epoch: dict[str, float]) -> tuple[str, float]:

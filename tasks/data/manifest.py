@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,19 @@ class Manifest:
     splits: dict[str, int]
     shards: list[ShardInfo]
     params: dict[str, Any] = field(default_factory=dict)
+    # the features a model of one input takes as one vector (`FeatureSpec.packed`): the
+    # model's, never the file's, so neither the JSON nor the digest holds it
+    packed: tuple[str, ...] = field(default=(), compare=False)
 
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
 
     @property
     def spec(self) -> FeatureSpec:
-        """The features and the label, as prepare recorded them."""
-        return FeatureSpec.from_dict(self.feature)
+        """The features and the label, as prepare recorded them (and as the model takes
+        them: `packed`)."""
+        spec = FeatureSpec.from_dict(self.feature)
+        return replace(spec, packed=self.packed) if self.packed else spec
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -92,6 +97,7 @@ def _plain(manifest: Manifest) -> dict[str, Any]:
     """The manifest as JSON holds it: a shard's `sums` only where it has them, so image
     manifests read and hash as they always did."""
     raw = asdict(manifest)
+    raw.pop("packed")
     for shard in raw["shards"]:
         if shard.get("sums") is None:
             shard.pop("sums", None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
+from tasks.core.label_kinds import describe
 from tasks.data.datasets import (
     NAMED_SOURCES,
     DatasetError,
@@ -15,6 +17,7 @@ from tasks.data.datasets import (
 from tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
 from tasks.data.tfds_source import tfds_source
 from tasks.data.user_sources import (
+    TABLE_SUFFIXES,
     is_function_ref,
     is_user_file,
     source_fingerprint,  # noqa: F401 - what a cached prepare keys on (flows.study)
@@ -81,7 +84,19 @@ def prepared_line(result: PrepareResult, *, reused: bool = False) -> str:
     splits = ", ".join(f"{count} {split}" for split, count in m.splits.items())
     written = result.written and not reused
     done = f"{result.written} shards written" if written else "shards reused"
-    return f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+    line = f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+    if m.spec.label.read_as:  # the user's data: the kind its label was read as, the way out
+        line += f"; {label_text(m)}"
+    return line
+
+
+def label_text(m: Any) -> str:
+    """`label target: binary (0/1); --label-kind (prepare.label_kind) to change`: a table's
+    label by its column's name."""
+    label = m.spec.label
+    table = Path(m.params.get("dataset", "")).suffix.lower() in TABLE_SUFFIXES
+    name = f" {m.params.get('label')}" if table else ""
+    return f"label{name}: {describe(label.kind, label.read_as)}"
 
 
 def format_summary(result: PrepareResult) -> str:
@@ -93,6 +108,8 @@ def format_summary(result: PrepareResult) -> str:
         f"features   {m.spec.describe()}",
         f"location   {result.data_dir}",
     ]
+    if m.spec.label.read_as:
+        lines.insert(2, f"{'label':<10} {label_text(m).removeprefix('label').lstrip(': ')}")
     for split, count in m.splits.items():
         lines.append(f"{split:<10} {count} examples in {len(m.files(split))} shards")
     if result.written:

@@ -183,7 +183,8 @@ def parse_records(
 ) -> tuple[Any, Any]:
     """A batch of serialized records into `(features, labels)`: one tensor where the spec
     holds one feature, else a dict by name; variable lengths padded to the longest seen at
-    prepare. Class and binary labels are int32, multi-label and real ones float32."""
+    prepare, or the features `spec.packed` names as one float32 vector each. Class and
+    binary labels are int32, multi-label and real ones float32."""
     import tensorflow as tf
 
     parsed = tf.io.parse_example(serialized, parse_spec(spec))
@@ -206,6 +207,9 @@ def parse_records(
         labels = tf.cast(labels, tf.float32)
     if batch_size:
         labels = tf.ensure_shape(labels, [batch_size, *spec.label.shape])
+    if spec.packed:  # a model of one input: the numbers in the spec's order, as df.values
+        columns = [tf.reshape(tf.cast(features[n], tf.float32), [rows]) for n in spec.packed]
+        return tf.stack(columns, axis=-1), labels
     if len(spec.features) == 1:
         return features[spec.features[0].name], labels
     return features, labels

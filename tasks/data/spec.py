@@ -1,35 +1,18 @@
 """What one example holds: named features of known dtype and shape, and a label of a known
 kind. The manifest records it; the shards, the input pipeline and the models read it back.
-
-The label's kind decides the defaults a training takes for it:
-
-- `class`: an integer class index; one output per class; sparse cross-entropy; accuracy.
-- `binary`: 0 or 1; one output; binary cross-entropy; AUC.
-- `multi_label`: a 0/1 vector, one per label; an output per label; binary cross-entropy;
-  accuracy (over every label).
-- `regression`: real values; an output per value; mean squared error; mean absolute
-  error (lower is better).
-
-While training, a binary label's held-out score is its accuracy (AUC needs every
-prediction at once); `tfscale evaluate` reports its AUC as well.
+The label's kind decides the defaults a training takes for it (`tasks.core.label_kinds`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-LABEL_KINDS = ("class", "binary", "multi_label", "regression")
-IMAGE = "image"  # the feature an image source's examples hold (the original shard format)
+from tasks.core.label_kinds import KINDS
 
-# per kind: the loss, the default held-out metric, and whether lower is better for it
-DEFAULTS = {
-    "class": ("sparse_categorical_crossentropy", "accuracy", False),
-    "binary": ("binary_crossentropy", "auc", False),
-    "multi_label": ("binary_crossentropy", "accuracy", False),
-    "regression": ("mean_squared_error", "mean_absolute_error", True),
-}
+IMAGE = "image"  # the feature an image source's examples hold (the original shard format)
 _BYTES = {"uint8": 1, "bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8, "string": 32}
 
 
@@ -49,6 +32,13 @@ class Feature:
     @property
     def variable(self) -> bool:
         return None in self.shape
+
+    @property
+    def keras_name(self) -> str:
+        """The name as a Keras input takes it: the feature's own, with each character
+        Keras refuses in a name (`/`, spaces, ...) as `_` (`od280/od315` is `od280_od315`).
+        A model of named inputs still takes the data by the feature's `name`."""
+        return re.sub(r"[^0-9A-Za-z_.-]", "_", self.name)
 
     @property
     def padded_shape(self) -> tuple[int, ...]:
@@ -92,6 +82,7 @@ class Label:
     class_names: tuple[str, ...] = ()
     mean: float | None = None  # real values: over the training split
     std: float | None = None
+    read_as: str = ""  # why its values were read as this kind (`label_kinds.read_kind`)
 
     @property
     def num_classes(self) -> int:
@@ -106,26 +97,26 @@ class Label:
 
     @property
     def loss(self) -> str:
-        return DEFAULTS[self.kind][0]
+        return KINDS[self.kind].loss
 
     @property
     def metric(self) -> str:
         """The default held-out metric for this kind."""
-        return DEFAULTS[self.kind][1]
+        return KINDS[self.kind].metric
 
     @property
     def lower_is_better(self) -> bool:
-        return DEFAULTS[self.kind][2]
+        return KINDS[self.kind].lower_is_better
 
     @property
     def score(self) -> str:
         """What a training reports of its batches and held-out split as it goes, the key of
         its epochs' records: `accuracy`, or for real values `mean_absolute_error`."""
-        return "mean_absolute_error" if self.kind == "regression" else "accuracy"
+        return KINDS[self.kind].score
 
     @property
     def dtype(self) -> str:
-        return "float32" if self.kind == "regression" else "int64"
+        return KINDS[self.kind].stored
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,15 +129,28 @@ class Label:
             "metric": self.metric,
             "lower_is_better": self.lower_is_better,
             **({"mean": self.mean, "std": self.std} if self.mean is not None else {}),
+            **({"read_as": self.read_as} if self.read_as else {}),
         }
 
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """An example's features, in order, and its label."""
+    """An example's features, in order, and its label. `packed` names the features a
+    model of one input takes as one float32 vector, in that order (what `df.values` gives
+    `model.fit`); empty where the model takes each feature by name (a dict), or the one
+    feature itself. The model decides it (`tasks.train.user_models.as_model_takes`); the
+    manifest never records it."""
 
     features: tuple[Feature, ...]
     label: Label = field(default_factory=Label)
+    packed: tuple[str, ...] = ()
+
+    @property
+    def numbers(self) -> tuple[Feature, ...]:
+        """The features of one number each (a table's numeric columns), in order: what a
+        model of one input of shape `(len(spec.numbers),)` takes, as `df.values` gives
+        them to `model.fit`."""
+        return tuple(f for f in self.features if f.numeric and f.shape in ((), (1,)))
 
     @classmethod
     def image(cls, shape: tuple[int, ...], class_names: tuple[str, ...]) -> FeatureSpec:
@@ -207,6 +211,7 @@ class FeatureSpec:
                 tuple(label["class_names"]),
                 label.get("mean"),
                 label.get("std"),
+                label.get("read_as", ""),
             ),
         )
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from tasks.core.label_kinds import comparable, describe, one_hot_indices, read_kind
 from tasks.data.spec import FeatureSpec, Label
 
 Chunk = tuple[dict[str, Any], np.ndarray]  # features by name (a row each), labels
-MAX_CLASSES = 256  # integer labels with more distinct values than this are real values
 
 
 def rows_of(features: dict[str, Any], index: Any) -> dict[str, Any]:
@@ -108,33 +108,35 @@ def test_rows(labels: np.ndarray, fraction: float, seed: int, stratify: bool) ->
 
 @dataclass(frozen=True)
 class LabelCoding:
-    """The label's kind, and how its raw values become what the shards store: class and
-    binary values become indices into their sorted distinct values (or are indices already,
-    with names given); others are stored as they are."""
+    """The label's kind, how it was read (`why`, for the prepare line), and how its raw
+    values become what the shards store: class and binary values become indices into their
+    sorted distinct values (or are indices already, with names given; or one-hot rows,
+    their index); others are stored as they are."""
 
     label: Label
     values: np.ndarray | None = None  # sorted distinct raw values, for class and binary
+    why: str = ""
+    one_hot: bool = False
 
     def encode(self, raw: np.ndarray) -> np.ndarray:
         if self.label.kind == "regression":
             return np.asarray(raw, np.float32)
-        if self.label.kind == "multi_label":
+        if self.one_hot:
+            return one_hot_indices(raw)
+        if self.label.kind == "multi_label" or self.values is None:  # indices already
             return np.asarray(raw, np.int64)
-        if self.values is None:  # indices already
-            return np.asarray(raw, np.int64)
-        return np.searchsorted(self.values, _comparable(raw)).astype(np.int64)
+        return np.searchsorted(self.values, comparable(raw)).astype(np.int64)
 
-
-def _comparable(raw: np.ndarray) -> np.ndarray:
-    if raw.dtype == object or raw.dtype.kind in "SU":
-        return np.array([v.decode() if isinstance(v, bytes) else str(v) for v in raw])
-    return raw
+    def text(self) -> str:
+        """`binary (0/1); --label-kind (prepare.label_kind) to change`."""
+        return describe(self.label.kind, self.why)
 
 
 def label_coding(
     raw: np.ndarray, kind: str, what: str, class_names: tuple[str, ...] = ()
 ) -> LabelCoding:
-    """The label's coding from all its raw values (`kind` auto or one of `LABEL_KINDS`).
+    """The label's coding from all its raw values (`kind` auto, read by
+    `tasks.core.label_kinds.read_kind`, or one of its `LABEL_KINDS`).
 
     Raises:
         ValueError: the values cannot be of the kind asked for, saying why (`what` names
@@ -142,16 +144,21 @@ def label_coding(
     """
     shape = tuple(raw.shape[1:])
     numeric = raw.dtype.kind in "biuf"
+    why = "as asked"
     if kind == "auto":
-        kind = _guess_kind(raw, shape, numeric)
+        kind, why = _named_kind(class_names) if class_names else read_kind(raw)
     if kind == "regression":
         if not numeric:
             raise ValueError(f"{what} holds text; a real-valued label needs numbers")
-        return LabelCoding(Label("regression", shape))
+        return LabelCoding(Label("regression", shape), why=why)
+    zero_one = numeric and bool(np.isin(raw, (0, 1)).all())
     if kind == "multi_label":
-        if not shape or not numeric or not np.isin(raw, (0, 1)).all():
+        if not shape or not zero_one:
             raise ValueError(f"{what} is not a 0/1 vector per example, as multi_label needs")
-        return LabelCoding(Label("multi_label", shape))
+        return LabelCoding(Label("multi_label", shape), why=why)
+    if shape and kind == "class" and zero_one and len(shape) == 1:  # one-hot rows
+        names = tuple(str(i) for i in range(shape[0]))
+        return LabelCoding(Label("class", (), names), why=why, one_hot=True)
     if shape:
         raise ValueError(
             f"{what} has shape {shape} per example; a {kind} label is one value per example"
@@ -160,23 +167,19 @@ def label_coding(
         names = tuple(class_names)
         if kind == "binary" and len(names) != 2:
             raise ValueError(f"{what} has {len(names)} classes; binary needs 2")
-        return LabelCoding(Label(kind, (), names))
-    values = np.unique(_comparable(raw))
+        return LabelCoding(Label(kind, (), names), why=why)
+    values = np.unique(comparable(raw))
     if kind == "binary" and len(values) != 2:
         raise ValueError(f"{what} has {len(values)} distinct values; binary needs 2")
     names = tuple(_name(v) for v in values)
-    return LabelCoding(Label(kind, (), names), values)
+    return LabelCoding(Label(kind, (), names), values, why=why)
 
 
-def _guess_kind(raw: np.ndarray, shape: tuple[int, ...], numeric: bool) -> str:
-    if shape:
-        return "multi_label" if numeric and np.isin(raw, (0, 1)).all() else "regression"
-    if numeric and raw.dtype.kind == "f":
-        return "regression"
-    distinct = len(np.unique(_comparable(raw)))
-    if distinct == 2:
-        return "binary"
-    return "regression" if numeric and distinct > MAX_CLASSES else "class"
+def _named_kind(class_names: tuple[str, ...]) -> tuple[str, str]:
+    """The kind of a label whose classes the source names (a tensorflow-datasets set's)."""
+    if len(class_names) == 2:
+        return "binary", f"classes {class_names[0]} and {class_names[1]}"
+    return "class", f"{len(class_names)} named classes"
 
 
 def _name(value: Any) -> str:

@@ -102,7 +102,7 @@ def probe_in_place(setup: TrainingSetup, run: Run, steps: int) -> InPlaceProbes:
     started = time.perf_counter()
     strategy, ps = setup.strategy, run.choice.spec.one_worker_per_step
     batch = setup.per_replica * setup.accum_steps
-    pipeline = train_dataset_fn(run.train, run.manifest, run.data_dir, batch)
+    pipeline = train_dataset_fn(run.train, setup.manifest, run.data_dir, batch)
     per_call = min(setup.steps_per_call, max(steps // 3, 1))
     calls = max(steps // per_call, 1)
     step_s, end_to_end_s, comm_s = _step_and_comm_seconds(setup, run, pipeline, per_call, calls)
@@ -194,7 +194,7 @@ def _local_step_seconds_by_batch(
 ) -> tuple[list[int], tuple[float, ...]]:
     """(sizes, seconds) of the local step at half, one and two times `batch` (rounded to
     whole micro-batches): the points the cost model's per-example compute is fitted to."""
-    double = train_dataset_fn(run.train, run.manifest, run.data_dir, 2 * batch)
+    double = train_dataset_fn(run.train, setup.manifest, run.data_dir, 2 * batch)
     images, labels = next(iter(double(None)))
     accum = setup.accum_steps
     sizes = sorted({size - size % accum for size in (max(batch // 2, accum), batch, 2 * batch)})
@@ -216,7 +216,7 @@ def _local_step_seconds_at(
     setup: TrainingSetup, run: Run, batch: int, per_call: int, calls: int
 ) -> float:
     """The local step at `batch` examples per micro-batch group."""
-    whole = train_dataset_fn(run.train, run.manifest, run.data_dir, batch * setup.accum_steps)
+    whole = train_dataset_fn(run.train, setup.manifest, run.data_dir, batch * setup.accum_steps)
     images, labels = next(iter(whole(None)))
     return _local_step_seconds(run, setup, images, labels, per_call, calls)
 

@@ -84,7 +84,7 @@ def measure_stages(
     devices, plan = setup.strategy.devices, setup.strategy.plan
     stages = stage_models(setup.model, plan)
     batch = setup.per_replica * setup.accum_steps
-    images, labels = next(iter(train_dataset_fn(cfg, manifest, data_dir, batch)(None)))
+    images, labels = next(iter(train_dataset_fn(cfg, setup.manifest, data_dir, batch)(None)))
     micros = sorted({m for m in (*MICRO_BATCHES, choice.micro_batches) if batch % m == 0})
     inputs = _stage_inputs(stages, devices, images)
     step_s, stage_s = {}, {}

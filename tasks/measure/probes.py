@@ -308,7 +308,7 @@ def _feed(
 ) -> Callable:
     """The training input of `setup` (micro-batch groups per replica), as training reads it."""
     return train_dataset_fn(
-        cfg, manifest, data_dir, setup.per_replica * setup.accum_steps, transform
+        cfg, setup.manifest or manifest, data_dir, setup.per_replica * setup.accum_steps, transform
     )
 
 

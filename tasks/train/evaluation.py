@@ -81,8 +81,10 @@ def evaluate_keras_model(
 
     from tasks.data.inputs import build_dataset
     from tasks.train.keras_meaning import held_out_losses
+    from tasks.train.user_models import as_model_takes
 
     started = time.perf_counter() if started is None else started
+    manifest = as_model_takes(manifest, model)
     objective = _objective(model, manifest)
     own = _own_metrics(objective)
     losses, labels_seen, logits_seen = [], [], []

@@ -48,7 +48,12 @@ from tasks.train.to_target import (
     interval_examples,
     target_of,
 )
-from tasks.train.user_models import example_batch, example_labels, parameter_count
+from tasks.train.user_models import (
+    as_model_takes,
+    example_batch,
+    example_labels,
+    parameter_count,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +151,7 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     start_epoch, done_in_epoch = divmod(resumed_step, setup.steps)
     history = _read_history(run_dir)[:start_epoch]
     dataset_fn = train_dataset_fn(
-        cfg, run.manifest, run.data_dir, setup.per_replica * setup.accum_steps
+        cfg, setup.manifest, run.data_dir, setup.per_replica * setup.accum_steps
     )
     clock = _target_clock(run, setup, resumed_step)
     watch = _watch(setup, choice, cfg, clock)
@@ -193,7 +198,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     cfg, chief = run.train, run.role.chief
     as_given = compiled_as_given(setup.model)
     compile_for_fit(setup.model, setup.optimizer, cfg.steps_per_call)
-    dataset_fn = train_dataset_fn(cfg, run.manifest, run.data_dir, setup.global_batch)
+    dataset_fn = train_dataset_fn(cfg, setup.manifest, run.data_dir, setup.global_batch)
     clock = _target_clock(run, setup, 0)
 
     def written(record: dict[str, float]) -> None:
@@ -236,7 +241,11 @@ def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
         setup.model.save(model_path)
         if run.choice.spec.evaluated_after and run.manifest.splits.get("test", 0):
             record_final(
-                setup.model, model_path, run.manifest, run.data_dir, run.config.evaluate.batch_size
+                setup.model,
+                model_path,
+                setup.manifest,
+                run.data_dir,
+                run.config.evaluate.batch_size,
             )
     elif manager is not None:
         shutil.rmtree(manager.directory, ignore_errors=True)
@@ -253,7 +262,7 @@ def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetCl
     label = run.manifest.spec.label
     target = target_of(evaluate, label)
     held_out = (
-        HeldOut(setup.model, run.manifest, run.data_dir, evaluate.batch_size, target.metric)
+        HeldOut(setup.model, setup.manifest, run.data_dir, evaluate.batch_size, target.metric)
         if every and has_test
         else None
     )
@@ -524,6 +533,7 @@ class TrainingSetup:
     lr_gain: Any = None  # an adaptive rule's gain variable (`noise_estimates.AdaptiveGain`)
     base_batch: int = 0  # the batch the base rate is for
     loop: str = "tfscale"  # `train.loop`: the epoch runner's, tfscale's or Keras's `fit`
+    manifest: Any = None  # the run's, as the model takes its features (`as_model_takes`)
 
     def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
         """The strategy kind's epoch runner over `dataset_fn` (each replica's batches), or
@@ -600,7 +610,7 @@ def set_up_training(
     return TrainingSetup(
         strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
         step_examples, steps, rate.value, cfg.steps_per_call, rate.rule, rate.gain, base_batch,
-        cfg.loop,
+        cfg.loop, as_model_takes(manifest, model),
     )  # fmt: skip
 
 
@@ -669,7 +679,8 @@ def _model_and_optimizer(
         if choice.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-        attach(model, optimizer, example_batch(manifest.spec), example_labels(manifest.spec))
+        spec = as_model_takes(manifest, model).spec
+        attach(model, optimizer, example_batch(spec), example_labels(spec))
     return model, optimizer, rate
 
 

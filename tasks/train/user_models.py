@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.errors import UsageError, UserError
+from tasks.core.label_kinds import KINDS, mismatch_fix
 from tasks.core.user_code import is_function_ref, load_function, one_line
 from tasks.data.spec import FeatureSpec
 from tasks.train.objectives import Objective, loss_name, set_objective
@@ -96,9 +97,50 @@ def user_model(ref: str, spec: FeatureSpec) -> Any:
     return set_objective(model, objective_from(model, spec))
 
 
+def one_input_width(model: Any) -> int | None:
+    """The numbers per example of a model of one input of shape `(None, n)`; None for a
+    model of several inputs, of another shape, or whose inputs are not known until called
+    (a subclassed model)."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not inputs or len(inputs) != 1:
+        return None
+    shape = tuple(inputs[0].shape)
+    return int(shape[1]) if len(shape) == 2 and shape[1] is not None else None
+
+
+def packed_features(model: Any, spec: FeatureSpec) -> tuple[str, ...]:
+    """The features a model of one input of n numbers takes, where the data has several
+    features and n of them are one number each (a table's numeric columns): those, in the
+    data's order, as `model.fit(df.drop(columns=[label]).values, y)` gives them. Text
+    columns are then left out (`check_user_model` names them). Empty otherwise: the model
+    takes the features by name, or the one feature itself."""
+    width = one_input_width(model)
+    numbers = tuple(f.name for f in spec.numbers)
+    if len(spec.features) < 2 or width is None or width != len(numbers):
+        return ()
+    return numbers
+
+
+def as_model_takes(manifest: Any, model: Any) -> Any:
+    """The manifest whose batches give `model` its features as it takes them: one vector
+    of the numeric features for a model of one input over them (`packed_features`), else
+    as recorded."""
+    import dataclasses
+
+    packed = packed_features(model, FeatureSpec.from_dict(manifest.feature))
+    return dataclasses.replace(manifest, packed=packed) if packed != manifest.packed else manifest
+
+
 def example_batch(spec: FeatureSpec) -> Any:
-    """One example of zeros (empty text) of each feature: a tensor, or a dict by name."""
+    """One example of zeros (empty text) of each feature: a tensor, or a dict by name; the
+    packed features' vector (`FeatureSpec.packed`)."""
     import numpy as np
+
+    if spec.packed:
+        return np.zeros((1, len(spec.packed)), "float32")
 
     def zero(feature: Any) -> Any:
         shape = (1, *feature.padded_shape)
@@ -201,6 +243,8 @@ def check_user_model(
 
     spec = manifest.spec
     model = user_model(ref, spec)
+    manifest = as_model_takes(manifest, model)
+    _say_packed(ref, manifest.spec)
     rows = max(1, min(32, manifest.splits["train"]))
     features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
     outputs = _check_inputs(ref, model, spec, features)
@@ -213,6 +257,24 @@ def check_user_model(
     _check_own_step(ref, model, features, labels)
 
 
+_SAID: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _say_packed(ref: str, spec: FeatureSpec) -> None:
+    """The line that says how a model of one input takes the data's features, once."""
+    if not spec.packed or (ref, spec.packed) in _SAID:
+        return
+    _SAID.add((ref, spec.packed))
+    from tasks.core.progress import status
+
+    left = [f.name for f in spec.features if f.name not in spec.packed]
+    status(
+        "model",
+        f"{ref} takes the {len(spec.packed)} numeric features as one vector, in the data's "
+        "order" + (f"; left out: {', '.join(left)} (not one number each)" if left else ""),
+    )
+
+
 def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any:
     """The model's outputs on a batch of the data's features, one per label value."""
     try:
@@ -222,8 +284,9 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
             f"--model {ref} does not take this data's features: {type(exc).__name__}: "
             f"{one_line(exc)}; the model's inputs are {_inputs_of(model)}, the data's "
             f"features {_features_of(spec)}",
-            "give the model one input per feature, named and shaped as the data's "
-            "(the function receives the spec: spec.features)",
+            "give the model one input per feature, named as spec.features' keras_name and "
+            f"shaped as the feature, or one input of shape ({len(spec.numbers)},) "
+            "over the numeric features in the data's order (the function receives the spec)",
         ) from exc
     if isinstance(outputs, (list, tuple, dict)) and len(outputs) > 1:
         raise ModelError(
@@ -239,7 +302,10 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
         raise ModelError(
             f"--model {ref} gives {width} output(s) per example; the label "
             f"({spec.label.kind}) needs {spec.label.outputs}",
-            f"end the model in a layer of {spec.label.outputs} unit(s) (spec.label.outputs)",
+            mismatch_fix(
+                spec.label.kind,
+                f"end the model in a layer of {spec.label.outputs} unit(s) (spec.label.outputs)",
+            ),
         )
     return outputs
 
@@ -253,11 +319,13 @@ def precision_failure(ref: str, manifest: Any, data_dir: str, policy: str) -> st
     from tasks.data.inputs import build_dataset
 
     rows = max(1, min(8, manifest.splits["train"]))
-    features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(policy)
     try:
         model = user_model(ref, manifest.spec)
+        manifest = as_model_takes(manifest, model)
+        batch = build_dataset(manifest, data_dir, "train", rows, training=False)
+        features, labels = next(iter(batch))
         model.tfscale_objective.loss(labels, model(features, training=True))
     except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
         return _failure_line(exc.__cause__ or exc)
@@ -341,8 +409,9 @@ def _check_loss(ref: str, objective: Objective, labels: Any, outputs: Any) -> No
         raise ModelError(
             f"--model {ref}: its loss does not fit the label's kind ({kind}): "
             f"{type(exc).__name__}: {one_line(exc)}",
-            f"compile it with a {DEFAULT_LOSSES[kind]} loss (the default for {kind}), or "
-            "leave it uncompiled",
+            mismatch_fix(
+                kind, f"compile it with a {KINDS[kind].loss} loss, or leave it uncompiled"
+            ),
         ) from exc
 
 
@@ -369,17 +438,10 @@ def _check_kind(ref: str, objective: Objective, kind: str) -> None:
     if wrong:
         raise ModelError(
             f"--model {ref}: its loss ({name}) does not fit the label's kind ({kind})",
-            f"compile it with a {DEFAULT_LOSSES[kind]} loss (the default for {kind}), or leave "
-            "it uncompiled",
+            mismatch_fix(
+                kind, f"compile it with a {KINDS[kind].loss} loss, or leave it uncompiled"
+            ),
         )
-
-
-DEFAULT_LOSSES = {
-    "class": "sparse_categorical_crossentropy",
-    "binary": "binary_crossentropy",
-    "multi_label": "binary_crossentropy",
-    "regression": "mean_squared_error",
-}
 
 
 def _check_rebuilds(ref: str, model: Any) -> None:

@@ -543,3 +543,41 @@ def test_weights_in_a_table_or_arrays_are_refused_not_trained_on_as_a_feature(tm
         prepare(tmp_path, dataset, label="label")
     assert "drop the" in caught.value.fix
     assert not list(tmp_path.rglob("manifest.json"))
+
+
+@pytest.mark.unit
+def test_a_model_of_one_input_gets_the_numeric_columns_as_df_values_gives_them(tmp_path):
+    """`keras.Input(shape=(len(spec.numbers),))` over a table: each example is its row of
+    `df.drop(columns=[label]).values`, the columns in the table's order, a text column left
+    out; a model of named inputs still gets the dict, and the digest is the manifest's."""
+    import keras
+
+    from tasks.train.user_models import as_model_takes
+
+    path, frame = wine_csv(tmp_path)
+    frame.insert(3, "grower", [f"g{i % 3}" for i in range(len(frame))])
+    frame.to_csv(path, index=False)
+    result = prepare(tmp_path, str(path), label="target")
+    spec = result.manifest.spec
+    numbers = [c for c in frame.columns if c not in ("target", "grower")]
+    assert [f.name for f in spec.numbers] == numbers
+
+    one = keras.Model(i := keras.Input((len(numbers),)), keras.layers.Dense(3)(i))
+    fitted = as_model_takes(result.manifest, one)
+    assert fitted.spec.packed == tuple(numbers) and fitted.digest == result.manifest.digest
+    rows, labels = [], []
+    for x, y in build_dataset(fitted, result.data_dir, "test", 16, training=False):
+        assert x.shape[1:] == (len(numbers),) and one(x).shape[1:] == (3,)
+        rows.append(x.numpy())
+        labels.append(y.numpy())
+    rows = np.concatenate(rows)
+    expected = frame[numbers].to_numpy(np.float32)
+    for row, label in zip(rows, np.concatenate(labels), strict=True):
+        (at,) = np.flatnonzero((expected == row).all(axis=1))  # the row itself, exactly
+        assert frame.target[at] == label
+
+    named = {f.name: keras.Input((1,), name=f.keras_name) for f in spec.features if f.numeric}
+    dict_model = keras.Model(
+        named, keras.layers.Dense(3)(keras.layers.Concatenate()([*named.values()]))
+    )
+    assert as_model_takes(result.manifest, dict_model).spec.packed == ()

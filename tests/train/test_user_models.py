@@ -94,6 +94,24 @@ def test_a_table_classifier_with_adamw_and_auc_trains_to_its_auc_target(examples
 
 
 @pytest.mark.integration
+def test_a_model_of_one_input_over_the_columns_trains_evaluates_and_reads_back(examples):
+    """`keras.Input(shape=(30,))` over the breast-cancer table, as `model.fit` takes
+    `df.values`: it trains under Mirrored, `tfscale evaluate`'s path reads the saved file
+    back and feeds it the same vector, and its AUC is a classifier's."""
+    from tasks.train.evaluation import evaluate_model
+
+    config = config_for(
+        examples, str(cancer_csv(examples)), "table_one_input.py:build", **{"train.epochs": 4}
+    )
+    prepared, result = trained(config)
+    assert result.model_parameters == 30 * 32 + 32 + 33
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0], losses
+    evaluation = evaluate_model(result.model_path, prepared.manifest, prepared.data_dir, 64)
+    assert evaluation.metrics["auc"] > 0.95 and evaluation.examples == 114, evaluation
+
+
+@pytest.mark.integration
 def test_a_regression_reaches_its_mean_absolute_error_target_from_above(examples):
     from sklearn.datasets import load_diabetes
 
