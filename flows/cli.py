@@ -322,7 +322,14 @@ def _report(exc: Any) -> int:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with tfscale's error lines (`error:`, `fix:`) and exit code 2."""
+    """argparse with tfscale's error lines (`error:`, `fix:`) and exit code 2, and no flag
+    taken for another by its prefix: argparse would read `evaluate --model x.py:f` as
+    `--model-path`. Each subcommand's parser is of this class too (`add_subparsers` gives
+    its parsers the class of the parser it is called on)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}\nfix: see '{self.prog} --help'.\n")

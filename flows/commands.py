@@ -356,10 +356,11 @@ def plan(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.files import write_json_atomic
     from tasks.report.forecast import link_named
     from tasks.report.forecast_report import probed_run
-    from tasks.report.plan import BATCHES, format_plan, make_plan
+    from tasks.report.plan import BATCHES, check_devices, format_plan, make_plan
     from tasks.track.records import log_plan
     from tasks.track.tracking import Tracker
 
+    check_devices(args.devices)  # usage errors first
     name, gbit = link_named(args.link)
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
     metrics = json.loads((Path(run_dir) / "metrics.json").read_text())

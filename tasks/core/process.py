@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+from tasks.core.errors import UserError
+
 QUIET_ENVIRONMENT = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # TensorFlow's C++ notices (and cuInit on a GPU-less host)
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # database set-up, system-metric start and stop
@@ -63,9 +65,36 @@ class ConsoleFormat(logging.Formatter):
 EXPECTED_WARNINGS = ("triggered tf.function retracing",)
 
 
+# the messages of the user errors Prefect has reported (`_reports_user_error`)
+_USER_ERRORS_REPORTED: set[str] = set()
+
+
+def _reports_user_error(record: logging.LogRecord) -> bool:
+    """Whether `record` is one of Prefect's errors that only reports a tfscale `UserError`
+    raised in a task or flow ("Task run failed with exception: ModelError(...)", "Finished
+    in state Failed(...)", "Encountered exception during execution: ..."): the command
+    says that error itself, once, with its fix. Prefect's records of it carry the
+    exception (`exc_info`), and the state's record after them its message: a message
+    reported so is remembered. An error Prefect reports about anything else (a crash, its
+    server) is not one."""
+    if record.levelno < logging.ERROR or not record.name.startswith("prefect"):
+        return False
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, UserError):
+        _USER_ERRORS_REPORTED.add(exc.message)
+        return True
+    if exc is not None:
+        return False
+    text = record.getMessage()
+    return any(message in text for message in _USER_ERRORS_REPORTED)
+
+
 def _quiet_console(record: logging.LogRecord) -> bool:
-    """tfscale's own progress lines, and anyone's warnings and errors but the expected."""
+    """tfscale's own progress lines, and anyone's warnings and errors but the expected and
+    Prefect's reports of a user error (`_reports_user_error`)."""
     if record.levelno >= logging.WARNING:
+        if _reports_user_error(record):
+            return False
         return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
     return record.name.startswith(OWN_LOGGERS) or getattr(record, STATUS_MARK, False)
 
@@ -132,9 +161,10 @@ def verbose() -> bool:
 def set_up_process(verbose_output: bool | None = None) -> None:
     """Environment defaults (a value the user set wins) and the console's log handler.
 
-    Quiet (the default): tfscale's own lines and every warning and error; library
-    notices (Prefect's task states, MLflow's set-up, TensorFlow's C++ lines) are left out
-    of the console (Prefect's own server still gets its flow-run logs). Verbose
+    Quiet (the default): tfscale's own lines and every warning and error but Prefect's
+    reports of a user error, which the command says once itself; library notices
+    (Prefect's task states, MLflow's set-up, TensorFlow's C++ lines) are left out of the
+    console (Prefect's own server still gets its flow-run logs, those reports too). Verbose
     (`--verbose`, or `TFSCALE_VERBOSE=1`): everything.
     """
     if verbose_output is None:
@@ -298,8 +328,6 @@ def logical_cpus(n: int) -> list[str]:
         UserError: fewer exist (they are set up before TensorFlow starts).
     """
     import tensorflow as tf
-
-    from tasks.core.errors import UserError
 
     devices = tf.config.list_logical_devices("CPU")
     if len(devices) < n:

@@ -30,7 +30,6 @@ from tasks.measure.noise_trajectory import (
     trajectory,
 )
 from tasks.report.forecast import MEASURED, fit_cost_model
-from tasks.report.target_comparison import SEED_SPREAD
 from tasks.train.noise_estimates import (
     calibrated,
     planned_gain,
@@ -38,7 +37,7 @@ from tasks.train.noise_estimates import (
     static_gain,
     step_progress,
 )
-from tasks.train.to_target import Target, target_text
+from tasks.train.to_target import SEED_SPREAD, Target, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # the fewest optimizer steps an epoch a priced global batch leaves: a batch that is a large
@@ -240,9 +239,18 @@ def make_plan(
     )  # fmt: skip
 
 
-def _check_asked(devices: int, batches: tuple[int, ...]) -> None:
+def check_devices(devices: int) -> None:
+    """The most devices to plan for is a count: a usage error, checked before the run is
+    looked for."""
     if devices < 1:
-        raise UsageError(f"--devices must be 1 or more, not {devices}")
+        raise UsageError(
+            f"--devices must be 1 or more, not {devices}",
+            "give the most devices the plan may use (--devices 8 prices 1, 2, 4 and 8).",
+        )
+
+
+def _check_asked(devices: int, batches: tuple[int, ...]) -> None:
+    check_devices(devices)
     if not batches:
         raise UsageError(
             f"no per-replica batch of {', '.join(map(str, BATCHES))} fits a device of the "

@@ -21,6 +21,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import BIN, ROOT, free_port, run_main, scaled, tiny_params
+from helpers import BIN, DEFAULTS, ROOT, free_port, run_main, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -792,3 +793,44 @@ def test_ctrl_c_says_what_the_interrupted_command_leaves(command, said, tmp_path
     monkeypatch.setattr("flows.cli.import_tensorflow", lambda: None)
     code, out, err = run_main(["--params", str(tiny_params(tmp_path)), command], tmp_path)
     assert code == 130 and err.strip() == f"interrupted; {said}", err
+
+
+IMPORTS_TENSORFLOW = (
+    "import sys\n"
+    "from flows.cli import main\n"
+    "try:\n"
+    "    code = main(sys.argv[1:])\n"
+    "except SystemExit as exc:\n"
+    "    code = exc.code\n"
+    "print('tensorflow imported:', 'tensorflow' in sys.modules)\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["plan", "--devices", "0"], 2),
+        (["run", "--bogus"], 2),
+        (["--help"], 0),
+        (["run", "--help"], 0),
+    ],
+    ids=["plan", "argument error", "help", "run help"],
+)
+def test_a_command_whose_work_needs_no_tensorflow_never_imports_it(argv, code, tmp_path):
+    """`tfscale plan`, `--help` and an argument error answer without TensorFlow (its import
+    alone takes seconds and writes its C++ start-up lines): the process is the claim, so
+    each runs in one of its own (this one may have imported TensorFlow for other tests),
+    and an error is said once, an `error:` line and a `fix:` line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTS_TENSORFLOW, "--params", DEFAULTS, *argv],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),  # this checkout's code, wherever installed
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert "tensorflow imported: False" in proc.stdout, proc.stderr[-2000:]
+    said = [line.split(":")[0] for line in proc.stderr.splitlines() if line.strip()]
+    assert said == (["error", "fix"] if code else []), proc.stderr

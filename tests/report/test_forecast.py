@@ -462,7 +462,7 @@ def test_a_plans_point_lies_inside_its_interval_when_the_noise_scale_rises():
     the point, and by the run's own steps' seed doubt), and the run's own batch, whose
     steps were measured, still has an interval: one seed's steps are not known exactly."""
     from tasks.report.plan import make_plan
-    from tasks.report.target_comparison import SEED_SPREAD
+    from tasks.train.to_target import SEED_SPREAD
 
     windows = []
     for end, phi in zip((20, 40, 60, 80, 100), (50, 100, 200, 400, 800), strict=True):

@@ -161,3 +161,21 @@ def test_the_configuration_page_lists_every_key_as_the_classes_define_it():
 
     rows = re.findall(r"^\| `([\w.]+)` \|", key_table(), re.M)
     assert rows == keys("", Config()) and len(rows) > 50
+
+
+def test_a_flag_is_never_taken_for_another_by_its_prefix(capsys):
+    """`evaluate --model x.py:f` (train's flag, given to evaluate) is refused as unknown,
+    not read as evaluate's `--model-path`, which argparse's prefix matching would do; the
+    top-level parser matches whole flags too (`--verb` is not `--verbose`)."""
+    from flows.cli import build_parser
+
+    for argv, unknown in (
+        (["evaluate", "--model", "x.py:f"], "--model x.py:f"),
+        (["--verb", "hardware"], "--verb"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: unrecognized arguments: {unknown}" in err, err
+        assert "fix: see 'tfscale" in err

@@ -208,6 +208,58 @@ def test_the_quiet_console_drops_only_the_expected_warnings():
     assert _quiet_console(record(logging.INFO, "a stage line", name="tasks.core.progress"))
 
 
+def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
+    """A user error raised in a task or flow: Prefect's error lines reporting it (with the
+    exception, and the failed state's line after them with its text) stay off the console,
+    since the command says it once, with its fix; Prefect's errors about anything else (a
+    crash, its server) reach the console, and tfscale's own error lines do."""
+    import io
+    import logging
+    import sys
+
+    from tasks.core.errors import MissingInput
+    from tasks.core.process import ConsoleFormat, _quiet_console
+
+    def raised(exc: BaseException) -> tuple:
+        try:
+            raise exc
+        except BaseException:
+            return sys.exc_info()
+
+    def record(name: str, message: str, exc: BaseException | None = None) -> logging.LogRecord:
+        exc_info = raised(exc) if exc else None
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, message, None, exc_info)
+
+    error = MissingInput("shards.py: no such file (from --model shards.py:f)", "give the path")
+    crash = ZeroDivisionError("division by zero")
+    reports = [
+        record("prefect.task_runs", f"Task run failed with exception: {error!r}", error),
+        record("prefect.task_runs", f"Finished in state Failed('Task run encountered an "
+               f"exception MissingInput: {error}')"),
+        record("prefect.flow_runs", f"Encountered exception during execution: {error!r}", error),
+    ]  # fmt: skip
+    others = [
+        record("prefect.task_runs", f"Task run failed with exception: {crash!r}", crash),
+        record("prefect.flow_runs", "Finished in state Failed('Flow run encountered an exception "
+               "ZeroDivisionError: division by zero')"),
+        record("prefect.server", "database is locked"),
+        record("tasks.train.training", f"{error.message}: not in this task's records", error),
+    ]  # fmt: skip
+    handler = logging.StreamHandler(stream := io.StringIO())
+    handler.setFormatter(ConsoleFormat())
+    handler.addFilter(_quiet_console)
+    for each in reports + others:
+        handler.handle(each)
+    shown = stream.getvalue().splitlines()
+    assert [line.split(":")[0] for line in shown] == [
+        "ERROR prefect.task_runs",
+        "ERROR prefect.flow_runs",
+        "ERROR prefect.server",
+        "ERROR tasks.train.training",
+    ], shown
+    assert not any("shards.py" in line for line in shown[:3]), shown
+
+
 def test_links_point_where_the_ui_is(tmp_path):
     """The configured UI address (`track.ui_url`, where `tfscale ui` serves), or the
     tracking server itself; never a port the UI is not on."""
