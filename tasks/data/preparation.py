@@ -33,7 +33,7 @@ def open_source(cfg: PrepareConfig) -> Source:
     if cfg.dataset in NAMED_SOURCES:
         return NAMED_SOURCES[cfg.dataset](cfg)
     if Path(cfg.dataset).is_dir():
-        return folder_source(Path(cfg.dataset))
+        return folder_source(Path(cfg.dataset), cfg)
     if is_user_file(cfg.dataset) or is_function_ref(cfg.dataset):
         return user_source(cfg)
     if Path(cfg.dataset).suffix and "/" in cfg.dataset or Path(cfg.dataset).is_file():
@@ -81,7 +81,24 @@ def prepared_line(result: PrepareResult, *, reused: bool = False) -> str:
     splits = ", ".join(f"{count} {split}" for split, count in m.splits.items())
     written = result.written and not reused
     done = f"{result.written} shards written" if written else "shards reused"
-    return f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+    note = held_out_note(m.params)
+    line = f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+    return f"{line}; {note}" if note else line
+
+
+def held_out_note(params: dict) -> str:
+    """Where an image folder's test split came from, from its manifest's `params`, where not
+    its `test/` folder: its `validation/` folder, or a seeded draw from each class of a flat
+    folder ('' otherwise)."""
+    held_out = params.get("held_out")
+    if held_out == "validation":
+        return "validation/ held out as the test split"
+    if held_out == "drawn":
+        return (
+            f"test split drawn from each class folder (test_fraction {params['test_fraction']:g}, "
+            f"seed {params['seed']})"
+        )
+    return ""
 
 
 def format_summary(result: PrepareResult) -> str:
@@ -95,6 +112,8 @@ def format_summary(result: PrepareResult) -> str:
     ]
     for split, count in m.splits.items():
         lines.append(f"{split:<10} {count} examples in {len(m.files(split))} shards")
+    if note := held_out_note(m.params):
+        lines.append(f"held out   {note}")
     if result.written:
         rate = mb / result.seconds if result.seconds else 0.0
         lines.append(
