@@ -288,6 +288,8 @@ def test_flat_image_folder_holds_out_a_seeded_stratified_split(tmp_path, make_co
     assert all(p.startswith(("ant/", "bee/", "cow/")[y]) for p, y in split["train"])
     source = open_source(make_config(prepare__dataset=str(root)).prepare)
     assert source.spec.label.class_names == ("ant", "bee", "cow") and source.held_out == "drawn"
+    note = held_out_note({"held_out": "drawn", "test_fraction": 0.25, "seed": 1})
+    assert note == "test split drawn from each class folder (test_fraction 0.25, seed 1)"
 
 
 def test_validation_folder_is_the_held_out_split_and_the_prepare_line_says_so(
@@ -311,6 +313,9 @@ def test_train_and_test_folders_say_nothing_of_a_held_out_split(tmp_path, make_c
     source = open_source(make_config(prepare__dataset=str(root)).prepare)
     assert source.splits == {"train": 4, "test": 2} and source.held_out == ""
     assert held_out_note({"held_out": source.held_out}) == ""
+    write_images(root, {"validation/cat": 1})  # test/ stays the held-out split
+    source = open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert source.splits["test"] == 2 and source.held_out == ""
 
 
 @pytest.mark.parametrize(
