@@ -7,6 +7,7 @@ shards can be written, and resumed, independently, with bounded memory.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,11 +133,15 @@ def synthetic_source(cfg: PrepareConfig) -> SyntheticSource:
 
 @dataclass
 class FolderSource:
-    """`<root>/<split>/<label>/*.png|jpg`, read one file at a time."""
+    """An image folder, read one file at a time: each split's files with their class's
+    index. `held_out` says where the test split came from where it is not a `test/` folder
+    of the user's: `validation` (the `validation/` folder) or `drawn` (a seeded draw from
+    each class of a flat folder)."""
 
     root: Path
     spec: FeatureSpec
     files: dict[str, list[tuple[Path, int]]]
+    held_out: str = ""
     version: str = "1.0.0"
     name: str = field(init=False)
     splits: dict[str, int] = field(init=False)
@@ -156,27 +161,161 @@ class FolderSource:
             yield image, label
 
 
-def folder_source(root: Path) -> FolderSource:
-    split_dirs = sorted(d for d in root.iterdir() if d.is_dir())
-    classes = sorted({c.name for s in split_dirs for c in s.iterdir() if c.is_dir()})
-    if not split_dirs or not classes:
-        raise DatasetError(
-            f"{root}: expected the layout <root>/<split>/<label>/*.png|jpg; found no such folders."
-        )
-    files = {
-        s.name: [
-            (p, classes.index(p.parent.name))
-            for p in sorted(s.glob("*/*"))
-            if p.suffix.lower() in IMAGE_SUFFIXES
-        ]
-        for s in split_dirs
-    }
-    first = next((f[0][0] for f in files.values() if f), None)
-    if first is None:
-        raise DatasetError(f"{root}: no .png or .jpg images under <split>/<label>/.")
-    probe = _read_image(first, None)
+SPLIT_FOLDERS = ("train", "test", "validation")
+_LAYOUTS = (
+    "lay it out as <root>/train/<class>/* with <root>/test/<class>/* or "
+    "<root>/validation/<class>/*, or as <root>/<class>/* for prepare to hold out "
+    "prepare.test_fraction of each class"
+)
+
+
+def folder_source(root: Path, cfg: PrepareConfig) -> FolderSource:
+    """An image folder in one of three layouts: `<root>/train/<class>/*` with
+    `<root>/test/<class>/*`; the same with `validation/` for `test/` (held out as the test
+    split); or the class folders directly under `<root>` (flat), `cfg.test_fraction` of
+    each class held out by a seeded draw (`cfg.seed`). Images are .png or .jpg of one size;
+    folders whose names start with `.` are skipped.
+
+    Raises:
+        DatasetError: the folder is in none of the layouts, mixes them, or has no held-out
+            split to be had; naming the folder and what to do.
+    """
+    split_dirs, class_dirs = _layout(root)
+    if split_dirs:
+        classes = sorted({c.name for s in split_dirs for c in _subfolders(s)})
+        files, held_out = _split_layout(root, split_dirs, classes)
+    else:
+        classes = [d.name for d in class_dirs]
+        files, held_out = _drawn_split(root, class_dirs, cfg), "drawn"
+    probe = _read_image(files["train"][0][0], None)
     spec = FeatureSpec.image(tuple(probe.shape), tuple(classes))
-    return FolderSource(root, spec, {s: f for s, f in files.items() if f})
+    return FolderSource(root, spec, files, held_out)
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
+    return [folder / n for n in sorted(names)]
+
+
+def _images(folder: Path) -> list[Path]:
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries if e.is_file() and _is_image(e.name)]
+    return [folder / n for n in sorted(names)]
+
+
+def _is_image(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES
+
+
+def _holds(folder: Path) -> tuple[bool, bool]:
+    """Whether `folder` holds folders (other than hidden ones), and whether it holds images."""
+    folders = images = False
+    with os.scandir(folder) as entries:
+        for e in entries:
+            if e.is_dir():
+                folders = folders or not e.name.startswith(".")
+            else:
+                images = images or _is_image(e.name)
+    return folders, images
+
+
+def _layout(root: Path) -> tuple[list[Path], list[Path]]:
+    """The split folders (folders of class folders), or else the class folders (folders of
+    images), under `root`."""
+    folders = _subfolders(root)
+    holds = {d: _holds(d) for d in folders}
+    splits = [d for d in folders if holds[d][0]]
+    classes = [d for d in folders if holds[d][1]]
+    both = next((d for d in splits if d in classes), None)
+    if both is not None:
+        raise DatasetError(f"{both} holds both images and folders", _LAYOUTS)
+    if splits and classes:
+        raise DatasetError(
+            f"{root} mixes split folders ({', '.join(d.name for d in splits)}) with folders "
+            f"of images ({', '.join(d.name for d in classes)})",
+            _LAYOUTS,
+        )
+    odd = next((d for d in splits if d.name.lower() not in SPLIT_FOLDERS), None)
+    if odd is not None:
+        raise DatasetError(
+            f"{odd} holds folders, but only train/, test/ and validation/ hold class folders",
+            _LAYOUTS,
+        )
+    misplaced = next((d for d in classes if d.name.lower() in SPLIT_FOLDERS), None)
+    if misplaced is not None:
+        raise DatasetError(
+            f"{misplaced} holds images directly; a split folder holds a folder per class",
+            f"move its images into {misplaced}/<class>/ folders",
+        )
+    if not splits and not classes:
+        raise DatasetError(f"{root} holds no .png or .jpg images in class folders", _LAYOUTS)
+    if splits:
+        return [d for d in folders if d.name.lower() in SPLIT_FOLDERS], []
+    return [], folders
+
+
+def _split_layout(
+    root: Path, split_dirs: list[Path], classes: list[str]
+) -> tuple[dict[str, list[tuple[Path, int]]], str]:
+    """Each split folder's images with their class indices, under its lower-case name, and
+    `validation` where `validation/` stands for the missing `test/` (stored as `test`)."""
+    files: dict[str, list[tuple[Path, int]]] = {}
+    for folder in split_dirs:
+        split = folder.name.lower()
+        if split in files:
+            raise DatasetError(
+                f"{root} has two {split} folders (names differing in case only)",
+                "merge them into one",
+            )
+        files[split] = [(p, classes.index(c.name)) for c in _subfolders(folder) for p in _images(c)]
+    held_out = ""
+    if not files.get("test") and files.get("validation"):
+        files["test"], held_out = files.pop("validation"), "validation"
+    if not files.get("train"):
+        raise DatasetError(
+            f"{root} has no training images in train/<class>/",
+            "put them there, or put the class folders directly under the folder for "
+            "prepare to hold out prepare.test_fraction of each class",
+        )
+    if not files.get("test"):
+        raise DatasetError(
+            f"{root} has no held-out split: no images in test/<class>/ or validation/<class>/",
+            f"add a test/ (or validation/) folder of the same classes, or put the class "
+            f"folders directly under {root} for prepare to hold out prepare.test_fraction "
+            f"of each class",
+        )
+    return {s: f for s, f in files.items() if f}, held_out
+
+
+def _drawn_split(
+    root: Path, class_dirs: list[Path], cfg: PrepareConfig
+) -> dict[str, list[tuple[Path, int]]]:
+    """A flat folder's images split train/test by a seeded draw stratified by class
+    (`tasks.data.streams.test_rows`, as for a table)."""
+    from tasks.data.streams import test_rows
+
+    images = [(p, i) for i, d in enumerate(class_dirs) for p in _images(d)]
+    labels = np.array([i for _, i in images])
+    few = [d.name for i, d in enumerate(class_dirs) if (labels == i).sum() < 2]
+    if few:
+        raise DatasetError(
+            f"{root} has no held-out split to be had: class folder(s) {', '.join(few)} "
+            f"hold fewer than 2 images, one for training and one held out",
+            "add images to them, or give train/ and test/ folders of class folders",
+        )
+    try:
+        held = test_rows(labels, cfg.test_fraction, cfg.seed, stratify=True)
+    except ValueError as exc:  # the fraction leaves no image to train on
+        raise DatasetError(
+            f"{root}: holding out prepare.test_fraction {cfg.test_fraction:g} of its "
+            f"{len(images)} images leaves none to train on",
+            "lower prepare.test_fraction, or add images",
+        ) from exc
+    return {
+        "test": [x for x, h in zip(images, held, strict=True) if h],
+        "train": [x for x, h in zip(images, held, strict=True) if not h],
+    }
 
 
 def _read_image(path: Path, channels: int | None) -> np.ndarray:

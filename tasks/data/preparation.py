@@ -36,7 +36,7 @@ def open_source(cfg: PrepareConfig) -> Source:
     if cfg.dataset in NAMED_SOURCES:
         return NAMED_SOURCES[cfg.dataset](cfg)
     if Path(cfg.dataset).is_dir():
-        return folder_source(Path(cfg.dataset))
+        return folder_source(Path(cfg.dataset), cfg)
     if is_user_file(cfg.dataset) or is_function_ref(cfg.dataset):
         return user_source(cfg)
     if Path(cfg.dataset).suffix and "/" in cfg.dataset or Path(cfg.dataset).is_file():
@@ -85,6 +85,8 @@ def prepared_line(result: PrepareResult, *, reused: bool = False) -> str:
     written = result.written and not reused
     done = f"{result.written} shards written" if written else "shards reused"
     line = f"{m.dataset}: {splits} examples in {len(m.shards)} shards ({done})"
+    if note := held_out_note(m.params):
+        line += f"; {note}"
     if m.spec.label.read_as:  # the user's data: the kind its label was read as, the way out
         line += f"; {label_text(m)}"
     return line
@@ -97,6 +99,21 @@ def label_text(m: Any) -> str:
     table = Path(m.params.get("dataset", "")).suffix.lower() in TABLE_SUFFIXES
     name = f" {m.params.get('label')}" if table else ""
     return f"label{name}: {describe(label.kind, label.read_as)}"
+
+
+def held_out_note(params: dict) -> str:
+    """Where an image folder's test split came from, from its manifest's `params`, where not
+    its `test/` folder: its `validation/` folder, or a seeded draw from each class of a flat
+    folder ('' otherwise)."""
+    held_out = params.get("held_out")
+    if held_out == "validation":
+        return "validation/ held out as the test split"
+    if held_out == "drawn":
+        return (
+            f"test split drawn from each class folder (test_fraction {params['test_fraction']:g}, "
+            f"seed {params['seed']})"
+        )
+    return ""
 
 
 def format_summary(result: PrepareResult) -> str:
@@ -112,6 +129,8 @@ def format_summary(result: PrepareResult) -> str:
         lines.insert(2, f"{'label':<10} {label_text(m).removeprefix('label').lstrip(': ')}")
     for split, count in m.splits.items():
         lines.append(f"{split:<10} {count} examples in {len(m.files(split))} shards")
+    if note := held_out_note(m.params):
+        lines.append(f"held out   {note}")
     if result.written:
         rate = mb / result.seconds if result.seconds else 0.0
         lines.append(

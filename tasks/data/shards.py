@@ -91,6 +91,9 @@ def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) ->
         params.pop("label")
         params.pop("label_kind")
     params["shards"] = {s: sum(p.split == s for p in plan) for s in source.splits}
+    held_out = getattr(source, "held_out", "")
+    if held_out:  # an image folder's test split is not its test/ folder
+        params["held_out"] = held_out
     params["source_version"] = source.version
     return params
 

@@ -55,9 +55,9 @@ def tfds_source(name: str, cfg: PrepareConfig | None = None) -> Any:
     except tfds.core.registered.DatasetNotFoundError:
         raise DatasetError(
             f"Unknown dataset {name!r}: expected 'digits', 'synthetic', an image folder "
-            f"(<root>/<split>/<label>/*.png), a table (.csv, .parquet), arrays (.npz), a "
-            f"function (pkg.module:function or file.py:function), or a tensorflow-datasets "
-            f"name such as 'mnist'."
+            f"(<root>/<class>/*.png or <root>/train|test/<class>/*.png), a table (.csv, "
+            f".parquet), arrays (.npz), a function (pkg.module:function or "
+            f"file.py:function), or a tensorflow-datasets name such as 'mnist'."
         ) from None
     try:
         builder.download_and_prepare()

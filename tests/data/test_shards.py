@@ -10,9 +10,17 @@ import pytest
 from helpers import DEFAULTS
 
 from flows.cli import main
+from tasks.data.datasets import DatasetError
 from tasks.data.inputs import Reading, build_dataset
 from tasks.data.manifest import ShardError, verify_shards
-from tasks.data.preparation import dataset_dir, open_source, prepare_dataset
+from tasks.data.preparation import (
+    dataset_dir,
+    format_summary,
+    held_out_note,
+    open_source,
+    prepare_dataset,
+    prepared_line,
+)
 
 
 def read_split(manifest, data_dir, split, **kw):
@@ -244,6 +252,126 @@ def test_image_folder_round_trip(tmp_path, make_config):
     expected = sorted((k for k in written if k[0] == "train"), key=lambda k: (k[1], k[2]))
     np.testing.assert_allclose(images * 255, np.stack([written[k] for k in expected]), atol=1e-3)
     assert labels.tolist() == [("cat", "dog").index(k[1]) for k in expected]
+
+
+def write_images(root: Path, counts: dict[str, int], seed: int = 0) -> None:
+    """Tiny PNGs: `counts` maps a folder under `root` (`cat` or `train/cat`) to its count."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for folder, n in counts.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            image = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+            Image.fromarray(image).save(root / folder / f"{i}.png")
+
+
+def drawn_split(make_config, root: Path, seed: int) -> dict[str, list[tuple[str, int]]]:
+    config = make_config(
+        prepare__dataset=str(root), prepare__seed=seed, prepare__test_fraction=0.25
+    )
+    source = open_source(config.prepare)
+    return {s: [(p.relative_to(root).as_posix(), y) for p, y in f] for s, f in source.files.items()}
+
+
+def test_flat_image_folder_holds_out_a_seeded_stratified_split(tmp_path, make_config):
+    root = tmp_path / "flat"
+    write_images(root, {"ant": 8, "bee": 12, "cow": 4})
+    split = drawn_split(make_config, root, seed=1)
+    assert drawn_split(make_config, root, seed=1) == split
+    assert drawn_split(make_config, root, seed=2) != split
+    assert {len(split["test"]), len(split["train"])} == {6, 18}
+    for s in ("train", "test"):  # each class in both splits, in its share
+        assert sorted({y for _, y in split[s]}) == [0, 1, 2]
+    assert sorted(y for _, y in split["test"]) == [0, 0, 1, 1, 1, 2]
+    assert not {p for p, _ in split["test"]} & {p for p, _ in split["train"]}
+    assert all(p.startswith(("ant/", "bee/", "cow/")[y]) for p, y in split["train"])
+    source = open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert source.spec.label.class_names == ("ant", "bee", "cow") and source.held_out == "drawn"
+    note = held_out_note({"held_out": "drawn", "test_fraction": 0.25, "seed": 1})
+    assert note == "test split drawn from each class folder (test_fraction 0.25, seed 1)"
+
+
+def test_validation_folder_is_the_held_out_split_and_the_prepare_line_says_so(
+    tmp_path, make_config
+):
+    root = tmp_path / "pets"
+    write_images(root, {"Train/cat": 3, "Train/dog": 3, "validation/cat": 2, "validation/dog": 1})
+    config = make_config(prepare__dataset=str(root), prepare__min_shards=1)
+    result = prepare_dataset(config, progress=False)
+    assert result.manifest.splits == {"test": 3, "train": 6}
+    note = "validation/ held out as the test split"
+    assert prepared_line(result).endswith(f"; {note}")
+    assert f"held out   {note}" in format_summary(result).splitlines()
+    images, labels = read_split(result.manifest, result.data_dir, "test")
+    assert images.shape == (3, 4, 4, 3) and labels.tolist() == [0, 0, 1]
+
+
+def test_train_and_test_folders_say_nothing_of_a_held_out_split(tmp_path, make_config):
+    root = tmp_path / "pets"
+    write_images(root, {"train/cat": 2, "train/dog": 2, "test/cat": 1, "test/dog": 1})
+    source = open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert source.splits == {"train": 4, "test": 2} and source.held_out == ""
+    assert held_out_note({"held_out": source.held_out}) == ""
+    write_images(root, {"validation/cat": 1})  # test/ stays the held-out split
+    source = open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert source.splits["test"] == 2 and source.held_out == ""
+
+
+@pytest.mark.parametrize(
+    ("counts", "message", "fix"),
+    [
+        ({"train/cat": 2, "train/dog": 2}, "no held-out split", "add a test/ (or validation/)"),
+        ({"train/cat": 2, "test/cat": 0}, "no held-out split", "add a test/ (or validation/)"),
+        ({"test/cat": 2, "validation/dog": 2}, "no training images", "put them there"),
+        ({"cat": 1, "dog": 1}, "cat, dog hold fewer than 2 images", "add images to them"),
+        ({"cat": 3, "dog": 1}, "class folder(s) dog hold fewer", "add images to them"),
+        ({}, "holds no .png or .jpg images", "<root>/<class>/*"),
+        (
+            {"cat": 2, "train/dog": 2},
+            "mixes split folders (train) with folders of images (cat)",
+            "lay it out as",
+        ),
+        (
+            {"pics/cat": 2, "pics/dog": 2},
+            "pics holds folders, but only train/, test/ and validation/",
+            "lay it out as",
+        ),
+        (
+            {"train": 2, "test": 2},
+            "test holds images directly; a split folder holds",
+            "move its images into",
+        ),
+        ({"cat": 2, "cat/kitten": 2}, "cat holds both images and folders", "lay it out as"),
+    ],
+)
+def test_image_folder_without_a_held_out_split_is_refused_naming_it(
+    tmp_path, make_config, counts, message, fix
+):
+    root = tmp_path / "photos"
+    root.mkdir()
+    write_images(root, counts)
+    with pytest.raises(DatasetError) as caught:
+        open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert str(root) in caught.value.message and message in caught.value.message
+    assert fix in caught.value.fix
+
+
+def test_a_test_fraction_leaving_nothing_to_train_on_is_refused(tmp_path, make_config):
+    root = tmp_path / "flat"
+    write_images(root, {"cat": 2})
+    config = make_config(prepare__dataset=str(root), prepare__test_fraction=0.9)
+    with pytest.raises(DatasetError, match="leaves none to train on"):
+        open_source(config.prepare)
+
+
+def test_prepare_refuses_a_folder_of_train_only_before_any_training(tmp_path, capsys):
+    root = tmp_path / "pets"
+    write_images(root, {"train/cat": 2, "train/dog": 2})
+    argv = ["--params", DEFAULTS, "prepare", "--dataset", str(root), "--data-dir", str(tmp_path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"{root} has no held-out split" in err and "validation/" in err
 
 
 def test_unknown_dataset_is_a_clear_error(make_config, capsys):
