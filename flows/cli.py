@@ -36,6 +36,12 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
         "classes; fractional floats real values; integers classes unless many values for "
         "the rows; one-hot rows classes: docs/data.md)",
     ),
+    "--missing": (
+        "prepare.missing",
+        str,
+        "blank numeric cells: refuse (the default: names the columns) | mean | zero (fill, "
+        "the mean over the training split) | drop (the rows)",
+    ),
     "--data-dir": ("prepare.data_dir", str, "root of the prepared datasets (data/tfrecords)"),
     "--num-shards": ("prepare.num_shards", int, "shards per split (default: from the shard size)"),
     "--target-shard-mb": ("prepare.target_shard_mb", float, "aim for shards of this size"),

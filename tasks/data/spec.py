@@ -28,6 +28,8 @@ class Feature:
     max_shape: tuple[int, ...] = ()
     mean: float | None = None
     std: float | None = None
+    blanks: int = 0  # blank cells the source had (`tasks.data.blanks`)
+    missing: str = ""  # what was done with them: mean, zero (filled) or drop (the rows)
 
     @property
     def variable(self) -> bool:
@@ -58,6 +60,8 @@ class Feature:
             raw["max_shape"] = list(self.max_shape)
         if self.mean is not None:
             raw["mean"], raw["std"] = self.mean, self.std
+        if self.blanks:
+            raw["blanks"], raw["missing"] = self.blanks, self.missing
         return raw
 
     @classmethod
@@ -69,6 +73,8 @@ class Feature:
             tuple(raw.get("max_shape", ())),
             raw.get("mean"),
             raw.get("std"),
+            raw.get("blanks", 0),
+            raw.get("missing", ""),
         )
 
 

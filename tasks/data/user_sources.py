@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tasks.core.user_code import fingerprint, is_function_ref, load_function, one_line
+from tasks.data.blanks import checked
 from tasks.data.datasets import DatasetError
 from tasks.data.spec import IMAGE, Feature, FeatureSpec
 from tasks.data.streams import Chunk, LabelCoding, StreamSource, label_coding, test_rows
@@ -85,23 +86,33 @@ def _source(
         for rows, raw in read(split):
             yield {rename[n]: v for n, v in rows.items()}, coding.encode(raw)
 
-    if None in labels:
-        return _split(name, version, spec, coding.encode(labels[None]), cfg, chunks)
-    splits = {split: len(raw) for split, raw in labels.items()}
+    encoded = {split: coding.encode(raw) for split, raw in labels.items()}
+    if None in encoded and len(encoded[None]) < 2:
+        raise DatasetError(
+            f"{name} has {len(encoded[None])} example(s); a training and a held-out split need "
+            "2 or more",
+            "give it more rows",
+        )
+    spec, chunks, encoded = checked(
+        name, spec, chunks, encoded, cfg.missing, lambda rows: ~_held_out(spec, rows, cfg)
+    )
+    if None in encoded:
+        return _split(name, version, spec, encoded[None], cfg, chunks)
+    splits = {split: len(raw) for split, raw in encoded.items()}
     return StreamSource(name, version, spec, splits, chunks)
+
+
+def _held_out(spec: FeatureSpec, labels: np.ndarray, cfg: PrepareConfig) -> np.ndarray:
+    """The held-out rows of a stream split by a seeded draw, stratified by a class label."""
+    stratify = spec.label.kind in ("class", "binary")
+    return test_rows(labels, cfg.test_fraction, cfg.seed, stratify)
 
 
 def _split(
     name: str, version: str, spec: FeatureSpec, labels: np.ndarray, cfg: PrepareConfig, read
 ) -> StreamSource:
     """A one-stream source split by a seeded, stratified draw over its `labels`."""
-    if len(labels) < 2:
-        raise DatasetError(
-            f"{name} has {len(labels)} example(s); a training and a held-out split need 2 or more",
-            "give it more rows",
-        )
-    stratify = spec.label.kind in ("class", "binary")
-    held_out = test_rows(labels, cfg.test_fraction, cfg.seed, stratify)
+    held_out = _held_out(spec, labels, cfg)
     splits = {"test": int(held_out.sum()), "train": int((~held_out).sum())}
     return StreamSource(name, version, spec, splits, read, held_out)
 
@@ -388,9 +399,23 @@ def pipeline_source(cfg: PrepareConfig) -> StreamSource:
     """A function returning a finite `tf.data.Dataset` of `(features, label)` (features a
     tensor or a dict of them) or of dicts holding the label under `cfg.label`; or a dict
     of such datasets by split (`train`, `test`)."""
-    import tensorflow as tf
+    from tasks.data.datasets import dataset_slug
 
     function, file = load_function(cfg.dataset, "dataset", DatasetError)
+    datasets = _made(function, cfg)
+
+    version = _code_version(file, cfg.dataset)
+    return datasets_source(
+        dataset_slug(cfg.dataset), version, datasets, cfg, cfg.label,
+        remake=lambda: _made(function, cfg),
+    )  # fmt: skip
+
+
+def _made(function: Callable[[], Any], cfg: PrepareConfig) -> dict[str | None, Any]:
+    """The user's datasets, made by calling their function (afresh for each read: a
+    seeded shuffle then gives the same examples each time), by split (None: one)."""
+    import tensorflow as tf
+
     try:
         made = function()
     except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
@@ -418,10 +443,7 @@ def pipeline_source(cfg: PrepareConfig) -> StreamSource:
             f"{cfg.dataset} returned splits {', '.join(map(str, datasets))}",
             "return one dataset, or a dict with 'train' and 'test'",
         )
-    from tasks.data.datasets import dataset_slug
-
-    version = _code_version(file, cfg.dataset)
-    return datasets_source(dataset_slug(cfg.dataset), version, datasets, cfg, cfg.label)
+    return datasets
 
 
 def _code_version(file: str, ref: str) -> str:
@@ -438,9 +460,11 @@ def datasets_source(
     cfg: PrepareConfig,
     label_key: str,
     class_names: tuple[str, ...] = (),
+    remake: Callable[[], dict[str | None, Any]] | None = None,
 ) -> StreamSource:
     """tf.data datasets (one, or one per split) as a stream source: one pass over each
-    finds the label's values and the longest of each varying feature."""
+    finds the label's values and the longest of each varying feature. `remake` gives them
+    afresh for each later read (a user's function, called again)."""
     scans = {split: _scan(ds, label_key, name) for split, ds in datasets.items()}
     first = next(iter(scans.values()))
     labels = np.concatenate([s.labels for s in scans.values()])
@@ -467,7 +491,7 @@ def datasets_source(
             )
 
     def read(split: str | None) -> Iterator[Chunk]:
-        return _numpy_chunks(datasets[split], label_key, name)
+        return _numpy_chunks((remake() if remake else datasets)[split], label_key, name)
 
     labels_by_split = {split: scan.labels for split, scan in scans.items()}
     return _source(name, version, features, coding, labels_by_split, cfg, read)

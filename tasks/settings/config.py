@@ -77,8 +77,12 @@ class PrepareConfig:
     seed: int = _spec(42, lo=0)
     # a table's target column; an .npz's or a pipeline's label key (tasks.data.user_sources)
     label: str = "label"
-    # auto: from the label's values (floats: regression; two values: binary; else class)
+    # auto: read from the label's values (tasks/core/label_kinds.py: two values binary, text
+    # classes, fractional floats real, integers classes unless many values for the rows)
     label_kind: Literal["auto", "class", "binary", "multi_label", "regression"] = "auto"
+    # blank numeric cells: refuse (name the columns), or fill with the training split's
+    # mean or zero, or drop the rows that have any
+    missing: Literal["refuse", "mean", "zero", "drop"] = "refuse"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -581,3 +581,93 @@ def test_a_model_of_one_input_gets_the_numeric_columns_as_df_values_gives_them(t
         named, keras.layers.Dense(3)(keras.layers.Concatenate()([*named.values()]))
     )
     assert as_model_takes(result.manifest, dict_model).spec.packed == ()
+
+
+def _table_with_blanks(tmp_path: Path):
+    """Wine with blank cells in two columns: three in early rows, two after row 150."""
+    path, frame = wine_csv(tmp_path)
+    frame = frame.astype({"magnesium": float})
+    frame.loc[[2, 5, 9], "alcohol"] = np.nan
+    frame.loc[[151, 170], "magnesium"] = np.nan
+    frame.to_csv(path, index=False)
+    return path, frame
+
+
+@pytest.mark.unit
+def test_blank_cells_are_refused_naming_each_column_and_count_before_a_shard_is_written(
+    tmp_path,
+):
+    path, _ = _table_with_blanks(tmp_path)
+    with pytest.raises(DatasetError, match=r"blank cells \('alcohol' 3, 'magnesium' 2\)") as e:
+        prepare(tmp_path, str(path), label="target")
+    assert "--missing mean" in e.value.fix and "drop" in e.value.fix
+    assert not list(tmp_path.rglob("*.tfrecord")) and not list(tmp_path.rglob("manifest.json"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("missing", ["mean", "zero", "drop"])
+def test_blanks_filled_with_the_training_splits_mean_or_zero_or_their_rows_dropped(
+    tmp_path, missing
+):
+    path, frame = _table_with_blanks(tmp_path)
+    result = prepare(tmp_path, str(path), label="target", missing=missing)
+    spec = result.manifest.spec
+    alcohol = next(f for f in spec.features if f.name == "alcohol")
+    assert (alcohol.blanks, alcohol.missing) == (3, missing)
+    train, train_labels = read_all(result, "train")
+    test, test_labels = read_all(result, "test")
+    both = np.concatenate([train["alcohol"], test["alcohol"]])
+    assert not np.isnan(both).any() and not np.isnan(train["magnesium"]).any()
+    if missing == "drop":
+        assert len(train_labels) + len(test_labels) == len(frame) - 5
+        return
+    assert len(train_labels) + len(test_labels) == len(frame)
+    known = set(frame.alcohol.dropna().astype(np.float32).tolist())
+    filled = [v for v in both.tolist() if v not in known]
+    assert len(filled) == 3 and len(set(filled)) == 1
+    if missing == "zero":
+        assert filled[0] == 0.0
+    else:  # the mean over the training split's known values, never the held-out rows'
+        kept = train["alcohol"][np.isin(train["alcohol"], list(known))]
+        assert filled[0] == pytest.approx(kept.mean(), rel=1e-5)
+        everything = frame.alcohol.mean()
+        assert filled[0] != pytest.approx(everything, rel=1e-7)
+
+
+PIPELINES = '''
+import tensorflow as tf
+
+
+def rows(seed):
+    x = tf.reshape(tf.range(180, dtype=tf.float32), [180, 1])
+    y = tf.range(180) % 3
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    return ds.shuffle(200, seed=seed) if seed != "none" else ds.shuffle(200)
+
+
+def unseeded():
+    return rows("none")
+
+
+def seeded():
+    return rows(7)
+'''
+
+
+@pytest.mark.unit
+def test_a_pipeline_that_changes_between_reads_is_refused_and_a_seeded_one_never_leaks(
+    tmp_path, monkeypatch
+):
+    """An unseeded `.shuffle` gives other examples at each read: refused, where prepare
+    wrote 26 of 36 test rows into train as well. A seeded one (Keras's reshuffle each
+    iteration included) gives the same examples each time: no row in both splits."""
+    (tmp_path / "pipes.py").write_text(PIPELINES)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match="other examples each time it is read") as e:
+        prepare(tmp_path, "pipes.py:unseeded")
+    assert "seed=" in e.value.fix
+    result = prepare(tmp_path, "pipes.py:seeded")
+    train, _ = read_all(result, "train")
+    test, _ = read_all(result, "test")
+    assert len(train) + len(test) == 180
+    assert not set(train.ravel().tolist()) & set(test.ravel().tolist())
