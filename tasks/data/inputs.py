@@ -16,9 +16,13 @@ log = logging.getLogger(__name__)
 
 
 def parse_batch(
-    serialized: tf.Tensor, shape: tuple[int, ...], batch_size: int | None = None
+    serialized: tf.Tensor,
+    shape: tuple[int, ...],
+    batch_size: int | None = None,
+    as_stored: bool = False,
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Parses a batch of serialized examples into float images in [0, 1] and int32 labels.
+    """Parses a batch of serialized examples into float images in [0, 1] (`as_stored`:
+    uint8 in 0-255, as the spec says) and int32 labels.
 
     A `batch_size` makes the batch dimension static (training batches, as TPUs need).
     """
@@ -32,6 +36,8 @@ def parse_batch(
     images = tf.io.decode_raw(parsed["image"], tf.uint8)
     images = tf.reshape(images, [batch_size or -1, *shape])
     labels = tf.reshape(tf.cast(parsed["label"], tf.int32), [batch_size or -1])
+    if as_stored:
+        return images, labels
     return tf.cast(images, tf.float32) / 255.0, labels
 
 
@@ -95,7 +101,8 @@ def build_dataset(
     if spec.is_image:
         ds = ds.batch(batch_size, drop_remainder=training)
         ds = ds.map(
-            lambda s: parse_batch(s, spec.shape, static), num_parallel_calls=tf.data.AUTOTUNE
+            lambda s: parse_batch(s, spec.shape, static, spec.images_as_stored),
+            num_parallel_calls=tf.data.AUTOTUNE,
         )
     else:  # parsed in blocks of batches, then cut into batches: the same batches, in order
         block = parse_block(spec, batch_size)

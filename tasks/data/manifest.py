@@ -43,6 +43,8 @@ class Manifest:
     # the features a model of one input takes as one vector (`FeatureSpec.packed`): the
     # model's, never the file's, so neither the JSON nor the digest holds it
     packed: tuple[str, ...] = field(default=(), compare=False)
+    # images as stored, uint8 in 0-255 (`FeatureSpec.images_as_stored`): a user's model's
+    images_as_stored: bool = field(default=False, compare=False)
 
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
@@ -52,7 +54,9 @@ class Manifest:
         """The features and the label, as prepare recorded them (and as the model takes
         them: `packed`)."""
         spec = FeatureSpec.from_dict(self.feature)
-        return replace(spec, packed=self.packed) if self.packed else spec
+        if self.packed or self.images_as_stored:
+            return replace(spec, packed=self.packed, images_as_stored=self.images_as_stored)
+        return spec
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -98,6 +102,7 @@ def _plain(manifest: Manifest) -> dict[str, Any]:
     manifests read and hash as they always did."""
     raw = asdict(manifest)
     raw.pop("packed")
+    raw.pop("images_as_stored")
     for shard in raw["shards"]:
         if shard.get("sums") is None:
             shard.pop("sums", None)

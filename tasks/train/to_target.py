@@ -191,9 +191,11 @@ class HeldOut:
     ):
         from tasks.data.inputs import Reading, build_dataset
         from tasks.train.objectives import objective_of
+        from tasks.train.user_models import as_model_takes
 
+        taken = as_model_takes(manifest, model)
         self.dataset = build_dataset(
-            manifest, data_dir, "test", batch_size, training=False, reading=Reading(cache=True)
+            taken, data_dir, "test", batch_size, training=False, reading=Reading(cache=True)
         )
         self.examples = manifest.splits["test"]
         objective = objective_of(model)

@@ -127,11 +127,14 @@ def packed_features(model: Any, spec: FeatureSpec) -> tuple[str, ...]:
 def as_model_takes(manifest: Any, model: Any) -> Any:
     """The manifest whose batches give `model` its features as it takes them: one vector
     of the numeric features for a model of one input over them (`packed_features`), else
-    as recorded."""
+    as recorded; images as the spec says they are (uint8, 0-255) for any model but a
+    built-in (`cnn`, `resnet`, which take them in [0, 1])."""
     import dataclasses
 
-    packed = packed_features(model, FeatureSpec.from_dict(manifest.feature))
-    return dataclasses.replace(manifest, packed=packed) if packed != manifest.packed else manifest
+    spec = FeatureSpec.from_dict(manifest.feature)
+    packed = packed_features(model, spec)
+    as_stored = spec.is_image and getattr(model, "name", "") not in BUILT_IN
+    return dataclasses.replace(manifest, packed=packed, images_as_stored=as_stored)
 
 
 def example_batch(spec: FeatureSpec) -> Any:

@@ -7,6 +7,7 @@ real values), written to files by each test."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -634,7 +635,7 @@ def test_blanks_filled_with_the_training_splits_mean_or_zero_or_their_rows_dropp
         assert filled[0] != pytest.approx(everything, rel=1e-7)
 
 
-PIPELINES = '''
+PIPELINES = """
 import tensorflow as tf
 
 
@@ -651,7 +652,7 @@ def unseeded():
 
 def seeded():
     return rows(7)
-'''
+"""
 
 
 @pytest.mark.unit
@@ -671,3 +672,38 @@ def test_a_pipeline_that_changes_between_reads_is_refused_and_a_seeded_one_never
     test, _ = read_all(result, "test")
     assert len(train) + len(test) == 180
     assert not set(train.ravel().tolist()) & set(test.ravel().tolist())
+
+
+@pytest.mark.unit
+def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_scaled(
+    digits, tmp_path
+):
+    """The spec says uint8: a user's model gets uint8 in 0-255, whether the images are a
+    built-in set or an `.npz` of uint8 images with a class or a binary label; `cnn` and
+    `resnet` get float32 in [0, 1], as they always did."""
+    import keras
+
+    from tasks.train.models import model_for_data
+    from tasks.train.user_models import as_model_takes
+
+    _, manifest, data_dir = digits
+    spec = manifest.spec
+    assert spec.features[0].dtype == "uint8"
+    inputs = keras.Input(spec.shape, dtype="uint8")
+    scaled = keras.layers.Rescaling(1 / 255)(inputs)
+    mine = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(scaled)))
+    x, _ = next(iter(build_dataset(as_model_takes(manifest, mine), data_dir, "test", 64, False)))
+    assert x.dtype == "uint8" and int(x.numpy().max()) > 1
+    built_in = model_for_data("cnn", spec)
+    x, _ = next(
+        iter(build_dataset(as_model_takes(manifest, built_in), data_dir, "test", 64, False))
+    )
+    assert x.dtype == "float32" and float(x.numpy().max()) <= 1.0
+
+    images = np.random.default_rng(0).integers(0, 256, (60, 8, 8, 1), dtype=np.uint8)
+    for label in (np.arange(60) % 3, np.arange(60) % 2):  # a class label, then a binary one
+        np.savez(tmp_path / "i.npz", x=images, y=label)
+        result = prepare(tmp_path / str(label.max()), str(tmp_path / "i.npz"))
+        as_taken = dataclasses.replace(result, manifest=as_model_takes(result.manifest, mine))
+        got, _ = read_all(as_taken, "test")
+        assert got.dtype == np.uint8 and got.max() > 1, label.max()

@@ -64,17 +64,18 @@ def test_the_held_out_loss_is_kerass_evaluate_loss_with_the_models_own_losses(di
     from tasks.data.inputs import build_dataset
     from tasks.train.evaluation import evaluate_keras_model
     from tasks.train.to_target import HeldOut
+    from tasks.train.user_models import as_model_takes
 
     _, manifest, data_dir = digits
     keras.utils.set_random_seed(3)
     inputs = keras.Input(manifest.spec.shape)
     hidden = keras.layers.Dense(16, kernel_regularizer=keras.regularizers.L2(0.5))(
-        keras.layers.Flatten()(inputs)
+        keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))  # uint8, as stored
     )
     model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer="adam", loss=loss)
-    test = build_dataset(manifest, data_dir, "test", 64, training=False)
+    test = build_dataset(as_model_takes(manifest, model), data_dir, "test", 64, training=False)
     expected = model.evaluate(test, verbose=0)
     assert sum(float(term) for term in model.losses) > 0.1 * expected  # the L2 term counts
     ours = evaluate_keras_model(model, manifest, data_dir, 64).test_loss
