@@ -30,6 +30,7 @@ class Feature:
     std: float | None = None
     blanks: int = 0  # blank cells the source had (`tasks.data.blanks`)
     missing: str = ""  # what was done with them: mean, zero (filled) or drop (the rows)
+    date: bool = False  # a table's date or time stamp, stored as days since 1970-01-01
 
     @property
     def variable(self) -> bool:
@@ -62,6 +63,8 @@ class Feature:
             raw["mean"], raw["std"] = self.mean, self.std
         if self.blanks:
             raw["blanks"], raw["missing"] = self.blanks, self.missing
+        if self.date:
+            raw["date"] = True
         return raw
 
     @classmethod
@@ -75,6 +78,7 @@ class Feature:
             raw.get("std"),
             raw.get("blanks", 0),
             raw.get("missing", ""),
+            raw.get("date", False),
         )
 
 
@@ -236,4 +240,5 @@ class FeatureSpec:
 
 def _describe(feature: Feature) -> str:
     dims = "x".join("?" if d is None else str(d) for d in feature.shape)
-    return f"{feature.name} {dims + ' ' if dims else ''}{feature.dtype}"
+    kind = "date as days since 1970" if feature.date else feature.dtype
+    return f"{feature.name} {dims + ' ' if dims else ''}{kind}"

@@ -135,7 +135,7 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
         raise DatasetError(f"{path} has no rows", "give a table with rows under its header")
     coding = _coding(raw, cfg, f"column {cfg.label!r} of {path.name}")
     features = tuple(
-        Feature(name, "string" if kind == "string" else "float32", ())
+        Feature(name, "string" if kind == "string" else "float32", (), date=kind == "date")
         for name, kind in types.items()
         if name != cfg.label
     )
@@ -201,13 +201,20 @@ def _kind_of(arrow_type: Any) -> str:
         return "number"
     if pa.types.is_null(arrow_type):  # empty in the first block: numbers with gaps
         return "number"
+    if pa.types.is_temporal(arrow_type) and not pa.types.is_time(arrow_type):
+        return "date"  # a date or a time stamp: a number of days since 1970-01-01
     return "bool" if pa.types.is_boolean(arrow_type) else "string"
 
 
 def _arrow_types(types: dict[str, str]) -> dict[str, Any]:
     import pyarrow as pa
 
-    kinds = {"number": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
+    kinds = {
+        "number": pa.float64(),
+        "bool": pa.bool_(),
+        "string": pa.string(),
+        "date": pa.timestamp("s"),
+    }
     return {name: kinds[kind] for name, kind in types.items()}
 
 
@@ -272,6 +279,10 @@ def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str) -> Chunk
         if feature.dtype == "string":
             text = pcomp.cast(values, pa.string()).fill_null("")
             columns[feature.name] = np.asarray(text.to_numpy(zero_copy_only=False), object)
+        elif feature.date:
+            seconds = pcomp.cast(pcomp.cast(values, pa.timestamp("s")), pa.int64())
+            days = seconds.to_numpy(zero_copy_only=False).astype(np.float64) / 86_400
+            columns[feature.name] = days.astype(np.float32)  # a blank date: NaN
         else:
             numbers = pcomp.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
             columns[feature.name] = numbers.astype(np.float32)

@@ -19,6 +19,7 @@ import pytest
 
 from tasks.data.preparation import prepare_dataset
 from tasks.settings.config import load_config
+from tasks.train.user_models import ModelError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
@@ -746,3 +747,75 @@ def test_autos_mixed_precision_is_dropped_where_the_model_fails_under_it(tmp_pat
     metrics = json.loads(next((tmp_path / "runs").rglob("metrics.json")).read_text())
     assert metrics["precision"] == "float32"
     assert "float32 because the model fails under mixed_bfloat16" in metrics["reason"]
+
+
+def _readme_model(folder: Path) -> str:
+    """README's `mine.py`, as a user copies it."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = re.findall(r"```python\n# mine.py\n(.*?)```", readme, re.S)
+    (folder / "mine.py").write_text(code)
+    return "mine.py:build"
+
+
+def _docs_tables(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Every table the docs name, and one with text, dates and blanks: path, label."""
+    import pandas as pd
+    from sklearn import datasets
+
+    tables = {}
+    for name, load in (("wine", datasets.load_wine), ("iris", datasets.load_iris)):
+        tables[name] = load(as_frame=True).frame
+    tables["cancer"] = datasets.load_breast_cancer(as_frame=True).frame
+    tables["diabetes"] = datasets.load_diabetes(as_frame=True, scaled=False).frame
+    rng = np.random.default_rng(0)
+    mixed = pd.DataFrame({
+        "when": pd.date_range("2024-01-01", periods=120).strftime("%Y-%m-%d"),
+        "city": rng.choice(["paris", "lyon", "nice"], 120),
+        "amount": np.where(np.arange(120) % 17 == 3, np.nan, rng.normal(size=120)),
+        "target": np.arange(120) % 2,
+    })  # fmt: skip
+    tables["mixed"] = mixed
+    out = {}
+    for name, frame in tables.items():
+        frame.to_csv(folder / f"{name}.csv", index=False)
+        out[name] = (folder / f"{name}.csv", "target")
+    return out
+
+
+@pytest.mark.unit
+def test_the_readme_model_takes_every_docs_table_and_one_of_text_dates_and_blanks(
+    tmp_path, monkeypatch
+):
+    """README's model (one input over `spec.numbers`) builds and runs on each table the docs
+    name (wine's `od280/od315_of_diluted_wines` too) and on one of text, dates and blanks
+    (filled with `--missing mean`); on the binary ones it passes every check before
+    training, on the others it is refused for its one sigmoid unit, `--label-kind` named."""
+    from tasks.data.inputs import build_dataset
+    from tasks.train.user_models import as_model_takes, check_user_model, user_model
+
+    monkeypatch.chdir(tmp_path)
+    ref = _readme_model(tmp_path)
+    for name, (path, label) in _docs_tables(tmp_path).items():
+        values = {
+            "prepare.dataset": str(path),
+            "prepare.label": label,
+            "prepare.missing": "mean",
+            "prepare.data_dir": str(tmp_path / "tfrecords"),
+        }
+        config = load_config(None, values)
+        prepared = prepare_dataset(config, progress=False)
+        model = user_model(ref, prepared.manifest.spec)
+        taken = as_model_takes(prepared.manifest, model)
+        assert len(taken.spec.packed) == len(prepared.manifest.spec.numbers), name
+        x, _ = next(iter(build_dataset(taken, prepared.data_dir, "test", 8, training=False)))
+        assert model(x).shape == (8, 1), name
+        kind = prepared.manifest.spec.label.kind
+        args = (ref, prepared.manifest, prepared.data_dir, config.evaluate)
+        if kind == "binary":
+            check_user_model(*args)
+        else:
+            with pytest.raises(ModelError) as refused:
+                check_user_model(*args)
+            assert refused.value.fix.startswith("if the label is not"), (name, refused.value)
