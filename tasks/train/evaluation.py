@@ -81,7 +81,7 @@ def evaluate_keras_model(
 
     from tasks.data.inputs import build_dataset
     from tasks.train.keras_meaning import held_out_losses
-    from tasks.train.user_models import as_model_takes
+    from tasks.train.model_inputs import as_model_takes
 
     started = time.perf_counter() if started is None else started
     manifest = as_model_takes(manifest, model)

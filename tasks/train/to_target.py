@@ -190,8 +190,8 @@ class HeldOut:
         self, model: Any, manifest: Manifest, data_dir: str, batch_size: int, metric: str = ""
     ):
         from tasks.data.inputs import Reading, build_dataset
+        from tasks.train.model_inputs import as_model_takes
         from tasks.train.objectives import objective_of
-        from tasks.train.user_models import as_model_takes
 
         taken = as_model_takes(manifest, model)
         self.dataset = build_dataset(

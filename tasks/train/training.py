@@ -36,6 +36,7 @@ from tasks.settings.config import TrainConfig
 from tasks.settings.kinds import SpreadOver
 from tasks.train.evaluation import record_final
 from tasks.train.keras_meaning import attach, own_train_step
+from tasks.train.model_inputs import as_model_takes
 from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
 from tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
@@ -48,12 +49,7 @@ from tasks.train.to_target import (
     interval_examples,
     target_of,
 )
-from tasks.train.user_models import (
-    as_model_takes,
-    example_batch,
-    example_labels,
-    parameter_count,
-)
+from tasks.train.user_models import example_batch, example_labels, parameter_count
 
 log = logging.getLogger(__name__)
 

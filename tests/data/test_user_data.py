@@ -553,7 +553,7 @@ def test_a_model_of_one_input_gets_the_numeric_columns_as_df_values_gives_them(t
     out; a model of named inputs still gets the dict, and the digest is the manifest's."""
     import keras
 
-    from tasks.train.user_models import as_model_takes
+    from tasks.train.model_inputs import as_model_takes
 
     path, frame = wine_csv(tmp_path)
     frame.insert(3, "grower", [f"g{i % 3}" for i in range(len(frame))])
@@ -683,8 +683,8 @@ def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_sca
     `resnet` get float32 in [0, 1], as they always did."""
     import keras
 
+    from tasks.train.model_inputs import as_model_takes
     from tasks.train.models import model_for_data
-    from tasks.train.user_models import as_model_takes
 
     _, manifest, data_dir = digits
     spec = manifest.spec

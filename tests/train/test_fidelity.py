@@ -63,8 +63,8 @@ def test_the_held_out_loss_is_kerass_evaluate_loss_with_the_models_own_losses(di
 
     from tasks.data.inputs import build_dataset
     from tasks.train.evaluation import evaluate_keras_model
+    from tasks.train.model_inputs import as_model_takes
     from tasks.train.to_target import HeldOut
-    from tasks.train.user_models import as_model_takes
 
     _, manifest, data_dir = digits
     keras.utils.set_random_seed(3)

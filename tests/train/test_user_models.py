@@ -793,7 +793,8 @@ def test_the_readme_model_takes_every_docs_table_and_one_of_text_dates_and_blank
     (filled with `--missing mean`); on the binary ones it passes every check before
     training, on the others it is refused for its one sigmoid unit, `--label-kind` named."""
     from tasks.data.inputs import build_dataset
-    from tasks.train.user_models import as_model_takes, check_user_model, user_model
+    from tasks.train.model_inputs import as_model_takes
+    from tasks.train.user_models import check_user_model, user_model
 
     monkeypatch.chdir(tmp_path)
     ref = _readme_model(tmp_path)

@@ -1,0 +1,53 @@
+"""How a model takes the data's features, decided by the model: a model of one input over
+a table's numeric columns takes them as one vector (what `df.values` gives `model.fit`); a
+user's model takes images as the spec says they are (uint8, 0-255). The manifest a
+training, an evaluation or a check reads its batches through is `as_model_takes` of the
+model (`tasks.data.spec.FeatureSpec.packed`, `images_as_stored`), never written to the
+file."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tasks.data.spec import FeatureSpec
+
+BUILT_IN_IMAGE_MODELS = ("cnn", "resnet", "mlp", "embedding")  # they take images in [0, 1]
+
+
+def one_input_width(model: Any) -> int | None:
+    """The numbers per example of a model of one input of shape `(None, n)`; None for a
+    model of several inputs, of another shape, or whose inputs are not known until called
+    (a subclassed model)."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not inputs or len(inputs) != 1:
+        return None
+    shape = tuple(inputs[0].shape)
+    return int(shape[1]) if len(shape) == 2 and shape[1] is not None else None
+
+
+def packed_features(model: Any, spec: FeatureSpec) -> tuple[str, ...]:
+    """The features a model of one input of n numbers takes, where the data has several
+    features and n of them are one number each (a table's numeric columns): those, in the
+    data's order, as `model.fit(df.drop(columns=[label]).values, y)` gives them. Text
+    columns are then left out (`check_user_model` names them). Empty otherwise: the model
+    takes the features by name, or the one feature itself."""
+    width = one_input_width(model)
+    numbers = tuple(f.name for f in spec.numbers)
+    if len(spec.features) < 2 or width is None or width != len(numbers):
+        return ()
+    return numbers
+
+
+def as_model_takes(manifest: Any, model: Any) -> Any:
+    """The manifest whose batches give `model` its features as it takes them: one vector
+    of the numeric features for a model of one input over them (`packed_features`), else
+    as recorded; images as the spec says they are (uint8, 0-255) for any model but a
+    built-in (`cnn`, `resnet`, which take them in [0, 1])."""
+    spec = FeatureSpec.from_dict(manifest.feature)
+    packed = packed_features(model, spec)
+    as_stored = spec.is_image and getattr(model, "name", "") not in BUILT_IN_IMAGE_MODELS
+    return dataclasses.replace(manifest, packed=packed, images_as_stored=as_stored)
