@@ -289,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_up_process(args.verbose or None)
     try:
         config = _load(args)
+        _check_dvc_deps(config, args.command)
         if args.command in TENSORFLOW_COMMANDS:
             import_tensorflow()
         return getattr(commands, args.command)(config, args)
@@ -312,6 +313,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("this is a bug in tfscale: run again with --debug for the traceback", file=sys.stderr)
         return 1
+
+
+def _check_dvc_deps(config: Any, command: str) -> None:
+    """Run by a `dvc repro` stage (DVC sets DVC_STAGE), the command's data or model file is
+    among the stage's deps: named by `prepare.files` or `train.files` (`check_dvc_dep`)."""
+    import os
+
+    if "DVC_STAGE" not in os.environ:
+        return
+    from tasks.core.user_code import check_dvc_dep
+
+    if command == "prepare":
+        check_dvc_dep(
+            config.prepare.dataset, "prepare.dataset", config.prepare.files, "prepare.files"
+        )
+    elif command == "train":
+        check_dvc_dep(config.train.model, "train.model", config.train.files, "train.files")
+    elif command == "sweep":
+        check_dvc_dep(config.sweep.model, "sweep.model", config.train.files, "train.files")
 
 
 def entry() -> NoReturn:
@@ -367,13 +387,6 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rewrite every shard")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add(sub, "verify", "re-check shard sizes and sha256 against the manifest", DATASET_FLAGS)
-    sources = _add(
-        sub,
-        "sources",
-        "write the sha256 of your own data and model files, which DVC's stages depend on",
-        {"--dataset": DATASET_FLAGS["--dataset"], "--model": TRAIN_FLAGS["--model"]},
-    )
-    sources.add_argument("--out", default=".tfscale", help="where to write them (.tfscale)")
     hardware = _add(
         sub, "hardware", "show the detected hardware and the strategy it would pick", STRATEGY_FLAGS
     )

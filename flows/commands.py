@@ -38,27 +38,6 @@ def verify(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def sources(config: Config, args: argparse.Namespace) -> int:
-    """Writes what the user's data and models are made of (`<out>/data.sha256`,
-    `model.sha256`, `sweep_model.sha256`): the files DVC's stages depend on, so that a
-    changed table or model file reruns them. A built-in's is its name."""
-    from tasks.core.files import write_text_atomic
-    from tasks.core.user_code import model_fingerprint
-    from tasks.data.user_sources import source_fingerprint
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    figures = {
-        "data": source_fingerprint(config.prepare) or config.prepare.dataset,
-        "model": model_fingerprint(config.train.model),
-        "sweep_model": model_fingerprint(config.sweep.model),
-    }
-    for name, value in figures.items():
-        write_text_atomic(out / f"{name}.sha256", value + "\n")
-    print(", ".join(f"{name} {value[:12]}" for name, value in figures.items()) + f" in {out}")
-    return 0
-
-
 def hardware(config: Config, args: argparse.Namespace) -> int:
     from tasks.distribute.hardware import detect_hardware, format_report
     from tasks.distribute.strategy import select_strategy

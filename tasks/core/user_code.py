@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UserError
+from tasks.core.errors import UsageError, UserError
 
 FUNCTION = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
 # tfscale's own top-level packages, which a user's project may also have
@@ -147,6 +147,44 @@ def model_fingerprint(ref: str) -> str:
     if ref.endswith(".keras") and path.is_file():
         return hashlib.sha256(path.read_bytes()).hexdigest()
     return ref
+
+
+def own_path(ref: str) -> Path | None:
+    """The file or folder of the project's that a dataset or model reference reads: the
+    path itself where it exists (a table, an .npz, an image folder, a .keras file), a
+    function's module file within the project; None for a built-in's or an installed
+    package's name."""
+    if Path(ref).exists():
+        return Path(ref)
+    path = file_of(ref) if is_function_ref(ref) else None
+    if path is None or not path.resolve().is_relative_to(Path.cwd().resolve()):
+        return None
+    return path
+
+
+def check_dvc_dep(ref: str, key: str, files: str, files_key: str) -> None:
+    """Under `dvc repro`, that DVC hashes what `ref` (the value of `key`) reads: dvc.yaml's
+    stages name the user's files through `files` (the value of `files_key`), since DVC
+    cannot tell a file from a built-in's name in `ref` itself. A file outside it would
+    leave the stage unchanged to DVC when the file changes.
+
+    Raises:
+        UsageError: `files` does not exist, or `ref`'s file is not it nor in it.
+    """
+    named = Path(files)
+    if not named.exists():
+        raise UsageError(
+            f"{files_key}: {files} does not exist",
+            f"name the file or folder {key} reads in params.yaml (DVC's stages depend on it)",
+        )
+    own = own_path(ref)
+    if own is None or own.resolve().is_relative_to(named.resolve()):
+        return
+    raise UsageError(
+        f"{key} {ref} reads {own}, which is not in {files_key} ({files}): "
+        "dvc repro would not rerun its stages when it changes",
+        f"set {files_key}: {own} in params.yaml (or a folder holding it)",
+    )
 
 
 def cwd_importable() -> None:

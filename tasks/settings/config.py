@@ -69,6 +69,11 @@ class PrepareConfig:
     """Which dataset to turn into shards, and how many shards."""
 
     dataset: str = "digits"
+    # the file or folder DVC's prepare stage hashes for the data (dvc.yaml: ${prepare.files}):
+    # the user's table, .npz, image folder, or a pipeline's module (a folder: with what it
+    # reads); a built-in's own module by default. Under `dvc repro` the dataset's file must
+    # be in it (`tasks.core.user_code.check_dvc_dep`)
+    files: str = "tasks/data/datasets.py"
     data_dir: str = "data/tfrecords"
     num_shards: int | None = _spec(None, lo=1, hi=100_000)
     target_shard_mb: float = _spec(100.0, lo=0.001)
@@ -99,6 +104,11 @@ class TrainConfig:
     # a built-in (mlp, cnn, resnet, embedding), the user's: package.module:function,
     # path/to/file.py:function, or a saved .keras file (`tasks.train.user_models`)
     model: str = _spec("cnn", model=True)
+    # the file or folder DVC's baseline, train and sweep stages hash for the model (dvc.yaml:
+    # ${train.files}): the user's model file or package, or a .keras file; the built-ins'
+    # own module by default. Under `dvc repro` train.model's and sweep.model's file must be
+    # in it (`tasks.core.user_code.check_dvc_dep`)
+    files: str = "tasks/train/models.py"
     epochs: int = _spec(10, lo=1, hi=100_000)
     # auto: measured (`tasks.measure.autotune`) from DEFAULT_BATCH up, where the hardware and data
     # allow a choice; else DEFAULT_BATCH

@@ -1,7 +1,8 @@
 """`dvc repro` as a new user runs it: in a `git clone` of the project (with this working
 tree's changes on top, so uncommitted work is tested too), on tiny params. First repro, a
 no-op second one, a param change re-running only its dependents, metrics and plots, an
-experiment compared with `dvc exp show`, and every module a stage imports among its deps."""
+experiment compared with `dvc exp show`, every module a stage imports among its deps, and a
+user's data file that DVC hashes itself."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 IMPORT_LOG_SITE = ROOT / "tests" / "support" / "import_log"
-STAGES = ("sources", "prepare", "baseline", "train", "evaluate", "sweep")
-ALWAYS = {"sources"}  # rewrites the user's files' sha256 on every repro (always_changed)
+STAGES = ("prepare", "baseline", "train", "evaluate", "sweep")
+UP_TO_DATE = "Data and pipelines are up to date"
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -79,16 +80,18 @@ def ran(output: str) -> set[str]:
     return {stage for stage in STAGES if f"Running stage '{stage}'" in output}
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dvc")
+def cloned(tmp: Path, **params) -> Repo:
+    """A clone (`clone_with_working_tree`) on tiny params, its outputs inside it, with
+    `params` (dotted keys) set and committed."""
     path = tmp / "repo"
     clone_with_working_tree(path)
-    params = yaml.safe_load(tiny_params(tmp).read_text())
-    params["prepare"]["data_dir"] = "data/tfrecords"
-    params["train"]["runs_dir"] = "runs"
-    params["sweep"]["out_dir"] = "sweep"
-    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    values = {
+        "prepare.data_dir": "data/tfrecords",
+        "train.runs_dir": "runs",
+        "sweep.out_dir": "sweep",
+        **params,
+    }
+    (path / "params.yaml").write_text(tiny_params(tmp, **values).read_text())
     env = dict(
         os.environ,
         PATH=f"{BIN}:{os.environ['PATH']}",
@@ -107,6 +110,11 @@ def clone(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    return cloned(tmp_path_factory.mktemp("dvc"))
+
+
+@pytest.fixture(scope="module")
 def repro_runs(clone):
     """First repro, a second (timed), then the stages a repro would run after a train param
     changed (`dvc repro --dry`: the experiment test runs such a repro for real)."""
@@ -117,6 +125,7 @@ def repro_runs(clone):
     second = repo.dvc("repro")
     second_s = time.monotonic() - started
     print(f"no-op dvc repro took {second_s:.1f} s")
+    status = repo.dvc("status")
     path = repo.path / "params.yaml"
     kept = path.read_text()
     params = yaml.safe_load(kept)
@@ -139,6 +148,7 @@ def repro_runs(clone):
     shown = json.loads(repo.dvc("metrics", "show", "--json"))
     return {
         "outputs": (first, second),
+        "dvc status": status,
         "would run": would_run,
         "status": status_after_first,
         "commit": head,
@@ -157,15 +167,19 @@ def test_first_repro_runs_every_stage_and_leaves_only_dvc_lock_changed(repro_run
     assert set(changed) <= {"dvc.lock"}, repro_runs["status"]
 
 
-def test_second_repro_does_nothing_but_rewrite_the_sources(repro_runs):
-    assert ran(repro_runs["outputs"][1]) == ALWAYS
+def test_second_repro_runs_nothing_and_status_says_up_to_date(repro_runs):
+    """On a fresh clone, the first repro's dvc.lock holds every dep DVC hashed (the user's
+    files too: no stage is always changed), so the second finds nothing to run."""
+    second = repro_runs["outputs"][1]
+    assert ran(second) == set() and UP_TO_DATE in second, second
+    assert UP_TO_DATE in repro_runs["dvc status"], repro_runs["dvc status"]
 
 
 def test_a_train_param_reruns_its_dependents_only(repro_runs):
     """`train.epochs` changed: the two stages that read it would run again, prepare and the
     sweep not (a dry run does not change the models, so it cannot show evaluate following
     them; the experiment's real repro shows that: train, then evaluate)."""
-    assert repro_runs["would run"] - ALWAYS == {"baseline", "train"}
+    assert repro_runs["would run"] == {"baseline", "train"}
     history = repro_runs["files"]["models/digits/history.csv"].splitlines()
     assert len(history) == 1 + 2  # the repro's own training: two epochs, a line each
 
@@ -276,7 +290,7 @@ def test_plots_show_renders_the_curves(clone, repro_runs):
 def test_an_experiment_changes_replicas_and_exp_show_compares(clone, repro_runs):
     repo = clone
     output = repo.dvc("exp", "run", "-S", "train.replicas=1")
-    assert ran(output) - ALWAYS == {"train", "evaluate"}  # the baseline: not on replicas
+    assert ran(output) == {"train", "evaluate"}  # the baseline: not on replicas
     table = list(csv.DictReader(io.StringIO(repo.dvc("exp", "show", "--csv"))))
     replicas = {row["train.replicas"] for row in table if row.get("speedup")}
     assert {"1", "2"} <= replicas
@@ -330,3 +344,32 @@ def test_every_module_a_stage_imports_is_among_its_deps(clone, repro_runs):
             covered = any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
             assert covered, f"stage {stage!r} imports {module} but {path} is not in its deps"
     assert seen == set(STAGES)
+
+
+def test_an_edited_data_file_reruns_the_stages_that_read_it_only(tmp_path_factory):
+    """The user's table named by `prepare.files`: DVC hashes it itself, so a second
+    `dvc repro prepare` skips, and an edit changes prepare's deps only (the stages after it
+    follow through the shards, as any changed output) and reruns prepare, not its readers'
+    readers. Prepare alone: a stage that trains costs minutes and shows nothing more."""
+    tmp = tmp_path_factory.mktemp("dvc-table")
+    rows = [f"{i % 7},{(i * 3) % 11},{i % 2}" for i in range(200)]
+    table = "a,b,label\n" + "\n".join(rows) + "\n"
+    repo = cloned(tmp)
+    (repo.path / "table.csv").write_text(table)
+    params = yaml.safe_load((repo.path / "params.yaml").read_text())
+    params["prepare"].update(dataset="table.csv", files="table.csv")
+    (repo.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    repo.commit("a user's table")
+    assert ran(repo.dvc("repro", "prepare")) == {"prepare"}
+    again = repo.dvc("repro", "prepare")
+    assert ran(again) == set() and "Stage 'prepare' didn't change, skipping" in again, again
+    (repo.path / "table.csv").write_text(table + "6,10,1\n")
+    status = json.loads(repo.dvc("status", "--json"))
+    reading = {
+        stage
+        for stage, changes in status.items()
+        for change in changes
+        if isinstance(change, dict) and "table.csv" in change.get("changed deps", {})
+    }
+    assert reading == {"prepare"}, status
+    assert ran(repo.dvc("repro", "prepare")) == {"prepare"}

@@ -412,35 +412,51 @@ def test_a_models_cache_key_is_its_files_contents(tmp_path, monkeypatch):
 
 
 @pytest.mark.unit
-def test_dvcs_stages_depend_on_the_sha256_of_the_users_files(tmp_path):
-    """`tfscale sources` writes each file's sha256 (a built-in's name), which the stages
-    that prepare or train depend on: a changed model file changes its stages' dependency
-    (DVC reruns them), the same file leaves it as it was."""
+def test_dvcs_stages_depend_on_the_users_files_and_refuse_one_outside_them(tmp_path):
+    """dvc.yaml's stages that prepare, train or sweep depend on `prepare.files` or
+    `train.files`, which DVC hashes itself; run by a stage (DVC_STAGE set), a command whose
+    dataset or model file is not among them is refused, naming the file and the key, and
+    so is a named file that does not exist. Outside DVC neither is looked at."""
     import yaml
     from helpers import run_main
 
     stages = yaml.safe_load((EXAMPLES.parents[1] / "dvc.yaml").read_text())["stages"]
-    assert stages["sources"]["always_changed"] is True
-    assert ".tfscale/data.sha256" in stages["prepare"]["deps"]
-    for stage in ("baseline", "train"):
-        assert ".tfscale/model.sha256" in stages[stage]["deps"]
-    assert ".tfscale/sweep_model.sha256" in stages["sweep"]["deps"]
+    assert "${prepare.files}" in stages["prepare"]["deps"]
+    for stage in ("baseline", "train", "sweep"):
+        assert "${train.files}" in stages[stage]["deps"]
+    assert not any(stage.get("always_changed") for stage in stages.values())
 
     cancer_csv(tmp_path)
     (tmp_path / "mine.py").write_text("def build():\n    pass\n")
-    argv = ["sources", "--dataset", "cancer.csv", "--model", "mine.py:build"]
+    (tmp_path / "models").mkdir()
+    dvc = {"DVC_STAGE": "prepare"}
 
-    def written() -> dict[str, str]:
-        assert run_main(argv, tmp_path)[0] == 0
-        return {p.name: p.read_text() for p in (tmp_path / ".tfscale").iterdir()}
+    def refused(argv: list[str], env: dict) -> str:
+        code, _, err = run_main(argv, tmp_path, env)
+        assert code == 2, err
+        return err
 
-    first = written()
-    assert first["sweep_model.sha256"] == "cnn\n" and len(first["model.sha256"]) == 65
-    assert written() == first
-    (tmp_path / "mine.py").write_text("def build():\n    return None\n")
-    again = written()
-    assert again["model.sha256"] != first["model.sha256"]
-    assert again["data.sha256"] == first["data.sha256"]
+    # the defaults name the built-ins' modules, which a user's folder does not have
+    err = refused(["prepare", "--dataset", "cancer.csv"], dvc)
+    assert "error: prepare.files: tasks/data/datasets.py does not exist" in err
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"prepare": {"files": "mine.py"}, "train": {"files": "models"}})
+    )
+    err = refused(["prepare", "--dataset", "cancer.csv"], dvc)
+    assert "prepare.dataset cancer.csv reads cancer.csv, which is not in prepare.files" in err
+    assert "fix: set prepare.files: cancer.csv" in err
+    for command in ("train", "sweep"):
+        err = refused([command, "--model", "mine.py:build"], {"DVC_STAGE": command})
+        assert f"{command}.model mine.py:build reads mine.py, which is not in train.files" in err
+    from tasks.core.user_code import check_dvc_dep
+
+    # a file itself, or in a folder named; a built-in's name reads no file
+    (tmp_path / "models" / "net.py").write_text("def build():\n    pass\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        check_dvc_dep("cancer.csv", "prepare.dataset", "cancer.csv", "prepare.files")
+        check_dvc_dep("models/net.py:build", "train.model", "models", "train.files")
+        check_dvc_dep("cnn", "train.model", "models", "train.files")
 
 
 @pytest.mark.integration
