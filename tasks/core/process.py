@@ -201,31 +201,25 @@ def console(verbose_output: bool = False) -> Iterator[None]:
     """The console of `set_up_process` for the block, in a process whose entry is not
     tfscale's (a notebook's kernel): the root logger's handlers and level, and the levels
     of the loggers it sets, are the caller's again after it, so a block entered again adds
-    no handler. Quiet, the block's records of TensorFlow's logger are filtered where they
-    start too: TensorFlow gives that logger a handler of its own when it is first used
-    before the root logger has one, and its retracing warnings would reach the notebook
-    through it."""
+    no handler. TensorFlow's logger keeps no handler of its own in the block: TensorFlow
+    gives it one when it is first used before the root logger has one, and its lines
+    (retracing warnings) would reach the notebook through it unfiltered, and twice."""
     if not verbose_output:
         for key, value in QUIET_ENVIRONMENT.items():
             os.environ.setdefault(key, value)
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
+    root, tensorflow = logging.getLogger(), logging.getLogger("tensorflow")
+    saved = root.handlers[:], root.level, tensorflow.handlers[:]
     named = {n: logging.getLogger(n) for n in NOISY_LOGGERS + HARMLESS_LOGGERS}
     levels = {n: logger.level for n, logger in named.items()}
-    root.handlers[:] = [_console_handler(verbose_output)]
+    root.handlers[:], tensorflow.handlers[:] = [_console_handler(verbose_output)], []
     root.setLevel(logging.INFO)
     _library_levels(verbose_output)
-    quiet = [] if verbose_output else [named["tensorflow"]]
-    for logger in quiet:
-        logger.addFilter(_quiet_console)
     try:
         yield
     finally:
-        for logger in quiet:
-            logger.removeFilter(_quiet_console)
         for n, level in levels.items():
             named[n].setLevel(level)
-        root.handlers[:], level = saved
+        root.handlers[:], level, tensorflow.handlers[:] = saved
         root.setLevel(level)
 
 
