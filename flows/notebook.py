@@ -3,17 +3,26 @@
 
     from flows.notebook import study
 
-    result = study(build, (x, y), epochs=5, target_metric="auc", target=0.97)
+    result = study(build, frame, label="target", epochs=5, target_metric="auc", target=0.97)
     print(result.answer)          # the answer line
     result.speedup_text           # '1.21x (1.15-1.27)'
     result.time_to_target_speedup, result.mlflow_run_id
 
 `model`: a function taking the data's spec (or nothing) and returning a `keras.Model`, a
 `keras.Model` itself (saved once, and read back by each training so both start from its
-weights), or any `--model` form. `data`: a `tf.data.Dataset` of `(features, label)`,
-arrays (`(x, y)`, or a dict of named arrays holding the label under `label`), or any
-`--dataset` form. Settings are `params.yaml`'s keys by name (`epochs=5`, `replicas=4`), or
-dotted (`**{"train.epochs": 5}`).
+weights), or any `--model` form. `data`: a pandas DataFrame holding its label column
+(`label=`, prepare.label), or `(DataFrame, labels)` (a Series or an array, by position):
+the table it is, text columns included, written once to a Parquet file named by its
+contents and read as `--dataset table.parquet`; arrays (`(x, y)`, or a dict of named arrays
+holding the label under `label`), written once to an .npz so; a `tf.data.Dataset` of
+`(features, label)`; or any `--dataset` form. An error about the file written is said of
+what was passed (the DataFrame, its column, the Series, the arrays). Settings are
+`params.yaml`'s keys by name (`epochs=5`, `replicas=4`, `label="target"`), or dotted
+(`**{"train.epochs": 5}`).
+
+The cell shows the stage lines and the answer, as the console does: the console of the
+`tfscale` command for the call (`tasks.core.process.console`), the notebook's own logging
+as it was after it; `verbose=True` shows every library's log.
 
 A function or dataset handed over lives in this process only: the study runs its
 trainings here (Mirrored over this machine's devices; OneDevice); worker processes
