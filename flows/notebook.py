@@ -152,8 +152,8 @@ def _table_ref(frame: Any, labels: Any, folder: Path, label: str) -> str:
     if labels is not None:
         if label in frame.columns:
             raise UsageError(
-                f"the DataFrame has a column {label!r}, the name the Series is given as "
-                "the label (prepare.label)",
+                f"the DataFrame has a column {label!r}, the name its labels are given "
+                "(prepare.label)",
                 "drop that column from the DataFrame, or name the label otherwise (label='...')",
             )
         values = labels.to_numpy() if hasattr(labels, "to_numpy") else np.asarray(labels)
