@@ -10,6 +10,8 @@ here and nowhere else:
   processes inherit its environment from the command that launches them; then
   `import_tensorflow()` where TensorFlow is first needed, so its start-up lines stay
   off the console;
+- `console()` around work started from a process whose entry is not tfscale's (a
+  notebook's `study`): the same console for the block, the caller's after it;
 - `set_up_devices(choice.logical_cpus)` once the strategy is chosen, before TensorFlow
   starts: the logical CPU devices, each with its share of the cores (`share_cores`);
 - `set_up_worker(core, threads)` at a worker process's entry: its core and its share of
@@ -175,15 +177,50 @@ def set_up_process(verbose_output: bool | None = None) -> None:
     else:
         for key, value in QUIET_ENVIRONMENT.items():
             os.environ.setdefault(key, value)
+    logging.basicConfig(level=logging.INFO, handlers=[_console_handler(verbose_output)], force=True)
+    _library_levels(verbose_output)
+
+
+def _console_handler(verbose_output: bool) -> logging.Handler:
     handler = logging.StreamHandler()
     handler.setFormatter(ConsoleFormat())
     if not verbose_output:
         handler.addFilter(_quiet_console)
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    return handler
+
+
+def _library_levels(verbose_output: bool) -> None:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     for name in HARMLESS_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING if verbose_output else logging.ERROR)
+
+
+@contextmanager
+def console(verbose_output: bool = False) -> Iterator[None]:
+    """The console of `set_up_process` for the block, in a process whose entry is not
+    tfscale's (a notebook's kernel): the root logger's handlers and level, and the levels
+    of the loggers it sets, are the caller's again after it, so a block entered again adds
+    no handler. TensorFlow's logger keeps no handler of its own in the block: TensorFlow
+    gives it one when it is first used before the root logger has one, and its lines
+    (retracing warnings) would reach the notebook through it unfiltered, and twice."""
+    if not verbose_output:
+        for key, value in QUIET_ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
+    root, tensorflow = logging.getLogger(), logging.getLogger("tensorflow")
+    saved = root.handlers[:], root.level, tensorflow.handlers[:]
+    named = {n: logging.getLogger(n) for n in NOISY_LOGGERS + HARMLESS_LOGGERS}
+    levels = {n: logger.level for n, logger in named.items()}
+    root.handlers[:], tensorflow.handlers[:] = [_console_handler(verbose_output)], []
+    root.setLevel(logging.INFO)
+    _library_levels(verbose_output)
+    try:
+        yield
+    finally:
+        for n, level in levels.items():
+            named[n].setLevel(level)
+        root.handlers[:], level, tensorflow.handlers[:] = saved
+        root.setLevel(level)
 
 
 def import_tensorflow() -> None:

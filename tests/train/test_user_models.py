@@ -520,6 +520,108 @@ def test_a_notebooks_function_is_refused_for_worker_processes_and_arrays_kept_on
     assert _dataset_ref((x + 1, y), tmp_path, "label") != first
 
 
+def cancer_frame(rows: int | None = None):
+    """The breast-cancer table as a DataFrame with a text column (`clinic`, seeded), as a
+    notebook holds it: 30 numeric columns, the text one and `target`."""
+    from sklearn.datasets import load_breast_cancer
+
+    frame = load_breast_cancer(as_frame=True).frame.head(rows)
+    clinics = np.random.default_rng(0).choice(["north", "south", "west"], len(frame))
+    frame.insert(2, "clinic", clinics)
+    return frame
+
+
+@pytest.mark.integration
+def test_one_call_in_a_notebook_takes_a_dataframe_with_a_text_column(tmp_path, monkeypatch):
+    """`study(build, frame, label="target")`: the DataFrame as the table it is, its text
+    column left out of a model of one input and named; an error at prepare said of the
+    DataFrame, never of the file written for it; the cell gets the stage lines and the
+    answer, and no library's log; the caller's log handlers are as they were after each
+    call (two here). The cell is a stream of the test's own, as a notebook's is."""
+    import io
+    import logging
+    import sys
+
+    import keras
+    from helpers import tiny_params
+
+    # imported before sys.stderr is the cell (as run_main does): MLflow and Prefect set up
+    # their logging once, closing every handler, and absl's handler closes its stream (the
+    # session's stderr) unless it is sys.stderr then
+    import flows.study  # noqa: F401
+    import tasks.track.tracking  # noqa: F401
+    from flows.notebook import study
+    from tasks.data.datasets import DatasetError
+
+    def build(spec):  # one input over the numeric columns, as model.fit takes df.values
+        x = keras.Input(shape=(len(spec.numbers),))
+        model = keras.Model(x, keras.layers.Dense(1)(keras.layers.BatchNormalization()(x)))
+        model.compile(
+            "adam", keras.losses.BinaryCrossentropy(from_logits=True), metrics=["accuracy"]
+        )
+        return model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stderr", cell := io.StringIO())
+    params = tiny_params(tmp_path, **{"track.store_dir": "mlflow"})
+    frame, handlers = cancer_frame(), logging.getLogger().handlers[:]
+    with pytest.raises(DatasetError) as caught:  # at prepare, before any training
+        study(build, frame, params, label="diagnosis", strategy="mirrored")
+    said = str(caught.value)
+    assert said.startswith("the DataFrame has no column 'diagnosis' to take the label from")
+    assert "parquet" not in said and "label=... (prepare.label)" in caught.value.fix
+    assert logging.getLogger().handlers == handlers
+
+    result = study(build, frame, params, label="target", strategy="mirrored", epochs=2)
+    assert result.speedup_low <= result.speedup <= result.speedup_high
+    assert result.mlflow_run_id and logging.getLogger().handlers == handlers
+    said = cell.getvalue()
+    for stage in ("prepare", "strategy", "baseline", "distributed", "evaluate", "answer"):
+        assert re.search(rf"^{stage} +\S", said, re.MULTILINE), stage
+    assert "455 train examples" in said and "label target: binary" in said
+    assert "left out: clinic (not one number each)" in said
+    assert "INFO" not in said and "prefect" not in said and "retracing" not in said
+    assert len(list((tmp_path / "notebook").glob("*.parquet"))) == 1  # written once
+
+
+@pytest.mark.unit
+def test_a_notebooks_dataframe_is_written_once_and_its_errors_said_of_it(tmp_path):
+    """(DataFrame, Series) as one table, the labels under `label` (by position, not index),
+    named by its contents; what cannot be a table, said of the DataFrame or the Series."""
+    import pyarrow.parquet as pq
+
+    from flows.notebook import _dataset_ref, _passed, _restated, study
+    from tasks.core.errors import UsageError
+    from tasks.data.datasets import DatasetError
+    from tasks.data.user_sources import user_source
+
+    frame = cancer_frame(40)
+    x, y = frame.drop(columns="target"), frame["target"].set_axis(range(100, 140))
+    path = _dataset_ref((x, y), tmp_path, "label")
+    assert _dataset_ref((x, y), tmp_path, "label") == path
+    table = pq.read_table(path)
+    assert table.column("clinic").to_pylist() == list(frame.clinic)
+    assert table.column("label").to_pylist() == list(frame.target)
+    assert _dataset_ref(frame, tmp_path, "target") not in (path, _dataset_ref(x, tmp_path, "a"))
+
+    mixed = frame.assign(clinic=[1 if i % 2 else "north" for i in range(40)])
+    with pytest.raises(DatasetError, match="the DataFrame's column 'clinic' holds values of"):
+        study(lambda: None, mixed, None, label="target")
+    with pytest.raises(UsageError, match="the DataFrame has a column 'target', the name"):
+        study(lambda: None, (frame, y), None, label="target")
+    with pytest.raises(DatasetError, match="the DataFrame has 40 rows and its labels 39"):
+        study(lambda: None, (x, y[1:]), None)
+
+    gaps = y.astype(float).where(y.index != 103)  # one empty label
+    written = _dataset_ref((x, gaps), tmp_path, "label")
+    cfg = load_config(None, {"prepare.dataset": written}).prepare
+    with pytest.raises(DatasetError) as caught:
+        user_source(cfg)
+    said = _restated(caught.value, _passed((x, gaps), "label"), Path(written).name)
+    assert said.message.startswith("the Series of labels has 1 empty value(s)")
+    assert Path(written).name not in str(said)
+
+
 CHAINS = textwrap.dedent(
     """
     import keras
