@@ -119,8 +119,11 @@ class Trajectory:
         ratio of the step-weighted means of the windows' tr(S) and |G|^2 estimates, each
         unbiased, so their ratio is consistent where a mean of ratios, or a median of
         them, is not; a window whose |G|^2 came out at or below zero counts (dropping it
-        would bias the figure low). The interval is a bootstrap over the windows' 95%.
-        NaN where the mean |G|^2 is at or below zero: the noise is not measurable."""
+        would bias the figure low). The interval is a bootstrap over the windows' 95%; a
+        draw whose mean |G|^2 is at or below zero reads infinity (every batch below the
+        noise), so more than 2.5% of such draws make the high end infinite: unbounded
+        (`interval_text`). NaN where the mean |G|^2 is at or below zero: the noise is not
+        measurable."""
         kept = [
             e
             for end, e in zip(self.end_steps, self.estimates.get(variant, ()), strict=True)
@@ -130,12 +133,16 @@ class Trajectory:
         if not kept or math.isnan(value):
             return (math.nan, math.nan, math.nan)
         draw = random.Random(len(kept))  # the same windows give the same interval
-        resampled = sorted(
-            _ratio_of_means([draw.choice(kept) for _ in kept]) for _ in range(RESAMPLES)
-        )
+        draws = (_ratio_of_means([draw.choice(kept) for _ in kept]) for _ in range(RESAMPLES))
+        resampled = sorted(math.inf if math.isnan(d) else d for d in draws)
         low = resampled[int(0.025 * RESAMPLES)]
         high = resampled[int(0.975 * RESAMPLES) - 1]
         return min(low, value), value, max(high, value)
+
+
+def interval_text(low: float, high: float) -> str:
+    """`18-52`, or `18-unbounded` where the high end is infinite (`Trajectory.headline`)."""
+    return f"{low:,.0f}-{'unbounded' if math.isinf(high) else f'{high:,.0f}'}"
 
 
 def _ratio_of_means(estimates: Sequence[tuple[float, float, int]]) -> float:

@@ -25,12 +25,14 @@ from typing import Any
 from tasks.core.errors import UsageError
 from tasks.measure.noise_trajectory import (
     Trajectory,
+    interval_text,
     predicted_steps_to,
     split_examples,
     trajectory,
 )
 from tasks.report.forecast import MEASURED, fit_cost_model
 from tasks.train.noise_estimates import (
+    NOT_EXPLAINED,
     calibrated,
     planned_gain,
     rule_progress,
@@ -332,20 +334,26 @@ def _headroom(
     measured = (base_examples / base_batch) / (run_examples / run_batch)
     gain = planned_gain(rule, run_batch / base_batch, phi, base_batch)
     headroom, factor = calibrated(phi, base_batch, run_batch, lambda _: gain, measured)
+    pair = (
+        f"the baseline's {base_examples / base_batch:,.0f} steps at batch {base_batch} against "
+        f"the run's {run_examples / run_batch:,.0f} at {run_batch} ({study.get('seeds', 1)} "
+        f"seed{'s' if study.get('seeds', 1) > 1 else ''}, {measured:.2f}x)"
+    )
+    if factor == NOT_EXPLAINED:
+        return (None, 1.0), (
+            f"{rule} not calibrated: no base rate and noise scale of the model explain {pair} "
+            f"(the larger batch did better than {rule}'s gain of {gain:.2f} allows)"
+        )
     if headroom is None:
         return (None, 1.0), f"{rule}'s gain here keeps the rate's share of its optimum"
-    seeds = study.get("seeds", 1)
     said = (
-        f"put the base rate at {headroom:.2f} of its optimum"
+        f"put the base rate at {headroom:.2f} of its optimum; one pair, two unknowns: "
+        "assumed the noise scale as measured (a larger one would explain the pair too)"
         if factor == 1.0
-        else f"need more than a base rate at its optimum: the noise scale is taken as "
-        f"{factor:.2f}x the measured"
+        else "need a noise scale other than the measured: one pair, two unknowns: assumed a "
+        f"base rate at its optimum and the noise scale {factor:.2f}x the measured"
     )
-    return (headroom, factor), (
-        f"{rule}, calibrated: the baseline's {base_examples / base_batch:,.0f} steps at batch "
-        f"{base_batch} against the run's {run_examples / run_batch:,.0f} at {run_batch} "
-        f"({seeds} seed{'s' if seeds > 1 else ''}) {said}"
-    )
+    return (headroom, factor), f"{rule}, calibrated: {pair} {said}"
 
 
 def _fixed_costs(metrics: dict, model: Any, run_batch: int) -> FixedCosts:
@@ -465,7 +473,7 @@ def _sources(
         "extrapolate its line",
         "steps to target": f"the run's {pricing.steps_run} steps to {target:g} at global batch "
         f"{pricing.run_batch}, scaled by its gradient noise scale {phi:,.0f} (95% interval "
-        f"{low:,.0f}-{high:,.0f}, {pricing.path.recorded_steps} steps recorded) and the "
+        f"{interval_text(low, high)}, {pricing.path.recorded_steps} steps recorded) and the "
         f"rate each batch gets",
         "learning rate": f"the run's base rate {pricing.base_rate:g} scaled {pricing.rule}, "
         f"never above {cap:g}, the highest rate measured to reach the target (the run's); "

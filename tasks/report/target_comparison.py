@@ -9,7 +9,13 @@ import math
 import random
 from typing import TYPE_CHECKING, Any
 
-from tasks.measure.noise_trajectory import RuleSteps, rule_steps, split_examples, trajectory
+from tasks.measure.noise_trajectory import (
+    RuleSteps,
+    interval_text,
+    rule_steps,
+    split_examples,
+    trajectory,
+)
 from tasks.measure.rounds import Spread
 from tasks.train.noise_estimates import efficiency
 from tasks.train.to_target import SEED_SPREAD, OverSeeds, over_seeds, target_text
@@ -224,8 +230,8 @@ def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict
     phi = figures.get("noise_scale")
     if phi is None:
         return ""
-    low, high = figures["noise_scale_low"], figures["noise_scale_high"]
-    text = f"; the baseline's gradient noise scale {phi:,.0f} ({low:,.0f}-{high:,.0f})"
+    low, high = figures["noise_scale_low"], figures.get("noise_scale_high", math.inf)
+    text = f"; the baseline's gradient noise scale {phi:,.0f} ({interval_text(low, high)})"
     rule = figures.get("predicted_for_rule")
     if rule is not None:
         point = figures.get("predicted_examples_to_target_distributed")

@@ -130,15 +130,22 @@ def headroom_from(
 ) -> float | None:
     """The base rate's share of its optimum (`rule_progress`'s `headroom`) that explains
     `measured`, the steps to a target at `base_batch` over the steps at `batch` with the
-    rate `gain` times the base: solving measured/g* = (2k - k^2 h)/(2 - h), k = gain/g*.
-    None where the pair says nothing of it (a gain that keeps the share: k = 1). Held to
-    [0, 1.9]: a pair better than the rate's gain alone reads 0, one past the optimum 1.9
-    (`calibrated` reads that as a noise scale measured low)."""
+    rate `gain` times the base: solving measured/g* = k(2 - hk)/(2 - h), k = gain/g*, so
+    h = 2(k - q)/(k^2 - q) with q = measured/g*. None where the pair says nothing of it (a
+    gain that keeps the share: k = 1), or where no headroom in [0, 2) gives the pair with
+    its rate below twice its optimum (a pair better than the rate's gain alone allows, or
+    worse than any base rate explains: `calibrated` then reads the noise scale)."""
     best = step_progress(noise_scale, base_batch, batch)
     k, q = gain / best, measured / best
     if abs(k - 1) < 1e-6 or abs(k * k - q) < 1e-12:
         return None
-    return min(max(2 * (k - q) / (k * k - q), 0.0), 1.9)
+    headroom = 2 * (k - q) / (k * k - q)
+    if not 0.0 <= headroom < 2.0 or headroom * k >= 2.0:
+        return None
+    return headroom
+
+
+NOT_EXPLAINED = -1.0  # `calibrated`'s factor where no headroom and noise scale explain a pair
 
 
 def calibrated(
@@ -150,25 +157,38 @@ def calibrated(
 ) -> tuple[float | None, float]:
     """What a measured pair (`measured`: the steps to a target at `base_batch` over those at
     `batch`, the rate there `gain_at(phi)` times the base) says of the quadratic model's two
-    unknowns, as (headroom, noise factor): the base rate's headroom where one at or below its
-    optimum explains the pair (`headroom_from`, the noise scale as measured: factor 1);
-    else a base rate at its optimum and the noise scale `factor` times the measured one, the
-    smallest that explains it (B_simple can read below the critical batch: McCandlish et
-    al., Appendix D; on tfscale's synthetic task it read half of it). (None, 1) where the
-    pair says nothing (a gain that keeps the rate's share of its optimum)."""
+    unknowns, as (headroom, noise factor). One pair cannot tell them apart (a base rate past
+    its optimum reads as a noise scale measured low), so the noise scale is taken as
+    measured first, and the plan says it assumed so:
+
+    - the headroom in [0, 2) that gives the pair at the measured noise scale
+      (`headroom_from`), factor 1;
+    - where none does, a base rate at its optimum (headroom 1) and the noise scale
+      `factor` times the measured one, in [1/64, 64], that gives it (B_simple can read
+      below the critical batch: McCandlish et al., Appendix D; on tfscale's synthetic
+      task it read half of it);
+    - (None, `NOT_EXPLAINED`) where neither does: the pair is outside what the model can
+      make (better than its rate's gain alone allows);
+    - (None, 1) where the pair says nothing (a gain that keeps the rate's share of its
+      optimum).
+
+    Each returned (headroom, factor) gives the pair back to 1e-6."""
+    best = step_progress(noise_scale, base_batch, batch)
+    if abs(gain_at(noise_scale) / best - 1) < 1e-6:
+        return None, 1.0
     headroom = headroom_from(noise_scale, base_batch, batch, gain_at(noise_scale), measured)
-    if headroom is None or headroom < 1.0:
+    if headroom is not None:
         return headroom, 1.0
 
-    def made(factor: float) -> float:  # the pair's steps ratio at headroom 1
+    def made(factor: float) -> float:  # the pair's steps ratio at headroom 1: rises with it
         phi = noise_scale * factor
         return rule_progress(phi, base_batch, batch, gain_at(phi), 1.0)
 
-    low, high = 1.0, 64.0
-    if made(high) < measured:
-        return 1.0, high
-    for _ in range(60):
-        middle = (low + high) / 2
+    low, high = 1 / 64, 64.0
+    if not made(low) <= measured <= made(high):
+        return None, NOT_EXPLAINED
+    for _ in range(80):
+        middle = math.sqrt(low * high)
         low, high = (middle, high) if made(middle) < measured else (low, middle)
     return 1.0, high
 

@@ -309,24 +309,76 @@ def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
     assert rule_steps(path, 100, 32, 64, "adascale").steps == pytest.approx(75.0)
 
 
-def test_a_pair_a_base_rate_at_its_optimum_cannot_explain_reads_as_a_noise_scale_measured_low():
+def test_a_pair_made_at_a_headroom_reads_back_as_that_headroom_under_either_gain():
     """A pair made at headroom 0.5 with the noise scale as measured reads back as headroom
-    0.5, factor 1. One made under sqrt's gain at headroom 1 with a true noise scale twice
-    the measured one (the larger batch gains more than any rate at or below its optimum
-    explains at the measured noise scale) reads as headroom 1 and factor 2. Under linear's
-    gain, above the share-keeping one, the same truth reads as a lower headroom instead:
-    one pair cannot tell the two apart, and the headroom is preferred."""
+    0.5, factor 1, under sqrt's gain and linear's; a gain that keeps the rate's share of
+    its optimum says nothing of either."""
     from tasks.train.noise_estimates import calibrated, rule_progress
 
     for gain in (2**0.5, 2.0):
         made = rule_progress(60.0, 32, 64, gain, 0.5)
         assert calibrated(60.0, 32, 64, lambda _, g=gain: g, made) == pytest.approx((0.5, 1.0))
-    sqrt = 2**0.5
-    made = rule_progress(120.0, 32, 64, sqrt, 1.0)
-    assert calibrated(60.0, 32, 64, lambda _: sqrt, made) == pytest.approx((1.0, 2.0), rel=1e-4)
-    headroom, factor = calibrated(
-        60.0, 32, 64, lambda _: 2.0, rule_progress(120.0, 32, 64, 2.0, 1.0)
-    )
-    assert factor == 1.0 and headroom < 1.0
     best = step_progress(60.0, 32, 64)
     assert calibrated(60.0, 32, 64, lambda _: best, best) == (None, 1.0)
+
+
+# Each branch of `calibrated`, worked by hand at base batch 32 and batch 64, where the
+# share-keeping gain is g* = 2(phi + 32)/(phi + 64) and a pair at headroom h and gain g
+# gives g (2 - h g/g*)/(2 - h): so h = 2(k - q)/(k^2 - q), k = g/g*, q = measured/g*.
+
+
+def test_linear_past_what_a_base_rate_at_its_optimum_allows_reads_a_headroom_above_1():
+    """Noise scale 100, linear's gain 2, a measured ratio of 1.30: g* = 1.6098, k = 1.2424,
+    q = 0.8076, so h = 1.1816 (a base rate 18% past its optimum), which gives 1.3000 back.
+    A base rate at its optimum would give 1.515: the pair is not that."""
+    from tasks.train.noise_estimates import calibrated, rule_progress
+
+    headroom, factor = calibrated(100.0, 32, 64, lambda _: 2.0, 1.30)
+    assert (headroom, factor) == pytest.approx((1.1816, 1.0), abs=1e-4)
+    assert rule_progress(100.0, 32, 64, 2.0, headroom) == pytest.approx(1.30, rel=1e-6)
+    assert rule_progress(100.0, 32, 64, 2.0, 1.0) == pytest.approx(1.5152, abs=1e-4)
+
+
+def test_sqrt_beating_a_base_rate_at_its_optimum_assumes_the_measured_noise_scale():
+    """Noise scale 61, sqrt's gain 1.4142, a measured ratio of 1.6: g* = 1.4880, k = 0.9504,
+    q = 1.0753, so h = 1.4520 with the noise scale as measured (the plan says it assumed
+    that), where a base rate at its optimum needs a noise scale 1.77x the measured one."""
+    from tasks.train.noise_estimates import calibrated
+
+    sqrt = 2**0.5
+    assert calibrated(61.0, 32, 64, lambda _: sqrt, 1.6) == pytest.approx((1.4520, 1.0), abs=1e-4)
+
+
+def test_sqrt_worse_than_its_gain_alone_reads_a_noise_scale_measured_high():
+    """Noise scale 61, sqrt's gain, a measured ratio of 1.3, below the gain 1.4142 a base
+    rate far below its optimum gives: no headroom in [0, 2) (h = 5.18), so a base rate at
+    its optimum, which gives 2g - g^2/g*: g* = 2/(2.8284 - 1.3) = 1.3085, so phi = 28.56,
+    0.4682 of the measured 61."""
+    from tasks.train.noise_estimates import calibrated, rule_progress
+
+    sqrt = 2**0.5
+    headroom, factor = calibrated(61.0, 32, 64, lambda _: sqrt, 1.3)
+    assert (headroom, factor) == pytest.approx((1.0, 0.4682), abs=1e-4)
+    assert rule_progress(61.0 * factor, 32, 64, sqrt, 1.0) == pytest.approx(1.3, rel=1e-6)
+
+
+def test_a_pair_better_than_its_rates_gain_allows_is_not_explained():
+    """Linear's gain 2 and a measured 2.1: no headroom gives more than the gain itself
+    (h -> 0), and at headroom 1 no noise scale gives more than 2 either."""
+    from tasks.train.noise_estimates import NOT_EXPLAINED, calibrated
+
+    assert calibrated(100.0, 32, 64, lambda _: 2.0, 2.1) == (None, NOT_EXPLAINED)
+
+
+def test_the_headline_interval_reads_a_draw_of_no_measurable_noise_as_unbounded():
+    """Eight windows of which only one has a positive |G|^2 large enough to carry the mean
+    above zero: every draw without it (about (7/8)^8 = 34% of them) has no measurable noise
+    scale and reads infinity, so the high end is unbounded; sorting NaN left it anywhere."""
+    from tasks.measure.noise_trajectory import interval_text, trajectory
+
+    windows = [_window(10, 10, 8.0, 40.0)]
+    windows += [_window(10 * (i + 2), 10, -0.5, 40.0) for i in range(7)]
+    low, value, high = trajectory(windows).headline("raw")
+    assert value == pytest.approx(40.0 / 0.5625) and math.isinf(high)
+    assert math.isfinite(low) and low <= value
+    assert interval_text(low, high).endswith("-unbounded")

@@ -318,6 +318,10 @@ def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     assert plan.fastest.time_s == min(r.time_s for r in plan.rows)
     assert "the run's 100 steps to 0.96 at global batch 64" in plan.sources["steps to target"]
     assert "put the base rate at 0.50 of its optimum" in plan.sources["learning rate"]
+    assert (
+        "one pair, two unknowns: assumed the noise scale as measured"
+        in plan.sources["learning rate"]
+    )
     assert "never above 0.002, the highest rate measured" in plan.sources["learning rate"]
     table = format_plan(plan)
     assert "the rate scaled linear" in table.splitlines()[0]
