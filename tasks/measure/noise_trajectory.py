@@ -220,22 +220,36 @@ def predicted_steps_to(
     noise scale then in force (the headline's where a window's was not measurable), its
     progress at `batch` against one at `base_batch` from `progress(phi)` (default:
     `step_progress`, a rate that keeps its share of its optimum). NaN where the noise was
-    measurable nowhere; infinity where a step makes no progress (the rate too high)."""
+    measurable nowhere; infinity ("never") where the steps making no progress (the rate
+    twice its optimum or more at the noise scale then) are a sustained share of the run's,
+    more than `NEVER_SHARE`; fewer, from a window or two of a noisy estimate (an early one,
+    most often), are priced at the headline noise scale instead, where one window used to
+    make every batch's prediction "never" though the run reached the target."""
     step = progress or (lambda phi: step_progress(phi, base_batch, batch))
-    fallback: list[float] = []  # the headline, computed once where a window needs it
-    total = 0.0
+    headline: list[float] = []  # computed once where a window needs it
+
+    def overall() -> float:
+        headline[:] = headline or [path.headline(variant, until=steps_to_target)[1]]
+        return headline[0]
+
+    total, stalled = 0.0, 0
     for at in range(1, steps_to_target + 1):
         phi = path.at(at, variant)
         if not math.isfinite(phi):
-            fallback = fallback or [path.headline(variant, until=steps_to_target)[1]]
-            phi = fallback[0]
+            phi = overall()
         if math.isnan(phi):
             return math.nan
         made = step(phi)
         if made <= 0:
-            return math.inf
+            stalled += 1
+            made = step(overall()) if math.isfinite(overall()) else 0.0
+            if made <= 0:
+                return math.inf
         total += 1 / made
-    return total
+    return math.inf if stalled > NEVER_SHARE * steps_to_target else total
+
+
+NEVER_SHARE = 0.1  # "never" where more of the run's steps than this would make no progress
 
 
 def rule_gain(rule: str, base_batch: float, batch: float) -> Callable[[float], float]:

@@ -382,3 +382,36 @@ def test_the_headline_interval_reads_a_draw_of_no_measurable_noise_as_unbounded(
     assert value == pytest.approx(40.0 / 0.5625) and math.isinf(high)
     assert math.isfinite(low) and low <= value
     assert interval_text(low, high).endswith("-unbounded")
+
+
+def test_one_noisy_window_past_twice_its_optimum_does_not_make_a_reached_target_never():
+    """Linear's gain 4 at batch 128 (base 32), headroom 1: at noise scale 1 the rate is
+    4/g* = 4/1.03 of its optimum, past twice it, so a step there makes no progress (the
+    quadratic model's g*(2r - r^2) < 0). A first window reading noise scale 1 over 4 of 100
+    steps: those steps are priced at the headline noise scale, and the prediction is the
+    sum of 1/progress over the steps. The same window over 30 of them: "never"."""
+    from tasks.measure.noise_trajectory import predicted_steps_to, trajectory
+
+    def progress(phi: float) -> float:  # headroom 1, by hand
+        best = 4 * (phi + 32) / (phi + 128)
+        share = 4 / best
+        return max(best * (2 * share - share**2), 0.0)
+
+    assert progress(1.0) == 0.0 and progress(1000.0) > 0
+    for noisy_until, expected_never in ((5, False), (31, True)):
+        path = trajectory(
+            [
+                _window(noisy_until - 1, noisy_until - 1, 10.0, 10.0),
+                _window(noisy_until, 1, 1.0, 1000.0),
+                _window(100, 100 - noisy_until, 1.0, 1000.0),
+            ]
+        )
+        got = predicted_steps_to(path, 100, 32, 128, "raw", progress)
+        if expected_never:
+            assert math.isinf(got)
+            continue
+        headline = path.headline("raw", until=100)[1]
+        in_force = [path.at(t, "raw") for t in range(1, 101)]
+        assert sum(p == pytest.approx(1.0) for p in in_force) == 4  # the stalled steps
+        expected = sum(1 / progress(headline if progress(p) <= 0 else p) for p in in_force)
+        assert got == pytest.approx(expected) and math.isfinite(got)
