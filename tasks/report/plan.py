@@ -306,11 +306,12 @@ def pricing_of(
         source = f"{source}; so priced as adascale, whose steps need no calibration"
         rule = "adascale"  # its rate held at the run's, which reached the target
     accum = metrics.get("grad_accum_steps", 1)
-    seeds = (study or {}).get("seeds", 1)  # MLPerf's mean keeps all but the extremes of 3+
-    spread = SEED_SPREAD / math.sqrt(seeds - 2 if seeds >= 3 else seeds)
+    # the steps are the run's own crossing, one seed's, however many seeds the study ran
+    # beside it: their doubt is a seed's (dividing it by the study's seeds understated it
+    # sqrt(3)-fold at 5)
     pricing = Pricing(
         path, steps_run, run_batch, base_batch, accum, base_rate, rule, headroom, cap, noise,
-        factor, spread,
+        factor, SEED_SPREAD,
     )  # fmt: skip
     return pricing, source
 
