@@ -72,11 +72,13 @@ def speedup_interval(
     """The time-to-target speedup's 95% interval, drawn (seeded: the same figures give the
     same interval) from every source of doubt at once:
     - the rounds': the examples/s speedup's interval, as a log-normal of that width;
-    - where the crossing fell: each side's examples to target lie somewhere in the
-      evaluation interval before the evaluation that found it (`every`: each side's);
     - the seeds': with two or more a side, a bootstrap over them (MLPerf's mean of each
-      draw); with one, that seed's examples spread as `SEED_SPREAD` measured for a task
-      does, since one seed cannot show its own spread."""
+      draw), whose seeds' crossings already vary by where in its evaluation interval each
+      fell; with one, that seed's examples spread as `SEED_SPREAD` measured for a task
+      does, since one seed cannot show its own spread, and where its crossing fell: in
+      the evaluation interval before the evaluation that found it (`every`: each side's).
+      Drawing the crossing's place on top of the seeds' bootstrap counted it twice (its
+      variance I^2/12 where a mean of k seeds has I^2/(12k))."""
     draw = random.Random(0)
     width = math.log(speedup.high / speedup.low) if speedup.low > 0 else 0.0
     rounds_sigma = width / (2 * 1.96)
@@ -84,9 +86,8 @@ def speedup_interval(
 
     def side(values: tuple, interval: int) -> float:
         if several:  # a draw whose seeds missed too often never reaches the target
-            mean = over_seeds([draw.choice(values) for _ in values]).mean or math.inf
-        else:
-            mean = values[0] * math.exp(draw.gauss(0.0, SEED_SPREAD))
+            return over_seeds([draw.choice(values) for _ in values]).mean or math.inf
+        mean = values[0] * math.exp(draw.gauss(0.0, SEED_SPREAD))
         return max(mean - draw.random() * interval, 1.0)
 
     ratios = sorted(

@@ -93,6 +93,24 @@ def test_a_one_seed_interval_takes_where_each_crossing_fell_between_evaluations(
     assert sparse.time_to_target_speedup_low <= 1.2 <= sparse.time_to_target_speedup_high
 
 
+def test_with_several_seeds_where_each_crossing_fell_is_in_their_bootstrap_once():
+    """Five seeds a side, evaluated every 1,000 examples or every step: the seeds'
+    bootstrap already holds where each seed's crossing fell, so drawing that place again
+    (its variance I^2/12 on top of the mean's I^2/(12k)) must not widen the interval: the
+    two intervals are the same draw, to the example."""
+    every = {"every_examples": 1000}
+    intervals = []
+    for extra in (every, {}):
+        base_seeds = [_reached(n, n / 1000) | extra for n in (3000, 5000, 4500, 3500)]
+        dist_seeds = [_reached(n, n / 1500) | extra for n in (6000, 4000, 9000, 5500)]
+        base, dist = _pair(_reached(4000, 4.0) | extra, _reached(5000, 5000 / 1500) | extra)
+        summary = compare_runs(
+            base, dist, EVALUATION, None, "weak", 0.95, repeats=(base_seeds, dist_seeds)
+        )
+        intervals.append((summary.time_to_target_speedup_low, summary.time_to_target_speedup_high))
+    assert intervals[0] == pytest.approx(intervals[1], rel=1e-12)
+
+
 @pytest.mark.parametrize(
     ("base_examples", "dist_examples", "says"),
     [
