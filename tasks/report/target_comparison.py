@@ -224,7 +224,7 @@ def _seeds_clause(seeds: int, shape: str, examples: tuple[OverSeeds, OverSeeds])
 
 
 def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict) -> str:
-    """`; the baseline's gradient noise scale 45 (30-60) predicted 5,300 examples for 2
+    """`; the baseline's gradient noise scale B_simple 45 (30-60) predicted 5,300 examples for 2
     replicas at linear's rate` (a range where that depends on how near its optimum the base
     rate was), and whether the distributed global batch is past it (each example then does
     less: the statistical efficiency against the baseline's batch)."""
@@ -232,7 +232,7 @@ def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict
     if phi is None:
         return ""
     low, high = figures["noise_scale_low"], figures.get("noise_scale_high", math.inf)
-    text = f"; the baseline's gradient noise scale {phi:,.0f} ({interval_text(low, high)})"
+    text = f"; the baseline's gradient noise scale B_simple {phi:,.0f} ({interval_text(low, high)})"
     rule = figures.get("predicted_for_rule")
     if rule is not None:
         point = figures.get("predicted_examples_to_target_distributed")
@@ -246,8 +246,9 @@ def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict
     if batch > phi:
         share = efficiency(phi, base_batch, batch)
         text += (
-            f"; global batch {batch} is past it: an example there does "
-            f"{share:.2f} of one at {base_batch}"
+            f"; global batch {batch} is past it: an example there does about "
+            f"{share:.2f} of one at {base_batch} (B_simple read as the critical batch, "
+            "which it can read below)"
         )
     return text
 
