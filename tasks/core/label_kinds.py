@@ -67,7 +67,7 @@ def read_kind(raw: np.ndarray) -> tuple[str, str]:
     shape = tuple(raw.shape[1:])
     numeric = raw.dtype.kind in "biuf"
     if shape:
-        zero_one = numeric and bool(np.isin(raw, (0, 1)).all())
+        zero_one = numeric and is_zero_one(raw)
         if zero_one and len(raw) and bool((raw.reshape(len(raw), -1).sum(axis=1) == 1).all()):
             return "class", f"one-hot rows of {int(np.prod(shape))}"
         if zero_one:
@@ -75,7 +75,7 @@ def read_kind(raw: np.ndarray) -> tuple[str, str]:
         return "regression", "vectors of numbers"
     distinct = len(np.unique(comparable(raw)))
     if distinct == 2:
-        return "binary", "0/1" if numeric and _zero_one(raw) else "two values"
+        return "binary", "0/1" if numeric and is_zero_one(raw) else "two values"
     if not numeric:
         return "class", f"{distinct} text values"
     if raw.dtype.kind == "f" and not _whole(raw):
@@ -86,7 +86,8 @@ def read_kind(raw: np.ndarray) -> tuple[str, str]:
     return "regression", f"{distinct} integer values over {len(raw)} rows"
 
 
-def _zero_one(raw: np.ndarray) -> bool:
+def is_zero_one(raw: np.ndarray) -> bool:
+    """Every value 0 or 1 (numbers only)."""
     return bool(np.isin(raw, (0, 1)).all())
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.label_kinds import comparable, describe, one_hot_indices, read_kind
+from tasks.core.label_kinds import comparable, is_zero_one, one_hot_indices, read_kind
 from tasks.data.spec import FeatureSpec, Label
 
 Chunk = tuple[dict[str, Any], np.ndarray]  # features by name (a row each), labels
@@ -108,14 +108,13 @@ def test_rows(labels: np.ndarray, fraction: float, seed: int, stratify: bool) ->
 
 @dataclass(frozen=True)
 class LabelCoding:
-    """The label's kind, how it was read (`why`, for the prepare line), and how its raw
+    """The label (its kind, and why it was read so: `Label.read_as`) and how its raw
     values become what the shards store: class and binary values become indices into their
     sorted distinct values (or are indices already, with names given; or one-hot rows,
     their index); others are stored as they are."""
 
     label: Label
     values: np.ndarray | None = None  # sorted distinct raw values, for class and binary
-    why: str = ""
     one_hot: bool = False
 
     def encode(self, raw: np.ndarray) -> np.ndarray:
@@ -126,10 +125,6 @@ class LabelCoding:
         if self.label.kind == "multi_label" or self.values is None:  # indices already
             return np.asarray(raw, np.int64)
         return np.searchsorted(self.values, comparable(raw)).astype(np.int64)
-
-    def text(self) -> str:
-        """`binary (0/1); --label-kind (prepare.label_kind) to change`."""
-        return describe(self.label.kind, self.why)
 
 
 def label_coding(
@@ -150,15 +145,15 @@ def label_coding(
     if kind == "regression":
         if not numeric:
             raise ValueError(f"{what} holds text; a real-valued label needs numbers")
-        return LabelCoding(Label("regression", shape), why=why)
-    zero_one = numeric and bool(np.isin(raw, (0, 1)).all())
+        return LabelCoding(Label("regression", shape, read_as=why))
+    zero_one = numeric and is_zero_one(raw)
     if kind == "multi_label":
         if not shape or not zero_one:
             raise ValueError(f"{what} is not a 0/1 vector per example, as multi_label needs")
-        return LabelCoding(Label("multi_label", shape), why=why)
+        return LabelCoding(Label("multi_label", shape, read_as=why))
     if shape and kind == "class" and zero_one and len(shape) == 1:  # one-hot rows
         names = tuple(str(i) for i in range(shape[0]))
-        return LabelCoding(Label("class", (), names), why=why, one_hot=True)
+        return LabelCoding(Label("class", (), names, read_as=why), one_hot=True)
     if shape:
         raise ValueError(
             f"{what} has shape {shape} per example; a {kind} label is one value per example"
@@ -167,12 +162,12 @@ def label_coding(
         names = tuple(class_names)
         if kind == "binary" and len(names) != 2:
             raise ValueError(f"{what} has {len(names)} classes; binary needs 2")
-        return LabelCoding(Label(kind, (), names), why=why)
+        return LabelCoding(Label(kind, (), names, read_as=why))
     values = np.unique(comparable(raw))
     if kind == "binary" and len(values) != 2:
         raise ValueError(f"{what} has {len(values)} distinct values; binary needs 2")
     names = tuple(_name(v) for v in values)
-    return LabelCoding(Label(kind, (), names), values, why=why)
+    return LabelCoding(Label(kind, (), names, read_as=why), values)
 
 
 def _named_kind(class_names: tuple[str, ...]) -> tuple[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +57,11 @@ def _file_version(path: Path) -> str:
 
 def _coding(raw: np.ndarray, cfg: PrepareConfig, what: str, names=()) -> LabelCoding:
     try:
-        coding = label_coding(raw, cfg.label_kind, what, names)
+        return label_coding(raw, cfg.label_kind, what, names)
     except ValueError as exc:
         raise DatasetError(
             str(exc), "set --label-kind (prepare.label_kind) to what the label is, or auto"
         ) from None
-    return replace(coding, label=replace(coding.label, read_as=coding.why))
 
 
 def _source(
