@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,10 +37,12 @@ from tasks.train.noise_estimates import (
     calibrated,
     planned_gain,
     rule_progress,
+    sampled_batch,
     static_gain,
     step_progress,
+    two_point_noise,
 )
-from tasks.train.to_target import SEED_SPREAD, Target, target_text
+from tasks.train.to_target import SEED_SPREAD, Target, over_seeds, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # the fewest optimizer steps an epoch a priced global batch leaves: a batch that is a large
@@ -86,6 +89,7 @@ class Plan:
     best: int  # the fastest row's index
     sources: dict[str, str] = field(default_factory=dict)
     rule: str = "linear"  # the learning-rate rule priced (`Pricing.rule`)
+    assumed: str = ""  # what one pair of trainings could not tell, and was assumed (`Told`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,26 +122,46 @@ def _steps_to(metrics: dict, target: float | None) -> tuple[float, int]:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What the study's pair (the baseline's steps to the target beside the run's) says of
+    the step model (`calibrated`): the base rate's share of its optimum (`headroom`; None
+    where the rule needs none, or nothing told it) and the noise scale's factor over the
+    measured; or, where no (headroom, factor) of the model gives the pair, the B_noise of
+    the pair's own two-point hyperbola (`hyperbola`), which prices every batch alone."""
+
+    headroom: float | None = None
+    factor: float = 1.0
+    hyperbola: float | None = None
+
+
+@dataclass(frozen=True)
 class Pricing:
     """How a plan turns a batch into steps to the target: the run's steps along its noise
     scale, each step's progress by the rate the rule gives the batch (`rule_progress`, on
-    the base rate's `headroom`: calibrated from the study's baseline beside the run, with
-    the noise scale `noise_factor` times the measured one where a base rate at its optimum
-    cannot explain the pair (`calibrated`); None: the rule is `adascale`, whose steps need
-    none), that rate capped at the highest one measured to reach the target."""
+    the `calibration` the study's pair gives; `step_progress` alone where it has no
+    headroom: `adascale`, whose steps need none), that rate capped at the highest one
+    measured to reach the target; each batch's noise as drawn without replacement from the
+    training split's `examples` (`sampled_batch`). `ends`: the calibrations at the ends of
+    the pair's own 95% interval (its seeds'), over which every row's interval runs."""
 
     path: Trajectory
-    steps_run: int
+    steps_run: float  # the run's steps to the target (its seeds' MLPerf mean where it has)
     run_batch: int  # the run's examples a step (its global batch times its accumulation)
     base_batch: int  # the batch the base rate is for (one replica's, times accumulation)
     accum: int  # micro-batches a step
     base_rate: float
     rule: str
-    headroom: float | None
+    calibration: Calibration
     cap: float  # the highest rate measured to reach the target, as a gain over the base
     noise: tuple[float, float, float]  # the headline noise scale (low, value, high)
-    noise_factor: float = 1.0
-    seed_spread: float = SEED_SPREAD  # of the run's own steps to the target (log, one sd)
+    ends: tuple[Calibration, ...] = ()
+    examples: int | None = None  # the training split's
+    seed_doubt: float = 1.96 * SEED_SPREAD  # the run's steps' 95% half-width, in logs
+    crossing: int = 0  # the run's own steps to the target, along which its path is walked
+
+    @property
+    def headroom(self) -> float | None:
+        return self.calibration.headroom
 
     def asked(self, batch: float, phi: float) -> float:
         """The gain the rule gives `batch` at noise scale `phi`, before the cap."""
@@ -156,30 +180,56 @@ class Pricing:
 
     def made(self, phi: float, batch: float) -> float:
         """One step's progress at `batch` against one at the base batch and rate."""
-        if self.headroom is None:
-            return step_progress(phi, self.base_batch, batch)
+        base = sampled_batch(self.base_batch, self.examples)
+        at = sampled_batch(batch, self.examples)
+        calibration = self.calibration
+        if calibration.hyperbola is not None:
+            return step_progress(calibration.hyperbola, base, at)
+        if calibration.headroom is None:
+            return step_progress(phi, base, at)
         gain = self.gain(batch, phi)  # an adaptive rule's, from the noise scale it measures
-        return rule_progress(phi * self.noise_factor, self.base_batch, batch, gain, self.headroom)
+        return rule_progress(phi * calibration.factor, base, at, gain, calibration.headroom)
+
+    def point(self, batch: float, phi: float | None = None) -> float:
+        """The steps at `batch` along the run's noise scale (`phi`: held at it instead);
+        infinite where the rate makes no progress."""
+
+        def relative(q: float) -> float:
+            run = self.made(q if phi is None else phi, self.run_batch)
+            return self.made(q if phi is None else phi, batch) / run if run > 0 else 0.0
+
+        if phi is None:
+            own = self.crossing or round(self.steps_run)
+            walked = predicted_steps_to(self.path, own, self.run_batch, batch, "raw", relative)
+            return self.steps_run * walked / own
+        return self.steps_run / made if (made := relative(phi)) > 0 else math.inf
 
     def steps(self, batch: float) -> tuple[float, float, float]:
-        """The steps along the run's noise scale, and the interval of the headline's
-        bounds held constant, widened to the point where a changing noise scale puts it
-        outside, and by the run's own steps' doubt (`seed_spread`: a seed's spread over the
-        seeds they are a mean of); infinite where the rate makes no progress."""
-
-        def relative(phi: float) -> float:
-            run = self.made(phi, self.run_batch)
-            return self.made(phi, batch) / run if run > 0 else 0.0
-
-        steps = predicted_steps_to(
-            self.path, self.steps_run, self.run_batch, batch, "raw", relative
-        )
-        ends = [
-            self.steps_run / made if (made := relative(q)) > 0 else math.inf
-            for q in (self.noise[0], self.noise[2])
+        """The steps and their 95% interval: three doubts, each a 95% interval of its own
+        in logs, taken as independent and added in quadrature on each side (an envelope of
+        the three, their sum, said more than 95%): the noise scale's (its headline's
+        bounds, held constant), the calibration's (`ends`: the pair's own interval carried
+        to the model), and the run's steps' (`seed_doubt`). An infinite end stays so."""
+        steps = self.point(batch)
+        if not math.isfinite(steps):
+            return steps, steps, steps
+        ends = [dataclasses.replace(self, calibration=c) for c in self.ends]
+        groups = [
+            [self.point(batch, q) for q in (self.noise[0], self.noise[2])],
+            # an end under which the run itself would not have reached the target is not
+            # one its measurements allow
+            [end.point(batch) for end in ends if math.isfinite(end.point(self.run_batch))],
         ]
-        doubt = math.exp(1.96 * self.seed_spread)
-        return steps, min(*ends, steps) / doubt, max(*ends, steps) * doubt
+        low = [min([steps, *g]) for g in groups]
+        high = [max([steps, *g]) for g in groups]
+        down = _quadrature([math.log(steps / v) for v in low], self.seed_doubt)
+        up = _quadrature([math.log(v / steps) for v in high], self.seed_doubt)
+        return steps, steps * math.exp(-down), steps * math.exp(up)
+
+
+def _quadrature(half_widths: list[float], *more: float) -> float:
+    """Independent 95% half-widths (in logs) together: the root of their squares."""
+    return math.sqrt(sum(w * w for w in [*half_widths, *more]))
 
 
 @dataclass(frozen=True)
@@ -217,7 +267,7 @@ def make_plan(
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     if study is not None and not _same_target(study.get("target_accuracy"), target):
         study = None  # its two trainings were compared at another target
-    pricing, rule_source = pricing_of(metrics, steps_run, model.per_replica_batch, study)
+    pricing, told = pricing_of(metrics, steps_run, model.per_replica_batch, study)
     link = None if link_name == MEASURED else link_gbit * 1e9 / 8
     costs = _fixed_costs(metrics, model, pricing.run_batch)
     one_step = model.compute_s(pricing.base_batch)
@@ -232,12 +282,12 @@ def make_plan(
             "plan for fewer devices (--devices), or from a run on more data.",
         )
     best = min(range(len(rows)), key=lambda i: rows[i].time_s)
-    sources = _sources(metrics, model, pricing, costs, target, batches, left_out, rule_source)
+    sources = _sources(metrics, model, pricing, costs, target, batches, left_out, told.source)
     sources["link"] = link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)"
     metric = (metrics.get("to_target") or {}).get("metric", "accuracy")
     return Plan(
         str(metrics.get("run_dir")), target, metric, link_name, pricing.noise[1], rows, best,
-        sources, pricing.rule,
+        sources, pricing.rule, told.assumed,
     )  # fmt: skip
 
 
@@ -290,71 +340,176 @@ def _same_target(theirs: float | None, ours: float) -> bool:
 
 def pricing_of(
     metrics: dict, steps_run: int, base_batch: int, study: dict | None
-) -> tuple[Pricing, str]:
-    """The plan's `Pricing`, and where its rule's headroom came from (words). The rule is
+) -> tuple[Pricing, Told]:
+    """The plan's `Pricing`, and what the study told it (`Told`: where its rule's
+    calibration came from and what was assumed, in words). The rule is
     the run's config's (at its base batch the run itself followed `none`); an adaptive
-    rule's recorded rate is its base rate. A fixed rule the study cannot calibrate is
-    priced as `adascale`, whose steps the noise scale predicts whatever the headroom."""
+    rule's recorded rate is its base rate. A fixed rule no study beside the run calibrates
+    is priced as `adascale`, whose steps the noise scale predicts whatever the headroom.
+    The steps are the study's MLPerf mean over its seeds where it ran several (their doubt
+    a mean's), else the run's own crossing (a seed's doubt: dividing it by seeds it did not
+    use understated it sqrt(3)-fold at 5)."""
     path, noise = _noise_of(metrics, steps_run)
     run_batch = metrics["global_batch"] * metrics.get("grad_accum_steps", 1)
     followed = metrics.get("lr_scaling") or "linear"
     rule = metrics.get("lr_scaling_rule") or followed
     base_rate = metrics["learning_rate"] / static_gain(followed, run_batch / base_batch)
     cap = max(planned_gain(rule, run_batch / base_batch, noise[1], base_batch), 1.0)
-    (headroom, factor), source = _headroom(study, rule, noise[1], base_batch, run_batch)
-    if headroom is None and rule != "adascale":
-        source = f"{source}; so priced as adascale, whose steps need no calibration"
-        rule = "adascale"  # its rate held at the run's, which reached the target
-    accum = metrics.get("grad_accum_steps", 1)
-    # the steps are the run's own crossing, one seed's, however many seeds the study ran
-    # beside it: their doubt is a seed's (dividing it by the study's seeds understated it
-    # sqrt(3)-fold at 5)
+    examples = split_examples(metrics)
+    told = _calibration(study, rule, noise[1], (base_batch, run_batch), examples)
+    if told.calibration.headroom is None and told.calibration.hyperbola is None:
+        if rule != "adascale":
+            told = dataclasses.replace(told, source=f"{told.source}; so priced as adascale, "
+                                       "whose steps need no calibration")  # fmt: skip
+            rule = "adascale"  # its rate held at the run's, which reached the target
+    mean, doubt = _run_steps(study, steps_run, run_batch)
     pricing = Pricing(
-        path, steps_run, run_batch, base_batch, accum, base_rate, rule, headroom, cap, noise,
-        factor, SEED_SPREAD,
+        path, mean, run_batch, base_batch, metrics.get("grad_accum_steps", 1), base_rate, rule,
+        told.calibration, cap, noise, told.ends, examples, doubt, steps_run,
     )  # fmt: skip
-    return pricing, source
+    return pricing, told
 
 
-def _headroom(
-    study: dict | None, rule: str, phi: float, base_batch: int, run_batch: int
-) -> tuple[tuple[float | None, float], str]:
-    """The base rate's share of its optimum and the noise scale's factor that the study's
-    two trainings imply (`calibrated`): the baseline's steps to the target at the base
-    batch against the run's at its own, with the rule's gain; and where that came from."""
+def _run_steps(study: dict | None, steps_run: int, run_batch: int) -> tuple[float, float]:
+    """The run's steps to the target and their 95% half-width in logs: its seeds' MLPerf
+    mean where the study ran several at this target (`examples_to_target_distributed`),
+    its doubt `SEED_SPREAD`'s over the seeds kept, else its own crossing with a seed's."""
+    seeds = (study or {}).get("seeds", 1)
+    mean = (study or {}).get("examples_to_target_distributed")
+    if seeds < 2 or not mean:
+        return float(steps_run), 1.96 * SEED_SPREAD
+    kept = seeds - 2 if seeds >= 3 else seeds  # MLPerf's mean drops the fastest and slowest
+    return mean / run_batch, 1.96 * SEED_SPREAD / math.sqrt(kept)
+
+
+@dataclass(frozen=True)
+class Told:
+    """What the study's pair told the plan: the calibration at its measured ratio and at
+    its interval's ends, where it came from (`source`) and what was assumed (`assumed`)."""
+
+    calibration: Calibration
+    ends: tuple[Calibration, ...]
+    source: str
+    assumed: str = ""
+
+
+def _calibration(
+    study: dict | None, rule: str, phi: float, batches: tuple[int, int], examples: int | None
+) -> Told:
+    """The calibration the study's two trainings imply (`calibrated`, on the batches' noise
+    as drawn from the split: `sampled_batch`): the baseline's steps to the target at the
+    base batch (`batches[0]`) against the run's at its own, with the rule's gain; at the
+    pair's measured ratio and at its 95% interval's ends (`pair_interval`)."""
+    base_batch, run_batch = batches
     if rule == "adascale":
-        return (None, 1.0), "adascale keeps the rate's share of its optimum: no calibration"
+        return Told(Calibration(), (), "adascale keeps the rate's share of its optimum: no "
+                    "calibration")  # fmt: skip
     study = study or {}
     base_examples = study.get("examples_to_target_baseline")
     run_examples = study.get("examples_to_target_distributed")
     if not base_examples or not run_examples or run_batch == base_batch:
-        return (None, 1.0), (
+        source = (
             f"{rule} not calibrated: no baseline at batch {base_batch} reached the target "
             "beside the run (plan from a `tfscale run`'s distributed run)"
         )
-    measured = (base_examples / base_batch) / (run_examples / run_batch)
+        said = f"no pair to calibrate {rule} by: priced as adascale, its rate held at the run's"
+        return Told(Calibration(), (), source, said)
+    low, measured, high = pair_interval(study, base_batch, run_batch)
     gain = planned_gain(rule, run_batch / base_batch, phi, base_batch)
-    headroom, factor = calibrated(phi, base_batch, run_batch, lambda _: gain, measured)
+    sampled = (sampled_batch(base_batch, examples), sampled_batch(run_batch, examples))
+    point = _read(phi, sampled, gain, measured)
+    ends = [_read(phi, sampled, gain, m, point.hyperbola is None) for m in (low, high)]
     pair = (
         f"the baseline's {base_examples / base_batch:,.0f} steps at batch {base_batch} against "
         f"the run's {run_examples / run_batch:,.0f} at {run_batch} ({study.get('seeds', 1)} "
-        f"seed{'s' if study.get('seeds', 1) > 1 else ''}, {measured:.2f}x)"
+        f"seed{'s' if study.get('seeds', 1) > 1 else ''}, {measured:.2f}x, 95% interval "
+        f"{low:.2f}-{high:.2f})"
     )
-    if factor == NOT_EXPLAINED:
-        return (None, 1.0), (
-            f"{rule} not calibrated: no base rate and noise scale of the model explain {pair} "
-            f"(the larger batch did better than {rule}'s gain of {gain:.2f} allows)"
+    said = _assumed(rule, gain, phi, point, ends)
+    return Told(point, tuple(ends), f"{rule}, calibrated: {pair}: {said}", said)
+
+
+def _read(
+    phi: float, batches: tuple[float, float], gain: float, measured: float, model: bool = False
+) -> Calibration:
+    """The calibration of one ratio: `calibrated`'s, else the pair's own hyperbola; with
+    `model` (an end of the interval of a pair the model explains), the model's own nearest
+    reading instead, a base rate at its optimum and the noise scale's factor at its bound:
+    the hyperbola prices a batch's steps whatever its rate, so an end read by it made a
+    capped rate scale perfectly."""
+    headroom, factor = calibrated(phi, *batches, lambda _: gain, measured)
+    if factor != NOT_EXPLAINED:
+        return Calibration(headroom, factor)
+    if not model:
+        return Calibration(hyperbola=two_point_noise(*batches, measured))
+    highest = rule_progress(phi * FACTOR_BOUND, *batches, gain, 1.0)
+    return Calibration(1.0, FACTOR_BOUND if measured > highest else 1 / FACTOR_BOUND)
+
+
+FACTOR_BOUND = 64.0  # `calibrated`'s widest noise factor, either way
+
+
+def _assumed(
+    rule: str, gain: float, phi: float, point: Calibration, ends: list[Calibration]
+) -> str:
+    """What one pair, two unknowns, made the plan assume, in words."""
+    if point.hyperbola is not None:
+        return (
+            f"one pair, two unknowns, and no base rate or noise scale of the model gives it "
+            f"(the larger batch did better than {rule}'s gain of {gain:.2f} allows): priced "
+            f"from the pair's own two-point hyperbola, B_noise {_count(point.hyperbola)}, the "
+            "rate as the rule sets it"
         )
-    if headroom is None:
-        return (None, 1.0), f"{rule}'s gain here keeps the rate's share of its optimum"
-    said = (
-        f"put the base rate at {headroom:.2f} of its optimum; one pair, two unknowns: "
-        "assumed the noise scale as measured (a larger one would explain the pair too)"
-        if factor == 1.0
-        else "need a noise scale other than the measured: one pair, two unknowns: assumed a "
-        f"base rate at its optimum and the noise scale {factor:.2f}x the measured"
+    if point.headroom is None:
+        return f"{rule}'s gain here keeps the rate's share of its optimum"
+    span = _span([c.headroom for c in ends if c.headroom is not None and c.factor == 1.0])
+    if point.factor == 1.0:
+        return (
+            f"one pair, two unknowns: assumed the noise scale as measured ({phi:,.0f}), which "
+            f"puts the base rate at {point.headroom:.2f} of its optimum{span} (a larger noise "
+            "scale would explain the pair too)"
+        )
+    factors = _span([c.factor for c in ends if c.headroom == 1.0 and c.factor != 1.0])
+    return (
+        f"one pair, two unknowns: assumed a base rate at its optimum, which needs the noise "
+        f"scale {point.factor:.2f}x the measured{factors}"
     )
-    return (headroom, factor), f"{rule}, calibrated: {pair} {said}"
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}" if math.isfinite(value) else "unbounded (steps fall as 1/B)"
+
+
+def _span(values: list[float]) -> str:
+    """`(0.41-0.62 over the pair's interval)` of two ends; '' where they are not both there."""
+    if len(values) < 2:
+        return ""
+    return f" ({min(values):.2f}-{max(values):.2f} over the pair's interval)"
+
+
+def pair_interval(study: dict, base_batch: int, run_batch: int) -> tuple[float, float, float]:
+    """The pair's steps ratio (the baseline's steps to the target over the run's) and its
+    95% interval: with two or more seeds a side, a seeded bootstrap of MLPerf's means over
+    them (`examples_to_target_by_seed`); with one, each side's steps spread as
+    `SEED_SPREAD` (assumed: one seed cannot show its own spread), the ratio's by sqrt(2)."""
+    measured = (study["examples_to_target_baseline"] / base_batch) / (
+        study["examples_to_target_distributed"] / run_batch
+    )
+    sides = study.get("examples_to_target_by_seed") or [[], []]
+    if min(len(side) for side in sides) < 2:
+        doubt = math.exp(1.96 * SEED_SPREAD * math.sqrt(2))
+        return measured / doubt, measured, measured * doubt
+    draw = random.Random(0)
+    ratios = []
+    for _ in range(PAIR_DRAWS):
+        means = [over_seeds([draw.choice(side) for _ in side]).mean for side in sides]
+        b, d = (m if m is not None else math.inf for m in means)
+        ratios.append((b / base_batch) / (d / run_batch) if math.isfinite(d) else 0.0)
+    ratios.sort()
+    return ratios[int(0.025 * PAIR_DRAWS)], measured, ratios[int(0.975 * PAIR_DRAWS) - 1]
+
+
+PAIR_DRAWS = 2000
 
 
 def _fixed_costs(metrics: dict, model: Any, run_batch: int) -> FixedCosts:
@@ -472,7 +627,7 @@ def _sources(
         f"batches {_probed_batches(metrics)}, the all-reduce at 3 sizes; fit errors "
         f"{model.compute_fit_error:.1%} and {model.comm_fit_error:.1%}); other batches "
         "extrapolate its line",
-        "steps to target": f"the run's {pricing.steps_run} steps to {target:g} at global batch "
+        "steps to target": f"{_steps_words(pricing)} to {target:g} at global batch "
         f"{pricing.run_batch}, scaled by its gradient noise scale {phi:,.0f} (95% interval "
         f"{interval_text(low, high)}, {pricing.path.recorded_steps} steps recorded) and the "
         f"rate each batch gets",
@@ -490,6 +645,16 @@ def _sources(
         "batches": _batches_source(batches, left_out, costs.data, cap)
         + (f"; each step accumulates {accum} micro-batches" if accum > 1 else ""),
     }
+
+
+def _steps_words(pricing: Pricing) -> str:
+    """`the run's 100 steps`, or the seeds' mean beside the run's own crossing."""
+    if not pricing.crossing or pricing.crossing == pricing.steps_run:
+        return f"the run's {pricing.steps_run:,.0f} steps"
+    return (
+        f"the run's seeds' MLPerf mean of {pricing.steps_run:,.0f} steps (its own crossing "
+        f"{pricing.crossing:,}, along whose noise scale they are priced)"
+    )
 
 
 def _batches_source(
@@ -527,6 +692,8 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"the fastest way to {target_text(plan.metric, plan.target)} on {plan.link}, the rate "
         f"scaled {plan.rule}, from {plan.run_dir}",
+        *([f"assumed: {plan.assumed}"] if plan.assumed else []),
+        "times: predicted (95% interval of the steps' doubts: noise scale, calibration, seeds)",
         "",
         head,
         "-" * len(head),
@@ -553,6 +720,9 @@ def format_plan(plan: Plan) -> str:
     ]
     if any(r.rate_capped for r in plan.rows):
         lines.insert(
-            4 + len(plan.rows), "* the rule's rate held at the highest measured to reach the target"
+            lines.index(head) + 2 + len(plan.rows),
+            "* the rule's rate held at the highest measured to reach the target: the rule "
+            "would set more, so set the rate shown by hand (train.learning_rate, "
+            "train.lr_scaling: none)",
         )
     return "\n".join(lines)

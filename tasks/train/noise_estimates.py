@@ -96,8 +96,37 @@ def efficiency(noise_scale: float, base_batch: float, batch: float) -> float:
 
 def step_progress(noise_scale: float, base_batch: float, batch: float) -> float:
     """How much of a step at `base_batch` one step at `batch` achieves: (M/M0) times the
-    efficiency. Between 1 (all noise: phi far below both) and M/M0 (no noise)."""
-    return batch / base_batch * efficiency(noise_scale, base_batch, batch)
+    efficiency, (1 + phi/M0)/(1 + phi/M). Between 1 (all noise: phi far below both) and
+    M/M0 (no noise); a batch may be infinite (`sampled_batch`: the whole split, no noise)."""
+    if math.isinf(noise_scale):
+        return batch / base_batch
+    return (1 + noise_scale / base_batch) / (1 + noise_scale / batch)
+
+
+def sampled_batch(batch: float, examples: int | None) -> float:
+    """The batch whose noise a batch of `batch` examples drawn without replacement from a
+    split of `examples` has: its gradient's noise is tr(S)(1/B - 1/N), not tr(S)/B, so
+    the quadratic model's noise term takes 1/(1/B - 1/N) for B (a batch of a tenth of the
+    split has 10% less noise than the model reads; the whole split, none: infinite).
+    `batch` itself where the split's size is not known."""
+    if not examples:
+        return batch
+    if batch >= examples:
+        return math.inf
+    return 1 / (1 / batch - 1 / examples)
+
+
+def two_point_noise(base_batch: float, batch: float, measured: float) -> float:
+    """The B_noise of McCandlish's hyperbola S = S_min(1 + B_noise/B) through a measured
+    pair (`measured`: the steps at `base_batch` over those at `batch`), from
+    m = (1 + B/M0)/(1 + B/M): B = (m - 1)/(1/M0 - m/M). Where the pair scaled perfectly
+    or better (m at or above M/M0) infinite, where the larger batch took as many steps or
+    more (m at or below 1) 0: the hyperbola's ends."""
+    if measured <= 1:
+        return 0.0
+    if measured >= batch / base_batch:
+        return math.inf
+    return (measured - 1) / (1 / base_batch - measured / batch)
 
 
 def rule_progress(

@@ -1,0 +1,165 @@
+"""`tfscale plan`'s pricing: what one pair of trainings can tell, what it assumes, the
+pair's own hyperbola where the step model explains nothing, each batch's noise as drawn
+from a finite split, and intervals whose doubts add as 95% intervals do. Every expected
+figure is worked by hand in its comment."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tasks.measure.noise_trajectory import trajectory
+from tasks.report.plan import Calibration, Pricing, format_plan, make_plan, pair_interval
+from tasks.train.noise_estimates import sampled_batch, step_progress, two_point_noise
+
+pytestmark = pytest.mark.unit
+
+BATCH = 32  # the base rate's batch; the run's is twice it
+
+
+def _window(noise_scale: float) -> dict:
+    """One window of norms at a constant noise scale (|G|^2 1, tr(S) = noise_scale)."""
+    window = {"end_step": 50, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
+    return window | {"small": 1 + noise_scale / BATCH, "big": 1 + noise_scale / (2 * BATCH)}
+
+
+def _run(rule: str = "linear", rate: float = 0.002, **more) -> dict:
+    from test_forecast import synthetic_probes
+
+    return {
+        "run_dir": "runs/x",
+        "probes": synthetic_probes(),
+        "global_batch": 2 * BATCH,
+        "learning_rate": rate,
+        "lr_scaling": rule,
+        "to_target": {"target": 0.96, "reached": True, "steps": 100},
+        "evaluations": [{"steps": 60, "accuracy": 0.9}, {"steps": 100, "accuracy": 0.96}],
+        "gradient_noise": [_window(64.0)],
+        **more,
+    }
+
+
+def _pair(base_steps: float, run_steps: float = 100, **more) -> dict:
+    return {
+        "examples_to_target_baseline": base_steps * BATCH,
+        "examples_to_target_distributed": run_steps * 2 * BATCH,
+        "target_accuracy": 0.96,
+        "seeds": 1,
+        **more,
+    }
+
+
+def test_the_two_point_hyperbola_goes_through_its_pair_and_saturates_at_its_ends():
+    """m = (1 + B/32)/(1 + B/64) = 1.5 at B = 0.5/(1/32 - 1.5/64) = 0.5/0.0078125 = 64:
+    (1 + 2)/(1 + 1) = 1.5. A pair that scaled perfectly (m = 2) reads infinite, one whose
+    larger batch took as many steps (m = 1) reads 0."""
+    assert two_point_noise(32, 64, 1.5) == pytest.approx(64.0)
+    assert two_point_noise(32, 64, 2.0) == math.inf
+    assert two_point_noise(32, 64, 1.0) == 0.0
+
+
+def test_a_batch_drawn_from_a_finite_split_has_the_noise_of_a_larger_one():
+    """1/(1/B - 1/N): 100 of 1,000 reads 1/(0.01 - 0.001) = 111.1; the whole split has no
+    noise; no split size leaves the batch as it is. A step at an infinite batch does
+    (1 + 64/32)/(1 + 0) = 3 base steps' work."""
+    assert sampled_batch(100, 1000) == pytest.approx(111.111, abs=1e-3)
+    assert sampled_batch(1000, 1000) == math.inf
+    assert sampled_batch(64, None) == 64
+    assert step_progress(64.0, 32, math.inf) == pytest.approx(3.0)
+
+
+def test_a_pair_no_base_rate_or_noise_scale_explains_is_priced_by_its_own_hyperbola():
+    """linear at twice the batch doubles the rate; on the quadratic model a pair's steps
+    ratio is then g* k (2 - hk)/(2 - h) with k = 2/g* > 1, which falls with the headroom h
+    from 2 (the gain) at h = 0: a measured 2.1 (the larger batch better than its rate's
+    gain allows) has no headroom, nor a noise scale at h = 1 (the ratio rises to 2 with
+    it). The pair's own hyperbola through 2.1 at twice the batch scales perfectly (B_noise
+    unbounded: m >= M/M0), so the steps fall as 1/B: 100 x 64/16 = 400 at 16, 200 at 32.
+    The code before priced adascale at the measured noise scale 64: 100 x 1.5/0.6 = 250."""
+    plan = make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(210))
+    steps = {r.global_batch: r for r in plan.rows if r.devices == 1}
+    assert steps[16].steps == pytest.approx(400.0, rel=1e-6)
+    assert steps[32].steps == pytest.approx(200.0, rel=1e-6)
+    assert steps[16].steps_low < 400 < steps[16].steps_high
+    assert plan.rule == "linear" and 128 not in steps  # a capped rate it cannot price
+    assert "the pair's own two-point hyperbola, B_noise unbounded" in plan.assumed
+    assert format_plan(plan).splitlines()[1].startswith("assumed: one pair, two unknowns")
+
+
+def test_a_model_calibration_says_what_it_assumed_on_the_plans_first_lines():
+    """linear at 2x, a base pair of 178 steps against 100 (from headroom 0.5 at noise scale
+    64: rule_progress(64, 32, 64, 2, 0.5) = 1.778): assumed the noise scale as measured."""
+    plan = make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(177.78))
+    assert "assumed the noise scale as measured (64), which puts the base rate at 0.50" in (
+        plan.assumed
+    )
+    assert format_plan(plan).splitlines()[1] == f"assumed: {plan.assumed}"
+    alone = make_plan(_run(), 2, "ethernet-10g", 10.0)
+    assert alone.assumed.startswith("no pair to calibrate linear by: priced as adascale")
+
+
+def test_a_rows_doubts_add_in_quadrature_as_95_percent_intervals_do():
+    """Noise scale 64 (95% 32-128), no calibration (each step's progress
+    (1 + phi/32)/(1 + phi/M)), a seed doubt of 0.1 in logs, the run's 100 steps at 64.
+    At 128: 100 x (3/2)/(3/1.5) = 75; held at 128: 100 x (5/3)/(5/2) = 66.67; at 32:
+    100 x (4/3)/(2/1.25) = 83.33. Down: sqrt(ln(75/66.67)^2 + 0.1^2) = 0.15451, so 64.26;
+    up: sqrt(ln(83.33/75)^2 + 0.1^2) = 0.14526, so 86.73. The envelope before gave
+    66.67/e^0.1 = 60.3 and 83.33 e^0.1 = 92.1."""
+    pricing = Pricing(
+        trajectory([_window(64.0)]), 100, 2 * BATCH, BATCH, 1, 0.001, "adascale",
+        Calibration(), 2.0, (32.0, 64.0, 128.0), seed_doubt=0.1,
+    )  # fmt: skip
+    steps, low, high = pricing.steps(128)
+    assert (steps, low, high) == pytest.approx((75.0, 64.263, 86.726), abs=1e-3)
+
+
+def test_each_batch_is_priced_with_its_noise_as_drawn_from_the_split():
+    """A split of 640: the batches 32, 64 and 128 have the noise of 33.68, 71.11 and 160
+    (1/(1/B - 1/640)); at noise scale 64 a step at 64 does (1 + 1.9)/(1 + 0.9) of a base
+    step and one at 128 (1 + 1.9)/(1 + 0.4), so 128 takes 100 x 1.4/1.9 = 73.68 steps,
+    where a split of unbounded size gives 75."""
+    path = trajectory([_window(64.0)])
+    pricing = Pricing(
+        path, 100, 2 * BATCH, BATCH, 1, 0.001, "adascale", Calibration(), 2.0,
+        (64.0, 64.0, 64.0), examples=640,
+    )  # fmt: skip
+    assert pricing.point(128) == pytest.approx(73.684, abs=1e-3)
+
+
+def test_several_seeds_price_their_mean_with_a_means_doubt():
+    """5 seeds a side: the steps are the distributed seeds' MLPerf mean (the middle three,
+    (96 + 100 + 104)/3 = 100 steps of 64, beside the run's own crossing at 110), their
+    doubt 1.96 x 0.13/sqrt(3) = 0.1471 in logs; the pair's interval a bootstrap of
+    MLPerf's means whose point is the measured ratio."""
+    by_seed = [
+        [x * BATCH for x in (170, 175, 178, 181, 190)],
+        [x * 64 for x in (90, 96, 100, 104, 120)],
+    ]
+    study = _pair(178, 100, seeds=5, examples_to_target_by_seed=by_seed)
+    run = _run(to_target={"target": 0.96, "reached": True, "steps": 110})
+    run["evaluations"] = [{"steps": 110, "accuracy": 0.96}]
+    plan = make_plan(run, 2, "ethernet-10g", 10.0, study=study)
+    assert (
+        "the run's seeds' MLPerf mean of 100 steps (its own crossing 110"
+        in (plan.sources["steps to target"])
+    )
+    (own,) = [r for r in plan.rows if r.devices == 1 and r.global_batch == 64]
+    assert own.steps == pytest.approx(100.0)
+    assert own.steps_high / own.steps == pytest.approx(math.exp(1.96 * 0.13 / math.sqrt(3)))
+    low, measured, high = pair_interval(study, BATCH, 64)
+    assert measured == pytest.approx(1.78) and low < measured < high
+
+
+def test_one_seeds_pair_spreads_as_the_assumed_seed_spread_on_both_sides():
+    """One seed a side: each side's steps spread 13% (one sd, in logs), their ratio
+    sqrt(2) x that: e^(1.96 x 0.13 x sqrt(2)) = 1.4338 either way of 1.78."""
+    low, measured, high = pair_interval(_pair(178), BATCH, 64)
+    assert (low, measured, high) == pytest.approx((1.78 / 1.4338, 1.78, 1.78 * 1.4338), rel=1e-4)
+
+
+def test_a_capped_row_says_to_set_its_rate_by_hand():
+    """linear, calibrated: 128 and above ask for more than the run's 0.002, so they are
+    held there, and the footnote says how to train one (the rule would not hold it)."""
+    table = format_plan(make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(177.78)))
+    assert "set the rate shown by hand (train.learning_rate, train.lr_scaling: none)" in table
