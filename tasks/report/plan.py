@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -158,6 +159,7 @@ class Pricing:
     examples: int | None = None  # the training split's
     seed_doubt: float = 1.96 * SEED_SPREAD  # the run's steps' 95% half-width, in logs
     crossing: int = 0  # the run's own steps to the target, along which its path is walked
+    warmup_epochs: float = 0.0  # the rate's ramp from the base rate to the rule's
 
     @property
     def headroom(self) -> float | None:
@@ -192,17 +194,38 @@ class Pricing:
 
     def point(self, batch: float, phi: float | None = None) -> float:
         """The steps at `batch` along the run's noise scale (`phi`: held at it instead);
-        infinite where the rate makes no progress."""
+        infinite where the rate makes no progress. The run's steps less its warm-up's
+        deficit are the steps at its full rate; scaled to `batch`, they gain its own."""
 
         def relative(q: float) -> float:
             run = self.made(q if phi is None else phi, self.run_batch)
             return self.made(q if phi is None else phi, batch) / run if run > 0 else 0.0
 
+        full = self.steps_run - self.warmup_deficit(self.run_batch)
         if phi is None:
             own = self.crossing or round(self.steps_run)
             walked = predicted_steps_to(self.path, own, self.run_batch, batch, "raw", relative)
-            return self.steps_run * walked / own
-        return self.steps_run / made if (made := relative(phi)) > 0 else math.inf
+            full *= walked / own
+        else:
+            full = full / made if (made := relative(phi)) > 0 else math.inf
+        return full + self.warmup_deficit(batch) if math.isfinite(full) else full
+
+    def warmup_deficit(self, batch: float) -> float:
+        """The steps a warm-up costs at `batch` beyond as many at the full rate: over its
+        `warmup_epochs` x split / batch steps (at most the run's examples to the target at
+        this batch) the rule's gain ramps linearly from 1 to the batch's
+        (`make_warmup_schedule`), each step costing `ramp_cost`; less than 0 where the
+        full rate is past its optimum. 0 where the headroom or the split's size is not
+        known (a ramp's cost needs both), or the full rate makes no progress (its steps
+        are infinite already)."""
+        headroom = self.calibration.headroom
+        if headroom is None or not self.examples or not self.warmup_epochs:
+            return 0.0
+        phi = self.noise[1] * self.calibration.factor
+        at = (sampled_batch(self.base_batch, self.examples), sampled_batch(batch, self.examples))
+        top = self.gain(batch, self.noise[1])
+        examples = min(self.warmup_epochs * self.examples, self.steps_run * self.run_batch)
+        return examples / batch * ramp_cost(phi, at, top, headroom)
 
     def steps(self, batch: float) -> tuple[float, float, float]:
         """The steps and their 95% interval: three doubts, each a 95% interval of its own
@@ -225,6 +248,18 @@ class Pricing:
         down = _quadrature([math.log(steps / v) for v in low], self.seed_doubt)
         up = _quadrature([math.log(v / steps) for v in high], self.seed_doubt)
         return steps, steps * math.exp(-down), steps * math.exp(up)
+
+
+def ramp_cost(phi: float, batches: tuple[float, float], top: float, headroom: float) -> float:
+    """A warm-up step's mean cost in full steps at the batch `batches[1]` (against the
+    base's `batches[0]`): 1 - p(g)/p(top) over the gains g of a linear ramp from 1 to
+    `top` (`rule_progress`: p); 0 where a full step makes no progress."""
+    full = rule_progress(phi, *batches, top, headroom)
+    if full <= 0:
+        return 0.0
+    ramp = (1 + (top - 1) * (i + 0.5) / RAMP_POINTS for i in range(RAMP_POINTS))
+    made = sum(max(rule_progress(phi, *batches, g, headroom), 0.0) for g in ramp)
+    return 1 - made / RAMP_POINTS / full
 
 
 def _quadrature(half_widths: list[float], *more: float) -> float:
@@ -356,7 +391,8 @@ def pricing_of(
     base_rate = metrics["learning_rate"] / static_gain(followed, run_batch / base_batch)
     cap = max(planned_gain(rule, run_batch / base_batch, noise[1], base_batch), 1.0)
     examples = split_examples(metrics)
-    told = _calibration(study, rule, noise[1], (base_batch, run_batch), examples)
+    warmup = metrics.get("warmup_epochs", 0)
+    told = _calibration(study, rule, noise[1], (base_batch, run_batch), examples, warmup)
     if told.calibration.headroom is None and told.calibration.hyperbola is None:
         if rule != "adascale":
             told = dataclasses.replace(told, source=f"{told.source}; so priced as adascale, "
@@ -366,6 +402,7 @@ def pricing_of(
     pricing = Pricing(
         path, mean, run_batch, base_batch, metrics.get("grad_accum_steps", 1), base_rate, rule,
         told.calibration, cap, noise, told.ends, examples, doubt, steps_run,
+        warmup,
     )  # fmt: skip
     return pricing, told
 
@@ -394,12 +431,18 @@ class Told:
 
 
 def _calibration(
-    study: dict | None, rule: str, phi: float, batches: tuple[int, int], examples: int | None
+    study: dict | None,
+    rule: str,
+    phi: float,
+    batches: tuple[int, int],
+    examples: int | None,
+    warmup_epochs: float = 0.0,
 ) -> Told:
     """The calibration the study's two trainings imply (`calibrated`, on the batches' noise
     as drawn from the split: `sampled_batch`): the baseline's steps to the target at the
-    base batch (`batches[0]`) against the run's at its own, with the rule's gain; at the
-    pair's measured ratio and at its 95% interval's ends (`pair_interval`)."""
+    base batch (`batches[0]`) against the run's at its own less its warm-up's deficit
+    (`_read`), with the rule's gain; at the pair's measured ratio and at its 95%
+    interval's ends (`pair_interval`)."""
     base_batch, run_batch = batches
     if rule == "adascale":
         return Told(Calibration(), (), "adascale keeps the rate's share of its optimum: no "
@@ -417,8 +460,10 @@ def _calibration(
     low, measured, high = pair_interval(study, base_batch, run_batch)
     gain = planned_gain(rule, run_batch / base_batch, phi, base_batch)
     sampled = (sampled_batch(base_batch, examples), sampled_batch(run_batch, examples))
-    point = _read(phi, sampled, gain, measured)
-    ends = [_read(phi, sampled, gain, m, point.hyperbola is None) for m in (low, high)]
+    steps = run_examples / run_batch
+    ramp = (min(warmup_epochs * examples / run_batch, steps) if examples else 0.0, steps)
+    point = _read(phi, sampled, gain, measured, ramp=ramp)
+    ends = [_read(phi, sampled, gain, m, point.hyperbola is None, ramp) for m in (low, high)]
     pair = (
         f"the baseline's {base_examples / base_batch:,.0f} steps at batch {base_batch} against "
         f"the run's {run_examples / run_batch:,.0f} at {run_batch} ({study.get('seeds', 1)} "
@@ -430,13 +475,65 @@ def _calibration(
 
 
 def _read(
-    phi: float, batches: tuple[float, float], gain: float, measured: float, model: bool = False
+    phi: float,
+    batches: tuple[float, float],
+    gain: float,
+    measured: float,
+    model: bool = False,
+    ramp: tuple[float, float] = (0.0, 1.0),
 ) -> Calibration:
     """The calibration of one ratio: `calibrated`'s, else the pair's own hyperbola; with
     `model` (an end of the interval of a pair the model explains), the model's own nearest
     reading instead, a base rate at its optimum and the noise scale's factor at its bound:
     the hyperbola prices a batch's steps whatever its rate, so an end read by it made a
-    capped rate scale perfectly."""
+    capped rate scale perfectly. With a warm-up (`ramp`: its steps at the run's batch, and
+    the run's steps), the run's full-rate steps are its steps less the ramp's deficit,
+    which the headroom sets too: the pair the model makes, warm-up included, is solved
+    for along the same two branches (the headroom at the measured noise scale, else the
+    noise scale at headroom 1), so the plan gives the pair back."""
+    warm, steps = ramp
+    if not warm:
+        return _read_once(phi, batches, gain, measured, model)
+
+    def ratio(headroom: float, factor: float) -> float:  # the pair the model makes
+        share = warm / steps * ramp_cost(phi * factor, batches, gain, headroom)
+        return rule_progress(phi * factor, *batches, gain, headroom) * (1 - share)
+
+    grid = [2 * (i + 0.5) / GRID for i in range(GRID)]
+    headroom = _root(lambda h: ratio(h, 1.0) - measured, grid)
+    if headroom is not None:
+        return Calibration(headroom, 1.0)
+    factors = [FACTOR_BOUND ** (2 * i / (GRID - 1) - 1) for i in range(GRID)]
+    factor = _root(lambda f: ratio(1.0, f) - measured, factors)
+    if factor is not None:
+        return Calibration(1.0, factor)
+    return _read_once(phi, batches, gain, measured, model)
+
+
+GRID = 400  # the points a calibration with a warm-up scans for its root
+
+
+def _root(residual: Callable[[float], float], grid: list[float]) -> float | None:
+    """The first root of `residual` along `grid` (where it changes sign), bisected to
+    1e-12; None where it has none there."""
+    values = [residual(x) for x in grid]
+    for i in range(len(grid) - 1):
+        if values[i] == 0:
+            return grid[i]
+        if (values[i] < 0) != (values[i + 1] < 0):
+            low, high = grid[i], grid[i + 1]
+            for _ in range(60):
+                middle = (low + high) / 2
+                same = (residual(middle) < 0) == (values[i] < 0)
+                low, high = (middle, high) if same else (low, middle)
+            return (low + high) / 2
+    return None
+
+
+def _read_once(
+    phi: float, batches: tuple[float, float], gain: float, measured: float, model: bool
+) -> Calibration:
+    """`_read` of a ratio with no warm-up."""
     headroom, factor = calibrated(phi, *batches, lambda _: gain, measured)
     if factor != NOT_EXPLAINED:
         return Calibration(headroom, factor)
@@ -510,6 +607,7 @@ def pair_interval(study: dict, base_batch: int, run_batch: int) -> tuple[float, 
 
 
 PAIR_DRAWS = 2000
+RAMP_POINTS = 64  # the warm-up's gains a deficit averages over (midpoints)
 
 
 def _fixed_costs(metrics: dict, model: Any, run_batch: int) -> FixedCosts:

@@ -104,6 +104,8 @@ class TrainResult(SpreadOver):
     # steps each, read at each evaluation (each epoch's end without evaluations):
     # `tasks.measure.noise_trajectory` makes the noise scale of them
     gradient_noise: list[dict[str, Any]] = field(default_factory=list)
+    # epochs over which the rate ramped from the base rate to the rule's (`train.warmup_epochs`)
+    warmup_epochs: int = field(default=0, metadata=PARAM)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,7 +174,8 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         watch.noise.optimizer.noise = None
     model_path = _saved(run, setup, manager)
     result = _result(setup, choice, run_dir, model_path, history, resumed_step)
-    return Trained(setup, _with_held_out(result, clock, gradient_noise=watch.windows))
+    more = {"gradient_noise": watch.windows, "warmup_epochs": cfg.warmup_epochs}
+    return Trained(setup, _with_held_out(result, clock, **more))
 
 
 def _with_held_out(result: TrainResult, clock: TargetClock, **more: Any) -> TrainResult:
@@ -214,7 +217,9 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     as_given()
     model_path = _saved(run, setup, None)
     result = _result(setup, run.choice, run.run_dir, model_path, records.history, 0)
-    return Trained(setup, _with_held_out(result, clock, loop="fit"))
+    return Trained(
+        setup, _with_held_out(result, clock, loop="fit", warmup_epochs=cfg.warmup_epochs)
+    )
 
 
 def _watch(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig, clock: Any) -> _Watch:

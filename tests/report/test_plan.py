@@ -163,3 +163,59 @@ def test_a_capped_row_says_to_set_its_rate_by_hand():
     held there, and the footnote says how to train one (the rule would not hold it)."""
     table = format_plan(make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(177.78)))
     assert "set the rate shown by hand (train.learning_rate, train.lr_scaling: none)" in table
+
+
+def _by_hand(phi: float, b0: float, b: float, gain: float, headroom: float) -> float:
+    """McCandlish's quadratic model written out: the optimum's gain g* = (1 + phi/b0) /
+    (1 + phi/b), the rate's share of its optimum r = headroom x gain / g*, a step's progress
+    g* (2r - r^2) / (2h - h^2) of a base step's."""
+    best = (1 + phi / b0) / (1 + phi / b)
+    r = headroom * gain / best
+    return best * (2 * r - r * r) / (2 * headroom - headroom**2)
+
+
+def _ramp_cost(phi: float, b0: float, b: float, gain: float, headroom: float) -> float:
+    """A warm-up step's mean cost: 1 - mean(2r - r^2)/(2R - R^2) over r uniform from
+    h/g* to R = h G/g*, the mean of 2r - r^2 over [r1, R] being (r1 + R) - (r1^2 + r1 R +
+    R^2)/3."""
+    best = (1 + phi / b0) / (1 + phi / b)
+    r1, top = headroom / best, headroom * gain / best
+    mean = (r1 + top) - (r1 * r1 + r1 * top + top * top) / 3
+    return 1 - mean / (2 * top - top * top)
+
+
+def test_a_warm_up_is_priced_at_its_ramped_gain():
+    """linear from 32, headroom 0.5, noise scale 64, a split of 3,200, one epoch of warm-up:
+    at 64 (the run's, gain 2) 50 warm-up steps, at 128 (gain 4) 25, each costing its ramp's
+    mean shortfall (`_ramp_cost`, in closed form); the run's 100 steps less its deficit are
+    full-rate steps, scaled to 128 by the two batches' progress, plus 128's deficit. The
+    code before priced every step at the full gain: 100 x p(64)/p(128)."""
+    split = 3200
+    s32, s64, s128 = (1 / (1 / b - 1 / split) for b in (32, 64, 128))
+    pricing = Pricing(
+        trajectory([_window(64.0)]), 100, 64, BATCH, 1, 0.001, "linear",
+        Calibration(0.5, 1.0), 4.0, (64.0, 64.0, 64.0), examples=split, warmup_epochs=1,
+    )  # fmt: skip
+    run_deficit = 50 * _ramp_cost(64, s32, s64, 2, 0.5)
+    deficit = 25 * _ramp_cost(64, s32, s128, 4, 0.5)
+    full = (100 - run_deficit) * _by_hand(64, s32, s64, 2, 0.5) / _by_hand(64, s32, s128, 4, 0.5)
+    assert pricing.warmup_deficit(64) == pytest.approx(run_deficit, rel=1e-3)
+    assert pricing.point(128) == pytest.approx(full + deficit, rel=1e-3)
+    assert pricing.point(64) == pytest.approx(100.0)  # the run's own steps, measured
+    # the run's 50-step ramp cost it 8.35 steps and 128's 25-step one costs 4.75: 65.54
+    # steps, where the full gain from the first step gave 100 x 1.7808/2.6846 = 66.33
+    assert (run_deficit, deficit) == pytest.approx((8.354, 4.750), abs=1e-3)
+    assert pricing.point(128) == pytest.approx(65.541, abs=1e-3)
+
+
+def test_a_plan_with_a_warm_up_gives_its_pair_back():
+    """A split of 3,200 and one epoch of warm-up: the run's 100 steps at 64 include a
+    50-step ramp, so the calibration reads the pair against the run's full-rate steps,
+    again until the headroom and the deficit it sets agree; one device at the base batch
+    then takes the baseline's 178 steps, as measured (before, 178 against the raw 100 put
+    the base rate elsewhere, and the base row missed its own measurement)."""
+    run = _run(steps_per_epoch=50, warmup_epochs=1)
+    plan = make_plan(run, 2, "ethernet-10g", 10.0, study=_pair(178))
+    rows = {(r.devices, r.global_batch): r.steps for r in plan.rows}
+    assert rows[(1, 32)] == pytest.approx(178.0, rel=1e-4)
+    assert rows[(1, 64)] == pytest.approx(100.0, rel=1e-6)
