@@ -51,13 +51,23 @@ BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # scaled far past any measured (the digits' 1,437 examples at 8 x 64: 2 steps, 16x the rate)
 MIN_STEPS_PER_EPOCH = 8
 # how each rule's predicted steps compared with trainings on seeds the predictor never saw
-# (`benchmarks/rule_predictions.py`, the synthetic task, docs/time-to-accuracy.md)
+# (`benchmarks/rule_predictions.py`, docs/time-to-accuracy.md): one task (the synthetic),
+# one optimizer (Adam), 5 seeds a side; the batch-32 row repeats the predictor's own
+# configuration and 64 is its calibration point, so neither tests it; the two seed sets
+# disagreed by 1.14x at 32 (and 1.30x at 64 under linear), the judge's noise floor
 JUDGED = {
-    "linear": "judged on seeds it never saw (synthetic task): 1.05x and 1.30x the measured "
-    "steps at 0.5x and 2x the base batch; its failure at 4x and 8x foreseen",
-    "sqrt": "judged on seeds it never saw (synthetic task): 1.04x-1.25x the measured steps "
-    "at 0.5x-8x the base batch, closer than steps falling as 1/B or staying constant",
+    "linear": "judged once, on one task (synthetic) with Adam, 5 unseen seeds a batch: "
+    "1.05x the measured steps at 0.5x the base batch (the 2x row is its calibration point); "
+    "its failure at 4x and 8x foreseen; the judge's own seed sets disagree by 1.14-1.30x",
+    "sqrt": "judged once, on one task (synthetic) with Adam, 5 unseen seeds a batch: "
+    "1.04x-1.25x the measured steps at 0.5x, 4x and 8x the base batch (the 2x row is its "
+    "calibration point), as close as McCandlish's two-point hyperbola; the judge's own "
+    "seed sets disagree by 1.14x",
 }
+ADAM_PROXY = (
+    "; Adam is priced with SGD's quadratic model of a step, an empirical proxy (its "
+    "preconditioned noise scale predicted a third of the steps measured at 8x)"
+)
 
 
 @dataclass(frozen=True)
@@ -736,7 +746,8 @@ def _sources(
             pricing.rule,
             f"{pricing.rule}'s predictions have not been judged against trainings they did not "
             "see: its figures are the model's alone",
-        ),
+        )
+        + (ADAM_PROXY if "adam" in str(metrics.get("optimizer", "Adam")).lower() else ""),
         "fixed costs": f"an evaluation {costs.evaluation_s * 1000:.0f} ms every "
         f"{costs.every_examples:,} examples, an epoch {costs.epoch_s * 1000:.0f} ms beside its "
         "steps, from the run's own clock",

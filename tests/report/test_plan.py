@@ -219,3 +219,18 @@ def test_a_plan_with_a_warm_up_gives_its_pair_back():
     rows = {(r.devices, r.global_batch): r.steps for r in plan.rows}
     assert rows[(1, 32)] == pytest.approx(178.0, rel=1e-4)
     assert rows[(1, 64)] == pytest.approx(100.0, rel=1e-6)
+
+
+def test_how_well_says_adam_is_priced_by_a_proxy_and_how_little_judged_it():
+    """The run's optimizer Adam: the line says the quadratic model is SGD's, a proxy; with
+    SGD it does not; either way it names the one task and the judge's noise floor."""
+    study = _pair(177.78)
+    adam = make_plan(_run(optimizer="Adam"), 2, "ethernet-10g", 10.0, study=study)
+    sgd = make_plan(_run(optimizer="SGD(momentum=0.9)"), 2, "ethernet-10g", 10.0, study=study)
+    assert (
+        "Adam is priced with SGD's quadratic model of a step, an empirical proxy"
+        in (adam.sources["how well"])
+    )
+    assert "proxy" not in sgd.sources["how well"]
+    assert "one task (synthetic)" in sgd.sources["how well"]
+    assert "disagree by 1.14-1.30x" in sgd.sources["how well"]
