@@ -207,11 +207,11 @@ def measure(args: argparse.Namespace, project: Path) -> dict:
             if [task.key, rule] not in results["runs"]:
                 results["runs"].append([task.key, rule])
         keys = list(dict.fromkeys(keys))
+        results["tasks"] = {**results.get("tasks", {}), task.key: asdict(task)}
         for i, key in enumerate(keys, 1):
             results["trainings"] = add(results["trainings"], run_one(task, folder, params, key))
             print(progress(task, i, len(keys), results["trainings"][-1]), flush=True)
-        results["tasks"] = {**results.get("tasks", {}), task.key: asdict(task)}
-        out.write_text(json.dumps(results))
+            out.write_text(json.dumps(results))  # after each: a part cut short reports
     print(f"results: {out}")
     return results
 
