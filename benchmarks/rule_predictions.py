@@ -1,26 +1,37 @@
-"""Benchmark: the predicted steps to a target, judged on seeds the predictor never saw.
+"""Benchmark: the judge of `tfscale plan`'s steps to a target, on seeds it never saw.
 
-On the synthetic task of known difficulty (`benchmarks/time_to_accuracy.py`), for each
-learning-rate rule (`linear`, `sqrt`) it trains, on one device, each with its own seeds:
-- the predictor, as a study has it: 5 seeds at global batch 32 (the base rate 0.001) and
-  5 at 64 with the rule's rate (a study's baseline and its 2 replicas' run);
-- the judge: 5 other seeds at global batches 16, 32, 64, 128 and 256, the rate scaled
-  from 32's by the rule.
-Every training evaluates the held-out split every 0.1 epoch (a crossing known to about
-2% of the examples to it) and stops at the target. From the predictor alone it predicts
-the steps at each batch as `tfscale plan` does (`tasks.measure.noise_trajectory.rule_steps`:
-each batch-32 seed's steps along its own noise scale, at the rate the rule gives the
-batch, with the base rate's headroom calibrated from the predictor's MLPerf means at 32
-and 64; then the MLPerf mean over the seeds) and prints them beside the judge's MLPerf
-mean (its seeds' range), their ratio, and the two trivial predictors: steps falling as
-1/B (perfect scaling) and steps constant.
+For each task (the synthetic task of known difficulty, target 0.73; the digits' CNN of
+params.yaml, target 0.96; the README's model of a user's table, breast cancer, compiled
+with SGD and momentum 0.9, target 0.95), its optimizer (Adam for the first two, SGD with
+momentum for the table) and each learning-rate rule (`linear`, `sqrt`), it trains on one
+device, each training to the target (`train_to_target`, evaluated every 0.1 epoch):
+- the predictor, as a study has it: 5 seeds at the task's base batch B at its base rate
+  and 5 at 2B at the rule's rate (a study's baseline and its run);
+- the judge: 10 other seeds at B/2, 2B, 4B and 8B, each at the rate the plan prices the
+  batch at (the rule's, held at the pair's where the rule would pass it: the plan's cap).
+The trainings' rate is constant from their first step (one device: no ramp), so the plan
+is priced with no warm-up. From the predictor alone it prices every batch as `tfscale
+plan` does (`pricing_of`: the pair's calibration and its interval, noise-scale bounds,
+seed doubt, the finite split), and prints per batch: the judge's MLPerf mean, the plan's
+point and 95% interval and whether it covers the mean, a bootstrap 95% interval of
+log(predicted / measured) that resamples both seed sets and recalibrates on each draw,
+the judge against itself split in halves (the noise floor: its halves' ratio and 95%
+interval), and beside them McCandlish's two-point hyperbola through the predictor's pair
+and the trivial predictors (steps falling as 1/B; steps constant). 2B is the calibration
+point: its row is shown, never counted as a test.
 
-    uv run python benchmarks/rule_predictions.py [--seeds 5] [--rules linear,sqrt]
-        [--results FILE]   # print from a saved run's results, training nothing
-        [--project DIR]    # go on with an earlier run's project, its trainings kept
+    uv run python benchmarks/rule_predictions.py [--tasks synthetic,digits,table]
+        [--optimizers adam,sgd] [--rules linear,sqrt] [--seeds 5] [--judge-seeds 10]
+        [--project DIR]    # go on with an earlier run's project: its trainings are kept
+        [--results FILE]   # report from saved results, training nothing
+        [--smoke]          # one judged batch (4B), to see it run end to end
+    # in parts, into one project (each part adds to DIR/results.json):
+    uv run python benchmarks/rule_predictions.py --project DIR --tasks synthetic --rules sqrt
 
-Targets: predicted/measured within 0.83-1.2 at every batch for each rule reported, and
-closer to 1 than both trivial predictors at 128 and 256.
+Goals: the plan's 95% intervals cover the judge's MLPerf mean in at least 90% of the test
+rows; where tfscale's point and the hyperbola differ by more than the noise floor (what
+tfscale claims beyond the hyperbola: `linear`'s divergence), tfscale's is the closer;
+elsewhere tfscale's point is within the noise floor plus 10% of the judge's mean.
 """
 
 from __future__ import annotations
@@ -28,9 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -38,182 +53,502 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BASE, PAIR = 32, 64  # the predictor's batches: the baseline's, its 2 replicas'
-JUDGED = (16, 32, 64, 128, 256)
-BASE_RATE = 0.001
-KEPT = ("to_target", "gradient_noise", "global_batch", "grad_accum_steps", "steps_per_epoch")
+PAIR = 2  # the run's batch over the base's: a study's 2 replicas
+JUDGED = (0.5, 2, 4, 8)  # the judge's batches over the base; 2 is the calibration point
+SMOKE = (4,)
+DRAWS = 200  # bootstrap draws a row's interval takes
+KEPT = ("to_target", "global_batch", "grad_accum_steps", "steps_per_epoch")
+PREDICTOR_KEPT = ("gradient_noise", "evaluations")  # only the predictor's need them
+FLOOR_SLACK = math.log(1.1)  # "within the noise floor plus 10%"
+
+TABLE_MODEL = '''"""The README's model of a user's table (mine.py), compiled with SGD and momentum
+at the rate the judge trains it at."""
+import keras
 
 
-def gain(rule: str, batch: int) -> float:
-    return batch / BASE if rule == "linear" else math.sqrt(batch / BASE)
+def build(spec):
+    inputs = keras.Input(shape=(len(spec.numbers),))
+    x = keras.layers.Normalization(
+        mean=[f.mean for f in spec.numbers], variance=[f.std**2 for f in spec.numbers]
+    )(inputs)
+    x = keras.layers.Dense(32, activation="relu")(keras.layers.Dense(64)(x))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    model.compile(
+        keras.optimizers.SGD({rate!r}, momentum=0.9), "binary_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+'''
 
 
-def train(project: Path, params: dict, batch: int, seed: int, rate: float) -> dict:
-    """One training to the target on one device; the parts of its metrics.json kept."""
+@dataclass(frozen=True)
+class Task:
+    """A task the judge trains: its config's changes to params.yaml, the batch and rate
+    its base is, its target, its optimizer (as named in the report)."""
+
+    name: str
+    optimizer: str
+    base_batch: int
+    base_rate: float
+    target: float
+    changes: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.optimizer}"
+
+
+def _synthetic() -> dict:
+    from benchmarks.time_to_accuracy import TASKS
+
+    return TASKS["synthetic"]
+
+
+TASKS = {
+    "synthetic": Task("synthetic", "adam", 32, 0.001, 0.73),
+    "digits": Task("digits", "adam", 32, 0.001, 0.96),
+    "table": Task("table", "sgd", 16, 0.005, 0.95),
+}
+
+
+def task_params(task: Task, folder: Path) -> dict:
+    """params.yaml with the task's changes, its data and store in `folder`, evaluated every
+    0.1 epoch to the task's target, for at most 60 epochs (each stops at the target)."""
+    from benchmarks.time_to_accuracy import merged
+
+    changes = _synthetic() if task.name == "synthetic" else {}
+    if task.name == "table":
+        changes = {"prepare": {"dataset": str(folder / "cancer.csv"), "label": "target"}}
+    params = merged(yaml.safe_load((ROOT / "params.yaml").read_text()), changes)
+    params["prepare"]["data_dir"] = str(folder / "data")
+    params["track"]["store_dir"] = str(folder / "mlflow")
+    params["train"]["epochs"] = 60
+    params["evaluate"].update(every_epochs=0.1, target_accuracy=task.target)
+    return params
+
+
+def prepared(task: Task, folder: Path) -> dict:
+    """The task's params, its data prepared in `folder` once (the table written first)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    params = task_params(task, folder)
+    if task.name == "table" and not (folder / "cancer.csv").exists():
+        from sklearn.datasets import load_breast_cancer
+
+        load_breast_cancer(as_frame=True).frame.to_csv(folder / "cancer.csv", index=False)
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    if not (folder / "data").exists():
+        tfscale = str(Path(sys.executable).parent / "tfscale")
+        subprocess.run([tfscale, "--params", str(path), "prepare"], cwd=folder, check=True)
+    return params
+
+
+def rule_gain(rule: str, scale: float) -> float:
+    """The gain the plan prices a batch `scale` times the base at: the rule's, held at the
+    pair's where it would pass it (the highest rate measured to reach the target)."""
+    from tasks.train.noise_estimates import static_gain
+
+    return min(static_gain(rule, scale), max(static_gain(rule, PAIR), 1.0))
+
+
+def wanted(task: Task, rule: str, seeds: dict, judged: tuple) -> list[tuple[int, int, float]]:
+    """(batch, seed, rate) of every training a (task, rule) needs: the predictor's pair,
+    the judge's batches."""
+    b = task.base_batch
+    out = [(b, s, task.base_rate) for s in seeds["predictor"]]
+    out += [(b * PAIR, s, task.base_rate * rule_gain(rule, PAIR)) for s in seeds["predictor"]]
+    for scale in judged:
+        rate = task.base_rate * rule_gain(rule, scale)
+        out += [(round(b * scale), s, rate) for s in seeds["judge"]]
+    return out
+
+
+def train(task: Task, folder: Path, params: dict, key: tuple, keep_all: bool) -> dict:
+    """One training to the target on one device; the parts of its metrics.json kept (the
+    noise and evaluations only for the predictor's seeds)."""
     from benchmarks.time_to_accuracy import train_to_target
 
+    batch, seed, rate = key
+    more = {}
+    if task.name == "table":  # the user's compiled SGD sets the rate
+        module = folder / f"sgd_lr{rate:.6g}".replace(".", "_").replace("-", "m")
+        module = module.with_suffix(".py")
+        module.write_text(TABLE_MODEL.format(rate=rate))
+        more["model"] = f"{module}:build"
     metrics = train_to_target(
-        project, params, f"{batch}-{seed}-{rate:g}", batch_size_per_replica=batch, seed=seed,
-        learning_rate=rate,
+        folder, params, f"{batch}-{seed}-{rate:g}", batch_size_per_replica=batch, seed=seed,
+        learning_rate=rate, **more,
     )  # fmt: skip
-    kept = {k: v for k, v in metrics.items() if k in KEPT}
-    return {"batch": batch, "seed": seed, "rate": rate, **kept}
+    kept = KEPT + (PREDICTOR_KEPT if keep_all else ())
+    out = {k: v for k, v in metrics.items() if k in kept}
+    if "evaluations" in out:
+        out["evaluations"] = [
+            {"steps": e["steps"], "accuracy": e["accuracy"]} for e in out["evaluations"]
+        ]
+    return {"task": task.key, "batch": batch, "seed": seed, "rate": rate, **out}
 
 
-def measure(seeds: int, rules: list[str], project: Path | None = None) -> dict:
-    """Every training the table needs, each once (batch 32 is every rule's), in `project`
-    (default: a new temporary one; an earlier one's finished trainings are kept)."""
-    from benchmarks.time_to_accuracy import TASKS, merged
-
-    project = project or Path(tempfile.mkdtemp(prefix="tfscale-judge-"))
-    params = merged(yaml.safe_load((ROOT / "params.yaml").read_text()), TASKS["synthetic"])
-    params["prepare"]["data_dir"] = str(project / "data")
-    params["track"]["store_dir"] = str(project / "mlflow")
-    params["train"]["epochs"] = 40
-    params["evaluate"]["every_epochs"] = 0.1
-    prepared = project / "params.yaml"
-    prepared.write_text(yaml.safe_dump(params))
-    tfscale = str(Path(sys.executable).parent / "tfscale")
-    if not (project / "data").exists():
-        subprocess.run([tfscale, "--params", str(prepared), "prepare"], cwd=project, check=True)
-    predictor_seeds = list(range(42, 42 + seeds))
-    judge_seeds = list(range(1042, 1042 + seeds))
-    done: dict[tuple[int, int, float], dict] = {}
-    wanted = [(BASE, s, BASE_RATE) for s in predictor_seeds]
-    for rule in rules:
-        wanted += [(PAIR, s, BASE_RATE * gain(rule, PAIR)) for s in predictor_seeds]
-        wanted += [(b, s, BASE_RATE * gain(rule, b)) for b in JUDGED for s in judge_seeds]
-    for i, key in enumerate(dict.fromkeys(wanted), 1):
-        done[key] = train(project, params, *key)
-        reached = done[key]["to_target"]
-        print(
-            f"[{i}/{len(set(wanted))}] batch {key[0]}, seed {key[1]}, rate {key[2]:g}: "
-            + (f"{reached['steps']:,} steps" if reached.get("reached") else "missed"),
-            flush=True,
-        )
-    results = {
-        "seeds": {"predictor": predictor_seeds, "judge": judge_seeds},
-        "rules": rules,
-        "trainings": list(done.values()),
-    }
+def measure(args: argparse.Namespace, project: Path) -> dict:
+    """Every training the asked (task, optimizer, rule)s need, each once, in `project`
+    (its finished ones kept), added to `project`/results.json."""
     out = project / "results.json"
-    out.write_text(json.dumps(results))
+    results = json.loads(out.read_text()) if out.exists() else {"trainings": [], "runs": []}
+    seeds = {
+        "predictor": list(range(42, 42 + args.seeds)),
+        "judge": list(range(1042, 1042 + args.judge_seeds)),
+    }
+    results.update(seeds=seeds, judged=list(SMOKE if args.smoke else JUDGED))
+    for task in chosen(args):
+        folder = project / task.key
+        params = prepared(task, folder)
+        keys = []
+        for rule in args.rules.split(","):
+            keys += wanted(task, rule, seeds, tuple(results["judged"]))
+            if [task.key, rule] not in results["runs"]:
+                results["runs"].append([task.key, rule])
+        keys = list(dict.fromkeys(keys))
+        results["tasks"] = {**results.get("tasks", {}), task.key: asdict(task)}
+        for i, key in enumerate(keys, 1):
+            results["trainings"] = add(results["trainings"], run_one(task, folder, params, key))
+            print(progress(task, i, len(keys), results["trainings"][-1]), flush=True)
+            out.write_text(json.dumps(results))  # after each: a part cut short reports
     print(f"results: {out}")
     return results
 
 
-def mlperf(values: list[float | None]) -> tuple[float | None, float, float]:
-    """The mean without the fastest and slowest (of 3 or more), and the kept range."""
+def run_one(task: Task, folder: Path, params: dict, key: tuple) -> dict:
+    """`train`, its seconds on the clock kept (0 where it was trained before)."""
+    start = time.perf_counter()
+    done = train(task, folder, params, key, key[0] in (task.base_batch, task.base_batch * PAIR))
+    return {**done, "clock_s": round(time.perf_counter() - start, 1)}
+
+
+def add(trainings: list[dict], one: dict) -> list[dict]:
+    """`trainings` with `one` in place of an earlier record of the same training."""
+
+    def key(t: dict) -> tuple:
+        return t["task"], t["batch"], t["seed"], t["rate"]
+
+    return [t for t in trainings if key(t) != key(one)] + [one]
+
+
+def progress(task: Task, i: int, n: int, t: dict) -> str:
+    reached = t["to_target"]
+    return (
+        f"[{task.key} {i}/{n}] batch {t['batch']}, seed {t['seed']}, rate {t['rate']:g}: "
+        + (f"{reached['steps']:,} steps" if reached.get("reached") else "missed")
+        + f", {t['clock_s']:.1f} s"
+    )
+
+
+def chosen(args: argparse.Namespace) -> list[Task]:
+    optimizers = args.optimizers.split(",")
+    return [TASKS[n] for n in args.tasks.split(",") if TASKS[n].optimizer in optimizers]
+
+
+def steps_of(t: dict) -> float | None:
+    reached = t["to_target"]
+    return float(reached["steps"]) if reached.get("reached") else None
+
+
+def mlperf(values: list[float | None]) -> float:
+    """MLPerf's mean (without the fastest and slowest of 3 or more); infinite where a seed
+    kept missed the target, NaN where there are none."""
     from tasks.train.to_target import over_seeds
 
-    over = over_seeds(values)
-    return over.mean, over.low, over.high
+    if not values:
+        return math.nan
+    mean = over_seeds(values).mean
+    return math.inf if mean is None else mean
 
 
-def predictor(
-    results: dict, rule: str
-) -> tuple[list, list[int], tuple[float | None, float], float]:
-    """The predictor's seeds at 32 (each one's trajectory and steps), the headroom and noise
-    factor their MLPerf means at 32 and 64 imply for `rule` (`calibrated`, as `tfscale
-    plan` calibrates), and their noise scale (the mean of the seeds' headlines)."""
-    from tasks.measure.noise_trajectory import split_examples, trajectory
-    from tasks.train.noise_estimates import calibrated, planned_gain
+def hyperbola(base_steps: float, pair_steps: float, base: int, batch: float) -> float:
+    """McCandlish's two-point hyperbola through the pair alone: B_noise from the steps at
+    `base` and twice it (`two_point_noise`), S(b) = S_B (1 + B_noise/b) / (1 + B_noise/B)."""
+    from tasks.train.noise_estimates import two_point_noise
 
-    seeds, trainings = results["seeds"]["predictor"], results["trainings"]
-    base = [t for t in trainings if t["batch"] == BASE and t["seed"] in seeds]
-    base = [t for t in base if t["to_target"].get("reached")]
-    paths = [trajectory(t["gradient_noise"], examples=split_examples(t)) for t in base]
-    steps = [int(t["to_target"]["steps"]) for t in base]
-    phi = sum(p.headline("raw", s)[1] for p, s in zip(paths, steps, strict=True)) / len(paths)
-    pair_rate = BASE_RATE * gain(rule, PAIR)
-    pair = [
-        t["to_target"].get("steps")
-        for t in trainings
-        if t["batch"] == PAIR
-        and t["seed"] in seeds
-        and math.isclose(t["rate"], pair_rate, rel_tol=1e-5)
-    ]
-    base_mean, pair_mean = mlperf(steps)[0], mlperf(pair)[0]
-    calibration: tuple[float | None, float] = (None, 1.0)
-    if base_mean and pair_mean:
-        rule_gain = planned_gain(rule, PAIR / BASE, phi, BASE)
-        calibration = calibrated(phi, BASE, PAIR, lambda _: rule_gain, base_mean / pair_mean)
-    return paths, steps, calibration, phi
+    noise = two_point_noise(base, base * PAIR, base_steps / pair_steps)
+    if math.isinf(noise):
+        return base_steps * base / batch
+    return base_steps * (1 + noise / batch) / (1 + noise / base)
 
 
-def report(results: dict) -> bool:
-    from tasks.measure.noise_trajectory import rule_steps
+def quantiles(values: list[float]) -> tuple[float, float]:
+    """The 2.5% and 97.5% quantiles of `values` (NaN dropped; none: NaN)."""
+    kept = sorted(v for v in values if not math.isnan(v))
+    if not kept:
+        return math.nan, math.nan
+    n = len(kept)
+    return kept[int(0.025 * n)], kept[min(int(0.975 * n), n - 1)]
 
-    trainings, judge = results["trainings"], results["seeds"]["judge"]
-    met = True
-    for rule in results["rules"]:
-        paths, steps, (headroom, factor), phi = predictor(results, rule)
-        base_steps = mlperf(steps)[0]
-        shown = "none" if headroom is None else f"{headroom:.2f}, noise factor {factor:.2f}"
-        print(
-            f"\n## {rule}: predictor {len(steps)} seeds at {BASE} ({base_steps:,.0f} steps, "
-            f"MLPerf mean; noise scale {phi:,.0f}), headroom from the pair at {PAIR}: {shown}; "
-            f"judged on {len(judge)} other seeds"
-        )
-        head = (
-            f"{'batch':>6} {'rate':>7} {'measured steps':>22} {'predicted':>10} {'ratio':>6} "
-            f"{'1/B ratio':>9} {'constant':>9}"
-        )
-        print(head + "\n" + "-" * len(head))
-        for batch in JUDGED:
-            rate = BASE_RATE * gain(rule, batch)
-            measured, low, high = mlperf(
-                [
-                    t["to_target"]["steps"] if t["to_target"].get("reached") else None
-                    for t in trainings
-                    if t["batch"] == batch
-                    and t["seed"] in judge
-                    and math.isclose(t["rate"], rate, rel_tol=1e-5)
-                ]
+
+def draw(values: list, rng: random.Random) -> list:
+    return [rng.choice(values) for _ in values]
+
+
+def noise_floor(steps: list[float | None], draws: int, seed: int = 0) -> tuple:
+    """The judge against itself: its seeds in halves (the first half against the rest), the
+    ratio of their MLPerf means and its bootstrap 95% interval (each half resampled)."""
+    half = len(steps) // 2
+    a, b = steps[:half], steps[half:]
+    rng = random.Random(seed)
+    ratios = [mlperf(draw(a, rng)) / mlperf(draw(b, rng)) for _ in range(draws)]
+    return (mlperf(a) / mlperf(b), *quantiles(ratios))
+
+
+def floor_width(floor: tuple) -> float:
+    """The noise floor as a half-width in logs: the farther end of the halves' interval."""
+    _, low, high = floor
+    ends = [abs(math.log(v)) for v in (low, high) if v > 0 and math.isfinite(v)]
+    return max(ends) if len(ends) == 2 else math.inf
+
+
+@dataclass(frozen=True)
+class Side:
+    """One (task, rule)'s trainings: the predictor's at B and 2B, the judge's by batch."""
+
+    task: dict
+    rule: str
+    base: list[dict]
+    pair: list[dict]
+    judge: dict[int, list[dict]]
+
+
+def side_of(results: dict, key: str, rule: str) -> Side:
+    task = results["tasks"][key]
+    b, rate = task["base_batch"], task["base_rate"]
+    seeds = results["seeds"]
+
+    def trained(batch: int, gain: float, who: str) -> list[dict]:
+        return sorted(
+            (
+                t
+                for t in results["trainings"]
+                if t["task"] == key and t["batch"] == batch and t["seed"] in seeds[who]
+                and math.isclose(t["rate"], rate * gain, rel_tol=1e-5)
+            ),
+            key=lambda t: t["seed"],
+        )  # fmt: skip
+
+    judge = {}
+    for scale in results["judged"]:
+        batch = round(b * scale)
+        judge[batch] = trained(batch, rule_gain(rule, scale), "judge")
+    base = trained(b, 1.0, "predictor")
+    return Side(task, rule, base, trained(b * PAIR, rule_gain(rule, PAIR), "predictor"), judge)
+
+
+def study_of(side: Side, base: list[dict], pair: list[dict]) -> dict:
+    """The study dict (a run's summary.json) the predictor's seeds make."""
+    b = side.task["base_batch"]
+    examples = [[s * b if s else None for s in map(steps_of, base)]]
+    examples.append([s * b * PAIR if s else None for s in map(steps_of, pair)])
+    means = [mlperf(e) for e in examples]
+    return {
+        "examples_to_target_baseline": means[0] if math.isfinite(means[0]) else None,
+        "examples_to_target_distributed": means[1] if math.isfinite(means[1]) else None,
+        "examples_to_target_by_seed": examples,
+        "target_accuracy": side.task["target"],
+        "seeds": len(base),
+    }
+
+
+def plan_pricer(side: Side, base: list[dict], pair: list[dict]) -> Callable | None:
+    """The plan's steps at a batch, `(point, low, high)`, priced from these predictor
+    trainings (`pricing_of`; the run is the pair's first); None where it cannot price."""
+    from tasks.core.errors import UsageError
+    from tasks.report.plan import pricing_of
+
+    run = pair[0]
+    if steps_of(run) is None:
+        return None
+    metrics = {
+        **run,
+        "learning_rate": run["rate"],
+        "lr_scaling": side.rule,
+        "lr_scaling_rule": side.rule,
+        "warmup_epochs": 0,  # one device: the rate is the rule's from the first step
+    }
+    try:
+        pricing, _ = pricing_of(metrics, int(steps_of(run)), side.task["base_batch"],
+                                study_of(side, base, pair))  # fmt: skip
+    except UsageError:
+        return None
+    return pricing.steps
+
+
+Pricer = Callable[[Side, list, list], Callable | None]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One judged batch: the plan's steps and interval, the judge's mean, the interval of
+    log(predicted / measured), the noise floor, the hyperbola and trivial predictors."""
+
+    batch: int
+    test: bool  # False: the calibration point
+    measured: float
+    plan: tuple[float, float, float]
+    log_ratio: tuple[float, float]
+    floor: tuple[float, float, float]
+    hyperbola: float
+    inverse: float
+    constant: float
+
+    @property
+    def covered(self) -> bool:
+        return self.plan[1] <= self.measured <= self.plan[2]
+
+    def error(self, predicted: float) -> float:
+        return abs(math.log(predicted / self.measured))
+
+    @property
+    def claims(self) -> bool:
+        """Whether tfscale's point differs from the hyperbola's by more than the floor."""
+        return abs(math.log(self.plan[0] / self.hyperbola)) > floor_width(self.floor)
+
+    @property
+    def good(self) -> bool:
+        """Closer than the hyperbola where it claims; else within the floor plus 10%."""
+        if self.claims:
+            return self.error(self.plan[0]) < self.error(self.hyperbola)
+        return self.error(self.plan[0]) <= floor_width(self.floor) + FLOOR_SLACK
+
+
+def bootstrap(side: Side, pricer: Pricer, draws: int) -> dict[int, tuple[float, float]]:
+    """Per judged batch, the 95% interval of log(predicted / measured) over `draws` draws,
+    each resampling the predictor's seeds (and pricing again from them) and the judge's."""
+    rng = random.Random(0)
+    logs: dict[int, list[float]] = {batch: [] for batch in side.judge}
+    for _ in range(draws):
+        steps = pricer(side, draw(side.base, rng), draw(side.pair, rng))
+        for batch, trainings in side.judge.items():
+            measured = mlperf([steps_of(t) for t in draw(trainings, rng)])
+            predicted = steps(batch)[0] if steps else math.inf
+            logs[batch].append(_log_ratio(predicted, measured))
+    return {batch: quantiles(values) for batch, values in logs.items()}
+
+
+def _log_ratio(predicted: float, measured: float) -> float:
+    if math.isinf(predicted) and math.isinf(measured):
+        return 0.0
+    if measured == 0 or math.isnan(measured) or math.isinf(predicted):
+        return math.inf
+    return -math.inf if math.isinf(measured) else math.log(predicted / measured)
+
+
+def rows_of(side: Side, pricer: Pricer = plan_pricer, draws: int = DRAWS) -> list[Row]:
+    """The judged batches' rows, from the predictor's seeds as they are."""
+    b = side.task["base_batch"]
+    steps = pricer(side, side.base, side.pair)
+    base = mlperf([steps_of(t) for t in side.base])
+    pair = mlperf([steps_of(t) for t in side.pair])
+    intervals = bootstrap(side, pricer, draws)
+    rows = []
+    for batch, trainings in sorted(side.judge.items()):
+        measured = [steps_of(t) for t in trainings]
+        rows.append(
+            Row(
+                batch, batch != b * PAIR, mlperf(measured),
+                steps(batch) if steps else (math.inf,) * 3, intervals[batch],
+                noise_floor(measured, draws), hyperbola(base, pair, b, batch), base * b / batch,
+                base,
             )
-            each = [
-                rule_steps(path, n, BASE, batch, rule, headroom, factor).steps
-                for path, n in zip(paths, steps, strict=True)
-            ]
-            finite = [p for p in each if p is not None and math.isfinite(p)]
-            predicted = mlperf(finite)[0] if len(finite) == len(each) else math.inf
-            said = "never" if not math.isfinite(predicted) else f"{predicted:,.0f}"
-            if measured is None:
-                print(f"{batch:>6} {rate:>7.2g} {'missed by a seed':>22} {said:>10}")
-                met = met and not math.isfinite(predicted)
-                continue
-            ratio = predicted / measured
-            inverse = base_steps * BASE / batch / measured
-            constant = base_steps / measured
-            print(
-                f"{batch:>6} {rate:>7.2g} {measured:>10,.0f} ({low:,.0f}-{high:,.0f}) "
-                f"{said:>10} {ratio:>6.2f} {inverse:>9.2f} {constant:>9.2f}"
-            )
-            ok = 0.83 <= ratio <= 1.2
-            if batch >= 128:
-                ok = ok and abs(math.log(ratio)) < min(
-                    abs(math.log(inverse)), abs(math.log(constant))
-                )
-            met = met and ok
-    print(
-        "\npredicted/measured within 0.83-1.2 at every batch, and closer than both trivial "
-        f"predictors at 128 and 256: {'met' if met else 'missed'}"
+        )  # fmt: skip
+    return rows
+
+
+def table(side: Side, rows: list[Row]) -> str:
+    """The (task, optimizer, rule)'s table, in words."""
+    t = side.task
+    head = (
+        f"{'batch':>6} {'measured':>9} {'plan (95%)':>20} {'cover':>5} {'pred/meas (95%)':>20} "
+        f"{'floor (95%)':>18} {'hyperb':>6} {'1/B':>5} {'const':>5}  goal"
     )
-    return met
+    lines = [
+        f"\n## {t['name']}, {t['optimizer']}, {side.rule}: base batch {t['base_batch']}, rate "
+        f"{t['base_rate']:g}, target {t['target']:g}; predictor {len(side.base)} + "
+        f"{len(side.pair)} seeds at {t['base_batch']} and {t['base_batch'] * PAIR}; judge "
+        f"{max(map(len, side.judge.values()), default=0)} other seeds a batch; ratios are "
+        "predicted / measured",
+        head,
+        "-" * len(head),
+    ]
+    for r in rows:
+        lines.append(row_text(r))
+    return "\n".join(lines)
+
+
+def row_text(r: Row) -> str:
+    point, low, high = r.plan
+    lo, hi = (math.exp(v) if math.isfinite(v) else v for v in r.log_ratio)
+    goal = "calibration, not a test"
+    if r.test:
+        goal = ("claims, " if r.claims else "") + ("met" if r.good else "missed")
+    parts = [
+        f"{r.batch:>6} {r.measured:>9,.0f} {point:>6,.0f} ({low:,.0f}-{high:,.0f})".ljust(37),
+        f"{'yes' if r.covered else 'no':>5}",
+        f"{point / r.measured:>5.2f} ({lo:.2f}-{hi:.2f})".ljust(20),
+        f"{r.floor[0]:>5.2f} ({r.floor[1]:.2f}-{r.floor[2]:.2f})".ljust(18),
+        f"{r.hyperbola / r.measured:>6.2f} {r.inverse / r.measured:>5.2f}",
+        f"{r.constant / r.measured:>5.2f}  {goal}",
+    ]
+    return " ".join(parts)
+
+
+def goals(rows: list[Row]) -> dict[str, tuple[int, int]]:
+    """Each goal's (rows meeting it, rows it applies to), over the test rows."""
+    tests = [r for r in rows if r.test]
+    claims = [r for r in tests if r.claims]
+    rest = [r for r in tests if not r.claims]
+    return {
+        "coverage": (sum(r.covered for r in tests), len(tests)),
+        "beats the hyperbola where it claims to": (sum(r.good for r in claims), len(claims)),
+        "within the noise floor plus 10% elsewhere": (sum(r.good for r in rest), len(rest)),
+    }
+
+
+def verdicts(counts: dict[str, tuple[int, int]]) -> list[str]:
+    """A line per goal, met or missed (coverage: at least 90%; the others: every row)."""
+    lines = []
+    for name, (met, n) in counts.items():
+        share = met / n if n else math.nan
+        ok = share >= 0.9 if name == "coverage" else met == n
+        shown = f"{met}/{n}" + (f" ({share:.0%}; goal >= 90%)" if name == "coverage" else "")
+        lines.append(f"{name}: {shown}: {'met' if ok else 'missed'}")
+    return lines
+
+
+def report(results: dict, pricer: Pricer = plan_pricer, draws: int = DRAWS) -> list[Row]:
+    """Every (task, optimizer, rule)'s table, then the goals over all of their rows."""
+    every = []
+    for key, rule in results["runs"]:
+        side = side_of(results, key, rule)
+        rows = rows_of(side, pricer, draws)
+        print(table(side, rows))
+        every += rows
+    print("\n" + "\n".join(verdicts(goals(every))))
+    return every
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--optimizers", default="adam,sgd")
     parser.add_argument("--rules", default="linear,sqrt")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--judge-seeds", type=int, default=10)
+    parser.add_argument("--draws", type=int, default=DRAWS)
+    parser.add_argument("--smoke", action="store_true", help="one judged batch (4B)")
     parser.add_argument("--results", type=Path, help="a results.json to report, training none")
     parser.add_argument("--project", type=Path, help="go on with an earlier run's trainings")
     args = parser.parse_args()
     if args.results:
         results = json.loads(args.results.read_text())
     else:
-        results = measure(args.seeds, args.rules.split(","), args.project)
-    report(results)
+        project = args.project or Path(tempfile.mkdtemp(prefix="tfscale-judge-"))
+        results = measure(args, project)
+    report(results, draws=args.draws)
 
 
 if __name__ == "__main__":
