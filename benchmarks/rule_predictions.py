@@ -512,7 +512,10 @@ def verdicts(counts: dict[str, tuple[int, int]]) -> list[str]:
     """A line per goal, met or missed (coverage: at least 90%; the others: every row)."""
     lines = []
     for name, (met, n) in counts.items():
-        share = met / n if n else math.nan
+        if not n:
+            lines.append(f"{name}: no test rows yet (train the judged batches): undecided")
+            continue
+        share = met / n
         ok = share >= 0.9 if name == "coverage" else met == n
         shown = f"{met}/{n}" + (f" ({share:.0%}; goal >= 90%)" if name == "coverage" else "")
         lines.append(f"{name}: {shown}: {'met' if ok else 'missed'}")

@@ -146,3 +146,12 @@ def test_a_point_away_from_the_hyperbola_claims_and_must_beat_it():
     assert wrong.claims and not wrong.good
     counts = judge.goals([row, wrong])
     assert judge.verdicts(counts)[1] == "beats the hyperbola where it claims to: 1/2: missed"
+
+
+def test_a_goal_with_no_test_rows_is_undecided_not_missed():
+    """A part run that trained only the calibration point has no test row: its goals say
+    so, where a share of 0/0 printed 'nan%: missed'."""
+    assert judge.verdicts({"coverage": (0, 0)}) == [
+        "coverage: no test rows yet (train the judged batches): undecided"
+    ]
+    assert judge.verdicts({"coverage": (9, 10)}) == ["coverage: 9/10 (90%; goal >= 90%): met"]
