@@ -41,6 +41,7 @@ from tasks.measure.rounds import (
     block_steps,
     half_width,
     ratio,
+    ratio_95,
     ratio_interval,
 )
 from tasks.measure.timing import all_reduce_by_size, gradient_bytes
@@ -102,12 +103,21 @@ class RoundRates:
     @property
     def speedup(self) -> Spread | None:
         """The run end to end over one device end to end: the median of the rounds' own
-        ratios, with its 95% confidence interval (`rounds.ratio_interval`; the lowest and highest
-        round while there are too few rounds for one)."""
+        ratios, with its 95% confidence interval (`rounds.ratio_95`: the order statistics'
+        from 6 rounds, a t-interval on the logs of 2 to 5 rounds' ratios, whose lowest to
+        highest is no 95% interval; one round, its ratio alone)."""
         if self.replicas == 1:
             return None
+        return ratio_95(self.rates["end_to_end"], self.rates[self.baseline])
+
+    @property
+    def speedup_by_round(self) -> list[float]:
+        """The run end to end over one device end to end, each round's own ratio (empty
+        with one device)."""
+        if self.replicas == 1:
+            return []
         top, bottom = self.rates["end_to_end"], self.rates[self.baseline]
-        return ratio_interval(top, bottom) or ratio(top, bottom)
+        return [a / b for a, b in zip(top, bottom, strict=True)]
 
     @property
     def tfscale_over_fit(self) -> Spread | None:
@@ -115,8 +125,7 @@ class RoundRates:
         setting end to end, round by round (None where the rounds did not time it)."""
         if TFSCALE_LOOP not in self.rates:
             return None
-        top, bottom = self.rates[TFSCALE_LOOP], self.rates["end_to_end"]
-        return ratio_interval(top, bottom) or ratio(top, bottom)
+        return ratio_95(self.rates[TFSCALE_LOOP], self.rates["end_to_end"])
 
     @property
     def from_batch(self) -> Spread | None:

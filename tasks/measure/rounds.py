@@ -134,6 +134,53 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> Spre
     return Spread(statistics.median(values), ordered[k - 1], ordered[-k])
 
 
+# Student's t at 97.5% for 1 to 30 degrees of freedom (a two-sided 95% interval), the normal's
+# 1.96 beyond: the tables' values, which scipy.stats.t.ppf(0.975, df) gives too
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t_975(df: int) -> float:
+    """Student's t quantile at 97.5% for `df` degrees of freedom: the half-width, in
+    standard errors, of a 95% interval of a mean of df + 1 values (1.96 past 30)."""
+    if df < 1:
+        raise ValueError(f"a t quantile needs 1 or more degrees of freedom, not {df}")
+    return T_975[df - 1] if df <= len(T_975) else 1.96
+
+
+def log_t_interval(values: list[float]) -> Spread | None:
+    """The median of `values` (positive: rates, ratios) with a 95% Student t-interval of
+    their geometric mean: the mean of their logs +- t(n - 1) s / sqrt(n), back from the
+    logs, widened to hold the median where it falls outside. For a few values (2 to 5),
+    where the order statistics give no 95% interval (`median_rank`): their lowest to
+    highest is not one (with 3 values it holds the median 75% of the time, and it is far
+    narrower than a 95% interval of 2 values, whose t is 12.7). None with fewer than 2."""
+    if len(values) < 2:
+        return None
+    logs = [math.log(v) for v in values]
+    mean, half = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    half *= t_975(len(logs) - 1)
+    point = statistics.median(values)
+    return Spread(point, min(math.exp(mean - half), point), max(math.exp(mean + half), point))
+
+
+def interval_95(values: list[float], over: str = "rounds") -> tuple[Spread, str] | None:
+    """The median of `values` (one a round, or an epoch: `over`) with a 95% interval, and
+    what the interval is, in words: the order statistics' (`median_interval`) from 6
+    values, a t-interval on the logs below (`log_t_interval`), never the lowest to highest
+    read as one. None with fewer than 2 values, which have no interval."""
+    found = median_interval(values)
+    if found is not None:
+        return found, f"the median's 95% interval over {len(values)} {over}"
+    found = log_t_interval(values)
+    if found is None:
+        return None
+    return found, f"a 95% t-interval on the logs of {len(values)} {over}, too few for the median's"
+
+
 def ratio_interval(numerator: list[float], denominator: list[float]) -> Spread | None:
     """`numerator / denominator` as `ratio` gives it (the median of the rounds' own
     ratios), with the 95% confidence interval of that median (`median_interval`), or None
@@ -143,6 +190,16 @@ def ratio_interval(numerator: list[float], denominator: list[float]) -> Spread |
     needs."""
     per_round = [a / b for a, b in zip(numerator, denominator, strict=True)]
     return median_interval(per_round)
+
+
+def ratio_95(numerator: list[float], denominator: list[float]) -> Spread:
+    """`numerator / denominator` as `ratio` gives it, with a 95% interval of it
+    (`interval_95`: the order statistics' from 6 rounds, a t-interval on the logs of the
+    rounds' ratios below), and a single round's ratio alone (no interval: its low and high
+    are itself)."""
+    per_round = [a / b for a, b in zip(numerator, denominator, strict=True)]
+    found = interval_95(per_round)
+    return found[0] if found else ratio(numerator, denominator)
 
 
 def half_width(interval: Spread) -> float:

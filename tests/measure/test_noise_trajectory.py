@@ -297,15 +297,17 @@ def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
     below its optimum: each step does twice the work) to the steps of a rate at it, which
     overshoots; with the headroom known, the point; adascale's, the point without it."""
     from tasks.measure.noise_trajectory import rule_steps, trajectory
-    from tasks.train.noise_estimates import rule_progress
 
+    # by hand: the share-keeping gain g* = (64/32)(32 + 32)/(32 + 64) = 4/3, and a step at
+    # gain 2 and headroom h makes g* (2r - r^2)/(2h - h^2) of a base step, r = 2h/g*:
+    # h = 1: r = 1.5, (4/3)(3 - 2.25)/1 = 1, so 100 / 1 = 100 steps;
+    # h = 0.5: r = 0.75, (4/3)(1.5 - 0.5625)/0.75 = 5/3, so 100 / (5/3) = 60 steps
     path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
     linear = rule_steps(path, 100, 32, 64, "linear")
     assert linear.steps is None
-    at_optimum = 100 / rule_progress(32.0, 32, 64, 2.0, 1.0)
-    assert (linear.low, linear.high) == pytest.approx((50.0, at_optimum))
+    assert (linear.low, linear.high) == pytest.approx((50.0, 100.0))
     known = rule_steps(path, 100, 32, 64, "linear", headroom=0.5)
-    assert known.steps == pytest.approx(100 / rule_progress(32.0, 32, 64, 2.0, 0.5))
+    assert known.steps == pytest.approx(60.0)
     assert rule_steps(path, 100, 32, 64, "adascale").steps == pytest.approx(75.0)
 
 

@@ -12,9 +12,12 @@ from tasks.measure.rounds import (
     Spread,
     alternate,
     block_steps,
+    interval_95,
     least_rounds,
+    log_t_interval,
     ratio,
     ratio_interval,
+    t_975,
 )
 
 
@@ -70,6 +73,37 @@ def test_an_interval_needs_six_rounds_and_holds_the_ratio_of_the_medians():
     interval = ratio_interval(run, [1000.0] * 6)
     assert interval.median == 1.505 and 1.48 <= interval.low < 1.505 < interval.high <= 1.53
     assert ratio_interval(run, [1000.0] * 6) == interval  # seeded: the same rounds, the same
+
+
+def test_students_t_at_97_5_percent_is_the_tables_and_the_normals_past_30():
+    """t(0.975) for 1, 4 and 30 degrees of freedom, as printed in any table (scipy's
+    t.ppf(0.975, df): 12.7062, 2.7764, 2.0423), and 1.96 from 31 on."""
+    assert (t_975(1), t_975(4), t_975(30), t_975(31)) == (12.706, 2.776, 2.042, 1.96)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_975(0)
+
+
+def test_a_few_rounds_give_a_t_interval_on_their_logs_not_their_range():
+    """Three rounds at 1.2 e^-0.1, 1.2 and 1.2 e^0.1: their logs' mean is log 1.2 and
+    their sd 0.1, so the 95% t-interval (t at 2 degrees of freedom 4.303) is
+    1.2 e^(+-4.303 x 0.1 / sqrt 3) = 1.2 e^(+-0.24843) = 0.9360-1.5384, where the range,
+    1.0858-1.3262, holds the median only 75% of the time (1 - 2/2^3). Two rounds: t 12.706
+    on the half-difference of their logs; one round, no interval."""
+    import math
+
+    three = [1.2 * math.exp(-0.1), 1.2, 1.2 * math.exp(0.1)]
+    spread, kind = interval_95(three, "rounds")
+    ends = (spread.median, spread.low, spread.high)
+    assert ends == pytest.approx((1.2, 0.9360, 1.5384), abs=1e-4)
+    assert kind == "a 95% t-interval on the logs of 3 rounds, too few for the median's"
+    # logs 0 and 0.2: mean 0.1, sd 0.2 / sqrt 2, over sqrt 2: 0.1; x 12.706: e^(0.1 +- 1.2706)
+    two = log_t_interval([1.0, math.exp(0.2)])
+    assert (two.low, two.high) == pytest.approx((math.exp(-1.1706), math.exp(1.3706)))
+    assert interval_95([1.2], "rounds") is None and log_t_interval([1.2]) is None
+    # from 6 rounds, the order statistics' interval: the lowest and highest of 6 (96.9%)
+    six = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    over_six = (Spread(1.25, 1.0, 1.5), "the median's 95% interval over 6 rounds")
+    assert interval_95(six, "rounds") == over_six
 
 
 def test_the_speedups_interval_narrows_with_rounds_where_the_range_only_widens():

@@ -289,6 +289,22 @@ def _study(rule: str = "linear", phi: float = 64.0, run_batch: int = 2 * BATCH) 
     }
 
 
+# The steps to target at each global batch M of the plan below, worked by hand: noise scale
+# 64, base batch 32, headroom h = 0.5, linear's gain g = M/32 held at 2. The share-keeping
+# gain is g* = (M/32)(64 + 32)/(64 + M), the rate's share of its optimum r = h g/g*, and a
+# step makes g* (2r - r^2)/(2h - h^2) = g* (2r - r^2)/0.75 of a base step:
+#   M = 16: g = 0.5, g* = 0.6, r = 5/12, 0.6 (95/144)/0.75 = 19/36
+#   M = 32: g = g* = 1, r = 0.5: 1
+#   M >= 64: g = 2, r = 1/g* = (64 + M)/(3M): (4/3)(2 - (64 + M)/(3M)) = 4(5M - 64)/(9M),
+#     16/9 at the run's 64. The run took 100 steps at 64, so M takes 100 (16/9) / that:
+#   16: 6400/19, 32: 1600/9, and from 64 on 400M/(5M - 64): 100, 800/9, 1600/19, 3200/39,
+#   6400/79, 12800/159, 25600/319
+STEPS_AT_HALF = {
+    16: 6400 / 19, 32: 1600 / 9, 64: 100.0, 128: 800 / 9, 256: 1600 / 19, 512: 3200 / 39,
+    1024: 6400 / 79, 2048: 12800 / 159, 4096: 25600 / 319,
+}  # fmt: skip
+
+
 def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     """Noise scale 64, the rule linear calibrated from the study (the base rate at 0.5 of
     its optimum): at global batch M a step makes rule_progress(64, 32, M, gain, 0.5) of a
@@ -297,16 +313,13 @@ def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     the step time is the cost model's on the link; one device at 32 is the reference (its
     time to target 1.00x), and the fastest row has the least time."""
     from tasks.report.plan import make_plan
-    from tasks.train.noise_estimates import rule_progress
 
     plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0, study=_study())
     assert sorted({r.devices for r in plan.rows}) == [1, 2, 4, 8]
     model = fit_cost_model(synthetic_probes())
-    run = rule_progress(64.0, BATCH, 64, 2.0, HEADROOM)
     for r in plan.rows:
         gain = min(r.global_batch / BATCH, 2.0)
-        made = rule_progress(64.0, BATCH, r.global_batch, gain, HEADROOM)
-        assert r.steps == pytest.approx(100 * run / made, rel=1e-3)
+        assert r.steps == pytest.approx(STEPS_AT_HALF[r.global_batch], rel=1e-3)
         priced = CostModel(**{**model.__dict__, "per_replica_batch": r.per_replica_batch})
         step = priced.predict(r.devices, 10.0 * 1e9 / 8, "weak").step_s
         assert r.step_s == pytest.approx(step) and r.time_s == pytest.approx(r.steps * step)
