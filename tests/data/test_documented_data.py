@@ -86,25 +86,29 @@ def test_a_tfds_set_that_cannot_download_is_refused_naming_the_local_copy(
 
 
 @pytest.mark.unit
-def test_a_blank_text_cell_is_the_empty_string_a_value_like_any_other(tmp_path):
-    """A table's blank text cell is not a blank numeric cell: nothing is refused or filled,
-    and the model reads the empty string (a blank number in the same table is refused)."""
-    rows = ["grower,size,label"] + [
-        f"{'' if i % 5 == 0 else 'north' if i % 2 else 'south'},{i},{i % 2}" for i in range(40)
-    ]
-    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
-    result = prepare(tmp_path, str(tmp_path / "t.csv"))
-    grower = next(f for f in result.manifest.spec.features if f.name == "grower")
-    assert (grower.dtype, grower.blanks, grower.missing) == ("string", 0, "")
+@pytest.mark.parametrize("source", ["csv", "parquet"])
+def test_a_blank_text_cell_is_the_empty_string_a_value_like_any_other(tmp_path, source):
+    """A table's blank text cell (a CSV's empty field, a Parquet null) is not a blank
+    numeric cell: nothing is refused or filled, and the model reads the empty string (a
+    blank number in the same table is refused)."""
+    import pandas as pd
+
+    grower = [None if i % 5 == 0 else "north" if i % 2 else "south" for i in range(40)]
+    frame = pd.DataFrame({"grower": grower, "size": range(40), "label": [i % 2 for i in range(40)]})
+    path = tmp_path / f"t.{source}"
+    frame.to_csv(path, index=False) if source == "csv" else frame.to_parquet(path)
+    result = prepare(tmp_path, str(path))
+    feature = next(f for f in result.manifest.spec.features if f.name == "grower")
+    assert (feature.dtype, feature.blanks, feature.missing) == ("string", 0, "")
     read = []
     for split in ("train", "test"):
         for x, _ in build_dataset(result.manifest, result.data_dir, split, 64, training=False):
             read += [v.decode() for v in x["grower"].numpy().ravel()]
     assert len(read) == 40 and read.count("") == 8 and set(read) == {"", "north", "south"}
-    (tmp_path / "n.csv").write_text("size,label\n" + "".join(f"{i},{i % 2}\n" for i in range(9)))
-    (tmp_path / "n.csv").write_text((tmp_path / "n.csv").read_text() + ",1\n")
+    frame["size"] = frame["size"].astype(float).where(frame.index != 3)
+    frame.to_csv(path, index=False) if source == "csv" else frame.to_parquet(path)
     with pytest.raises(DatasetError, match=r"blank cells \('size' 1\)"):
-        prepare(tmp_path / "n", str(tmp_path / "n.csv"))
+        prepare(tmp_path / "n", str(path))
 
 
 @pytest.mark.unit
