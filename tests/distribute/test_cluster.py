@@ -331,6 +331,7 @@ def tfjob_tf_config(manifest: dict, service: str = "svc") -> dict[str, list[str]
     }
 
 
+@pytest.mark.cluster(alone=False)  # in this process: no cluster started, nothing timed
 def test_tfjob_manifests_describe_the_clusters_the_tests_run():
     """Each TFJob in `flows/cluster/tfjob.yaml` gives a cluster shape the namespace tests run
     (2 workers; chief, 2 workers and a ps), each pod gets the role tested for it, and every
