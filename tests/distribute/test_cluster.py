@@ -157,6 +157,7 @@ def no_half_written(run_dir: Path) -> list[str]:
     return [p.name for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.startswith(".tmp")]
 
 
+@pytest.mark.cluster(alone=False)  # nothing timed: weights, outputs, the evaluator's steps
 def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
     """Two hosts train in lock-step and end with identical weights; the chief alone writes
     outputs; an evaluator on a third host evaluates each checkpoint as it appears."""
