@@ -46,6 +46,7 @@ TIERS = ("unit", "integration", "cluster")
 SLOWEST_FIRST = (
     "test_dvc",
     "test_pool",
+    "test_slurm",  # three Slurm jobs on namespace hosts, one requeued (moved from serial)
     "test_schedules",
     "test_caching",
     "test_training",
@@ -54,6 +55,7 @@ SLOWEST_FIRST = (
     "test_autotune",
     "test_sweep",
     "test_study",
+    "test_user_models",  # with a study on 2 worker processes (moved from serial)
 )
 
 

@@ -14,6 +14,12 @@ Arguments are passed to both phases (`python tests/suite.py -k cache`). The exit
 the first phase's failure, else the second's; a phase that selects nothing (exit 5) is
 fine when the other ran tests, and the suite fails with 5 when neither did.
 
+After each phase it prints the phase's time against its share of the suite's 15-minute
+bound (`SHARES_MIN`, on the reference machine; the pace it measured beside it), and at the
+end the ten slowest tests of both phases with their share of the bound (read back from
+each phase's JUnit XML, whose times hold a test's setup, call and teardown): a regression
+shows at once, and where.
+
 `pytest -m unit` stays the fast tier to run while working; plain `pytest` runs everything
 in one serial process.
 """
@@ -23,13 +29,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 import pace
 
 NO_TESTS = 5
 TIMEOUT_S, FAULTHANDLER_S = 300, 280  # pyproject.toml's, on the reference machine
 PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
+BOUND_MIN = 15  # the whole suite, install included, on 2 cores (docs/benchmarks.md)
+# each phase's part of it; the rest is the install and the pace measurement
+SHARES_MIN = {"parallel": 9.0, "serial": 4.5}
+SLOWEST = 10
 
 
 def timeouts(factor: float) -> list[str]:
@@ -72,15 +85,51 @@ def measure_pace() -> float:
     return factor
 
 
+def phase_line(name: str, code: int, minutes: float, factor: float) -> str:
+    """A phase's end: its exit code and time against its share of the bound."""
+    share = SHARES_MIN[name]
+    verdict = "within" if minutes <= share else f"{minutes / share:.1f}x"
+    return (
+        f"== tests, {name} phase: exit {code} after {minutes:.1f} min, {verdict} its "
+        f"{share:.1f}-min share of the {BOUND_MIN}-min bound (pace x{factor:.2f})"
+    )
+
+
+def durations(report: Path) -> list[tuple[float, str]]:
+    """(seconds, test id) of each test a phase's JUnit XML holds: setup, call and teardown
+    (a module's fixtures count in its first test's); none when the phase wrote none."""
+    if not report.exists():
+        return []
+    found = []
+    for case in ElementTree.parse(report).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        found.append((float(case.get("time") or 0), f"{module}.py::{case.get('name')}"))
+    return found
+
+
+def slowest_lines(tests: list[tuple[float, str]], count: int = SLOWEST) -> list[str]:
+    """The `count` slowest tests, each with its share of the bound."""
+    lines = [f"== the {min(count, len(tests))} slowest tests (share of the {BOUND_MIN}-min bound):"]
+    for seconds, test in sorted(tests, reverse=True)[:count]:
+        share = seconds / (BOUND_MIN * 60)
+        lines.append(f"   {seconds:6.1f} s  {share:5.1%}  {test}")
+    return lines
+
+
 def main(args: list[str]) -> int:
-    codes = []
-    for name, options in phases(args, measure_pace()):
+    codes, tests = [], []
+    factor = measure_pace()
+    reports = Path(tempfile.mkdtemp(prefix="tfscale-suite-"))
+    for name, options in phases(args, factor):
+        report = reports / f"{name}.xml"
         started = time.monotonic()
         print(f"== tests, {name} phase: pytest {' '.join(options)}", flush=True)
-        code = subprocess.call([sys.executable, "-m", "pytest", *options])
+        code = subprocess.call([sys.executable, "-m", "pytest", *options, f"--junitxml={report}"])
         minutes = (time.monotonic() - started) / 60
-        print(f"== tests, {name} phase: exit {code} after {minutes:.1f} min", flush=True)
+        print(phase_line(name, code, minutes, factor), flush=True)
         codes.append(code)
+        tests += durations(report)
+    print("\n".join(slowest_lines(tests)), flush=True)
     return outcome(codes)
 
 

@@ -72,3 +72,27 @@ def test_ci_is_read_as_a_boolean(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI needs network namespaces"):
         needs("no namespaces here", "network namespaces")
+
+
+def test_the_suite_prints_each_phase_against_its_share_and_the_slowest_tests(tmp_path):
+    """A phase's time is set against its share of the 15-minute bound; the ten slowest
+    tests of both phases' JUnit reports are listed, slowest first, with their share."""
+    import suite
+
+    assert sum(suite.SHARES_MIN.values()) < suite.BOUND_MIN  # room left for the install
+    within = suite.phase_line("serial", 0, 4.0, 1.9)
+    assert "after 4.0 min, within its 4.5-min share of the 15-min bound (pace x1.90)" in within
+    assert "2.0x its 4.5-min share" in suite.phase_line("serial", 1, 9.0, 1.0)
+    cases = "".join(
+        f'<testcase classname="tests.flows.test_pool" name="test_{i}" time="{i * 10}.5"/>'
+        for i in range(12)
+    )
+    report = tmp_path / "parallel.xml"
+    report.write_text(f'<testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    tests = suite.durations(report)
+    assert len(tests) == 12 and (110.5, "tests/flows/test_pool.py::test_11") in tests
+    assert suite.durations(tmp_path / "none.xml") == []  # a phase that wrote none
+    lines = suite.slowest_lines(tests)
+    assert lines[0].startswith("== the 10 slowest tests") and len(lines) == 11
+    assert lines[1].split() == ["110.5", "s", "12.3%", "tests/flows/test_pool.py::test_11"]
+    assert lines[-1].endswith("test_2")  # test_0 and test_1, the fastest, left out

@@ -157,6 +157,7 @@ def no_half_written(run_dir: Path) -> list[str]:
     return [p.name for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.startswith(".tmp")]
 
 
+@pytest.mark.cluster(alone=False)  # nothing timed: weights, outputs, the evaluator's steps
 def test_multi_worker_over_two_hosts_with_an_evaluator(cluster):
     """Two hosts train in lock-step and end with identical weights; the chief alone writes
     outputs; an evaluator on a third host evaluates each checkpoint as it appears."""
@@ -331,6 +332,7 @@ def tfjob_tf_config(manifest: dict, service: str = "svc") -> dict[str, list[str]
     }
 
 
+@pytest.mark.cluster(alone=False)  # in this process: no cluster started, nothing timed
 def test_tfjob_manifests_describe_the_clusters_the_tests_run():
     """Each TFJob in `flows/cluster/tfjob.yaml` gives a cluster shape the namespace tests run
     (2 workers; chief, 2 workers and a ps), each pod gets the role tested for it, and every

@@ -16,7 +16,9 @@ from helpers import ROOT, needs, scaled
 
 from tasks.distribute import netlab
 
-pytestmark = pytest.mark.cluster
+# no speed measured (a job's state, outputs and resumed step): beside the parallel phase's
+# other tests, its waits scaled to the pace and the jobs' collective timeout Slurm's 60 s
+pytestmark = pytest.mark.cluster(alone=False)
 
 BIN = Path(sys.executable).parent
 SCRIPT = str(ROOT / "flows" / "cluster" / "train.sbatch")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import PLAIN_CPU, report, tfscale, tiny_params
+from helpers import PLAIN_CPU, report, run_main, tiny_params
 
 from tasks.core.errors import UsageError
 from tasks.data.manifest import Manifest
@@ -35,6 +35,14 @@ def options(hw, for_study=False, **train):
 
 def labels(found: list[Candidate]) -> list[str]:
     return [c.label for c in found]
+
+
+def tfscale(argv: list[str], cwd) -> subprocess.CompletedProcess:
+    """`tfscale ARGV` run to its end in this process (`helpers.run_main`: what it measures
+    and trains is the claim, not its process), its streams as a process's would be."""
+    code, out, err = run_main(argv, cwd)
+    assert code == 0, err[-3000:]
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def test_a_cpu_without_bf16_measures_devices_and_xla_on_one_device():
