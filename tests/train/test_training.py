@@ -73,10 +73,19 @@ def test_one_device_learns(digits, tmp_path):
 
 
 def test_mirrored_over_two_logical_cpus_keeps_replicas_in_sync(digits, tmp_path):
+    """After training on different examples, each variable's copy on each replica holds
+    the same values: the gradients were all-reduced before every update."""
     run = configure(digits, tmp_path, strategy="mirrored", replicas=2)
-    result = train_model(run).result
+    trained = train_model(run)
+    result = trained.result
     assert (result.strategy, result.replicas, result.global_batch) == ("mirrored", 2, 64)
     assert result.history[-1]["accuracy"] > 0.5
+    variables = trained.setup.model.trainable_variables
+    assert variables
+    for variable in variables:
+        copies = [np.array(copy) for copy in variable.value.values]  # a MirroredVariable
+        assert len(copies) == 2, variable.name
+        np.testing.assert_allclose(copies[0], copies[1], rtol=0, atol=0, err_msg=variable.name)
 
 
 def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():

@@ -156,19 +156,37 @@ def test_a_sequence_model_with_sgd_and_momentum_trains_on_a_pipeline(examples):
 
 
 @pytest.mark.integration
-def test_a_two_input_model_saved_as_keras_trains_from_the_same_weights_each_time(examples):
+def test_a_two_input_model_saved_as_keras_trains_from_the_same_weights_each_time(
+    examples, monkeypatch
+):
+    """Each model the training builds (under the strategy's scope, placed, seeded) starts
+    from the weights saved in the .keras file, not from a fresh initialisation."""
     import keras
+
+    import tasks.train.training as training
+
+    monkeypatch.syspath_prepend(str(examples))  # alone in its worker: nothing imported it
     import two_inputs
 
     two_inputs.arrays(str(examples / "digits2.npz"))
     saved = two_inputs.save(str(examples / "two_inputs.keras"))
+    on_file = keras.models.load_model(saved).get_weights()
+    starts = []
+    build = training.model_for_data
+
+    def recorded(*args, **kwargs):
+        model = build(*args, **kwargs)
+        starts.append([np.array(w) for w in model.get_weights()])
+        return model
+
+    monkeypatch.setattr(training, "model_for_data", recorded)
     config = config_for(examples, "digits2.npz", saved, **{"train.epochs": 2})
     prepared, result = trained(config)
     assert [f.name for f in prepared.manifest.spec.features] == ["pixels", "hint"]
     assert result.history[-1]["accuracy"] > 0.5
-    first = keras.models.load_model(saved).get_weights()
-    again = keras.models.load_model(saved).get_weights()
-    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert starts, "the training built no model through model_for_data"
+    for start in starts:
+        assert all(np.array_equal(a, b) for a, b in zip(start, on_file, strict=True))
 
 
 BAD = {
