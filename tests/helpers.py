@@ -42,6 +42,12 @@ TINY = {
 PACE = pace.current()  # how much slower than the reference machine (tests/suite.py)
 
 
+# the longest a wait or subprocess inside one test may take, on the reference machine:
+# below the per-test limit (tests/suite.py's TIMEOUT_S, 300 s), so that the wait's own
+# message (which command, how long) comes first, not pytest-timeout's
+INNER_LIMIT_S = 270
+
+
 def scaled(seconds: float) -> float:
     """A wait or subprocess limit on the reference machine, scaled to this one's pace: a
     limit detects a hang, never a slow machine."""
@@ -65,7 +71,34 @@ def needs(missing: str | None, what: str) -> None:
 
 
 def free_port() -> int:
+    """A port free now: another process may bind it before the server started on it does;
+    start servers through `on_a_free_port`, which starts them again on another."""
     return free_ports(1)[0]
+
+
+ADDRESS_IN_USE = ("address already in use", "errno 98")
+
+
+def on_a_free_port(
+    start: Callable[[int], subprocess.Popen], up: Callable[[int, subprocess.Popen], str | None]
+) -> tuple[int, subprocess.Popen]:
+    """A server started by `start(port)` on a free port and serving (`up(port, process)`:
+    None, else why not, with what the process printed), started again on another port when
+    it lost its port to another process between the port's choice and its bind (it says
+    the address is in use), at most 3 times; any other failure fails at once."""
+    for attempt in range(1, 4):
+        port = free_port()
+        process = start(port)
+        problem = up(port, process)
+        if problem is None:
+            return port, process
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=scaled(30))
+        lost = any(words in problem.lower() for words in ADDRESS_IN_USE)
+        if not lost or attempt == 3:
+            raise AssertionError(f"the server on port {port} did not start: {problem}")
+    raise AssertionError("unreachable")
 
 
 def tiny_params(tmp: Path, **extra) -> Path:
@@ -193,7 +226,7 @@ def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = T
         capture_output=True,
         text=True,
         env=dict(os.environ, **(env or {})),
-        timeout=scaled(600),
+        timeout=scaled(INNER_LIMIT_S),
     )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
