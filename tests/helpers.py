@@ -119,6 +119,32 @@ def tiny_params(tmp: Path, **extra) -> Path:
     return path
 
 
+def clone_as_it_is(clone: Path) -> None:
+    """A clone of this checkout as its working tree is, not as its last commit: HEAD, then
+    each tracked file changed or deleted here and each untracked one git does not ignore,
+    committed in the clone (its git status clean, as a fresh clone's). A clone of HEAD alone
+    tested the last commit, never the change being made."""
+    import shutil
+
+    def git(*args: str, cwd: Path = ROOT) -> str:
+        command = ["git", "-c", "user.name=tests", "-c", "user.email=tests@localhost", *args]
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    git("clone", "-q", str(ROOT), str(clone))
+    changed = git("ls-files", "-z", "--modified", "--others", "--exclude-standard").split("\0")
+    deleted = set(git("ls-files", "-z", "--deleted").split("\0"))
+    for name in filter(None, changed):
+        if name not in deleted:
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    for name in filter(None, deleted):
+        (clone / name).unlink(missing_ok=True)
+    if git("status", "--porcelain", cwd=clone):
+        git("add", "-A", cwd=clone)
+        git("commit", "-q", "-m", "the working tree as the tests found it", cwd=clone)
+
+
 def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
     """Polls `<url>/health` until the server answers, for at most `timeout_s` (scaled to the
     machine's pace)."""
