@@ -42,6 +42,12 @@ TINY = {
 PACE = pace.current()  # how much slower than the reference machine (tests/suite.py)
 
 
+# the longest a wait or subprocess inside one test may take, on the reference machine:
+# below the per-test limit (tests/suite.py's TIMEOUT_S, 300 s), so that the wait's own
+# message (which command, how long) comes first, not pytest-timeout's
+INNER_LIMIT_S = 270
+
+
 def scaled(seconds: float) -> float:
     """A wait or subprocess limit on the reference machine, scaled to this one's pace: a
     limit detects a hang, never a slow machine."""
@@ -65,7 +71,34 @@ def needs(missing: str | None, what: str) -> None:
 
 
 def free_port() -> int:
+    """A port free now: another process may bind it before the server started on it does;
+    start servers through `on_a_free_port`, which starts them again on another."""
     return free_ports(1)[0]
+
+
+ADDRESS_IN_USE = ("address already in use", "errno 98")
+
+
+def on_a_free_port(
+    start: Callable[[int], subprocess.Popen], up: Callable[[int, subprocess.Popen], str | None]
+) -> tuple[int, subprocess.Popen]:
+    """A server started by `start(port)` on a free port and serving (`up(port, process)`:
+    None, else why not, with what the process printed), started again on another port when
+    it lost its port to another process between the port's choice and its bind (it says
+    the address is in use), at most 3 times; any other failure fails at once."""
+    for attempt in range(1, 4):
+        port = free_port()
+        process = start(port)
+        problem = up(port, process)
+        if problem is None:
+            return port, process
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=scaled(30))
+        lost = any(words in problem.lower() for words in ADDRESS_IN_USE)
+        if not lost or attempt == 3:
+            raise AssertionError(f"the server on port {port} did not start: {problem}")
+    raise AssertionError("unreachable")
 
 
 def tiny_params(tmp: Path, **extra) -> Path:
@@ -84,6 +117,32 @@ def tiny_params(tmp: Path, **extra) -> Path:
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
+
+
+def clone_as_it_is(clone: Path) -> None:
+    """A clone of this checkout as its working tree is, not as its last commit: HEAD, then
+    each tracked file changed or deleted here and each untracked one git does not ignore,
+    committed in the clone (its git status clean, as a fresh clone's). A clone of HEAD alone
+    tested the last commit, never the change being made."""
+    import shutil
+
+    def git(*args: str, cwd: Path = ROOT) -> str:
+        command = ["git", "-c", "user.name=tests", "-c", "user.email=tests@localhost", *args]
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    git("clone", "-q", str(ROOT), str(clone))
+    changed = git("ls-files", "-z", "--modified", "--others", "--exclude-standard").split("\0")
+    deleted = set(git("ls-files", "-z", "--deleted").split("\0"))
+    for name in filter(None, changed):
+        if name not in deleted:
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    for name in filter(None, deleted):
+        (clone / name).unlink(missing_ok=True)
+    if git("status", "--porcelain", cwd=clone):
+        git("add", "-A", cwd=clone)
+        git("commit", "-q", "-m", "the working tree as the tests found it", cwd=clone)
 
 
 def wait_until_healthy(url: str, timeout_s: float = 120) -> None:
@@ -193,7 +252,7 @@ def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = T
         capture_output=True,
         text=True,
         env=dict(os.environ, **(env or {})),
-        timeout=scaled(600),
+        timeout=scaled(INNER_LIMIT_S),
     )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]

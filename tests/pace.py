@@ -6,9 +6,15 @@ Keras (every CLI, worker and server test pays that) and then trains a small CNN 
 digits-shaped, seeded data for a fixed number of steps on 2 threads, two such processes at
 once (as the parallel phase's two workers run). `tests/suite.py`
 measures it once per run, before its phases; the factor (never below 1: a faster machine
-keeps the timeouts as they are) multiplies every per-test timeout, `faulthandler_timeout`,
-and each wait and subprocess limit in the tests (`helpers.scaled`), through
-`TFSCALE_TEST_PACE`.
+keeps the timeouts as they are; never above `CLAMP`, 3: a machine that slow, or loaded while
+it was measured, would wait 15 minutes a test and outlast CI's own limit before faulthandler
+printed a stack, so it is said loudly and the timeouts stay at 3x) multiplies every per-test
+timeout, `faulthandler_timeout`, and each wait and subprocess limit in the tests
+(`helpers.scaled`), through `TFSCALE_TEST_PACE`, which refuses a factor below 1 (0 would make
+every wait zero).
+
+The reference is measured as a run measures it: one sample a run, the median of
+`RECORD_RUNS` runs, recorded with the TensorFlow and Keras versions and the date.
 
     python tests/pace.py            # measures and prints the factor
     python tests/pace.py --record   # makes this machine the reference (pace.json)
@@ -27,6 +33,8 @@ from pathlib import Path
 VARIABLE = "TFSCALE_TEST_PACE"
 REFERENCE = Path(__file__).resolve().parent / "support" / "pace.json"
 STEPS = 300
+CLAMP = 3.0  # the most the timeouts are scaled by
+RECORD_RUNS = 5  # runs whose samples' median is the reference
 
 WORKLOAD = f"""
 import os
@@ -77,21 +85,54 @@ def reference() -> dict:
 
 
 def factor(seconds: float) -> float:
-    """How many times the reference machine's time `seconds` is (at least 1)."""
-    return max(1.0, seconds / reference()["seconds"])
+    """How many times the reference machine's time `seconds` is, from 1 to `CLAMP`."""
+    return min(CLAMP, max(1.0, seconds / reference()["seconds"]))
 
 
 def current() -> float:
-    """The factor this test run measured (`TFSCALE_TEST_PACE`), 1 where none was."""
-    return float(os.environ.get(VARIABLE) or 1.0)
+    """The factor this test run measured (`TFSCALE_TEST_PACE`), 1 where none was, at most
+    `CLAMP`.
+
+    Raises:
+        ValueError: a factor that is not a number, or is below 1.
+    """
+    text = os.environ.get(VARIABLE)
+    if not text:
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 1.0:  # NaN too
+        raise ValueError(
+            f"{VARIABLE}={text} refused: the pace multiplies every timeout and wait of the "
+            "tests, and a factor below 1 would make them shorter than the reference "
+            f"machine's (0: no wait at all); set it to 1 or more, or unset it to measure"
+        )
+    return min(value, CLAMP)
+
+
+def clamped_line(value: float) -> str:
+    """The loud line for a pace above `CLAMP` ('' at or below it)."""
+    if value <= CLAMP:
+        return ""
+    return (
+        f"!! PACE x{value:.2f} IS ABOVE x{CLAMP:.0f}: the timeouts stay at x{CLAMP:.0f}. This "
+        "machine is that much slower than the reference, or was loaded while it was "
+        "measured: expect timeouts, and run the suite on a machine nothing else uses"
+    )
 
 
 def describe(seconds: float) -> str:
     ref = reference()
-    return (
+    raw = seconds / ref["seconds"]
+    line = (
         f"pace: the reference workload took {seconds:.1f} s here, {ref['seconds']:.1f} s on "
-        f"the reference machine ({ref['machine']}): timeouts x{factor(seconds):.2f}"
+        f"the reference machine ({ref['machine']}, TensorFlow {ref.get('tensorflow', '?')}, "
+        f"{ref.get('date', '?')}): timeouts x{factor(seconds):.2f}"
     )
+    loud = clamped_line(raw)
+    return f"{line}\n{loud}" if loud else line
 
 
 def _cpu() -> str:
@@ -101,8 +142,27 @@ def _cpu() -> str:
     return platform.processor()
 
 
+def record() -> float:
+    """This machine as the reference: the median of `RECORD_RUNS` runs' single samples (as a
+    run measures it), with what it ran on and when."""
+    import datetime
+    import importlib.metadata
+    import statistics
+
+    samples = [measure() for _ in range(RECORD_RUNS)]
+    seconds = statistics.median(samples)
+    entry = {
+        "seconds": round(seconds, 2),
+        "machine": _cpu(),
+        "tensorflow": importlib.metadata.version("tensorflow"),
+        "keras": importlib.metadata.version("keras"),
+        "date": datetime.date.today().isoformat(),
+        "measured_as": f"median of {RECORD_RUNS} runs, one sample each (a run's measurement)",
+        "samples": [round(s, 2) for s in samples],
+    }
+    REFERENCE.write_text(json.dumps(entry, indent=1) + "\n")
+    return seconds
+
+
 if __name__ == "__main__":
-    seconds = min(measure() for _ in range(3 if "--record" in sys.argv else 1))
-    if "--record" in sys.argv:
-        REFERENCE.write_text(json.dumps({"seconds": round(seconds, 2), "machine": _cpu()}) + "\n")
-    print(describe(seconds))
+    print(describe(record() if "--record" in sys.argv else measure()))

@@ -73,14 +73,23 @@ def outcome(codes: list[int]) -> int:
 
 
 def measure_pace() -> float:
-    """The pace factor: `TFSCALE_TEST_PACE` if set, else measured here, now."""
+    """The pace factor: `TFSCALE_TEST_PACE` if set, else measured here, now; at most
+    `pace.CLAMP`, said loudly above it.
+
+    Raises:
+        ValueError: `TFSCALE_TEST_PACE` below 1, or not a number.
+    """
     if os.environ.get(pace.VARIABLE):
         factor = pace.current()
         print(f"== pace: x{factor:.2f} as {pace.VARIABLE} says", flush=True)
+        loud = pace.clamped_line(float(os.environ[pace.VARIABLE]))
     else:
         seconds = pace.measure()
         factor = pace.factor(seconds)
         print(f"== {pace.describe(seconds)}", flush=True)
+        loud = ""  # in describe's lines already
+    if loud:
+        print(f"== {loud}", flush=True)
     os.environ[pace.VARIABLE] = f"{factor:.3f}"  # the phases' tests read it (helpers.scaled)
     return factor
 
@@ -117,8 +126,12 @@ def slowest_lines(tests: list[tuple[float, str]], count: int = SLOWEST) -> list[
 
 
 def main(args: list[str]) -> int:
+    try:
+        factor = measure_pace()
+    except ValueError as exc:
+        print(f"== error: {exc}", file=sys.stderr, flush=True)
+        return 2
     codes, tests = [], []
-    factor = measure_pace()
     reports = Path(tempfile.mkdtemp(prefix="tfscale-suite-"))
     for name, options in phases(args, factor):
         report = reports / f"{name}.xml"

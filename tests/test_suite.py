@@ -60,6 +60,36 @@ def test_timeouts_scale_with_the_pace_measured_never_below_the_reference():
     assert pace.factor(reference / 2) == 1.0  # a faster machine keeps the timeouts
 
 
+def test_the_pace_is_clamped_at_3x_loudly_and_a_factor_below_1_refused(monkeypatch, capsys):
+    """A machine 10x slower (or loaded while measured) gets 3x and a loud line, not 3,000 s
+    a test; TFSCALE_TEST_PACE=0 (every wait zero), 0.5 or a word is refused by the suite
+    with exit code 2 before any phase, and by the tests' helpers when they load."""
+    import pace
+    import suite
+
+    reference = pace.reference()
+    assert pace.factor(reference["seconds"] * 10) == pace.CLAMP == 3.0
+    assert "ABOVE x3" in pace.describe(reference["seconds"] * 10)
+    assert "ABOVE" not in pace.describe(reference["seconds"] * 2.9)
+    assert {"tensorflow", "date", "measured_as"} <= set(reference), reference
+    monkeypatch.setenv(pace.VARIABLE, "12")
+    assert suite.measure_pace() == 3.0 and "ABOVE x3" in capsys.readouterr().out
+    for refused in ("0", "0.5", "-1", "fast", "nan"):
+        monkeypatch.setenv(pace.VARIABLE, refused)
+        with pytest.raises(ValueError, match=f"{pace.VARIABLE}={refused} refused"):
+            pace.current()
+        monkeypatch.setattr(suite.subprocess, "call", lambda *a, **k: pytest.fail("a phase ran"))
+        assert suite.main([]) == 2
+        assert "a factor below 1" in capsys.readouterr().err
+
+
+def test_no_inner_limit_outlasts_the_per_test_limit():
+    import helpers
+    import suite
+
+    assert helpers.INNER_LIMIT_S < suite.FAULTHANDLER_S < suite.TIMEOUT_S
+
+
 def test_ci_is_read_as_a_boolean(monkeypatch):
     from helpers import needs, on_ci
 

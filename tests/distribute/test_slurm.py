@@ -98,6 +98,8 @@ def test_scancel_signal_term_checkpoints_at_the_step_and_requeue_resumes_there(
         if found and len(json.loads(found[0].read_text() or "[]")) >= 3:
             break
         time.sleep(0.2)
+    else:  # cancelled before 3 epochs, the test would prove nothing of a checkpoint
+        raise AssertionError(f"no 3 epochs within {scaled(180):.0f} s: {output(tmp_path, job)}")
     slurm.run("scancel", "--signal=TERM", job)
     assert slurm.wait(job, {"FAILED", "COMPLETED"}) == "FAILED", output(tmp_path, job)
     out = output(tmp_path, job)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -734,18 +735,34 @@ def test_a_user_mistake_gets_one_clear_error(case, outcomes):
 
 
 # errors a user meets where this table cannot reach them, and where each is checked
-CHECKED_ELSEWHERE = {
-    "TaskLost": "test_cluster (a killed worker, a cut link, a lost ps task)",
-    "ChiefNeverCame": "test_cluster's ps tasks; tasks.distribute.cluster.serve",
-    "RunInUse": "test_training (a run directory in use)",
-    "PoolError": "test_pool (a cell whose worker is lost)",
-    "NotShared": "test_pool (a data dir the pool's hosts cannot read)",
-    "WorkerError": "the killed worker row, in a process of its own",
-    "ModelError": "test_user_models (each bad model of a user's, before anything is written)",
-    "ModelRaised": "test_user_models (a user's model function that raises)",
-    "UnknownStrategy": "test_strategy (a kind no registry has); the CLI and params.yaml "
-    "name the choices first (the 'unknown strategy' row)",
+CHECKED_ELSEWHERE = {  # the test file that raises or catches it, by name, and what it does
+    "TaskLost": ("tests/distribute/test_cluster.py", "a lost ps task: the chief's exit code"),
+    "ChiefNeverCame": ("tests/distribute/test_strategy.py", "a chief that never answers"),
+    "RunInUse": ("tests/train/test_training.py", "a run directory in use"),
+    "PoolError": ("tests/flows/test_pool.py", "a pool with no live worker: its exit code"),
+    "NotShared": ("tests/flows/test_pool.py", "a data dir the pool's hosts cannot read"),
+    "WorkerError": ("tests/train/test_training.py", "a worker process killed"),
+    "ModelError": ("tests/train/test_user_models.py", "a user's function returning no model"),
+    "ModelRaised": ("tests/train/test_user_models.py", "a user's model function that raises"),
+    "UnknownStrategy": ("tests/distribute/test_strategy.py", "a kind no registry has"),
 }
+
+
+def names_outside_imports(path: Path, name: str) -> bool:
+    """Whether `path` uses `name` on a line that is not an import (raised, caught, its
+    exit code): a file that only imports it, or names it nowhere, checks nothing of it."""
+    pattern = rf"^(?!\s*(from|import)\s).*\b{name}\b"
+    return re.search(pattern, path.read_text(), re.MULTILINE) is not None
+
+
+@pytest.mark.unit
+def test_each_kind_of_error_checked_elsewhere_is_named_where_it_is_said_to_be():
+    unchecked = [
+        f"{name} ({path})"
+        for name, (path, _) in CHECKED_ELSEWHERE.items()
+        if not names_outside_imports(ROOT / path, name)
+    ]
+    assert not unchecked, f"said to be checked elsewhere, never named there: {unchecked}"
 
 
 def test_every_kind_of_user_error_has_a_row(outcomes):

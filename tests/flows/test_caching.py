@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, scaled, tiny_params
+from helpers import ROOT, clone_as_it_is, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
     """Also: the outputs of `tfscale run` where it puts them by default (data/, runs/,
     mlflow/ in the working directory) are ignored by git: a run leaves git status clean."""
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=scaled(60))
+    clone_as_it_is(clone)  # the caching code as it is here, committed or not
     where = {"prepare.data_dir": "data/tfrecords", "train.runs_dir": "runs"}
     params = tiny_params(tmp_path, **{"train.epochs": 1, "track.store_dir": "mlflow", **where})
     runs = clone / "runs" / "digits"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, scaled, tiny_params
+from helpers import INNER_LIMIT_S, ROOT, scaled, tiny_params
 
 from tasks.measure.rounds import Spread, ratio_interval
 
@@ -63,7 +63,7 @@ class Repo:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=scaled(900),
+            timeout=scaled(INNER_LIMIT_S),
         )
         assert proc.returncode == 0, f"{args}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout + proc.stderr

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import BIN, needs, scaled, tiny_params
+from helpers import BIN, INNER_LIMIT_S, needs, scaled, tiny_params
 from poollab import GRID, pool_lab, wait_for_text
 
 from tasks.distribute import netlab
@@ -58,7 +58,7 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
         wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
         lab.kill_host(2)
         lab.start_worker(3)
-        code = sweep.wait(timeout=scaled(900))
+        code = sweep.wait(timeout=scaled(INNER_LIMIT_S))
         out = (tmp_path / "sweep.log").read_text(errors="replace")
         assert code == 0, out[-5000:]
         addresses = {lab.hosts.address(1), lab.hosts.address(3)}
@@ -66,7 +66,8 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "sweep.csv")))
     assert len(rows) == 4, rows
     hosts = {row["host"] for row in rows}
-    assert {h.split("(")[-1].rstrip(")") for h in hosts} == addresses, hosts
+    # on the live hosts only: host 3 may win no cell (host 1 free first takes the rest)
+    assert {h.split("(")[-1].rstrip(")") for h in hosts} <= addresses, hosts
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
@@ -76,10 +77,12 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
 
 def assert_refused(code: int, tmp: Path) -> None:
     """The sweep stopped before submitting: one clear error, no table, a failed run."""
+    from flows.pool import PoolError
     from mlflow import MlflowClient
 
     out = (tmp / "sweep.log").read_text(errors="replace")
-    assert code == 1 and "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
+    assert code == PoolError.exit_code, out[-3000:]
+    assert "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
     assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
     assert not (tmp / "sweep" / "sweep.csv").exists()
     client = MlflowClient(f"sqlite:///{tmp}/mlflow/mlflow.db")

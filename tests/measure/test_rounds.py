@@ -197,13 +197,16 @@ def test_a_busy_process_beside_a_measurement_is_seen():
 
     from tasks.core.machine_load import LoadWatch
 
-    spin = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
-    busy = subprocess.Popen([sys.executable, "-c", spin])
+    # it spins from the line it prints until it is killed: the whole watch, however long
+    # its start took (a sleep guessed at it, and a fixed spin, could miss the watch)
+    spin = "print('spinning', flush=True)\nwhile True: pass\n"
+    busy = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)  # the spinner is running
+        assert busy.stdout.readline() == "spinning\n", busy.poll()
         with LoadWatch() as watch:
             time.sleep(1.5)  # this process idles: the busy core is another's
     finally:
+        busy.kill()
         busy.wait(timeout=scaled(60))
     seen = watch.result
     assert seen.known and seen.other_cores > 0.5, seen
