@@ -474,25 +474,26 @@ def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_
 
 
 def test_a_plans_interval_comes_from_the_noise_scales_bounds_not_from_its_point():
-    """A noise scale steady over the run (150-250 about 200): each row's point lies strictly
-    inside the interval its noise scale's bounds give (the seed doubt taken off), so it was
-    not widened to hold the point; and the interval is wider than the seed doubt alone,
-    which an interval made around the point would be."""
-    from tasks.report.plan import make_plan
-    from tasks.train.to_target import SEED_SPREAD
+    """A noise scale steady over the run (150-250 about 200): at each batch the steps at the
+    noise scale's two bounds, held constant, lie either side of the point (so no bound was
+    widened to hold it), and each side of the interval is at least those bounds' deviation
+    and the seed doubt in quadrature (95% intervals of independent doubts in logs)."""
+    from tasks.report.plan import pricing_of
 
     windows = []
     for end, phi in zip((20, 40, 60, 80, 100), (150, 250, 200, 180, 220), strict=True):
         window = {"end_step": end, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
         windows.append(window | {"small": 1 + phi / BATCH, "big": 1 + phi / (2 * BATCH)})
     run = {**_planned_run(), "gradient_noise": windows}
-    plan = make_plan(run, 8, "ethernet-10g", 10.0, study=_study())
-    doubt = math.exp(1.96 * SEED_SPREAD)
-    others = [r for r in plan.rows if r.devices * r.per_replica_batch != 2 * BATCH]
-    assert len(others) > 10
-    for r in others:
-        assert r.steps_low * doubt < r.steps * (1 - 1e-4), r
-        assert r.steps * (1 + 1e-4) < r.steps_high / doubt, r
+    pricing, _ = pricing_of(run, 100, BATCH, _study())
+    for batch in (16, 32, 128, 256, 512):
+        point = pricing.point(batch)
+        ends = sorted(pricing.point(batch, q) for q in (pricing.noise[0], pricing.noise[2]))
+        assert ends[0] < point * (1 - 1e-4) and point * (1 + 1e-4) < ends[1], batch
+        _, low, high = pricing.steps(batch)
+        seed = pricing.seed_doubt
+        assert math.log(high / point) >= math.hypot(math.log(ends[1] / point), seed) - 1e-9
+        assert math.log(point / low) >= math.hypot(math.log(point / ends[0]), seed) - 1e-9
 
 
 def test_a_plans_point_lies_inside_its_interval_when_the_noise_scale_rises():
