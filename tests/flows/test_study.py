@@ -436,10 +436,12 @@ def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
 def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_run):
     """The summary's throughputs are the medians of the alternating rounds the distributed
     run's diagnosis measured (its diagnosis.json), the speedup the median of the rounds' own
-    ratios (each round times both back to back) with their range (3 rounds: too few for a
-    95% interval), and the split multiplies back to it."""
+    ratios (each round times both back to back) with a 95% t-interval on their logs (3
+    rounds: too few for the median's own), and the split multiplies back to it."""
     import json
     import statistics
+
+    from tasks.measure.rounds import ratio_95
 
     third = flow_run["summaries"][2]  # the last run wrote the files read here
     runs = flow_run["tmp"] / "runs" / "digits"
@@ -452,7 +454,8 @@ def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_ru
     assert third.distributed_examples_per_s == statistics.median(run)
     per_round = [r / b for r, b in zip(run, base, strict=True)]
     assert third.speedup == pytest.approx(statistics.median(per_round))
-    assert (third.speedup_low, third.speedup_high) == (min(per_round), max(per_round))
+    expected = ratio_95(run, base)  # 3 rounds: a t-interval on their logs, not their range
+    assert (third.speedup_low, third.speedup_high) == pytest.approx((expected.low, expected.high))
     assert third.speedup_from_batch == pytest.approx(
         statistics.median([w / b for w, b in zip(whole, base, strict=True)])
     )

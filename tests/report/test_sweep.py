@@ -14,6 +14,7 @@ import pytest
 from helpers import scaled
 
 from tasks.measure.probes import RoundRates
+from tasks.measure.rounds import ratio_95
 from tasks.report.forecast import fit_cost_model
 from tasks.report.scaling_grid import Cell, plan_cells, tabulate
 from tasks.settings.config import load_config
@@ -314,13 +315,13 @@ def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
     for row in rows[1:]:
         metrics = json.loads((Path(row.run_dir) / "metrics.json").read_text())
         assert (metrics["stages"], metrics["micro_batches"]) == (2, row.micro_batches)
-        # measured in its diagnosis's rounds: the median of their own ratios, with the
-        # lowest and highest (3 rounds: too few for an interval)
+        # measured in its diagnosis's rounds: the median of their own ratios, with a 95%
+        # t-interval on their logs (3 rounds: too few for the median's own)
         rounds = json.loads((Path(row.run_dir) / "diagnosis.json").read_text())["rounds"]
         top, bottom = (rounds["rates"][k] for k in ("end_to_end", RoundRates(**rounds).baseline))
-        per_round = [a / b for a, b in zip(top, bottom, strict=True)]
+        expected = ratio_95(top, bottom)
         assert (row.speedup, row.speedup_low, row.speedup_high) == pytest.approx(
-            (statistics.median(per_round), min(per_round), max(per_round))
+            (expected.median, expected.low, expected.high)
         )
         assert row.run_name.endswith(f"-r2-m{row.micro_batches}")
     assert rows[0].speedup == 1.0

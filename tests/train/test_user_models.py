@@ -65,7 +65,7 @@ def trained(config):
 
 
 def assert_a_measured_range(result) -> None:
-    """The speedup's range is its rounds' (or epochs') lowest and highest: several, apart.
+    """The speedup's range is a 95% interval over its rounds (or epochs): several, apart.
     That the median lies inside it holds by how a median is made; a range collapsed onto
     its point, or none, is what would be wrong."""
     low, point, high = result.speedup_low, result.speedup, result.speedup_high
