@@ -55,7 +55,10 @@ class PoolLab:
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_UI_ENABLED="false",
             PREFECT_WORKER_QUERY_SECONDS="1",
-            PREFECT_WORKER_HEARTBEAT_SECONDS="2",
+            # a worker is lost after 3 missed beats (flows/pool.py): at 2 s, a live worker
+            # on a loaded machine was declared lost mid-cell (its beats reach the server's
+            # SQLite late while 2 cells import TensorFlow), so the beat scales with the pace
+            PREFECT_WORKER_HEARTBEAT_SECONDS=str(round(scaled(4))),
         )
         self.server: subprocess.Popen | None = None
         self.workers: dict[int, subprocess.Popen] = {}
