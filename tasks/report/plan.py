@@ -43,7 +43,7 @@ from tasks.train.noise_estimates import (
     step_progress,
     two_point_noise,
 )
-from tasks.train.to_target import SEED_SPREAD, Target, over_seeds, target_text
+from tasks.train.to_target import SEED_SPREAD, Target, resampled_mean, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # the fewest optimizer steps an epoch a priced global batch leaves: a batch that is a large
@@ -609,8 +609,7 @@ def pair_interval(study: dict, base_batch: int, run_batch: int) -> tuple[float, 
     draw = random.Random(0)
     ratios = []
     for _ in range(PAIR_DRAWS):
-        means = [over_seeds([draw.choice(side) for _ in side]).mean for side in sides]
-        b, d = (m if m is not None else math.inf for m in means)
+        b, d = (resampled_mean(side, draw) for side in sides)
         ratios.append((b / base_batch) / (d / run_batch) if math.isfinite(d) else 0.0)
     ratios.sort()
     return ratios[int(0.025 * PAIR_DRAWS)], measured, ratios[int(0.975 * PAIR_DRAWS) - 1]

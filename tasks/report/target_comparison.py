@@ -24,6 +24,7 @@ from tasks.train.to_target import (
     SEED_SPREAD_LOWEST,
     OverSeeds,
     over_seeds,
+    resampled_mean,
     target_text,
 )
 
@@ -130,7 +131,7 @@ def speedup_interval(
 
     def side(values: tuple, interval: int) -> float:
         if several:  # a draw whose seeds missed too often never reaches the target
-            return over_seeds([draw.choice(values) for _ in values]).mean or math.inf
+            return resampled_mean(values, draw)
         mean = values[0] * math.exp(draw.gauss(0.0, seed_spread))
         return max(mean - draw.random() * interval, 1.0)
 

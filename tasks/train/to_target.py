@@ -13,7 +13,9 @@ time-to-target speedup (`tasks.report.summary`).
 from __future__ import annotations
 
 import math
+import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -382,3 +384,11 @@ def over_seeds(values: list[float | None]) -> OverSeeds:
     if not kept or any(v is None for v in kept):
         return OverSeeds(tuple(values), None, None, None)
     return OverSeeds(tuple(values), sum(kept) / len(kept), min(kept), max(kept))
+
+
+def resampled_mean(values: Sequence[float | None], draw: random.Random) -> float:
+    """MLPerf's mean (`over_seeds`) of one bootstrap draw of `values`, with replacement;
+    infinite where the draw's seeds missed too often to have one (it never reaches the
+    target)."""
+    mean = over_seeds([draw.choice(values) for _ in values]).mean
+    return math.inf if mean is None else mean
