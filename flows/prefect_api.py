@@ -103,20 +103,27 @@ class TemporaryAPI:
             f"{START_TIMEOUT_VARIABLE}=SECONDS, then run again.",
         )
 
-    def log_tail(self) -> str:
+    def log_text(self) -> str:
+        """This start's whole log (each start writes its log afresh)."""
         if not self.log or not self.log.exists():
             return ""
-        return self.log.read_text(errors="replace")[-2000:]
+        return self.log.read_text(errors="replace")
+
+    def log_tail(self) -> str:
+        return self.log_text()[-2000:]
 
     def crowded_out(self) -> bool:
         """The server exited at its start because another command took what it needed
         meanwhile: its port, or Prefect's database, which two servers starting at once on
         a fresh one both migrate (seen once in a suite run on a busy machine: one failed
-        its start in a migration's query)."""
+        its start in a migration's query). The whole log is read: a failed bind can be
+        followed by a failed shutdown whose traceback is longer than any tail (seen in CI:
+        "Reactive triggers not started" pushed the bind's error out of the last 2000
+        characters)."""
         if self.process.poll() is None:
             return False
-        tail = self.log_tail()
-        return any(m in tail for m in ("address already in use", *DATABASE_CROWDED))
+        text = self.log_text()
+        return any(m in text for m in ("address already in use", *DATABASE_CROWDED))
 
     def _watch(self) -> None:
         """A daemon thread that, should the server die before the block ends, records its

@@ -78,3 +78,15 @@ def test_a_stop_that_prefect_turned_into_its_own_error_ends_as_the_stop():
                 raise KeyError("not a signal")
             except KeyError:
                 raise ValueError("another error") from None
+
+
+@pytest.mark.unit
+def test_a_lost_bind_is_seen_behind_a_long_failed_shutdown(tmp_path):
+    """Uvicorn logs the failed bind, then Prefect's shutdown can fail with a traceback
+    longer than the error's tail (seen in CI): the start is still one to try again."""
+    api = prefect_api.TemporaryAPI(log=tmp_path / "api.log")
+    shutdown = "  File 'triggers.py', line 58, in stop\n" * 200
+    api.log.write_text(f"[Errno 98] address already in use\n{shutdown}AssertionError\n")
+    api.process = type("Exited", (), {"poll": lambda self: 3})()
+    assert "address already in use" not in api.log_tail()
+    assert api.crowded_out()
