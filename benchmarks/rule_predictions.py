@@ -27,6 +27,8 @@ point: its row is shown, never counted as a test.
         [--smoke]          # one judged batch (4B), to see it run end to end
     # in parts, into one project (each part adds to DIR/results.json):
     uv run python benchmarks/rule_predictions.py --project DIR --tasks synthetic --rules sqrt
+    # the trainings done so far are kept in benchmarks/results/rule_predictions.json: copied
+    # to DIR/results.json, a part on another machine trains only what that file lacks
 
 Goals: the plan's 95% intervals cover the judge's MLPerf mean in at least 90% of the test
 rows; where tfscale's point and the hyperbola differ by more than the noise floor (what
@@ -208,6 +210,7 @@ def measure(args: argparse.Namespace, project: Path) -> dict:
                 results["runs"].append([task.key, rule])
         keys = list(dict.fromkeys(keys))
         results["tasks"] = {**results.get("tasks", {}), task.key: asdict(task)}
+        keys = [k for k in keys if (task.key, *k) not in recorded(results["trainings"])]
         for i, key in enumerate(keys, 1):
             results["trainings"] = add(results["trainings"], run_one(task, folder, params, key))
             print(progress(task, i, len(keys), results["trainings"][-1]), flush=True)
@@ -221,6 +224,12 @@ def run_one(task: Task, folder: Path, params: dict, key: tuple) -> dict:
     start = time.perf_counter()
     done = train(task, folder, params, key, key[0] in (task.base_batch, task.base_batch * PAIR))
     return {**done, "clock_s": round(time.perf_counter() - start, 1)}
+
+
+def recorded(trainings: list[dict]) -> set[tuple]:
+    """(task, batch, seed, rate) of each training results.json holds: a part run on another
+    machine from a copy of it (the committed one) trains only what it lacks."""
+    return {(t["task"], t["batch"], t["seed"], t["rate"]) for t in trainings}
 
 
 def add(trainings: list[dict], one: dict) -> list[dict]:

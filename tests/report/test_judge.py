@@ -6,6 +6,7 @@ hand. No training."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -155,3 +156,22 @@ def test_a_goal_with_no_test_rows_is_undecided_not_missed():
         "coverage: no test rows yet (train the judged batches): undecided"
     ]
     assert judge.verdicts({"coverage": (9, 10)}) == ["coverage: 9/10 (90%; goal >= 90%): met"]
+
+
+def test_a_part_resumed_from_the_kept_results_trains_only_what_they_lack():
+    """A part run from a copy of the committed results.json: each (batch, seed, rate) the
+    judge wants is found there when its rate is computed as the judge computes it, so the
+    part trains none of them again; a seed the file lacks is still wanted."""
+    task = judge.TASKS["synthetic"]
+    seeds = {"predictor": [42, 43], "judge": [1042]}
+    wanted = judge.wanted(task, "sqrt", seeds, (0.5, 2, 4, 8))
+    kept = [{"task": task.key, "batch": b, "seed": s, "rate": r} for b, s, r in wanted]
+    have = judge.recorded(json.loads(json.dumps(kept)))  # as read back from the file
+    assert all((task.key, *key) in have for key in wanted)
+    more = judge.wanted(task, "sqrt", {**seeds, "judge": [1042, 1043]}, (0.5, 2, 4, 8))
+    assert [k for k in more if (task.key, *k) not in have] == [
+        (16, 1043, task.base_rate * judge.rule_gain("sqrt", 0.5)),
+        (64, 1043, task.base_rate * judge.rule_gain("sqrt", 2)),
+        (128, 1043, task.base_rate * judge.rule_gain("sqrt", 4)),
+        (256, 1043, task.base_rate * judge.rule_gain("sqrt", 8)),
+    ]
