@@ -15,7 +15,8 @@ the first phase's failure, else the second's; a phase that selects nothing (exit
 fine when the other ran tests, and the suite fails with 5 when neither did.
 
 After each phase it prints the phase's time against its share of the suite's 15-minute
-bound (`SHARES_MIN`, on the reference machine; the pace it measured beside it), and at the
+bound (`SHARES_MIN`, on the reference machine; the pace it measured and how busy the CPUs
+were beside it), and at the
 end the ten slowest tests of both phases with their share of the bound (read back from
 each phase's JUnit XML, whose times hold a test's setup, call and teardown): a regression
 shows at once, and where.
@@ -94,14 +95,37 @@ def measure_pace() -> float:
     return factor
 
 
-def phase_line(name: str, code: int, minutes: float, factor: float) -> str:
-    """A phase's end: its exit code and time against its share of the bound."""
+def phase_line(
+    name: str, code: int, minutes: float, factor: float, busy: float | None = None
+) -> str:
+    """A phase's end: its exit code and time against its share of the bound, and how busy
+    the machine's CPUs were meanwhile (`busy_share`): a phase that leaves them idle waits,
+    one that keeps them busy computes."""
     share = SHARES_MIN[name]
     verdict = "within" if minutes <= share else f"{minutes / share:.1f}x"
+    cpus = "" if busy is None else f"; the CPUs {busy:.0%} busy"
     return (
         f"== tests, {name} phase: exit {code} after {minutes:.1f} min, {verdict} its "
-        f"{share:.1f}-min share of the {BOUND_MIN}-min bound (pace x{factor:.2f})"
+        f"{share:.1f}-min share of the {BOUND_MIN}-min bound (pace x{factor:.2f}{cpus})"
     )
+
+
+def cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(busy, all) clock ticks of every CPU since boot, from the first line of /proc/stat
+    (user, nice, system, idle, iowait, irq, softirq, steal; idle and iowait are not busy);
+    None where the file is not there."""
+    try:
+        ticks = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time busy between two `cpu_ticks` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def durations(report: Path) -> list[tuple[float, str]]:
@@ -135,11 +159,12 @@ def main(args: list[str]) -> int:
     reports = Path(tempfile.mkdtemp(prefix="tfscale-suite-"))
     for name, options in phases(args, factor):
         report = reports / f"{name}.xml"
-        started = time.monotonic()
+        started, ticks = time.monotonic(), cpu_ticks()
         print(f"== tests, {name} phase: pytest {' '.join(options)}", flush=True)
         code = subprocess.call([sys.executable, "-m", "pytest", *options, f"--junitxml={report}"])
         minutes = (time.monotonic() - started) / 60
-        print(phase_line(name, code, minutes, factor), flush=True)
+        busy = busy_share(ticks, cpu_ticks())
+        print(phase_line(name, code, minutes, factor, busy), flush=True)
         codes.append(code)
         tests += durations(report)
     print("\n".join(slowest_lines(tests)), flush=True)
