@@ -265,6 +265,7 @@ class _PoolCells:
             timeout=0,
             flow_run_name=f"{self.labels[index]}-try{number}",
             tags=["tfscale-sweep"],
+            idempotency_key=f"{self.token}-{index}-{number}",  # a retried request: one run
         )
         return Attempt(index, self.labels[index], str(flow_run.id), number)
 

@@ -28,9 +28,8 @@ HEALTHY = (
     "import sys; from tasks.core.network import wait_healthy\n"
     "sys.exit(wait_healthy(sys.argv[1], float(sys.argv[2]), interval_s=0.5) is not None)\n"
 )
-# the sweep the pool's test and benchmark run: digits MLP, 1 and 2 replicas x batch 32, 64
-# (four cells: with two, host 1 is free again when host 2's cell is retried, and host 3's
-# worker may take nothing)
+# the sweep the pool's benchmark runs: digits MLP, 1 and 2 replicas x batch 32, 64 (four
+# cells, two for each of two workers; the test runs the two of batch 32)
 GRID = {
     "sweep.strategy": "mirrored",
     "sweep.replicas": [1, 2],
@@ -114,7 +113,10 @@ class PoolLab:
                 pass
 
     def stop(self) -> None:
-        for i in list(self.workers):
+        """Every process on the hosts killed, as `kill_host` kills them: the workers and
+        their flow runs, the server, and whatever else runs on its host (a sweep that a
+        failed test left running would go on writing into the next run's directories)."""
+        for i in [*self.workers, 0]:
             self.kill_host(i)
         for proc in [*self.workers.values(), *([self.server] if self.server else [])]:
             proc.terminate()
