@@ -425,7 +425,6 @@ CASES = [
         ["run", "--batch-size-per-replica", "100000"],
         2,
         ("train split has 1437 examples",),
-        process=True,  # a Prefect flow: its logging set-up closes the streams it finds
     ),
     # data
     Case(
@@ -435,7 +434,7 @@ CASES = [
         ("No prepared dataset at elsewhere/digits", "tfscale prepare --dataset digits"),
         writes_nothing=True,
     ),
-    Case("corrupted shard", TRAIN, 1, ("corrupted", "--force"), shard("corrupted"), process=True),
+    Case("corrupted shard", TRAIN, 1, ("corrupted", "--force"), shard("corrupted")),
     Case("truncated shard", TRAIN, 1, ("truncated", "--force"), shard("truncated")),
     Case("missing shard", TRAIN, 1, (": missing", "--force"), shard("missing")),
     Case("edited manifest", ["verify"], 1, ("was edited after prepare", "--force"), edit_manifest),
@@ -732,6 +731,13 @@ def test_a_user_mistake_gets_one_clear_error(case, outcomes):
     if case.no_manifest:
         assert not result["manifests"], result["manifests"]
     assert not result["partial"], result["partial"]  # no half-written file left behind
+
+
+@pytest.mark.unit
+def test_each_exit_code_has_a_row_through_the_console_script():
+    """The installed `tfscale` script's own exit status is checked for each documented code
+    (2 config and usage, 1 at run time): an in-process row checks what `main` returns."""
+    assert {case.code for case in CASES if case.process} == {1, 2}
 
 
 # errors a user meets where this table cannot reach them, and where each is checked

@@ -95,7 +95,7 @@ def swept(tmp_path_factory):
             "train.measure_rounds": 3,  # the cells' measurement at a few blocks' effort
             "sweep.dataset_sizes": [256, 512],
             "sweep.model": "mlp",
-            "sweep.epochs": 2,
+            "sweep.epochs": 1,  # a row's rate, loss and forecast need one epoch's history
             "sweep.precision": ["float32"],
             "sweep.out_dir": str(tmp / "out"),
             "track.store_dir": str(tmp / "mlflow"),
