@@ -111,7 +111,11 @@ def cloned(tmp: Path, **params) -> Repo:
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    return cloned(tmp_path_factory.mktemp("dvc"))
+    """The module's clone, its sweep a grid of one cell (1 replica, the cell every grid
+    has): the tests claim of the sweep stage only that it runs, tracks, plots and imports
+    nothing outside its deps; a second cell trains again and shows nothing more (the sweep
+    imports the same modules with one cell or two)."""
+    return cloned(tmp_path_factory.mktemp("dvc"), **{"sweep.replicas": [1]})
 
 
 @pytest.fixture(scope="module")
@@ -347,8 +351,9 @@ def test_every_module_a_stage_imports_is_among_its_deps(clone, repro_runs):
 def test_an_edited_data_file_reruns_the_stages_that_read_it_only(tmp_path_factory):
     """The user's table named by `prepare.files`: DVC hashes it itself, so a second
     `dvc repro prepare` skips, and an edit changes prepare's deps only (the stages after it
-    follow through the shards, as any changed output) and reruns prepare, not its readers'
-    readers. Prepare alone: a stage that trains costs minutes and shows nothing more."""
+    follow through the shards, as any changed output), so that a repro reruns prepare, not
+    its readers' readers (`--dry`: DVC's own decision, without a second preparation to
+    show it). Prepare alone: a stage that trains costs minutes and shows nothing more."""
     tmp = tmp_path_factory.mktemp("dvc-table")
     rows = [f"{i % 7},{(i * 3) % 11},{i % 2}" for i in range(200)]
     table = "a,b,label\n" + "\n".join(rows) + "\n"
@@ -370,4 +375,4 @@ def test_an_edited_data_file_reruns_the_stages_that_read_it_only(tmp_path_factor
         if isinstance(change, dict) and "table.csv" in change.get("changed deps", {})
     }
     assert reading == {"prepare"}, status
-    assert ran(repo.dvc("repro", "prepare")) == {"prepare"}
+    assert ran(repo.dvc("repro", "prepare", "--dry")) == {"prepare"}
