@@ -4,6 +4,8 @@ other's failure or pass an empty run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import ROOT
 
@@ -136,3 +138,25 @@ def test_the_suite_prints_each_phase_against_its_share_and_the_slowest_tests(tmp
     assert lines[0].startswith("== the 10 slowest tests") and len(lines) == 11
     assert lines[1].split() == ["110.5", "s", "12.3%", "tests/flows/test_pool.py::test_11"]
     assert lines[-1].endswith("test_2")  # test_0 and test_1, the fastest, left out
+
+
+def test_the_suite_compiles_what_its_processes_import_once(tmp_path):
+    """The modules under a place are compiled where they were not (Python then reads them,
+    though told never to write bytecode itself); a second pass finds them compiled."""
+    import importlib.util
+
+    import suite
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "mod.py").write_text("VALUE = 1\n")
+    compiled = Path(importlib.util.cache_from_source(str(package / "mod.py")))
+    assert not compiled.exists()
+    line = suite.compile_bytecode([package, tmp_path / "missing"], workers=1)
+    assert line.startswith("== bytecode: ") and compiled.exists()
+    written = compiled.stat().st_mtime_ns
+    suite.compile_bytecode([package], workers=1)
+    assert compiled.stat().st_mtime_ns == written  # up to date: not compiled again
+    places = suite._compiled_places()
+    assert places[-2:] == [ROOT / "flows", ROOT / "tasks"]
+    assert any(p.name == "site-packages" for p in places)
