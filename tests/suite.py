@@ -177,8 +177,9 @@ def _compiled_places() -> list[Path]:
 
 
 def main(args: list[str]) -> int:
-    print(compile_bytecode(_compiled_places()), flush=True)
     try:
+        pace.current()  # a factor refused before anything is done
+        print(compile_bytecode(_compiled_places()), flush=True)
         factor = measure_pace()
     except ValueError as exc:
         print(f"== error: {exc}", file=sys.stderr, flush=True)

@@ -81,6 +81,7 @@ def test_the_pace_is_clamped_at_3x_loudly_and_a_factor_below_1_refused(monkeypat
         with pytest.raises(ValueError, match=f"{pace.VARIABLE}={refused} refused"):
             pace.current()
         monkeypatch.setattr(suite.subprocess, "call", lambda *a, **k: pytest.fail("a phase ran"))
+        monkeypatch.setattr(suite, "compile_bytecode", lambda *a: pytest.fail("compiled first"))
         assert suite.main([]) == 2
         assert "a factor below 1" in capsys.readouterr().err
 
