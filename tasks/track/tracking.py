@@ -132,6 +132,9 @@ def run_tags(**extra: str) -> dict[str, str]:
     return tags
 
 
+STORE_LOCK = ".tfscale-store.lock"  # beside the embedded store's database (`_store_lock`)
+
+
 class Tracker:
     """The tracking store, its client, and the monitors of the runs this tracker opened."""
 
@@ -225,30 +228,54 @@ class Tracker:
             "another directory, or set MLFLOW_TRACKING_URI to a tracking server.",
         )
 
+    @contextlib.contextmanager
+    def _store_lock(self) -> Iterator[None]:
+        """The embedded store held by this process alone while it is made, migrated and
+        given its experiment: two commands starting at once on a fresh store (a served
+        schedule's run beside one on demand) each ran MLflow's migrations, and one failed
+        ("table _alembic_tmp_experiments already exists"). A lock file beside the
+        database; nothing to hold for a tracking server."""
+        if not self.local:
+            yield
+            return
+        import fcntl
+
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.store_dir / STORE_LOCK, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     @property
     def client(self) -> Any:
-        """The MlflowClient, made once, with the experiment created if it is new."""
+        """The MlflowClient, made once, with the experiment created if it is new (under
+        `_store_lock`)."""
         if self._client is None:
-            from mlflow import MlflowClient
-
-            if self.local:
-                self.store_dir.mkdir(parents=True, exist_ok=True)
-            self.check()
-            client = MlflowClient(self.uri)
-            experiment = client.get_experiment_by_name(self.experiment)
-            if experiment is None:
-                root = self.artifact_root if self.local else None
-                client.create_experiment(
-                    self.experiment, artifact_location=root, tags=dict([EXPERIMENT_KIND])
-                )
-                experiment = client.get_experiment_by_name(self.experiment)
-            view = json.dumps(results_view())
-            if experiment.tags.get(VIEW_TAG) != view:
-                client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, view)
-            if EXPERIMENT_KIND[0] not in experiment.tags:
-                client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
-            self._client = client
+            with self._store_lock():
+                self._client = self._made_client()
         return self._client
+
+    def _made_client(self) -> Any:
+        """The store checked, its client made and the experiment created where new."""
+        from mlflow import MlflowClient
+
+        self.check()
+        client = MlflowClient(self.uri)
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            root = self.artifact_root if self.local else None
+            client.create_experiment(
+                self.experiment, artifact_location=root, tags=dict([EXPERIMENT_KIND])
+            )
+            experiment = client.get_experiment_by_name(self.experiment)
+        view = json.dumps(results_view())
+        if experiment.tags.get(VIEW_TAG) != view:
+            client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, view)
+        if EXPERIMENT_KIND[0] not in experiment.tags:
+            client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
+        return client
 
     def results_url(self, base: str) -> str:
         """The experiment's runs table at `base` (an MLflow UI), opened on the result

@@ -298,3 +298,41 @@ def test_links_follow_a_serving_ui_to_its_port_and_never_a_stopped_ones(tmp_path
     assert tracker.ui_base == "http://127.0.0.1:5000"
     record.write_text("{")  # half-written
     assert tracker.ui_base == "http://127.0.0.1:5000"
+
+
+@pytest.mark.unit
+def test_a_fresh_embedded_store_is_made_by_one_command_at_a_time(tmp_path, monkeypatch):
+    """Two commands starting at once on a fresh store each ran MLflow's migrations and one
+    failed: the store is made, migrated and given its experiment under a lock file beside
+    it, which a second holder (another process's open of the file, as here another
+    thread's) waits for, and which is free again once the client is made."""
+    import fcntl
+    import threading
+
+    from tasks.track.tracking import STORE_LOCK
+
+    tracker = Tracker(tmp_path / "mlflow")
+    lock = tmp_path / "mlflow" / STORE_LOCK
+
+    def held() -> bool:
+        with open(lock, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    seen = []
+    monkeypatch.setattr(Tracker, "_made_client", lambda self: seen.append(held()) or "client")
+    assert tracker.client == "client" and seen == [True] and not held()
+
+    order = []
+    with tracker._store_lock():
+        waiting = threading.Thread(target=lambda: order.append(Tracker(tmp_path / "mlflow").client))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive() and order == []  # waits while another holds the store
+        order.append("first")
+    waiting.join(timeout=scaled(30))
+    assert order == ["first", "client"]
