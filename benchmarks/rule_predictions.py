@@ -208,9 +208,9 @@ def measure(args: argparse.Namespace, project: Path) -> dict:
             keys += wanted(task, rule, seeds, tuple(results["judged"]))
             if [task.key, rule] not in results["runs"]:
                 results["runs"].append([task.key, rule])
-        keys = list(dict.fromkeys(keys))
         results["tasks"] = {**results.get("tasks", {}), task.key: asdict(task)}
-        keys = [k for k in keys if (task.key, *k) not in recorded(results["trainings"])]
+        done = recorded(results["trainings"])
+        keys = [k for k in dict.fromkeys(keys) if (task.key, *k) not in done]
         for i, key in enumerate(keys, 1):
             results["trainings"] = add(results["trainings"], run_one(task, folder, params, key))
             print(progress(task, i, len(keys), results["trainings"][-1]), flush=True)
@@ -226,19 +226,20 @@ def run_one(task: Task, folder: Path, params: dict, key: tuple) -> dict:
     return {**done, "clock_s": round(time.perf_counter() - start, 1)}
 
 
+def training_key(t: dict) -> tuple:
+    """What tells one training from another: (task, batch, seed, rate)."""
+    return t["task"], t["batch"], t["seed"], t["rate"]
+
+
 def recorded(trainings: list[dict]) -> set[tuple]:
-    """(task, batch, seed, rate) of each training results.json holds: a part run on another
+    """The `training_key` of each training results.json holds: a part run on another
     machine from a copy of it (the committed one) trains only what it lacks."""
-    return {(t["task"], t["batch"], t["seed"], t["rate"]) for t in trainings}
+    return {training_key(t) for t in trainings}
 
 
 def add(trainings: list[dict], one: dict) -> list[dict]:
     """`trainings` with `one` in place of an earlier record of the same training."""
-
-    def key(t: dict) -> tuple:
-        return t["task"], t["batch"], t["seed"], t["rate"]
-
-    return [t for t in trainings if key(t) != key(one)] + [one]
+    return [t for t in trainings if training_key(t) != training_key(one)] + [one]
 
 
 def progress(task: Task, i: int, n: int, t: dict) -> str:
