@@ -4,7 +4,9 @@ the other. The lock is a file beside the run directory, held with `flock` (the k
 releases it when its holder ends, however it ends), and says who holds it.
 
 Ownership: `hold` takes the lock for the block it wraps; a process that already holds a
-directory's lock passes through (training, then its diagnosis, in one process).
+directory's lock passes through (training, then its diagnosis, in one process). `waited`
+is the same kind of lock for a short step that a second process waits for rather than
+refuses (the embedded MLflow store's making, `tasks.track.tracking`).
 """
 
 from __future__ import annotations
@@ -67,3 +69,15 @@ def hold(run_dir: Path) -> Iterator[None]:
         finally:
             _HELD.discard(key)
             handle.truncate(0)  # released: a later reader finds no holder's name
+
+
+@contextlib.contextmanager
+def waited(path: Path) -> Iterator[None]:
+    """The lock file `path` for the block, once any other holder has let it go."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -234,19 +234,14 @@ class Tracker:
         given its experiment: two commands starting at once on a fresh store (a served
         schedule's run beside one on demand) each ran MLflow's migrations, and one failed
         ("table _alembic_tmp_experiments already exists"). A lock file beside the
-        database; nothing to hold for a tracking server."""
+        database (`run_lock.waited`); nothing to hold for a tracking server."""
         if not self.local:
             yield
             return
-        import fcntl
+        from tasks.core.run_lock import waited
 
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.store_dir / STORE_LOCK, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with waited(self.store_dir / STORE_LOCK):
+            yield
 
     @property
     def client(self) -> Any:
