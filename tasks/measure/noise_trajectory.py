@@ -124,11 +124,7 @@ class Trajectory:
         noise), so more than 2.5% of such draws make the high end infinite: unbounded
         (`interval_text`). NaN where the mean |G|^2 is at or below zero: the noise is not
         measurable."""
-        kept = [
-            e
-            for end, e in zip(self.end_steps, self.estimates.get(variant, ()), strict=True)
-            if (until is None or end <= until) and math.isfinite(e[0]) and math.isfinite(e[1])
-        ]
+        kept = self._kept(variant, until)
         value = _ratio_of_means(kept)
         if not kept or math.isnan(value):
             return (math.nan, math.nan, math.nan)
@@ -138,6 +134,20 @@ class Trajectory:
         low = resampled[int(0.025 * RESAMPLES)]
         high = resampled[int(0.975 * RESAMPLES) - 1]
         return min(low, value), value, max(high, value)
+
+    def headline_value(self, variant: str, until: int | None = None) -> float:
+        """`headline`'s value alone, without its interval's bootstrap: NaN where the noise
+        is not measurable."""
+        kept = self._kept(variant, until)
+        return _ratio_of_means(kept) if kept else math.nan
+
+    def _kept(self, variant: str, until: int | None) -> list:
+        """The windows up to step `until` whose two estimates are both finite."""
+        return [
+            e
+            for end, e in zip(self.end_steps, self.estimates.get(variant, ()), strict=True)
+            if (until is None or end <= until) and math.isfinite(e[0]) and math.isfinite(e[1])
+        ]
 
 
 def interval_text(low: float, high: float) -> str:
@@ -229,7 +239,7 @@ def predicted_steps_to(
     headline: list[float] = []  # computed once where a window needs it
 
     def overall() -> float:
-        headline[:] = headline or [path.headline(variant, until=steps_to_target)[1]]
+        headline[:] = headline or [path.headline_value(variant, until=steps_to_target)]
         return headline[0]
 
     total, stalled = 0.0, 0

@@ -364,7 +364,7 @@ def critical_batches(table: list[SweepRow], results: list[dict]) -> list[Critica
         path = trajectory(
             smallest[1].get("gradient_noise") or [], examples=split_examples(smallest[1])
         )
-        simple = path.headline("raw")[1] if path.end_steps else math.nan
+        simple = path.headline_value("raw") if path.end_steps else math.nan
         found.append(
             CriticalBatch(
                 size,

@@ -159,7 +159,7 @@ def noise_figures(baseline: TrainResult, distributed: TrainResult) -> dict[str, 
         "noise_scale": value,
         "noise_scale_low": low,
         "noise_scale_high": high,
-        "noise_scale_adam": path.headline("adam", until=steps)[1],
+        "noise_scale_adam": path.headline_value("adam", until=steps),
     }
     if steps and math.isfinite(value):
         base_batch, batch = effective_batch(baseline), effective_batch(distributed)

@@ -172,6 +172,10 @@ def test_a_trajectory_recovers_each_windows_planted_noise_scale_and_averages_the
     # bootstrap over the two windows draws 20 (the first twice), 33.3 or 60
     assert path.headline("raw") == pytest.approx((20.0, 100 / 3, 60.0))
     assert path.headline("raw", until=30) == pytest.approx((20.0, 20.0, 20.0))
+    # its value alone (what a walk along the path needs), without the bootstrap
+    assert path.headline_value("raw") == pytest.approx(100 / 3)
+    assert path.headline_value("raw", until=30) == pytest.approx(20.0)
+    assert math.isnan(path.headline_value("raw", until=5))  # no window ended yet
 
 
 def test_steps_to_target_at_another_batch_follow_the_efficiency_of_each_step():
@@ -267,6 +271,7 @@ def test_a_noise_scale_measurable_nowhere_predicts_nothing_rather_than_perfect_s
     noise_only = {"end_step": 50, "steps": 10, "small_batch": 16, "big_batch": 32}
     path = trajectory([noise_only | {"small": 3.0, "big": 1.4}])  # (32 x 1.4 - 16 x 3)/16 < 0
     assert math.isnan(path.headline("raw")[1])
+    assert math.isnan(path.headline_value("raw"))
     assert math.isnan(predicted_steps_to(path, 100, 32, 64, "raw"))
 
 
