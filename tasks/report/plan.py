@@ -36,6 +36,7 @@ from tasks.report.forecast import MEASURED, fit_cost_model
 from tasks.train.noise_estimates import (
     NOT_EXPLAINED,
     calibrated,
+    factor_at_optimum,
     planned_gain,
     rule_progress,
     sampled_batch,
@@ -153,7 +154,8 @@ class Pricing:
     headroom: `adascale`, whose steps need none), that rate capped at the highest one
     measured to reach the target; each batch's noise as drawn without replacement from the
     training split's `examples` (`sampled_batch`). `ends`: the calibrations at the ends of
-    the pair's own 95% interval (its seeds'), over which every row's interval runs."""
+    the pair's own 95% interval (its seeds'), and the pair's other reading at its ratio and
+    those ends (`_other_readings`), over which every row's interval runs."""
 
     path: Trajectory
     steps_run: float  # the run's steps to the target (its seeds' MLPerf mean where it has)
@@ -242,17 +244,20 @@ class Pricing:
         in logs, taken as independent and added in quadrature on each side (an envelope of
         the three, their sum, said more than 95%): the noise scale's (its headline's
         bounds, held constant), the calibration's (`ends`: the pair's own interval carried
-        to the model), and the run's steps' (`seed_doubt`). An infinite end stays so."""
+        to the model, and its other reading), and the run's steps' (`seed_doubt`). An
+        infinite end stays so; where the point is infinite ("never", as the plan assumed),
+        the low end is the lowest steps a reading of the pair that reaches the target gives,
+        less the seeds' doubt."""
         steps = self.point(batch)
-        if not math.isfinite(steps):
-            return steps, steps, steps
         ends = [dataclasses.replace(self, calibration=c) for c in self.ends]
-        groups = [
-            [self.point(batch, q) for q in (self.noise[0], self.noise[2])],
-            # an end under which the run itself would not have reached the target is not
-            # one its measurements allow
-            [end.point(batch) for end in ends if math.isfinite(end.point(self.run_batch))],
-        ]
+        # an end under which the run itself would not have reached the target is not one
+        # its measurements allow
+        allowed = [end.point(batch) for end in ends if math.isfinite(end.point(self.run_batch))]
+        if not math.isfinite(steps):  # never, read as the plan assumed; another reading may
+            reached = [v for v in allowed if math.isfinite(v)]
+            low = min(reached) * math.exp(-self.seed_doubt) if reached else steps
+            return steps, low, steps
+        groups = [[self.point(batch, q) for q in (self.noise[0], self.noise[2])], allowed]
         low = [min([steps, *g]) for g in groups]
         high = [max([steps, *g]) for g in groups]
         down = _quadrature([math.log(steps / v) for v in low], self.seed_doubt)
@@ -474,14 +479,15 @@ def _calibration(
     ramp = (min(warmup_epochs * examples / run_batch, steps) if examples else 0.0, steps)
     point = _read(phi, sampled, gain, measured, ramp=ramp)
     ends = [_read(phi, sampled, gain, m, point.hyperbola is None, ramp) for m in (low, high)]
+    others = _other_readings(phi, sampled, gain, (low, measured, high), ramp, point)
     pair = (
         f"the baseline's {base_examples / base_batch:,.0f} steps at batch {base_batch} against "
         f"the run's {run_examples / run_batch:,.0f} at {run_batch} ({study.get('seeds', 1)} "
         f"seed{'s' if study.get('seeds', 1) > 1 else ''}, {measured:.2f}x, 95% interval "
         f"{low:.2f}-{high:.2f})"
     )
-    said = _assumed(rule, gain, phi, point, ends)
-    return Told(point, tuple(ends), f"{rule}, calibrated: {pair}: {said}", said)
+    said = _assumed(rule, gain, phi, point, ends, others)
+    return Told(point, (*ends, *others), f"{rule}, calibrated: {pair}: {said}", said)
 
 
 def _read(
@@ -505,19 +511,67 @@ def _read(
     if not warm:
         return _read_once(phi, batches, gain, measured, model)
 
-    def ratio(headroom: float, factor: float) -> float:  # the pair the model makes
-        share = warm / steps * ramp_cost(phi * factor, batches, gain, headroom)
-        return rule_progress(phi * factor, *batches, gain, headroom) * (1 - share)
+    def ratio(headroom: float) -> float:  # the pair the model makes at the noise measured
+        return _pair_made(phi, batches, gain, ramp, headroom, 1.0)
 
     grid = [2 * (i + 0.5) / GRID for i in range(GRID)]
-    headroom = _root(lambda h: ratio(h, 1.0) - measured, grid)
+    headroom = _root(lambda h: ratio(h) - measured, grid)
     if headroom is not None:
         return Calibration(headroom, 1.0)
+    return _at_optimum(phi, batches, gain, measured, ramp) or _read_once(
+        phi, batches, gain, measured, model
+    )
+
+
+def _pair_made(
+    phi: float,
+    batches: tuple[float, float],
+    gain: float,
+    ramp: tuple[float, float],
+    headroom: float,
+    factor: float,
+) -> float:
+    """The pair's steps ratio the model makes at (`headroom`, `factor`), the run's warm-up
+    (`ramp`: its steps, and the run's) costing its deficit."""
+    warm, steps = ramp
+    share = warm / steps * ramp_cost(phi * factor, batches, gain, headroom) if warm else 0.0
+    return rule_progress(phi * factor, *batches, gain, headroom) * (1 - share)
+
+
+def _at_optimum(
+    phi: float,
+    batches: tuple[float, float],
+    gain: float,
+    measured: float,
+    ramp: tuple[float, float] = (0.0, 1.0),
+) -> Calibration | None:
+    """The pair's reading at a base rate at its optimum: headroom 1 and the noise scale's
+    factor that gives `measured` (`factor_at_optimum`, or along a grid with a warm-up);
+    None where no factor in [1/64, 64] does."""
+    if not ramp[0]:
+        factor = factor_at_optimum(phi, *batches, lambda _: gain, measured)
+        return None if factor is None else Calibration(1.0, factor)
     factors = [FACTOR_BOUND ** (2 * i / (GRID - 1) - 1) for i in range(GRID)]
-    factor = _root(lambda f: ratio(1.0, f) - measured, factors)
-    if factor is not None:
-        return Calibration(1.0, factor)
-    return _read_once(phi, batches, gain, measured, model)
+    factor = _root(lambda f: _pair_made(phi, batches, gain, ramp, 1.0, f) - measured, factors)
+    return None if factor is None else Calibration(1.0, factor)
+
+
+def _other_readings(
+    phi: float,
+    batches: tuple[float, float],
+    gain: float,
+    ratios: tuple[float, ...],
+    ramp: tuple[float, float],
+    point: Calibration,
+) -> list[Calibration]:
+    """One pair, two unknowns: where the plan read the pair as a base rate off its optimum
+    at the noise scale measured, the other reading of each of `ratios` (the pair's measured
+    ratio and its interval's ends): a base rate at its optimum and a noise scale that
+    gives the pair (`_at_optimum`). The rows' intervals run over both readings."""
+    if point.headroom is None or point.factor != 1.0 or abs(point.headroom - 1) < 1e-9:
+        return []
+    readings = (_at_optimum(phi, batches, gain, m, ramp) for m in ratios)
+    return [c for c in readings if c is not None]
 
 
 GRID = 400  # the points a calibration with a warm-up scans for its root
@@ -557,7 +611,12 @@ FACTOR_BOUND = 64.0  # `calibrated`'s widest noise factor, either way
 
 
 def _assumed(
-    rule: str, gain: float, phi: float, point: Calibration, ends: list[Calibration]
+    rule: str,
+    gain: float,
+    phi: float,
+    point: Calibration,
+    ends: list[Calibration],
+    others: list[Calibration] = (),
 ) -> str:
     """What one pair, two unknowns, made the plan assume, in words."""
     if point.hyperbola is not None:
@@ -573,13 +632,24 @@ def _assumed(
     if point.factor == 1.0:
         return (
             f"one pair, two unknowns: assumed the noise scale as measured ({phi:,.0f}), which "
-            f"puts the base rate at {point.headroom:.2f} of its optimum{span} (a larger noise "
-            "scale would explain the pair too)"
+            f"puts the base rate at {point.headroom:.2f} of its optimum{span}; "
+            + _other_text(others)
         )
     factors = _span([c.factor for c in ends if c.headroom == 1.0 and c.factor != 1.0])
     return (
         f"one pair, two unknowns: assumed a base rate at its optimum, which needs the noise "
         f"scale {point.factor:.2f}x the measured{factors}"
+    )
+
+
+def _other_text(others: list[Calibration]) -> str:
+    """The pair's other reading (`_other_readings`) in words."""
+    if not others:
+        return "no base rate at its optimum gives the pair at any noise scale"
+    factors = [c.factor for c in others]
+    return (
+        f"a base rate at its optimum with the noise scale {min(factors):.2f}-"
+        f"{max(factors):.2f}x the measured gives it too, and the intervals run over both"
     )
 
 

@@ -208,6 +208,20 @@ def calibrated(
     headroom = headroom_from(noise_scale, base_batch, batch, gain_at(noise_scale), measured)
     if headroom is not None:
         return headroom, 1.0
+    factor = factor_at_optimum(noise_scale, base_batch, batch, gain_at, measured)
+    return (None, NOT_EXPLAINED) if factor is None else (1.0, factor)
+
+
+def factor_at_optimum(
+    noise_scale: float,
+    base_batch: float,
+    batch: float,
+    gain_at: Callable[[float], float],
+    measured: float,
+) -> float | None:
+    """The pair's other reading (`calibrated`): a base rate at its optimum (headroom 1) and
+    the factor in [1/64, 64] on the measured noise scale that gives the pair; None where
+    no factor there does."""
 
     def made(factor: float) -> float:  # the pair's steps ratio at headroom 1: rises with it
         phi = noise_scale * factor
@@ -215,11 +229,11 @@ def calibrated(
 
     low, high = 1 / 64, 64.0
     if not made(low) <= measured <= made(high):
-        return None, NOT_EXPLAINED
+        return None
     for _ in range(80):
         middle = math.sqrt(low * high)
         low, high = (middle, high) if made(middle) < measured else (low, middle)
-    return 1.0, high
+    return high
 
 
 def window_estimates(window: dict, variant: str = "raw") -> tuple[float, float] | None:

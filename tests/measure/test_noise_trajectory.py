@@ -356,6 +356,21 @@ def test_sqrt_beating_a_base_rate_at_its_optimum_assumes_the_measured_noise_scal
     assert calibrated(61.0, 32, 64, lambda _: sqrt, 1.6) == pytest.approx((1.4520, 1.0), abs=1e-4)
 
 
+def test_a_pair_read_as_a_headroom_has_its_other_reading_at_a_base_rate_at_its_optimum():
+    """Noise scale 64, linear's gain 2, a measured 1.6: g* = 1.5, k = 4/3, q = 16/15, so
+    h = 2(4/3 - 16/15)/(16/9 - 16/15) = 0.75 as measured. At headroom 1 a pair makes
+    g*' k'(2 - k') = 4 - 4/g*' = 4f/(1 + 2f) with the noise 64f (g*' = (1 + 2f)/(1 + f)),
+    so f = m/(4 - 2m) = 2: the other reading. Past 2 (f -> infinity) none gives it: 1.99
+    needs f = 99.5, beyond the bound of 64."""
+    from tasks.train.noise_estimates import calibrated, factor_at_optimum, rule_progress
+
+    assert calibrated(64.0, 32, 64, lambda _: 2.0, 1.6) == pytest.approx((0.75, 1.0))
+    assert factor_at_optimum(64.0, 32, 64, lambda _: 2.0, 1.6) == pytest.approx(2.0)
+    assert rule_progress(128.0, 32, 64, 2.0, 1.0) == pytest.approx(1.6)
+    assert factor_at_optimum(64.0, 32, 64, lambda _: 2.0, 1.9) == pytest.approx(9.5)
+    assert factor_at_optimum(64.0, 32, 64, lambda _: 2.0, 1.99) is None
+
+
 def test_sqrt_worse_than_its_gain_alone_reads_a_noise_scale_measured_high():
     """Noise scale 61, sqrt's gain, a measured ratio of 1.3, below the gain 1.4142 a base
     rate far below its optimum gives: no headroom in [0, 2) (h = 5.18), so a base rate at

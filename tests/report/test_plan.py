@@ -99,6 +99,45 @@ def test_a_model_calibration_says_what_it_assumed_on_the_plans_first_lines():
     assert alone.assumed.startswith("no pair to calibrate linear by: priced as adascale")
 
 
+def test_the_rows_intervals_run_over_both_readings_of_the_pair():
+    """linear, noise scale 64, a pair of 160 steps at 32 against 100 at 64 on 5 seeds a
+    side, each side's seeds alike (the pair's interval 1.6-1.6): read as the base rate at
+    0.75 of its optimum, or (the other reading) at its optimum with the noise scale 2x
+    the measured. At 128 (the rate held at the run's, gain 2): 0.75 gives g* = 3/1.5 = 2,
+    r = 0.75, progress 2(1.5 - 0.5625)/0.9375 = 2, so 100 x 1.6/2 = 80 steps; the other,
+    noise 128: g* = 5/2, r = 0.8, progress 2.5 x 0.96 = 2.4, so 100 x 1.6/2.4 = 66.67.
+    The seeds' doubt 1.96 x 0.13/sqrt(3) = 0.14711; down sqrt(ln(1.2)^2 + 0.14711^2) =
+    0.23427, so 80/e^0.23427 = 63.29; up 0.14711, so 92.68. Read one way only, the low end
+    was 80/e^0.14711 = 69.06, which leaves the other reading's 66.67 out."""
+    by_seed = [[160 * BATCH] * 5, [100 * 2 * BATCH] * 5]
+    study = _pair(160, 100, seeds=5, examples_to_target_by_seed=by_seed)
+    plan = make_plan(_run(), 2, "ethernet-10g", 10.0, study=study)
+    row = next(r for r in plan.rows if r.devices == 1 and r.global_batch == 128)
+    assert (row.steps, row.steps_low, row.steps_high) == pytest.approx(
+        (80.0, 63.29, 92.68), abs=0.01
+    )
+    assert "puts the base rate at 0.75 of its optimum" in plan.assumed
+    assert "with the noise scale 2.00-2.00x the measured gives it too" in plan.assumed
+
+
+def test_never_as_assumed_keeps_the_steps_another_reading_of_the_pair_gives():
+    """sqrt, noise scale 64, the base rate read at 1.8 of its optimum: at 16 (gain
+    1/sqrt(2) = 0.70711, g* = (1 + 2)/(1 + 4) = 0.6) r = 1.8 x 0.70711/0.6 = 2.1213 >= 2,
+    so "never". The other reading, at its optimum with the noise 128: at 16 g* = 5/9,
+    r = 1.27279, progress (5/9)(2.54558 - 1.62000) = 0.51421; at the run's 64 g* = 5/3,
+    r = 0.84853, progress (5/3)(1.69706 - 0.72000) = 1.62843; so 100 x 1.62843/0.51421 =
+    316.69 steps, less the seeds' doubt 0.1: 286.55. The interval was never-never."""
+    sqrt = 2**0.5
+    pricing = Pricing(
+        trajectory([_window(64.0)]), 100, 2 * BATCH, BATCH, 1, 0.001, "sqrt",
+        Calibration(1.8, 1.0), sqrt, (64.0, 64.0, 64.0), ends=(Calibration(1.0, 2.0),),
+        seed_doubt=0.1,
+    )  # fmt: skip
+    steps, low, high = pricing.steps(16)
+    assert math.isinf(steps) and math.isinf(high)
+    assert low == pytest.approx(286.55, abs=0.01)
+
+
 def test_a_rows_doubts_add_in_quadrature_as_95_percent_intervals_do():
     """Noise scale 64 (95% 32-128), no calibration (each step's progress
     (1 + phi/32)/(1 + phi/M)), a seed doubt of 0.1 in logs, the run's 100 steps at 64.
