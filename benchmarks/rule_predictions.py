@@ -537,11 +537,29 @@ def report(results: dict, pricer: Pricer = plan_pricer, draws: int = DRAWS) -> l
     every = []
     for key, rule in results["runs"]:
         side = side_of(results, key, rule)
+        missing = untrained(side, results["seeds"])
+        if missing:
+            print(f"\n## {key}, {rule}: not reported yet, {missing}")
+            continue
         rows = rows_of(side, pricer, draws)
         print(table(side, rows))
         every += rows
     print("\n" + "\n".join(verdicts(goals(every))))
     return every
+
+
+def untrained(side: Side, seeds: dict) -> str:
+    """What a (task, rule) still lacks before its table can be made, in words ('' where
+    nothing): a part of the judge reports what it has, and says what it has not."""
+    wanted = {"predictor": len(seeds["predictor"]), "judge": len(seeds["judge"])}
+    sides = {"the base": (side.base, "predictor"), "the pair": (side.pair, "predictor")}
+    sides |= {f"batch {b}": (t, "judge") for b, t in sorted(side.judge.items())}
+    short = [
+        f"{name} {len(trainings)} of {wanted[who]}"
+        for name, (trainings, who) in sides.items()
+        if len(trainings) < wanted[who]
+    ]
+    return f"trained so far: {', '.join(short)}" if short else ""
 
 
 def main() -> None:

@@ -175,3 +175,18 @@ def test_a_part_resumed_from_the_kept_results_trains_only_what_they_lack():
         (128, 1043, task.base_rate * judge.rule_gain("sqrt", 4)),
         (256, 1043, task.base_rate * judge.rule_gain("sqrt", 8)),
     ]
+
+
+def test_a_part_reports_what_it_has_and_says_what_it_lacks(capsys):
+    """A second rule whose predictor never trained, and the first's batch 256 with one
+    seed of four: neither is reported, each says what it lacks; no error."""
+    results = _results()
+    results["runs"].append([KEY, "linear"])
+    results["trainings"] = [
+        t for t in results["trainings"] if t["batch"] != 256 or t["seed"] == 11
+    ]
+    assert judge.report(results, _plan, draws=20) == []
+    out = capsys.readouterr().out
+    assert "toy-adam, sqrt: not reported yet, trained so far: batch 256 1 of 4" in out
+    assert "toy-adam, linear: not reported yet, trained so far: the base 3 of 3" not in out
+    assert "the pair 0 of 3" in out
