@@ -182,9 +182,7 @@ def test_a_part_reports_what_it_has_and_says_what_it_lacks(capsys):
     seed of four: neither is reported, each says what it lacks; no error."""
     results = _results()
     results["runs"].append([KEY, "linear"])
-    results["trainings"] = [
-        t for t in results["trainings"] if t["batch"] != 256 or t["seed"] == 11
-    ]
+    results["trainings"] = [t for t in results["trainings"] if t["batch"] != 256 or t["seed"] == 11]
     assert judge.report(results, _plan, draws=20) == []
     out = capsys.readouterr().out
     assert "toy-adam, sqrt: not reported yet, trained so far: batch 256 1 of 4" in out
