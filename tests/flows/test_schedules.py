@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -170,7 +170,7 @@ def logs_of(client, flow_run_id) -> list:
 
 def test_nightly_deployments_default_to_two_in_the_morning():
     """The schedule `tfscale serve` registers unless `--cron` says otherwise (the test below
-    serves one that falls due within a minute, and the server's own runs follow it)."""
+    serves one that falls due within a minute or two, and the server's own runs follow it)."""
     from flows.deployments import build_deployments
 
     nightly, on_demand = build_deployments("params.yaml")
@@ -178,16 +178,43 @@ def test_nightly_deployments_default_to_two_in_the_morning():
     assert (nightly.name, on_demand.name, on_demand.schedules) == (*SERVED, [])
 
 
+# the longest `tfscale serve` may take to register its deployments and the server to schedule
+# their runs, on the reference machine: its schedule names the first whole minute after that
+REGISTERS_WITHIN_S = 20
+
+
+def once_a_year(lead_s: float) -> tuple[str, datetime]:
+    """A cron that names one minute of the year (in UTC, the schedule's zone): the first
+    whole minute at least `lead_s` from now, and that minute. Within a test it falls due
+    once: `* * * * *` fell due every minute, and each time started another sweep."""
+    soon = datetime.now(UTC) + timedelta(seconds=lead_s)
+    due = soon.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return f"{due.minute} {due.hour} {due.day} {due.month} *", due
+
+
+# the tiny params at their least work: one sweep cell, one round of few steps, plain steps, no
+# held-out evaluation while training (the runs' figures are not what these tests check)
+LEAST_WORK = {
+    "train.measure_rounds": 1,
+    "train.measure_steps": 10,
+    "train.noise_scale": False,
+    "evaluate.every_epochs": 0,
+    "sweep.replicas": [1],
+}
+
+
 def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_keeps_it(
     prefect_server, tmp_path
 ):
-    """The server itself creates the scheduled runs; one falls due during the test and
-    runs to completion with no request from the test, while an on-demand run, asked for
-    meanwhile, completes too; stopping the runner leaves the schedule active."""
-    params = tiny_params(tmp_path)
+    """The server itself creates the scheduled runs; the one that falls due during the test
+    (at the minute its cron names) runs to completion with no request from the test, while
+    an on-demand run, asked for meanwhile, completes too; the runs not yet due stay
+    scheduled; stopping the runner leaves the schedule active."""
+    params = tiny_params(tmp_path, **LEAST_WORK)
+    cron, due = once_a_year(scaled(REGISTERS_WITHIN_S))
     with client_for(prefect_server["url"]) as client:
-        with serving(prefect_server, params, tmp_path, "--cron", "* * * * *") as serve:
-            deployments = deployments_by_name(client, "* * * * *")
+        with serving(prefect_server, params, tmp_path, "--cron", cron) as serve:
+            deployments = deployments_by_name(client, cron)
             nightly = deployments["nightly-scaling"]
             assert nightly.schedules[0].active
             registered = datetime.now(UTC)
@@ -197,48 +224,21 @@ def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_k
                 return [r for r in found if r.auto_scheduled and r.expected_start_time > registered]
 
             scheduled = wait_for("the server's scheduler creating the runs", scheduled_runs, 120)
-            for run in scheduled:  # on the minute, as `* * * * *` says
-                assert (run.expected_start_time.second, run.expected_start_time.microsecond) == (
-                    0,
-                    0,
-                )
+            # registered after `due`, the first would fall due a year later: a start this slow
+            # needs a longer REGISTERS_WITHIN_S
+            assert scheduled[0].expected_start_time == due, (registered, scheduled[0])
             on_demand = client.create_flow_run_from_deployment(
                 deployments["on-demand-train"].id,
                 parameters={"params_path": str(params), "overrides": {"train.epochs": 1}},
             )
-            state = wait_for(
-                "the on-demand run finishing",
-                lambda: (s := client.read_flow_run(on_demand.id).state.type.value) in FINAL and s,
-                400,
-                every_s=2,
-            )
-            assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
-            assert list((tmp_path / "runs" / "digits").glob("mirrored-*/summary.json"))
-            # the deployment run's own page holds the work: the summary, every task and
-            # log line (no subflow hides them), under a name that says what ran
-            shown = artifacts_of(client, on_demand.id)
-            assert len(shown) == 1, (tmp_path / "serve.log").read_text()[-3000:]
-            (shown,) = shown
-            assert shown["key"] == "scaling-summary" and "speedup" in shown["data"]
-            assert all(row.split("|")[1].strip() for row in table_rows(shown["data"]))
-            assert client.read_flow_run(on_demand.id).name == "digits-mlp-auto-2x-1ep"
-            own = task_runs_of(client, on_demand.id)
-            tasks = {t.name.rsplit("-", 1)[0] for t in own}
-            assert {"train baseline (one device)", "track in MLflow"} <= tasks, tasks
-            ids = {t.id for t in own}
-            assert not [r for r in client.read_flow_runs(limit=200) if r.parent_task_run_id in ids]
-            logs = [log.message for log in logs_of(client, on_demand.id)]
-            assert any(m.startswith("distributed epoch 1/1") for m in logs), logs
-            done = [
-                m for m in logs if m.startswith("Finished in state") and "COMPLETED" in m.upper()
-            ]
-            assert not done, done  # completed and cached-completed states: noise
+            shows_its_work(client, on_demand.id, tmp_path)
 
-            def a_finished_scheduled_run():
-                done = [r for r in scheduled_runs() if r.state.type.value in FINAL]
-                return done and done[0]
+            def the_due_run_finished():
+                (run, *later) = scheduled_runs()
+                assert all(r.state.type.value == "SCHEDULED" for r in later), later
+                return run.state.type.value in FINAL and run
 
-            run = wait_for("a scheduled run finishing", a_finished_scheduled_run, 400, 2)
+            run = wait_for("the scheduled run finishing", the_due_run_finished, 400, 2)
             assert run.state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
         stopped = (tmp_path / "serve.log").read_text()
         assert serve.returncode == 0, stopped[-3000:]  # stopped by its SIGTERM, not killed
@@ -246,6 +246,34 @@ def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_k
         after = client.read_deployment(nightly.id)
         assert not after.paused and after.schedules[0].active  # stopping did not pause it
     assert (tmp_path / "sweep" / "sweep.csv").exists()
+
+
+def shows_its_work(client, flow_run_id, tmp_path: Path) -> None:
+    """The on-demand run completes, and its own page holds the work: the summary, every
+    task and log line (no subflow hides them), under a name that says what ran."""
+    state = wait_for(
+        "the on-demand run finishing",
+        lambda: (s := client.read_flow_run(flow_run_id).state.type.value) in FINAL and s,
+        400,
+        every_s=2,
+    )
+    assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
+    assert list((tmp_path / "runs" / "digits").glob("mirrored-*/summary.json"))
+    shown = artifacts_of(client, flow_run_id)
+    assert len(shown) == 1, (tmp_path / "serve.log").read_text()[-3000:]
+    (shown,) = shown
+    assert shown["key"] == "scaling-summary" and "speedup" in shown["data"]
+    assert all(row.split("|")[1].strip() for row in table_rows(shown["data"]))
+    assert client.read_flow_run(flow_run_id).name == "digits-mlp-auto-2x-1ep"
+    own = task_runs_of(client, flow_run_id)
+    tasks = {t.name.rsplit("-", 1)[0] for t in own}
+    assert {"train baseline (one device)", "track in MLflow"} <= tasks, tasks
+    ids = {t.id for t in own}
+    assert not [r for r in client.read_flow_runs(limit=200) if r.parent_task_run_id in ids]
+    logs = [log.message for log in logs_of(client, flow_run_id)]
+    assert any(m.startswith("distributed epoch 1/1") for m in logs), logs
+    done = [m for m in logs if m.startswith("Finished in state") and "COMPLETED" in m.upper()]
+    assert not done, done  # completed and cached-completed states: noise
 
 
 def test_prefects_own_cli_and_deploy_work_against_the_projects_server(prefect_server, tmp_path):
