@@ -572,6 +572,7 @@ CASES = [
         2,
         ("sweep.link_gbit [1.0]", "sweep.strategy: multi_worker"),
         params(sweep={"link_gbit": [1.0], "replicas": [2]}),
+        writes_nothing=True,  # refused as the command starts: no server, no flow run
     ),
 ]
 
