@@ -368,8 +368,9 @@ def plan(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
-    from tasks.report.scaling_grid import CriticalBatch, format_table
+    from tasks.report.scaling_grid import CriticalBatch, format_table, plan_cells
 
+    plan_cells(config)  # a grid the config cannot make is refused before a server starts
     if config.sweep.work_pool:
         from flows.pool import check_server
 

@@ -7,9 +7,10 @@ line, or the fix inside it), no traceback, nothing half-written (no manifest ove
 shards, no run directory for a job that never started, no MLflow run left RUNNING).
 
 Rows run in this process through `flows.cli.main` (argv, working directory, environment
-and standard streams as the command would have them), one after another. Where the
-process is the claim, a row runs the installed console script: one row per exit code, and
-the killed worker (a real worker process killed). Those run beside the in-process rows.
+and standard streams as the command would have them), one after another; the killed
+worker's row too, its workers real processes, one of them killed while it trains. Where
+the command's own process is the claim, a row runs the installed console script: one row
+per exit code. Those run beside the in-process rows.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Case:
     says: tuple[str, ...]  # fragments of the error output, in any order
     setup: Setup | None = None
     env: dict[str, str] = field(default_factory=dict)  # {port}: a free port; {{ }}: braces
-    during: Callable[[subprocess.Popen, Path], None] | None = None  # acts on the running job
+    # acts on the job while it runs (told whether it still runs), in a thread of its own
+    during: Callable[[Callable[[], bool], Path], None] | None = None
     mount: str = ""  # "ro" (read-only runs dir) or "tiny" (a 256 KiB data dir)
     no_manifest: bool = False  # a failed prepare leaves no manifest
     process: bool = False  # through the installed console script, in a process of its own
@@ -129,11 +131,11 @@ def edit_manifest(project: Path) -> None:
     path.write_text(json.dumps(raw, indent=2))
 
 
-def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
+def kill_worker_one(running: Callable[[], bool], project: Path) -> None:
     """SIGKILL to worker 1 of a local multi-worker job once it is training: its job has
     recorded a first epoch (of 30)."""
     deadline = time.monotonic() + scaled(120)
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and running():
         for pid in _worker_pids():
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -142,7 +144,7 @@ def kill_worker_one(proc: subprocess.Popen, project: Path) -> None:
                 continue
             config = next((e for e in environ if e.startswith(b"TF_CONFIG=")), b"")
             if here and b'"index": 1' in config:
-                while time.monotonic() < deadline and not _an_epoch_recorded(project):
+                while running() and time.monotonic() < deadline and not _an_epoch_recorded(project):
                     time.sleep(0.1)
                 os.kill(pid, signal.SIGKILL)
                 return
@@ -512,8 +514,9 @@ CASES = [
         ],
         1,
         ("worker 1 exited with code -9", "worker-1.log"),
+        # a first epoch of plain steps: no held-out evaluation, no noise scale to trace
+        params(train={"noise_scale": False}, evaluate={"every_epochs": 0}),
         during=kill_worker_one,
-        process=True,
     ),
     Case(
         "a TF_CONFIG task outside its cluster",
@@ -569,6 +572,7 @@ CASES = [
         2,
         ("sweep.link_gbit [1.0]", "sweep.strategy: multi_worker"),
         params(sweep={"link_gbit": [1.0], "replicas": [2]}),
+        writes_nothing=True,  # refused as the command starts: no server, no flow run
     ),
 ]
 
@@ -668,7 +672,7 @@ def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, 
         env=env,
     )
     if case.during:
-        case.during(proc, project)
+        case.during(lambda: proc.poll() is None, project)
     try:
         out, err = proc.communicate(timeout=scaled(240))
     except subprocess.TimeoutExpired:
@@ -680,10 +684,23 @@ def _in_a_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, 
 
 def _in_this_process(case: Case, project: Path, env: dict[str, str]) -> tuple[int, str, str]:
     """`tfscale ARGV` through `flows.cli.main` in `project` (`helpers.run_main`), the class
-    of the error it reported recorded."""
-    return run_main(
-        case.argv, project, env, lambda exc: RAISED.__setitem__(case.name, type(exc).__name__)
-    )
+    of the error it reported recorded; `case.during` acts on it from a thread meanwhile."""
+    import threading
+
+    ended = threading.Event()
+    beside = None
+    if case.during:
+        running = lambda: not ended.is_set()  # noqa: E731
+        beside = threading.Thread(target=case.during, args=(running, project), daemon=True)
+        beside.start()
+    try:
+        return run_main(
+            case.argv, project, env, lambda exc: RAISED.__setitem__(case.name, type(exc).__name__)
+        )
+    finally:
+        ended.set()
+        if beside is not None:
+            beside.join(timeout=scaled(30))
 
 
 def _mount(kind: str, project: Path) -> Path | None:
