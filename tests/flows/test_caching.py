@@ -68,14 +68,20 @@ def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
     The three runs report to one temporary Prefect API (PREFECT_API_URL, as a user's own
     server), not one each: a reused result is read from the cache beside the runs
     (`flows.caching.cache_dir`), never from the server, so which server saw the first run
-    cannot decide the reuse. The speedup's measurement is one short round: reuse is decided
-    before it, and nothing here reads it."""
+    cannot decide the reuse. The speedup's measurement is one short round and no step
+    records the gradient noise scale: reuse is decided before either, and nothing here reads
+    them."""
     from flows.prefect_api import temporary_api
 
     clone = tmp_path / "clone"
     clone_as_it_is(clone)  # the caching code as it is here, committed or not
     where = {"prepare.data_dir": "data/tfrecords", "train.runs_dir": "runs"}
-    brief = {"train.measure_rounds": 1, "train.measure_steps": 10, "evaluate.every_epochs": 0}
+    brief = {
+        "train.measure_rounds": 1,
+        "train.measure_steps": 10,
+        "train.noise_scale": False,
+        "evaluate.every_epochs": 0,
+    }
     params = tiny_params(
         tmp_path, **{"train.epochs": 1, "track.store_dir": "mlflow", **where, **brief}
     )
