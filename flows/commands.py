@@ -368,9 +368,11 @@ def plan(config: Config, args: argparse.Namespace) -> int:
 
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
+    """The sweep's flow run; a grid it cannot plan (`plan_cells`: links without worker
+    processes) is refused first, before a Prefect API starts or TensorFlow imports."""
     from tasks.report.scaling_grid import CriticalBatch, format_table, plan_cells
 
-    plan_cells(config)  # a grid the config cannot make is refused before a server starts
+    plan_cells(config)
     if config.sweep.work_pool:
         from flows.pool import check_server
 
