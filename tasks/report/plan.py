@@ -34,6 +34,7 @@ from tasks.measure.noise_trajectory import (
 )
 from tasks.report.forecast import MEASURED, fit_cost_model
 from tasks.train.noise_estimates import (
+    FACTOR_BOUND,
     NOT_EXPLAINED,
     calibrated,
     factor_at_optimum,
@@ -507,15 +508,10 @@ def _read(
     which the headroom sets too: the pair the model makes, warm-up included, is solved
     for along the same two branches (the headroom at the measured noise scale, else the
     noise scale at headroom 1), so the plan gives the pair back."""
-    warm, steps = ramp
-    if not warm:
+    if not ramp[0]:
         return _read_once(phi, batches, gain, measured, model)
-
-    def ratio(headroom: float) -> float:  # the pair the model makes at the noise measured
-        return _pair_made(phi, batches, gain, ramp, headroom, 1.0)
-
     grid = [2 * (i + 0.5) / GRID for i in range(GRID)]
-    headroom = _root(lambda h: ratio(h) - measured, grid)
+    headroom = _root(lambda h: _pair_made(phi, batches, gain, ramp, h, 1.0) - measured, grid)
     if headroom is not None:
         return Calibration(headroom, 1.0)
     return _at_optimum(phi, batches, gain, measured, ramp) or _read_once(
@@ -568,7 +564,7 @@ def _other_readings(
     at the noise scale measured, the other reading of each of `ratios` (the pair's measured
     ratio and its interval's ends): a base rate at its optimum and a noise scale that
     gives the pair (`_at_optimum`). The rows' intervals run over both readings."""
-    if point.headroom is None or point.factor != 1.0 or abs(point.headroom - 1) < 1e-9:
+    if point.headroom is None or point.factor != 1.0:
         return []
     readings = (_at_optimum(phi, batches, gain, m, ramp) for m in ratios)
     return [c for c in readings if c is not None]
@@ -607,16 +603,13 @@ def _read_once(
     return Calibration(1.0, FACTOR_BOUND if measured > highest else 1 / FACTOR_BOUND)
 
 
-FACTOR_BOUND = 64.0  # `calibrated`'s widest noise factor, either way
-
-
 def _assumed(
     rule: str,
     gain: float,
     phi: float,
     point: Calibration,
     ends: list[Calibration],
-    others: list[Calibration] = (),
+    others: list[Calibration],
 ) -> str:
     """What one pair, two unknowns, made the plan assume, in words."""
     if point.hyperbola is not None:

@@ -212,6 +212,9 @@ def calibrated(
     return (None, NOT_EXPLAINED) if factor is None else (1.0, factor)
 
 
+FACTOR_BOUND = 64.0  # the widest noise factor a pair is read at, either way
+
+
 def factor_at_optimum(
     noise_scale: float,
     base_batch: float,
@@ -227,7 +230,7 @@ def factor_at_optimum(
         phi = noise_scale * factor
         return rule_progress(phi, base_batch, batch, gain_at(phi), 1.0)
 
-    low, high = 1 / 64, 64.0
+    low, high = 1 / FACTOR_BOUND, FACTOR_BOUND
     if not made(low) <= measured <= made(high):
         return None
     for _ in range(80):
