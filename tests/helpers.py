@@ -37,6 +37,15 @@ TINY = {
     "train.measure_rounds": 3,
     "train.measure_steps": 30,
 }
+# a run whose figures no claim of its test reads, at its least work: one measuring round of
+# few steps, plain steps (no gradient noise scale recorded), no held-out evaluation while
+# training (over `TINY`)
+LEAST_WORK = {
+    "train.measure_rounds": 1,
+    "train.measure_steps": 10,
+    "train.noise_scale": False,
+    "evaluate.every_epochs": 0,
+}
 
 
 PACE = pace.current()  # how much slower than the reference machine (tests/suite.py)

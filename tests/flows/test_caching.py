@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, clone_as_it_is, scaled, tiny_params
+from helpers import LEAST_WORK, ROOT, clone_as_it_is, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -76,14 +76,8 @@ def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
     clone = tmp_path / "clone"
     clone_as_it_is(clone)  # the caching code as it is here, committed or not
     where = {"prepare.data_dir": "data/tfrecords", "train.runs_dir": "runs"}
-    brief = {
-        "train.measure_rounds": 1,
-        "train.measure_steps": 10,
-        "train.noise_scale": False,
-        "evaluate.every_epochs": 0,
-    }
     params = tiny_params(
-        tmp_path, **{"train.epochs": 1, "track.store_dir": "mlflow", **where, **brief}
+        tmp_path, **{"train.epochs": 1, "track.store_dir": "mlflow", **where, **LEAST_WORK}
     )
     runs = clone / "runs" / "digits"
     models = clone / "tasks" / "train" / "models.py"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import INNER_LIMIT_S, ROOT, scaled, tiny_params
+from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, TINY, scaled, tiny_params
 
 from tasks.measure.rounds import ratio_95
 
@@ -88,9 +88,8 @@ def lean() -> dict:
     with a test split of 128."""
     synthetic = yaml.safe_load((ROOT / "params.yaml").read_text())["prepare"]["synthetic"]
     return {
-        "train.noise_scale": False,
-        "evaluate.every_epochs": 0,
-        "train.measure_steps": 10,
+        **LEAST_WORK,
+        "train.measure_rounds": TINY["train.measure_rounds"],  # the t-interval's 3
         "prepare.synthetic": {
             **synthetic,
             "height": 8,

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from helpers import on_a_free_port, scaled, tiny_params
+from helpers import LEAST_WORK, on_a_free_port, scaled, tiny_params
 
 from tasks.core.network import wait_healthy
 
@@ -192,15 +192,8 @@ def once_a_year(lead_s: float) -> tuple[str, datetime]:
     return f"{due.minute} {due.hour} {due.day} {due.month} *", due
 
 
-# the tiny params at their least work: one sweep cell, one round of few steps, plain steps, no
-# held-out evaluation while training (the runs' figures are not what these tests check)
-LEAST_WORK = {
-    "train.measure_rounds": 1,
-    "train.measure_steps": 10,
-    "train.noise_scale": False,
-    "evaluate.every_epochs": 0,
-    "sweep.replicas": [1],
-}
+# the runs' figures are not what these tests check: least work, and a sweep of one cell
+LEAST_SWEEP = {**LEAST_WORK, "sweep.replicas": [1]}
 
 
 def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_keeps_it(
@@ -210,7 +203,7 @@ def test_a_served_schedule_falls_due_and_runs_beside_an_on_demand_run_and_stop_k
     (at the minute its cron names) runs to completion with no request from the test, while
     an on-demand run, asked for meanwhile, completes too; the runs not yet due stay
     scheduled; stopping the runner leaves the schedule active."""
-    params = tiny_params(tmp_path, **LEAST_WORK)
+    params = tiny_params(tmp_path, **LEAST_SWEEP)
     cron, due = once_a_year(scaled(REGISTERS_WITHIN_S))
     with client_for(prefect_server["url"]) as client:
         with serving(prefect_server, params, tmp_path, "--cron", cron) as serve:
