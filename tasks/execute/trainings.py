@@ -372,22 +372,24 @@ def load_exported(export_dir: Path) -> TrainResult:
 
 
 def export_run(result: TrainResult, export_dir: Path) -> None:
-    """Copies the model, metrics, diagnosis (when there is one) and per-epoch history (CSV,
-    for plots) to a fixed place."""
+    """Copies the model, metrics, per-epoch history (CSV, for plots) and, where the run has
+    them, its diagnosis, its MLflow run and its final evaluation to a fixed place: `tfscale
+    evaluate` of the exported model reads that evaluation back (`evaluation.recorded`, which
+    checks the model file's digest) instead of evaluating it again."""
     import csv
+
+    from tasks.train.evaluation import RECORDED
 
     export_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(result.run_dir)
     with atomic_path(export_dir / "model.keras") as tmp:
         shutil.copyfile(result.model_path, tmp)
     shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
-    if (run_dir / TRACKED_AS).exists():  # the MLflow run that logged the training
-        shutil.copyfile(run_dir / TRACKED_AS, export_dir / TRACKED_AS)
-    exported_diagnosis = export_dir / "diagnosis.json"
-    if (run_dir / "diagnosis.json").exists():
-        shutil.copyfile(run_dir / "diagnosis.json", exported_diagnosis)
-    elif exported_diagnosis.exists():  # an earlier export's, not this run's
-        exported_diagnosis.unlink()
+    for name in (TRACKED_AS, "diagnosis.json", RECORDED):
+        if (run_dir / name).exists():
+            shutil.copyfile(run_dir / name, export_dir / name)
+        else:  # an earlier export's, not this run's
+            (export_dir / name).unlink(missing_ok=True)
     with open(export_dir / "history.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
         writer.writeheader()

@@ -118,3 +118,37 @@ def test_evaluate_reads_a_recorded_evaluation_back_without_tensorflow(
     )
     assert calls == [(), (str(path),)]  # TensorFlow imported, then the model evaluated
     assert "evaluate" not in cli.TENSORFLOW_COMMANDS
+
+
+@pytest.mark.unit
+def test_an_exported_model_keeps_its_recorded_evaluation_and_drops_a_stale_one(
+    digits, tmp_path, monkeypatch
+):
+    """`tfscale train --export-dir` copies the training's recorded evaluation beside the
+    exported model, so DVC's evaluate stage reads it back instead of evaluating again; a
+    later export of a run without one leaves none of the earlier export's behind."""
+    import keras
+    from helpers import epoch_history, train_result
+
+    from tasks.core import process
+    from tasks.execute.trainings import export_run
+    from tasks.train import evaluation
+
+    _, manifest, data_dir = digits
+    run, export = tmp_path / "run", tmp_path / "export"
+    run.mkdir()
+    inputs = keras.Input(manifest.spec.shape)
+    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(inputs)))
+    model.save(run / "model.keras")
+    evaluation.record_final(model, run / "model.keras", manifest, data_dir, 64)
+    (run / "metrics.json").write_text("{}")
+    result = train_result(
+        run_dir=str(run), model_path=str(run / "model.keras"), history=epoch_history(10.0)
+    )
+    export_run(result, export)
+    monkeypatch.setattr(process, "import_tensorflow", None)  # reading it back needs none
+    read, kept = evaluation.recorded_or_evaluated(str(export / "model.keras"), manifest, "", 64)
+    assert kept and read.model_path == str(export / "model.keras")
+    (run / evaluation.RECORDED).unlink()
+    export_run(result, export)
+    assert not (export / evaluation.RECORDED).exists()
