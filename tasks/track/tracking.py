@@ -257,6 +257,11 @@ class Tracker:
         from mlflow import MlflowClient
 
         self.check()
+        database = Path(self.uri.removeprefix("sqlite:///"))
+        if self.local and not database.exists():  # a copy of an empty one (`new_store`)
+            from tasks.track.new_store import seed
+
+            seed(database)
         client = MlflowClient(self.uri)
         experiment = client.get_experiment_by_name(self.experiment)
         if experiment is None:

@@ -13,7 +13,7 @@ from helpers import ROOT, scaled
 from tasks.core.fields import PARAM, fields_by_type
 from tasks.core.files import write_json_atomic
 from tasks.core.progress import EpochWatcher
-from tasks.track.tracking import EpochLog, Tracker, rounded
+from tasks.track.tracking import STORE_LOCK, EpochLog, Tracker, rounded
 from tasks.train.training import TrainResult
 
 
@@ -309,8 +309,6 @@ def test_a_fresh_embedded_store_is_made_by_one_command_at_a_time(tmp_path, monke
     import fcntl
     import threading
 
-    from tasks.track.tracking import STORE_LOCK
-
     tracker = Tracker(tmp_path / "mlflow")
     lock = tmp_path / "mlflow" / STORE_LOCK
 
@@ -336,3 +334,43 @@ def test_a_fresh_embedded_store_is_made_by_one_command_at_a_time(tmp_path, monke
         order.append("first")
     waiting.join(timeout=scaled(30))
     assert order == ["first", "client"]
+
+
+@pytest.mark.unit
+def test_a_new_store_is_a_copy_of_an_empty_one_as_mlflow_makes_it(tmp_path, monkeypatch):
+    """A new embedded store is the cached empty store's copy (MLflow makes that once per
+    version): its tables, schema version and Default experiment are those of a store
+    MLflow makes from the same directory, and a second new store runs no migration."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+    from tasks.track import new_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+    def contents(db):
+        with sqlite3.connect(db) as store:
+            tables = store.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+            version = store.execute("SELECT * FROM alembic_version").fetchall()
+            (default,) = store.execute(
+                "SELECT name, artifact_location, lifecycle_stage, workspace FROM experiments"
+                " WHERE experiment_id = 0"
+            ).fetchall()
+        return tables, version, default
+
+    MlflowClient(f"sqlite:///{tmp_path / 'by-mlflow.db'}").search_experiments()
+    made = []
+    made_by_mlflow = new_store._made_by_mlflow
+    monkeypatch.setattr(new_store, "_made_by_mlflow", lambda p: made.append(p) or made_by_mlflow(p))
+    tracker = Tracker(tmp_path / "mlflow")
+    assert tracker.client.get_experiment_by_name("tfscale") is not None and len(made) == 1
+    assert contents(tmp_path / "mlflow" / "mlflow.db") == contents(tmp_path / "by-mlflow.db")
+    assert str(tmp_path / "mlruns" / "0") == contents(tmp_path / "by-mlflow.db")[2][1]
+    other = Tracker(tmp_path / "other")
+    run = other.client.create_run(other.client.get_experiment_by_name("tfscale").experiment_id)
+    other.client.log_metric(run.info.run_id, "speedup", 1.5)
+    assert len(made) == 1 and other.client.get_run(run.info.run_id).data.metrics == {"speedup": 1.5}
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == sorted(
+        ["mlflow.db", STORE_LOCK]
+    )
