@@ -261,7 +261,8 @@ class Tracker:
         if self.local and not database.exists():  # a copy of an empty one (`new_store`)
             from tasks.track.new_store import seed
 
-            seed(database)
+            with contextlib.suppress(OSError):  # no cache to keep one in: MLflow makes it
+                seed(database)
         client = MlflowClient(self.uri)
         experiment = client.get_experiment_by_name(self.experiment)
         if experiment is None:
