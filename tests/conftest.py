@@ -129,6 +129,18 @@ def tracking_and_api_as_found():
 
 
 @pytest.fixture(autouse=True)
+def prefect_home_migrated(request):
+    """The session's Prefect home holds a migrated database before a test that may start
+    a Prefect server (`helpers.prefect_home`): every process of the session shares the
+    migrations' one run. A `unit` test starts none."""
+    if request.node.get_closest_marker("unit") is None:
+        from helpers import prefect_home
+
+        prefect_home(_STATE / "prefect")
+    yield
+
+
+@pytest.fixture(autouse=True)
 def unit_tests_stay_in_process(request, monkeypatch):
     """A `unit` test that starts a process, trains a model or times steps in rounds fails,
     naming what it did: mark it `integration` (or `cluster`)."""

@@ -110,6 +110,45 @@ def on_a_free_port(
     raise AssertionError("unreachable")
 
 
+PREFECT_DB = "prefect.db"  # Prefect's database in its home, unless told otherwise
+
+
+def migrated_prefect_db() -> Path:
+    """An empty Prefect database, migrated by Prefect itself (`prefect server database
+    upgrade`), made once per Prefect version on this machine under a lock the suite's
+    processes share: a server's first start in a new home runs those migrations, about
+    17 s of CPU each time."""
+    import fcntl
+    import shutil
+    import tempfile
+    from importlib.metadata import version
+
+    path = Path(tempfile.gettempdir()) / f"tfscale-tests-prefect-{version('prefect')}.db"
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            with tempfile.TemporaryDirectory(dir=path.parent) as home:
+                subprocess.run(
+                    [str(BIN / "prefect"), "server", "database", "upgrade", "-y"],
+                    env=dict(os.environ, PREFECT_HOME=home), capture_output=True, check=True,
+                    timeout=scaled(INNER_LIMIT_S),
+                )  # fmt: skip
+                shutil.move(Path(home) / PREFECT_DB, f"{path}.new")
+            os.replace(f"{path}.new", path)
+    return path
+
+
+def prefect_home(home: Path) -> Path:
+    """`home`, made a Prefect home whose database is migrated already
+    (`migrated_prefect_db`): what a server's first start there would make of it."""
+    import shutil
+
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / PREFECT_DB).exists():
+        shutil.copyfile(migrated_prefect_db(), home / PREFECT_DB)
+    return home
+
+
 def tiny_params(tmp: Path, **extra) -> Path:
     """A params.yaml for tiny, fast runs with every output under `tmp`."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helpers import scaled
+from helpers import prefect_home, scaled
 
 from tasks.distribute import netlab
 
@@ -49,7 +49,7 @@ class PoolLab:
         self.env = dict(
             os.environ,
             HOME=str(tmp / "home"),  # nothing written to the real home
-            PREFECT_HOME=str(tmp / "prefect-home"),
+            PREFECT_HOME=str(prefect_home(tmp / "prefect-home")),
             PREFECT_API_URL=self.url,
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_UI_ENABLED="false",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, TINY, scaled, tiny_params
+from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, TINY, prefect_home, scaled, tiny_params
 
 from tasks.measure.rounds import ratio_95
 
@@ -118,7 +118,7 @@ def cloned(tmp: Path, **params) -> Repo:
         PATH=f"{BIN}:{os.environ['PATH']}",
         PYTHONPATH=f"{path}:{IMPORT_LOG_SITE}",  # the clone's code, and the import log
         TFSCALE_IMPORT_LOG=str(tmp / "imports.jsonl"),
-        PREFECT_HOME=str(tmp / "prefect"),
+        PREFECT_HOME=str(prefect_home(tmp / "prefect")),
         DVC_NO_ANALYTICS="1",
         GIT_AUTHOR_NAME="tfscale test",
         GIT_AUTHOR_EMAIL="test@localhost",

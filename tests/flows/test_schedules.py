@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from helpers import LEAST_WORK, on_a_free_port, scaled, tiny_params
+from helpers import LEAST_WORK, on_a_free_port, prefect_home, scaled, tiny_params
 
 from tasks.core.network import wait_healthy
 
@@ -32,7 +32,7 @@ def prefect_server(tmp_path_factory) -> Iterator[dict]:
     The tests share it in any order: each waits for its own registration of the deployments
     (`tfscale serve` replaces a deployment's schedules and deletes its future scheduled runs)
     and reads only the runs its schedule made."""
-    home = tmp_path_factory.mktemp("prefect")
+    home = prefect_home(tmp_path_factory.mktemp("prefect"))
     env = dict(
         os.environ,
         PREFECT_HOME=str(home),
