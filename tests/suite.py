@@ -5,8 +5,9 @@
 2. the `serial` tests (clusters of worker processes, Slurm, anything that measures
    speed), one at a time on a machine nothing else uses.
 
-First it compiles the environment's modules to bytecode where a machine that never writes
-it left them uncompiled (`compile_bytecode`), then it measures the machine's pace
+First it lets Python write bytecode where the machine told it not to (`bytecode_written`:
+each module is compiled once, by the first process that imports it), then it measures the
+machine's pace
 (`tests/pace.py`: a fixed workload against the reference machine's time) and scales every
 timeout by it: the per-test timeout, the faulthandler's, and each wait and subprocess
 limit in the tests (`TFSCALE_TEST_PACE`, which a caller may set to skip the measurement).
@@ -150,36 +151,42 @@ def slowest_lines(tests: list[tuple[float, str]], count: int = SLOWEST) -> list[
     return lines
 
 
-def compile_bytecode(places: list[Path], workers: int = 0) -> str:
-    """Every module under `places` compiled to bytecode, where it is not already (what
-    Python does as it imports, unless told not to write it: `PYTHONDONTWRITEBYTECODE`, set
-    on CI's machines, left a fresh install's every process compiling TensorFlow, Prefect
-    and MLflow again, 28.5 s of CPU to import them against 10.8 s compiled). Once per
-    install: a second call finds each file compiled. `workers`: processes (0: one per
-    CPU). The line to print."""
-    import compileall
+def bytecode_written() -> str:
+    """Bytecode written as the suite's processes import modules: `PYTHONDONTWRITEBYTECODE`
+    (set on CI's machines) unset for the phases, which inherit it. A fresh install has no
+    bytecode; told never to write it, every process compiled TensorFlow, Prefect and MLflow
+    again (28.5 s of CPU to import them against 10.8 s compiled). Compiling every installed
+    module first took 52 s before the first test, most of it modules no test imports; now
+    the first import of each module compiles it once (Python writes it atomically: the
+    processes that import it at once each write a whole file). The line to print."""
+    told = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    said = " (PYTHONDONTWRITEBYTECODE unset for it)" if told is not None else ""
+    return f"== bytecode: written as the suite's processes first import each module{said}"
 
+
+def tensorflow_compiled() -> str:
+    """TensorFlow's and Keras's bytecode written by one import before the pace is measured
+    (`bytecode_written`), where it is not there yet: the pace's two processes would
+    otherwise each compile them, and a fresh install would read as a slower machine. The
+    line to print ('' where there was nothing to write)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None:
+        return ""
+    if Path(importlib.util.cache_from_source(spec.origin)).exists():
+        return ""
     started = time.monotonic()
-    for place in places:
-        if place.is_dir():
-            compileall.compile_dir(place, quiet=2, workers=workers)
-    seconds = time.monotonic() - started
-    return f"== bytecode: the environment and the project compiled ({seconds:.0f} s)"
-
-
-def _compiled_places() -> list[Path]:
-    """The installed packages and the project's own code."""
-    import sysconfig
-
-    root = Path(__file__).resolve().parents[1]
-    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
-    return [*map(Path, sorted(installed)), root / "flows", root / "tasks"]
+    subprocess.run([sys.executable, "-c", "import tensorflow, keras"], capture_output=True)
+    return f"== bytecode: TensorFlow and Keras compiled first ({time.monotonic() - started:.0f} s)"
 
 
 def main(args: list[str]) -> int:
     try:
         pace.current()  # a factor refused before anything is done
-        print(compile_bytecode(_compiled_places()), flush=True)
+        print(bytecode_written(), flush=True)
+        for line in filter(None, [tensorflow_compiled()]):
+            print(line, flush=True)
         factor = measure_pace()
     except ValueError as exc:
         print(f"== error: {exc}", file=sys.stderr, flush=True)

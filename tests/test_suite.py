@@ -4,6 +4,7 @@ other's failure or pass an empty run."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_the_pace_is_clamped_at_3x_loudly_and_a_factor_below_1_refused(monkeypat
         with pytest.raises(ValueError, match=f"{pace.VARIABLE}={refused} refused"):
             pace.current()
         monkeypatch.setattr(suite.subprocess, "call", lambda *a, **k: pytest.fail("a phase ran"))
-        monkeypatch.setattr(suite, "compile_bytecode", lambda *a: pytest.fail("compiled first"))
+        monkeypatch.setattr(suite, "bytecode_written", lambda *a: pytest.fail("set up first"))
         assert suite.main([]) == 2
         assert "a factor below 1" in capsys.readouterr().err
 
@@ -141,23 +142,34 @@ def test_the_suite_prints_each_phase_against_its_share_and_the_slowest_tests(tmp
     assert lines[-1].endswith("test_2")  # test_0 and test_1, the fastest, left out
 
 
-def test_the_suite_compiles_what_its_processes_import_once(tmp_path):
-    """The modules under a place are compiled where they were not (Python then reads them,
-    though told never to write bytecode itself); a second pass finds them compiled."""
+def test_the_suites_processes_write_the_bytecode_they_compile(monkeypatch):
+    """Told never to write bytecode (CI's machines), the phases' processes would each
+    compile every module they import again: the suite unsets it for them, and says so."""
+    import suite
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    line = suite.bytecode_written()
+    assert "PYTHONDONTWRITEBYTECODE" not in os.environ and "unset" in line
+    assert "unset" not in suite.bytecode_written()  # not set: nothing to say
+
+
+def test_tensorflow_is_compiled_once_before_the_pace_is_measured(tmp_path, monkeypatch):
+    """Where TensorFlow's bytecode is missing, one import writes it before the pace's two
+    processes would each compile it; where it is there, nothing runs."""
     import importlib.util
+    from types import SimpleNamespace
 
     import suite
 
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "mod.py").write_text("VALUE = 1\n")
-    compiled = Path(importlib.util.cache_from_source(str(package / "mod.py")))
-    assert not compiled.exists()
-    line = suite.compile_bytecode([package, tmp_path / "missing"], workers=1)
-    assert line.startswith("== bytecode: ") and compiled.exists()
-    written = compiled.stat().st_mtime_ns
-    suite.compile_bytecode([package], workers=1)
-    assert compiled.stat().st_mtime_ns == written  # up to date: not compiled again
-    places = suite._compiled_places()
-    assert places[-2:] == [ROOT / "flows", ROOT / "tasks"]
-    assert any(p.name == "site-packages" for p in places)
+    origin = tmp_path / "tensorflow" / "__init__.py"
+    origin.parent.mkdir()
+    origin.write_text("")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(origin=origin))
+    ran = []
+    monkeypatch.setattr(suite.subprocess, "run", lambda argv, **kw: ran.append(argv[-1]))
+    assert suite.tensorflow_compiled().startswith("== bytecode: TensorFlow and Keras compiled")
+    assert ran == ["import tensorflow, keras"]
+    compiled = Path(importlib.util.cache_from_source(str(origin)))
+    compiled.parent.mkdir()
+    compiled.write_bytes(b"")
+    assert suite.tensorflow_compiled() == "" and len(ran) == 1
