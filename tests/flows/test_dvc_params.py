@@ -74,6 +74,19 @@ def test_every_setting_a_stage_reads_is_a_param_or_named_as_no_input(name):
     assert unlisted(stages[name], name) == [], f"dvc.yaml: add them to {name}'s params"
 
 
+@pytest.mark.parametrize("name", sorted(READS))
+def test_every_param_a_stage_lists_is_in_params_yaml(name):
+    """DVC refuses a stage whose param is missing from params.yaml (a key left at its
+    default there): every one it lists is written out."""
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][name]
+    written = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key in (p for p in stage["params"] if isinstance(p, str)):
+        node = written
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"params.yaml has no {key}"
+            node = node[part]
+
+
 def test_the_check_sees_a_key_a_stage_leaves_out():
     stage = {"params": ["prepare.dataset", "train", "evaluate.batch_size"]}
     missing = unlisted(stage, "train")
