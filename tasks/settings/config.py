@@ -69,10 +69,10 @@ class PrepareConfig:
     """Which dataset to turn into shards, and how many shards."""
 
     dataset: str = "digits"
-    # the file or folder DVC's prepare and sweep stages hash for the data (dvc.yaml:
-    # ${prepare.files}): the user's table, .npz, image folder, or a pipeline's module (a
-    # folder: with what it reads); a built-in's own module by default. Under `dvc repro` the
-    # dataset's file must be in it (`tasks.core.user_code.check_dvc_dep`)
+    # the file or folder DVC's prepare stage hashes for the data (dvc.yaml: ${prepare.files}):
+    # the user's table, .npz, image folder, or a pipeline's module (a folder: with what it
+    # reads); a built-in's own module by default. Under `dvc repro` the dataset's file must
+    # be in it (`tasks.core.user_code.check_dvc_dep`)
     files: str = "tasks/data/datasets.py"
     data_dir: str = "data/tfrecords"
     num_shards: int | None = _spec(None, lo=1, hi=100_000)
