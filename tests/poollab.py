@@ -58,7 +58,10 @@ class PoolLab:
             PREFECT_API_URL=self.url,
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_UI_ENABLED="false",
-            PREFECT_WORKER_QUERY_SECONDS="1",
+            # a worker asks for flow runs every 3 s (Prefect's default: 10 s): a cell waits
+            # at most that long to be taken, and the server answers a third of the polls
+            # that 1 s made it answer (~0.04 of a core over a test's ~3 minutes)
+            PREFECT_WORKER_QUERY_SECONDS="3",
             # a worker is lost after 3 missed beats (flows/pool.py): at 2 s, a live worker
             # on a loaded machine was declared lost mid-cell (its beats reach the server's
             # SQLite late while 2 cells import TensorFlow), so the beat scales with the pace
