@@ -37,8 +37,12 @@ def sweep_argv(lab: PoolLab, tmp: Path, data: Path) -> list[str]:
 @contextmanager
 def prefect_at(url: str) -> Iterator[None]:
     """PREFECT_API_URL set to `url` for this process's Prefect (its global settings, read
-    once at import, refreshed), put back after."""
+    once at import, refreshed), put back after; the log lines and events its runs left
+    queued for `url` are sent first, while it answers (at the process's exit they would
+    be retried against a URL gone with the test)."""
     from prefect.context import refresh_global_settings_context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
 
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
@@ -46,6 +50,8 @@ def prefect_at(url: str) -> Iterator[None]:
     try:
         yield
     finally:
+        APILogWorker.instance().drain()
+        EventsWorker.instance().drain()
         if before is None:
             os.environ.pop("PREFECT_API_URL", None)
         else:
