@@ -3,20 +3,15 @@ namespaces (`tasks.distribute.netlab`), a process worker (`--limit 1`) on each o
 commands run on host 0 as a submitter there would run them. Everything is deleted at the
 end. Only the namespaces' private addresses are ever addressed.
 
-The test process is not on the hosts' switch: it reaches the server through commands run on
-a host (`on`), or through a port on its own loopback relayed to the server's host
-(`reached`), where a thread of its own connects from inside that host's namespace."""
+The test process is not on the hosts' switch: it reaches the server only through commands
+run on a host (`on`)."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,10 +53,7 @@ class PoolLab:
             PREFECT_API_URL=self.url,
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_UI_ENABLED="false",
-            # a worker asks for flow runs every 3 s (Prefect's default: 10 s): a cell waits
-            # at most that long to be taken, and the server answers a third of the polls
-            # that 1 s made it answer (~0.04 of a core over a test's ~3 minutes)
-            PREFECT_WORKER_QUERY_SECONDS="3",
+            PREFECT_WORKER_QUERY_SECONDS="1",
             # a worker is lost after 3 missed beats (flows/pool.py): at 2 s, a live worker
             # on a loaded machine was declared lost mid-cell (its beats reach the server's
             # SQLite late while 2 cells import TensorFlow), so the beat scales with the pace
@@ -94,13 +86,6 @@ class PoolLab:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-
-    @contextmanager
-    def reached(self) -> Iterator[str]:
-        """The server's API URL as this process reaches it, until the block ends: a port on
-        this process's loopback whose connections a thread in host 0 carries to the server."""
-        with relayed(self.hosts.name(0), (self.hosts.address(0), PORT)) as port:
-            yield f"http://127.0.0.1:{port}/api"
 
     def on(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         """`argv` run to its end on host `i`, its output captured."""
@@ -140,79 +125,6 @@ class PoolLab:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=scaled(10))
-
-
-CLONE_NEWNET = 0x40000000  # setns(2): the network namespace alone
-
-
-def enter_network(namespace: str) -> None:
-    """The calling thread (it alone: setns(2) moves one thread) into the network of the
-    namespace `ip netns` named: the sockets it makes from then on are that host's."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(f"/run/netns/{namespace}") as handle:
-        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"setns into {namespace}: {os.strerror(errno)}")
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Bytes from `source` to `sink` until `source` ends; then `sink` is told no more come."""
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
-
-
-@contextmanager
-def relayed(namespace: str, address: tuple[str, int]) -> Iterator[int]:
-    """A port on this process's loopback (the kernel's pick: no other process can take it
-    first) whose each connection is carried to `address` as host `namespace` reaches it,
-    until the block ends. The thread that connects enters the namespace; the process and
-    its other threads stay where they are."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop, ready, entered, opened = threading.Event(), threading.Event(), [], []
-
-    def carry() -> None:
-        try:
-            enter_network(namespace)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            entered.append(exc)
-            return
-        finally:
-            ready.set()
-        while not stop.is_set():
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                continue
-            client.settimeout(None)
-            try:
-                upstream = socket.create_connection(address, timeout=scaled(30))
-            except OSError:
-                client.close()  # refused there, as it would be here
-                continue
-            upstream.settimeout(None)
-            opened.extend((client, upstream))
-            for pair in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=pair, daemon=True).start()
-
-    thread = threading.Thread(target=carry, daemon=True, name=f"relay to {namespace}")
-    thread.start()
-    try:
-        assert ready.wait(scaled(30)), f"the relay's thread did not enter {namespace}"
-        if entered:
-            raise entered[0]
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(timeout=scaled(10))
-        listener.close()
-        for end in opened:
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
-            end.close()
 
 
 def wait_for_text(path: Path, text: str, timeout_s: float, count: int = 1) -> None:

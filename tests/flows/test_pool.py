@@ -1,62 +1,38 @@
 """A sweep spread over a Prefect work pool on hosts of our own (`poollab`): a real Prefect
 server on one network namespace, process workers on others, the submitter (`tfscale
-sweep --pool`, its `main` in the test's process) reaching the server through a relay into
-the server's host. The cells train on two hosts, each row and MLflow child run names its
-host, and a worker whose host dies mid-cell has its cell run again: the sweep completes
-with every row. With no live worker, it stops before submitting."""
+sweep --pool`) beside the server. The cells train on two hosts, each row and MLflow child
+run names its host, and a worker whose host dies mid-cell has its cell run again: the
+sweep completes with every row. With no live worker, it stops before submitting."""
 
 from __future__ import annotations
 
-import _thread
 import csv
 import dataclasses
-import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import INNER_LIMIT_S, LEAST_WORK, needs, run_main, scaled, tiny_params
-from poollab import GRID, PoolLab, pool_lab, wait_for_text
+from helpers import BIN, INNER_LIMIT_S, needs, scaled, tiny_params
+from poollab import GRID, pool_lab, wait_for_text
 
 from tasks.distribute import netlab
 
-# the pool's grid at two cells of one epoch, one cell for each first worker (the lost
-# cell's retry goes to host 1, free again, or to host 3's worker, which joined), each at
-# the least work: no claim reads a cell's figures, only the host that trained it
-CELLS = {**GRID, **LEAST_WORK, "sweep.batch_sizes": [32], "sweep.epochs": 1}
+# the pool's grid at two cells of one epoch, one cell for each first worker: the lost
+# cell's retry goes to host 1 (free again) or to host 3's worker, which joined
+CELLS = {**GRID, "sweep.batch_sizes": [32], "sweep.epochs": 1}
 
 
-def sweep_argv(lab: PoolLab, tmp: Path, data: Path) -> list[str]:
-    """`tfscale sweep --pool`'s arguments, its outputs under `tmp`, its data in `data`."""
-    where = {"track.store_dir": str(tmp / "mlflow"), "prepare.data_dir": str(data)}
-    return ["--params", str(tiny_params(tmp, **CELLS, **where)), "sweep", "--pool", lab.pool]
-
-
-@contextmanager
-def prefect_at(url: str) -> Iterator[None]:
-    """PREFECT_API_URL set to `url` for this process's Prefect (its global settings, read
-    once at import, refreshed), put back after; the log lines and events its runs left
-    queued for `url` are sent first, while it answers (at the process's exit they would
-    be retried against a URL gone with the test)."""
-    from prefect.context import refresh_global_settings_context
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    before = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
-    refresh_global_settings_context()
-    try:
-        yield
-    finally:
-        APILogWorker.instance().drain()
-        EventsWorker.instance().drain()
-        if before is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = before
-        refresh_global_settings_context()
+def sweep_on(lab, tmp: Path, *flags: str) -> subprocess.Popen:
+    """`tfscale sweep --pool` on the server's host, its output in sweep.log."""
+    params = tiny_params(tmp, **CELLS, **{"track.store_dir": str(tmp / "mlflow")})
+    return lab.hosts.popen(
+        0,
+        [str(BIN / "tfscale"), "--params", str(params), "sweep", "--pool", lab.pool, *flags],
+        env=lab.env,
+        cwd=tmp,
+        stdout=open(tmp / "sweep.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.fixture
@@ -75,20 +51,22 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
     host 3."""
     from mlflow import MlflowClient
 
-    refused, data = tmp_path / "refused", tmp_path / "tfrecords"
+    refused = tmp_path / "refused"
     refused.mkdir()
-    with pool_lab(0, tmp_path, spare=3) as lab, lab.reached() as url, prefect_at(url):
-        assert_refused(run_main(sweep_argv(lab, refused, data), refused), refused)
+    with pool_lab(0, tmp_path, spare=3) as lab:
+        code = sweep_on(lab, refused).wait(timeout=scaled(600))
         lab.start_worker(1)
         lab.start_worker(2)
-        problems: list[BaseException] = []
-        with host_2_dying_mid_cell(lab, problems):
-            code, out, err = run_main(sweep_argv(lab, tmp_path, data), tmp_path)
-        assert not problems, problems
-        said = out + err
-        assert code == 0, said[-5000:]
+        sweep = sweep_on(lab, tmp_path)
+        assert_refused(code, refused)  # while the workers and the sweep start
+        wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
+        lab.kill_host(2)
+        lab.start_worker(3)
+        code = sweep.wait(timeout=scaled(INNER_LIMIT_S))
+        out = (tmp_path / "sweep.log").read_text(errors="replace")
+        assert code == 0, out[-5000:]
         addresses = {lab.hosts.address(1), lab.hosts.address(3)}
-    assert "w2 stopped sending heartbeats; submitting it again" in said, said[-3000:]
+    assert "w2 stopped sending heartbeats; submitting it again" in out, out[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "sweep.csv")))
     assert len(rows) == 2, rows
     hosts = {row["host"] for row in rows}
@@ -101,43 +79,16 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
     print(f"\npool sweep: cells on {sorted(hosts)}; the dead host's cell retried")
 
 
-@contextmanager
-def host_2_dying_mid_cell(lab: PoolLab, problems: list) -> Iterator[None]:
-    """While the block runs (the sweep, in this thread): once host 2's worker has begun
-    its cell (training follows its `cell on` line), host 2 dies and a worker starts on
-    host 3; what fails there goes to `problems`. A block still running
-    scaled(INNER_LIMIT_S) after it began is interrupted as Ctrl-C interrupts it: a hang."""
-
-    def act() -> None:
-        try:
-            wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training begins
-            lab.kill_host(2)
-            lab.start_worker(3)
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
-            problems.append(exc)
-
-    hang = threading.Timer(scaled(INNER_LIMIT_S), _thread.interrupt_main)
-    beside = threading.Thread(target=act, daemon=True, name="host 2 dies")
-    hang.start()
-    beside.start()
-    try:
-        yield
-    finally:
-        hang.cancel()
-        beside.join(timeout=scaled(60))
-
-
-def assert_refused(ran: tuple[int, str, str], tmp: Path) -> None:
+def assert_refused(code: int, tmp: Path) -> None:
     """The sweep stopped before submitting: one clear error, no table, a failed run."""
     from flows.pool import PoolError
     from mlflow import MlflowClient
 
-    code, out, err = ran
-    said = out + err
-    assert code == PoolError.exit_code, said[-3000:]
-    assert "error: work pool 'tfscale-test' has no live worker" in said, said[-3000:]
-    assert "prefect worker start --pool tfscale-test" in said and "Traceback" not in said
-    assert "submitted" not in said  # no cell left for the workers started next
+    out = (tmp / "sweep.log").read_text(errors="replace")
+    assert code == PoolError.exit_code, out[-3000:]
+    assert "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
+    assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
+    assert "submitted" not in out  # no cell left for the workers started next
     assert not (tmp / "sweep" / "sweep.csv").exists()
     client = MlflowClient(f"sqlite:///{tmp}/mlflow/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])

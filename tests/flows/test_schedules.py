@@ -270,8 +270,7 @@ def shows_its_work(client, flow_run_id, tmp_path: Path) -> None:
 
 
 def test_prefects_own_cli_and_deploy_work_against_the_projects_server(prefect_server, tmp_path):
-    """`prefect work-pool ls`, `prefect deployment ls`, `prefect deploy` (Prefect's own CLI,
-    each its process) and `flow.deploy()` (in this process: the client is the claim)
+    """`prefect work-pool ls`, `prefect deployment ls`, `prefect deploy` and `flow.deploy()`
     against a server of the project's locked set (under FastAPI 0.151+ the server answered
     its own client's `limit: null` with 422)."""
     env = prefect_server["env"]
@@ -291,15 +290,17 @@ def test_prefects_own_cli_and_deploy_work_against_the_projects_server(prefect_se
         assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
-    from prefect import flow
-    from prefect.client.schemas.actions import WorkPoolCreate
-
-    with client_for(prefect_server["url"]) as client:
-        client.create_work_pool(WorkPoolCreate(name="cli-pool", type="process"))
+    prefect("work-pool", "create", "cli-pool", "--type", "process")
     assert "cli-pool" in prefect("work-pool", "ls")
     prefect("deploy", "hello.py:hello", "-n", "by-cli", "-p", "cli-pool")
-    with client_for(prefect_server["url"]):
-        hello = flow.from_source(source=str(tmp_path), entrypoint="hello.py:hello")
-        assert hello.deploy(name="by-api", work_pool_name="cli-pool", print_next_steps=False)
+    script = (
+        "from prefect import flow\n"
+        f"f = flow.from_source(source={str(tmp_path)!r}, entrypoint='hello.py:hello')\n"
+        "print(f.deploy(name='by-api', work_pool_name='cli-pool', print_next_steps=False))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=scaled(180)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     listed = prefect("deployment", "ls")
     assert "hello/by-cli" in listed and "hello/by-api" in listed, listed
