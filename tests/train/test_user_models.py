@@ -420,8 +420,10 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
     source = (EXAMPLES / "table_classifier.py").read_text()
     mine = source.replace("import keras\n", "import keras\nfrom tasks import WIDTH\n", 1)
     (tmp_path / "mine.py").write_text(mine.replace("Dense(32,", "Dense(WIDTH,"))
-    # the workers' rounds in blocks of 10 steps: their interval is asserted, not its width
-    params = tiny_params(tmp_path, **{"track.store_dir": "mlflow", "train.measure_steps": 10})
+    # the workers' rounds in blocks of 10 steps: their interval is asserted, not its width;
+    # plain steps: no claim reads the gradient noise scale
+    least = {"train.measure_steps": 10, "train.noise_scale": False}
+    params = tiny_params(tmp_path, **{"track.store_dir": "mlflow", **least})
     argv = ["--params", str(params), "run", "--dataset", "cancer.csv", "--label", "target"]
     argv += ["--model", "mine.py:build", "--target-metric", "auc", "--target", "0.95"]
     argv += ["--strategy", "multi_worker", "--workers", "2", "--epochs", "4"]
@@ -729,7 +731,11 @@ def test_a_sequential_is_cut_into_stages_and_a_subclassed_model_trains_whole(exa
 @pytest.mark.integration  # a Prefect flow
 def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
     """`sweep.model` a user's function, over the user's own table (`dataset_sizes: [0]`):
-    each cell trains it, one device and 2 replicas."""
+    each cell trains it, one device and 2 replicas. Nothing here reads a cell's figures:
+    each trains at `helpers.LEAST_WORK` (one short measuring round, plain steps, no held-out
+    evaluation while training)."""
+    from helpers import LEAST_WORK
+
     from flows.sweep import sweep_flow
 
     cancer_csv(examples)
@@ -740,7 +746,7 @@ def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
             "prepare.label": "target",
             "prepare.data_dir": str(examples / "data"),
             "train.runs_dir": str(examples / "runs"),
-            "train.measure_rounds": 3,
+            **LEAST_WORK,
             "sweep.model": "table_classifier.py:build",
             "sweep.dataset_sizes": [0],
             "sweep.replicas": [1, 2],
