@@ -350,8 +350,13 @@ def test_a_new_store_is_a_copy_of_an_empty_one_as_mlflow_makes_it(tmp_path, monk
     monkeypatch.chdir(tmp_path)
 
     def contents(db):
+        """Tables (each one's columns and constraints: MLflow's migrations write a table's
+        constraints in no fixed order), schema version and Default experiment."""
         with sqlite3.connect(db) as store:
-            tables = store.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+            tables = [
+                (name, sorted(line.strip().rstrip(",").strip() for line in (sql or "").split("\n")))
+                for name, sql in store.execute("SELECT name, sql FROM sqlite_master ORDER BY name")
+            ]
             version = store.execute("SELECT * FROM alembic_version").fetchall()
             (default,) = store.execute(
                 "SELECT name, artifact_location, lifecycle_stage, workspace FROM experiments"
