@@ -118,14 +118,14 @@ def migrated_prefect_db() -> Path:
     upgrade`), made once per Prefect version on this machine under a lock the suite's
     processes share: a server's first start in a new home runs those migrations, about
     17 s of CPU each time."""
-    import fcntl
     import shutil
     import tempfile
     from importlib.metadata import version
 
+    from tasks.core.run_lock import waited
+
     path = Path(tempfile.gettempdir()) / f"tfscale-tests-prefect-{version('prefect')}.db"
-    with open(f"{path}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with waited(Path(f"{path}.lock")):
         if not path.exists():
             with tempfile.TemporaryDirectory(dir=path.parent) as home:
                 subprocess.run(

@@ -176,6 +176,11 @@ class Tracker:
         return self.uri.startswith("sqlite:///")
 
     @property
+    def database(self) -> Path:
+        """The embedded store's SQLite file (meaningful where `local`)."""
+        return Path(self.uri.removeprefix("sqlite:///"))
+
+    @property
     def artifact_root(self) -> str:
         return (self.store_dir / "artifacts").resolve().as_uri()
 
@@ -212,7 +217,7 @@ class Tracker:
         """
         if not self.local:
             return
-        path = Path(self.uri.removeprefix("sqlite:///"))
+        path = self.database
         if path.is_dir():
             kind = "a directory, not an SQLite database"
         elif path.is_file() and path.stat().st_size:
@@ -257,12 +262,11 @@ class Tracker:
         from mlflow import MlflowClient
 
         self.check()
-        database = Path(self.uri.removeprefix("sqlite:///"))
-        if self.local and not database.exists():  # a copy of an empty one (`new_store`)
+        if self.local and not self.database.exists():  # a copy of an empty one (`new_store`)
             from tasks.track.new_store import seed
 
             with contextlib.suppress(OSError):  # no cache to keep one in: MLflow makes it
-                seed(database)
+                seed(self.database)
         client = MlflowClient(self.uri)
         experiment = client.get_experiment_by_name(self.experiment)
         if experiment is None:

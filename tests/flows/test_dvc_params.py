@@ -29,6 +29,7 @@ GRID = "a cell takes it from the sweep's grid (sweep.*)"
 # a sweep's cells train on synthetic data of their sizes; only a size of 0 reads the
 # prepared dataset, which few grids have (the user's file then re-runs prepare, not it)
 SYNTHETIC = "read only by a cell of size 0 (sweep.dataset_sizes): cells are synthetic"
+PREPARED_KEYS = "dataset files test_fraction label label_kind missing"
 GRID_KEYS = (
     "model epochs batch_size_per_replica scaling precision replicas workers strategy link_gbit"
     " stages micro_batches"
@@ -47,8 +48,7 @@ NOT_INPUTS = {
     "evaluate": {},
     "sweep": {
         **{f"train.{key}": GRID for key in GRID_KEYS.split()},
-        **{f"prepare.{key}": SYNTHETIC for key in "dataset files test_fraction label".split()},
-        **{f"prepare.{key}": SYNTHETIC for key in ("label_kind", "missing")},
+        **{f"prepare.{key}": SYNTHETIC for key in PREPARED_KEYS.split()},
         "train.files": DEP_PATH,
         "evaluate.seeds": RUN_SEEDS,
     },
