@@ -378,6 +378,7 @@ def plan_pricer(side: Side, base: list[dict], pair: list[dict]) -> Callable | No
         "lr_scaling": side.rule,
         "lr_scaling_rule": side.rule,
         "warmup_epochs": 0,  # one device: the rate is the rule's from the first step
+        "optimizer": side.task["optimizer"],  # `Gain`: Adam's step is priced as Adam's
     }
     try:
         pricing, _ = pricing_of(metrics, int(steps_of(run)), side.task["base_batch"],

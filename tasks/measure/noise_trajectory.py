@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.train.noise_estimates import (
+    Gain,
     NoiseScale,
     planned_gain,
     rule_progress,
@@ -301,14 +302,21 @@ def rule_steps(
     rule: str,
     headroom: float | None = None,
     noise_factor: float = 1.0,
+    adaptive: bool = False,
 ) -> RuleSteps:
     """`predicted_steps_to` for a training at `batch` whose rate follows `rule` from the
     base rate set for `base_batch`, each step's progress on the quadratic model
     (`rule_progress`). `headroom` unknown: a point for `adascale` (its gain keeps the rate's
     share of its optimum, whatever that is), the range over headroom 0 to 1 for the rest.
     `noise_factor`: the noise scale's, where a calibration took it above the measured one
-    (`tasks.train.noise_estimates.calibrated`)."""
+    (`tasks.train.noise_estimates.calibrated`); `adaptive`: an optimizer of Adam's kind,
+    whose step at a rate grows with the batch (`Gain`)."""
     gain = rule_gain(rule, base_batch, batch)
+
+    def made(phi: float, share: float) -> float:
+        scaled = phi * noise_factor
+        step = Gain(gain(phi), adaptive).at(scaled, base_batch, batch)
+        return rule_progress(scaled, base_batch, batch, step, share)
 
     def at(share: float) -> float:
         return predicted_steps_to(
@@ -317,7 +325,7 @@ def rule_steps(
             base_batch,
             batch,
             "raw",
-            lambda phi: rule_progress(phi * noise_factor, base_batch, batch, gain(phi), share),
+            lambda phi: made(phi, share),
         )
 
     if rule == "adascale" or batch == base_batch:

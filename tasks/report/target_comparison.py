@@ -17,7 +17,7 @@ from tasks.measure.noise_trajectory import (
     trajectory,
 )
 from tasks.measure.rounds import Spread
-from tasks.train.noise_estimates import efficiency
+from tasks.train.noise_estimates import efficiency, is_adaptive
 from tasks.train.to_target import (
     SEED_SPREAD,
     SEED_SPREAD_HIGHEST,
@@ -163,7 +163,9 @@ def noise_figures(baseline: TrainResult, distributed: TrainResult) -> dict[str, 
     }
     if steps and math.isfinite(value):
         base_batch, batch = effective_batch(baseline), effective_batch(distributed)
-        predicted = rule_steps(path, steps, base_batch, batch, distributed.lr_scaling)
+        rule = distributed.lr_scaling
+        adaptive = is_adaptive(distributed.optimizer)
+        predicted = rule_steps(path, steps, base_batch, batch, rule, adaptive=adaptive)
         figures.update(
             predicted_examples_to_target_distributed=None
             if predicted.steps is None

@@ -154,6 +154,42 @@ def rule_progress(
     return best * (2 * share - share**2) / (2 * headroom - headroom**2)
 
 
+ADAPTIVE = ("adam", "adamw", "adamax", "nadam", "rmsprop", "adagrad", "adadelta", "adafactor",
+            "lamb")  # fmt: skip
+
+
+def is_adaptive(optimizer: str) -> bool:
+    """Whether `optimizer` (`tasks.train.optimizers.describe`'s words: `Adam`, `SGD
+    (momentum 0.9)`) divides its step by a running root of the squared gradient."""
+    words = optimizer.split()
+    return bool(words) and words[0].lower() in ADAPTIVE
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A rule's gain on the base rate (`rule`), as the quadratic model's SGD rate takes it.
+    An adaptive optimizer (`adaptive`: Adam's kind) divides each coordinate's step by the
+    root of its second moment, G_i^2 + S_ii/B: at a fixed rate a batch M's step is
+    sqrt((1 + phi/M0)/(1 + phi/M)) = sqrt(`step_progress`) larger than one at M0, in SGD's
+    terms (reading the noise scale phi as each coordinate's noise over its signal). So at
+    the rate its rule gives it, Adam's step is SGD's at `rule` times that root: under
+    `sqrt` a batch far below phi keeps the rate's share of its optimum, as SGD does under
+    `linear` (Malladi et al., NeurIPS 2022: the square-root rule is Adam's)."""
+
+    rule: float
+    adaptive: bool = False
+
+    def factor(self, noise_scale: float, base_batch: float, batch: float) -> float:
+        """The step's size at `batch` over the rate's gain: Adam's root, or 1."""
+        if not self.adaptive:
+            return 1.0
+        return math.sqrt(step_progress(noise_scale, base_batch, batch))
+
+    def at(self, noise_scale: float, base_batch: float, batch: float) -> float:
+        """The gain SGD's model takes at noise scale `noise_scale`."""
+        return self.rule * self.factor(noise_scale, base_batch, batch)
+
+
 def headroom_from(
     noise_scale: float, base_batch: float, batch: float, gain: float, measured: float
 ) -> float | None:

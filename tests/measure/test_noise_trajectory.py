@@ -437,3 +437,21 @@ def test_one_noisy_window_past_twice_its_optimum_does_not_make_a_reached_target_
         assert sum(p == pytest.approx(1.0) for p in in_force) == 4  # the stalled steps
         expected = sum(1 / progress(headline if progress(p) <= 0 else p) for p in in_force)
         assert got == pytest.approx(expected) and math.isfinite(got)
+
+
+def test_an_adaptive_optimizers_step_grows_by_the_root_of_the_batchs_step_progress():
+    """Adam's step at one rate, in SGD's terms: sqrt((1 + phi/M0)/(1 + phi/M)); at phi 64,
+    32 to 64: sqrt(3/2) = 1.2247. Far below the noise scale (phi 1e9) its `sqrt` gain 2 at
+    4x the batch is a step 2 x sqrt(4) = 4 = g*: the rate keeps its share of its optimum,
+    so a step makes g* = 4 of a base step, as SGD's does under `linear`."""
+    from tasks.train.noise_estimates import Gain, is_adaptive, rule_progress
+
+    assert Gain(2.0, adaptive=True).factor(64.0, 32, 64) == pytest.approx(1.224745, abs=1e-6)
+    assert Gain(2.0, adaptive=True).at(64.0, 32, 64) == pytest.approx(2.449490, abs=1e-6)
+    assert Gain(2.0).at(64.0, 32, 64) == 2.0
+    step = Gain(2.0, adaptive=True).at(1e9, 32, 128)
+    assert step == pytest.approx(4.0, rel=1e-6)
+    assert rule_progress(1e9, 32, 128, step, 0.5) == pytest.approx(4.0, rel=1e-6)
+    assert [is_adaptive(o) for o in ("Adam", "AdamW", "RMSprop", "SGD (momentum 0.9)", "")] == [
+        True, True, True, False, False
+    ]  # fmt: skip

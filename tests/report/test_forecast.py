@@ -214,6 +214,7 @@ def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
         "lr_scaling": "linear",
         "to_target": {"reached": True, "steps": 100},
         "gradient_noise": [window],
+        "optimizer": "SGD (momentum 0.9)",  # the quadratic model's own (`Gain`)
     }
     model = truth()
     study = _study(phi=float(BATCH))
@@ -267,6 +268,7 @@ def _planned_run(noise_scale: float = 64.0) -> dict:
             {"steps": 140, "accuracy": 0.97},
         ],
         "gradient_noise": [window],
+        "optimizer": "SGD (momentum 0.9)",  # the quadratic model's own (`Gain`)
     }
 
 

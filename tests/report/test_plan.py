@@ -36,6 +36,7 @@ def _run(rule: str = "linear", rate: float = 0.002, **more) -> dict:
         "to_target": {"target": 0.96, "reached": True, "steps": 100},
         "evaluations": [{"steps": 60, "accuracy": 0.9}, {"steps": 100, "accuracy": 0.96}],
         "gradient_noise": [_window(64.0)],
+        "optimizer": "SGD (momentum 0.9)",  # the quadratic model's own (`Gain`)
         **more,
     }
 
@@ -260,17 +261,36 @@ def test_a_plan_with_a_warm_up_gives_its_pair_back():
     assert rows[(1, 64)] == pytest.approx(100.0, rel=1e-6)
 
 
-def test_how_well_says_adam_is_priced_by_a_proxy_and_how_little_judged_it():
-    """The run's optimizer Adam: the line says the quadratic model is SGD's, a proxy; with
-    SGD it does not; either way it names the one task and the judge's noise floor."""
+def test_how_well_says_how_adams_step_is_priced_and_what_the_judge_found():
+    """The run's optimizer Adam: the line says its step is priced as Adam's, an
+    approximation; with SGD it does not; either way it names the tasks, what the interval
+    held and the judge's noise floor."""
     study = _pair(177.78)
     adam = make_plan(_run(optimizer="Adam"), 2, "ethernet-10g", 10.0, study=study)
     sgd = make_plan(_run(optimizer="SGD(momentum=0.9)"), 2, "ethernet-10g", 10.0, study=study)
-    assert (
-        "Adam is priced with SGD's quadratic model of a step, an empirical proxy"
-        in (adam.sources["how well"])
-    )
-    assert "proxy" not in sgd.sources["how well"]
-    assert "one task (synthetic, Adam)" in sgd.sources["how well"]
-    assert "the judge's noise floor 0.76-1.12" in sgd.sources["how well"]
-    assert "not at 4x and 8x" in sgd.sources["how well"]  # where it failed, said
+    assert "Adam's step is priced as Adam's" in adam.sources["how well"]
+    assert "an approximation judged on two tasks" in adam.sources["how well"]
+    assert "approximation" not in sgd.sources["how well"]
+    assert "judged on three tasks" in sgd.sources["how well"]
+    assert "its 95% interval held every row" in sgd.sources["how well"]
+    assert "the judge's noise floor 0.76-1.20" in sgd.sources["how well"]
+
+
+def test_adams_steps_are_priced_with_its_step_growing_by_the_root_of_a_larger_batchs_gain():
+    """Adam divides its step by the root of its second moment, so at one rate a batch M's
+    step is sqrt(g*) = sqrt((1 + 64/32)/(1 + 64/M)) SGD's (`Gain`). The pair: 150 steps at
+    32, 100 at 64 under linear (gain 2), phi 64 (g* 1.5). SGD: k = 2/1.5, q = 1.5/1.5,
+    h = 2(k - q)/(k^2 - q) = 0.8571; at 256 (gain capped at 2, g* 3/1.25 = 2.4) r = 0.8571 x
+    2/2.4 = 0.7143, progress 2.4(2r - r^2)/(2h - h^2) = 2.25, steps 100 x 1.5/2.25 = 66.67.
+    Adam: k = 2 sqrt(1.5)/1.5, h = 0.7596; at 256 the step is 2 sqrt(2.4) = 3.098, r =
+    0.9806, progress 2.546, steps 58.91: the larger batch's own step gains, as Adam's do."""
+    from tasks.report.plan import pricing_of
+
+    sgd, _ = pricing_of(_run(), 100, BATCH, _pair(150))
+    adam, _ = pricing_of(_run(optimizer="Adam"), 100, BATCH, _pair(150))
+    assert (sgd.adaptive, adam.adaptive) == (False, True)
+    assert sgd.headroom == pytest.approx(0.8571, abs=1e-4)
+    assert adam.headroom == pytest.approx(0.7596, abs=1e-4)
+    assert sgd.point(256) == pytest.approx(66.67, abs=0.01)
+    assert adam.point(256) == pytest.approx(58.91, abs=0.01)
+    assert adam.point(64) == pytest.approx(100.0)  # the pair given back

@@ -237,9 +237,8 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
         "below); one seed: its interval takes the evaluation interval, assuming a 13% seed "
         "spread, not measured here"
     ) in summary.to_target
-    linear = compare_runs(
-        base, dataclasses.replace(dist, lr_scaling="linear"), EVALUATION, None, "weak", 0.95
-    )
+    sgd = dataclasses.replace(dist, lr_scaling="linear", optimizer="SGD (momentum 0.9)")
+    linear = compare_runs(base, sgd, EVALUATION, None, "weak", 0.95)
     share = 2 / (4 / 3)
     at_optimum = 100 / (4 / 3 * (2 * share - share**2)) * 32
     assert linear.predicted_examples_to_target_distributed is None
@@ -248,6 +247,12 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
         "below its best to one at it)" in linear.to_target
     )
     assert at_optimum == pytest.approx(3200)
+    # Adam's step at the doubled rate is 2 sqrt(4/3) = 2.309 SGD's (`Gain`): far below its
+    # optimum 100/2.309 = 43.3 steps (1,386 examples); at it r = 2.309/1.333 = 1.732, a step
+    # 1.333 (2r - r^2) = 0.619 of a base step: 161.6 steps, 5,171 examples
+    adam = compare_runs(base, dataclasses.replace(sgd, optimizer="Adam"), EVALUATION, None,
+                        "weak", 0.95)  # fmt: skip
+    assert "predicted 1,386-5,171 examples for 2 replicas at linear's rate" in adam.to_target
 
 
 def test_the_recommendation_says_when_the_time_to_target_disagrees_with_examples_per_s():
