@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks.core.run_layout import METRICS
 from tasks.settings.config import Config
 
 
@@ -73,7 +74,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     from tasks.distribute.strategy import baseline_choice, select_strategy
 
     if args.against_baseline:  # the baseline it joins, named before any work
-        from tasks.execute.trainings import load_exported
+        from tasks.execute.run_files import load_exported
 
         load_exported(Path(args.against_baseline))
     data_dir = dataset_dir(config)
@@ -128,7 +129,8 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baselin
     cluster's chief, or a run of one process), then exports and reports it. A baseline
     opens the study run its comparison nests under (`baseline_of`: the run it is the
     baseline of); a run `--against-baseline DIR` joins the study of the baseline in DIR."""
-    from tasks.execute.trainings import export_run, train_and_diagnose
+    from tasks.execute.run_files import export_run
+    from tasks.execute.trainings import train_and_diagnose
     from tasks.measure.diagnosis import format_diagnosis
     from tasks.track import command_runs as mlflow_runs
     from tasks.track.tracking import EpochLog
@@ -180,7 +182,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
     from tasks.train.evaluation import recorded_or_evaluated, write_evaluation
 
     if args.baseline:  # the baseline it compares with, named before any work
-        from tasks.execute.trainings import load_exported
+        from tasks.execute.run_files import load_exported
 
         load_exported(Path(args.baseline))
     data_dir = dataset_dir(config)
@@ -342,7 +344,7 @@ def plan(config: Config, args: argparse.Namespace) -> int:
     check_devices(args.devices)  # usage errors first
     name, gbit = link_named(args.link)
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
-    metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+    metrics = json.loads((Path(run_dir) / METRICS).read_text())
     batches = BATCHES
     if args.device_memory_mb:  # the model's footprint: built, so TensorFlow, quietly
         from tasks.core.process import import_tensorflow
@@ -370,7 +372,8 @@ def plan(config: Config, args: argparse.Namespace) -> int:
 def sweep(config: Config, args: argparse.Namespace) -> int:
     """The sweep's flow run; a grid it cannot plan (`plan_cells`: links without worker
     processes) is refused first, before a Prefect API starts or TensorFlow imports."""
-    from tasks.report.scaling_grid import CriticalBatch, format_table, plan_cells
+    from tasks.execute.sweep_cells import plan_cells
+    from tasks.report.scaling_grid import CriticalBatch, format_table
 
     plan_cells(config)
     if config.sweep.work_pool:

@@ -46,7 +46,7 @@ from tasks.data.manifest import ShardError, load_manifest
 from tasks.data.preparation import dataset_dir
 from tasks.distribute import hardware, strategy
 from tasks.distribute.run import Run
-from tasks.report import scaling_grid
+from tasks.execute import sweep_cells
 from tasks.settings.config import config_from_dict, config_to_dict
 
 CELL_FLOW = "tfscale-sweep-cell"
@@ -145,12 +145,12 @@ def sweep_cell_flow(config: dict, data_digest: str, sweep_dir: str, token: str) 
     check_shared(Path(sweep_dir), token)
     manifest = check_data(cfg, data_digest)
     report = hardware.detect_hardware()
-    process.set_up_devices(scaling_grid.cell_devices(cfg, report))
+    process.set_up_devices(sweep_cells.cell_devices(cfg, report))
     choice = strategy.select_strategy(report, cfg.train)
     run = Run(cfg, manifest, str(dataset_dir(cfg)), choice, report)
     host = this_host()
     print(f"cell on {host}: {choice.kind}, {choice.shape}, {choice.precision}")
-    out = scaling_grid.train_cell(run, host)
+    out = sweep_cells.train_cell(run, host)
     path = result_path(Path(sweep_dir), str(flow_run.id))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, out)

@@ -17,6 +17,7 @@ from tasks.core import process
 from tasks.core.network import host_name
 from tasks.distribute import strategy
 from tasks.distribute.run import Run
+from tasks.execute import sweep_cells
 from tasks.report import scaling_grid
 from tasks.settings import config as config_mod
 from tasks.track import records, tracking
@@ -24,17 +25,17 @@ from tasks.track import records, tracking
 
 @task(name="plan the grid")
 def plan_task(config):
-    return scaling_grid.plan_cells(config)
+    return sweep_cells.plan_cells(config)
 
 
 @task(name="set up devices")
 def devices_task(config, report):
-    process.set_up_devices(scaling_grid.cell_devices(config, report))
+    process.set_up_devices(sweep_cells.cell_devices(config, report))
 
 
 @task(name="train a cell", cache_policy=RESULTS, persist_result=True)
 def _cell_task(run: Run) -> dict:
-    return scaling_grid.train_cell(run, host_name())
+    return sweep_cells.train_cell(run, host_name())
 
 
 def cell_task(config, manifest, data_dir: str, report) -> dict:
@@ -49,7 +50,7 @@ def pool_task(config, cells, prepared) -> list[dict]:
     shared = pool.absolute_paths(config)
     return pool.run_cells_on_pool(
         config.sweep.work_pool,
-        [scaling_grid.cell_config(shared, cell) for cell in cells],
+        [sweep_cells.cell_config(shared, cell) for cell in cells],
         [p.manifest.digest for p in prepared],
         [cell.run_name for cell in cells],
         config.sweep.cell_retries,
@@ -107,12 +108,12 @@ def run_sweep(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     parent_id = start_sweep_tracking_task(tracker, report, config)
     try:
         if config.sweep.work_pool:
-            prepared = [prepare_task(scaling_grid.cell_config(config, cell)) for cell in cells]
+            prepared = [prepare_task(sweep_cells.cell_config(config, cell)) for cell in cells]
             results = pool_task(config, cells, prepared)
         else:
             results = []
             for cell in cells:
-                cell_cfg = scaling_grid.cell_config(config, cell)
+                cell_cfg = sweep_cells.cell_config(config, cell)
                 prepared = prepare_task(cell_cfg)
                 results.append(cell_task(cell_cfg, prepared.manifest, prepared.data_dir, report))
         rows, files = tabulate_task(cells, results, config)

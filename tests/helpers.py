@@ -319,7 +319,7 @@ def train_result(**changes):
     """A `TrainResult` of one device at batch 16 (rate 0.001, 10 steps an epoch) with no
     figures measured, each field in `changes` set: the summaries' tests build their pairs
     from it."""
-    from tasks.train.training import TrainResult
+    from tasks.train.result import TrainResult
 
     one_device = TrainResult(
         run_dir="b",

@@ -134,6 +134,30 @@ def test_no_module_imports_from_a_higher_layer():
     assert upward == []
 
 
+def prefect_imports(path: Path) -> list[int]:
+    """The lines of `path` that import Prefect, anywhere in it."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(name.split(".")[0] == "prefect" for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_of_tasks_imports_prefect():
+    """Prefect is the flows' engine: a step of `tasks/` runs without it, and the flows
+    install what a step says into a run's log (`tasks.core.progress.log_runs_with`)."""
+    found = {
+        name: lines
+        for name, path in modules_in_tree().items()
+        if name.startswith("tasks.") and (lines := prefect_imports(path))
+    }
+    assert found == {}
+    planted = ROOT / "flows" / "__init__.py"  # the check sees an import where there is one
+    assert prefect_imports(planted)
+
+
 def late_bound_pairs() -> set[tuple[str, str]]:
     """The upward names allowed: a strategy kind's builders and runners, which the table
     in `tasks.settings.kinds` names for the train layer, and the worker process's entry

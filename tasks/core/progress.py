@@ -3,7 +3,8 @@ training.
 
 `status(name, text)` writes one line to the console (quiet mode shows it; see
 `tasks.core.process`) and, inside a Prefect flow run, to that run's log on the server, so a
-deployment's page shows the same steps. `EpochWatcher` follows a training's
+deployment's page shows the same steps (`flows` installs the run's logger:
+`log_runs_with`). `EpochWatcher` follows a training's
 `history.json`, which the process that trains (this one, or the chief of a multi-worker
 job) rewrites after every epoch: a progress bar on a terminal, a line per epoch
 elsewhere (in a Prefect run: its log on the server), and each epoch handed to a callback
@@ -36,15 +37,19 @@ def status(name: str, text: str) -> None:
         run_logger.info(line, extra={STATUS_MARK: True})
 
 
-def _prefect_run_logger() -> Any:
-    if "prefect" not in sys.modules:
-        return None
-    from prefect.context import FlowRunContext, TaskRunContext
-    from prefect.logging import get_run_logger
+_RUN_LOGGERS: list[Callable[[], Any]] = []  # `log_runs_with`'s
 
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
-        return None
-    return get_run_logger()
+
+def log_runs_with(find: Callable[[], Any]) -> None:
+    """Status lines and epochs go also to the logger `find()` returns at the time (None:
+    no run now). `flows` installs Prefect's run logger here when it is imported, so the
+    foundation never imports Prefect."""
+    _RUN_LOGGERS[:] = [find]
+
+
+def _prefect_run_logger() -> Any:
+    """The current run's logger (`log_runs_with`), or None."""
+    return next((found for find in _RUN_LOGGERS if (found := find()) is not None), None)
 
 
 def epoch_score(epoch: dict[str, float]) -> tuple[str, float]:

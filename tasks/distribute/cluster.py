@@ -33,6 +33,7 @@ from typing import Any
 
 from tasks.core.errors import UsageError, UserError
 from tasks.core.process import set_up_worker
+from tasks.core.run_layout import METRICS
 from tasks.distribute.hardware import ClusterInfo, slurm_task_cpus
 from tasks.settings.kinds import StrategyKind
 
@@ -208,7 +209,7 @@ def evaluate_checkpoints(
     directory, records, seen = run_dir / "checkpoints", [], None
     deadline = time.monotonic() + timeout_s
     while True:
-        done = (run_dir / "metrics.json").exists()
+        done = (run_dir / METRICS).exists()
         latest = tf.train.latest_checkpoint(str(directory))
         if latest and latest != seen:
             checkpoint.restore(latest).expect_partial()

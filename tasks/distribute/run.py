@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.provenance import code_version
+from tasks.core.run_layout import METRICS
 from tasks.core.user_code import model_fingerprint
 from tasks.data.manifest import Manifest, load_manifest
 from tasks.distribute.hardware import HardwareReport, report_from_dict
@@ -83,7 +84,7 @@ class Run:
     def is_complete(self) -> bool:
         """Whether the run directory holds its metrics and model (a cached result whose
         files were deleted must train again)."""
-        return (self.run_dir / "metrics.json").exists() and (self.run_dir / "model.keras").exists()
+        return (self.run_dir / METRICS).exists() and (self.run_dir / "model.keras").exists()
 
     def with_choice(self, choice: StrategyChoice) -> Run:
         return dataclasses.replace(self, choice=choice)

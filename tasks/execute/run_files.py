@@ -1,15 +1,26 @@
-"""What the files beside a trained model say: the newest run of a dataset (`latest.json`),
-the training that made a model (its metrics and MLflow run), the study it was a stage of.
-Plain JSON reading, with nothing heavy imported: `tfscale evaluate` of a model whose
-training recorded its evaluation (`tasks.train.evaluation.recorded`) needs no TensorFlow.
+"""A training's files (`tasks.core.run_layout` names them): its metrics written
+(`write_metrics`), exported (`export_run`) and read back (`load_exported`); what the
+files beside a trained model say: the newest run of a dataset, the training that made a
+model (its metrics and MLflow run), the study it was a stage of. Plain JSON, with nothing
+heavy imported: reading a run's results, or `tfscale evaluate` of a model whose training
+recorded its evaluation (`tasks.train.evaluation.recorded`), needs no TensorFlow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.core.errors import MissingInput
+from tasks.core.files import atomic_path, write_json_atomic
+from tasks.core.run_layout import EXPORTED_METRICS, LATEST, METRICS
+from tasks.train.result import TrainResult
+
+if TYPE_CHECKING:
+    from tasks.distribute.run import Run
 
 
 def latest_run(runs_dir: str, dataset: str) -> dict:
@@ -18,7 +29,7 @@ def latest_run(runs_dir: str, dataset: str) -> dict:
     Raises:
         MissingInput: no completed run, saying which command makes one.
     """
-    path = Path(runs_dir) / dataset / "latest.json"
+    path = Path(runs_dir) / dataset / LATEST
     if not path.exists():
         raise MissingInput(
             f"No trained model for {dataset!r} under {runs_dir}; run 'tfscale train "
@@ -37,7 +48,7 @@ def trained_by(model_dir: Path) -> dict[str, str]:
     dataset, model, strategy, replicas and precision, its run directory, and its MLflow
     run (id and link) when one logged it."""
     tags: dict[str, str] = {}
-    for name in ("metrics.json", "train_metrics.json"):  # a run directory, an export
+    for name in (METRICS, EXPORTED_METRICS):  # a run directory, an export
         if (model_dir / name).exists():
             metrics = json.loads((model_dir / name).read_text())
             keys = ("dataset", "model", "strategy", "replicas", "precision")
@@ -56,3 +67,61 @@ def study_of(model_dir: Path) -> str | None:
         return None
     tracked = json.loads((model_dir / TRACKED_AS).read_text())
     return tracked.get("study_run_id") or tracked.get("pipeline_run_id")  # before 2026-11-26
+
+
+def write_metrics(result: TrainResult, run: Run) -> Path:
+    run_dir = Path(result.run_dir)
+    metrics = dict(
+        result.to_dict(),
+        dataset=run.manifest.dataset,
+        model=run.train.model,
+        lr_scaling_rule=run.train.lr_scaling,  # the rule asked for (`lr_scaling`: followed)
+        manifest_digest=run.manifest.digest,
+        hardware_fingerprint=run.report.fingerprint,
+    )
+    path = write_json_atomic(run_dir / METRICS, metrics)
+    latest = {"run_dir": str(run_dir), "model_path": result.model_path}
+    write_json_atomic(run_dir.parent / LATEST, latest)
+    return path
+
+
+def load_exported(export_dir: Path) -> TrainResult:
+    """The training result `tfscale train --export-dir` wrote into `export_dir`.
+
+    Raises:
+        MissingInput: no `train_metrics.json` there, naming the command that writes it.
+    """
+    path = export_dir / EXPORTED_METRICS
+    if not path.exists():
+        raise MissingInput(
+            f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
+            "(add --baseline for the single-device baseline) first."
+        )
+    metrics = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(TrainResult)}
+    return TrainResult(**{k: v for k, v in metrics.items() if k in names})
+
+
+def export_run(result: TrainResult, export_dir: Path) -> None:
+    """Copies the model, metrics, per-epoch history (CSV, for plots) and, where the run has
+    them, its diagnosis, its MLflow run and its final evaluation to a fixed place: `tfscale
+    evaluate` of the exported model reads that evaluation back (`evaluation.recorded`, which
+    checks the model file's digest) instead of evaluating it again."""
+    import csv
+
+    from tasks.train.evaluation import RECORDED
+
+    export_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(result.run_dir)
+    with atomic_path(export_dir / "model.keras") as tmp:
+        shutil.copyfile(result.model_path, tmp)
+    shutil.copyfile(run_dir / METRICS, export_dir / EXPORTED_METRICS)
+    for name in (TRACKED_AS, "diagnosis.json", RECORDED):
+        if (run_dir / name).exists():
+            shutil.copyfile(run_dir / name, export_dir / name)
+        else:  # an earlier export's, not this run's
+            (export_dir / name).unlink(missing_ok=True)
+    with open(export_dir / "history.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
+        writer.writeheader()
+        writer.writerows(result.history)

@@ -20,19 +20,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import MissingInput, UsageError
-from tasks.core.files import atomic_path, write_json_atomic
+from tasks.core.errors import UsageError
+from tasks.core.files import write_json_atomic
 from tasks.core.progress import EpochWatcher, epoch_score, status
+from tasks.core.run_layout import METRICS
 from tasks.core.run_lock import hold
 from tasks.core.user_code import model_fingerprint
 from tasks.distribute.run import Role, Run
-from tasks.execute.run_files import TRACKED_AS
+from tasks.execute.run_files import write_metrics
 from tasks.measure.autotune import Settled, settle
 from tasks.measure.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
 from tasks.measure.in_place import InPlaceProbes, probe_in_place
 from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
+from tasks.train.result import TrainResult, timed_epochs
 from tasks.train.to_target import ToTarget
-from tasks.train.training import TrainResult, timed_epochs, train_model
+from tasks.train.training import train_model
 from tasks.train.user_models import (
     ModelError,
     check_user_model,
@@ -73,7 +75,7 @@ def run_training(
     run_dir = run.run_dir
     chief = run.writes_outputs
     with hold(run_dir) if chief else contextlib.nullcontext():  # a cluster's tasks share it
-        if chief and (run_dir / "metrics.json").exists():  # completed before: train afresh
+        if chief and (run_dir / METRICS).exists():  # completed before: train afresh
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         watch = EpochWatcher(
@@ -319,22 +321,6 @@ def trained_line(result: TrainResult) -> str:
     return line
 
 
-def write_metrics(result: TrainResult, run: Run) -> Path:
-    run_dir = Path(result.run_dir)
-    metrics = dict(
-        result.to_dict(),
-        dataset=run.manifest.dataset,
-        model=run.train.model,
-        lr_scaling_rule=run.train.lr_scaling,  # the rule asked for (`lr_scaling`: followed)
-        manifest_digest=run.manifest.digest,
-        hardware_fingerprint=run.report.fingerprint,
-    )
-    path = write_json_atomic(run_dir / "metrics.json", metrics)
-    latest = {"run_dir": str(run_dir), "model_path": result.model_path}
-    write_json_atomic(run_dir.parent / "latest.json", latest)
-    return path
-
-
 def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
     import os
 
@@ -352,45 +338,3 @@ def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
         spec, workers, run_dir, pin_cores=workers <= cores, link_gbit=run.train.link_gbit
     )
     return TrainResult(**json.loads((run_dir / "worker-0-result.json").read_text()))
-
-
-def load_exported(export_dir: Path) -> TrainResult:
-    """The training result `tfscale train --export-dir` wrote into `export_dir`.
-
-    Raises:
-        MissingInput: no `train_metrics.json` there, naming the command that writes it.
-    """
-    path = export_dir / "train_metrics.json"
-    if not path.exists():
-        raise MissingInput(
-            f"No training metrics at {path}; run 'tfscale train --export-dir {export_dir}' "
-            "(add --baseline for the single-device baseline) first."
-        )
-    metrics = json.loads(path.read_text())
-    names = {f.name for f in dataclasses.fields(TrainResult)}
-    return TrainResult(**{k: v for k, v in metrics.items() if k in names})
-
-
-def export_run(result: TrainResult, export_dir: Path) -> None:
-    """Copies the model, metrics, per-epoch history (CSV, for plots) and, where the run has
-    them, its diagnosis, its MLflow run and its final evaluation to a fixed place: `tfscale
-    evaluate` of the exported model reads that evaluation back (`evaluation.recorded`, which
-    checks the model file's digest) instead of evaluating it again."""
-    import csv
-
-    from tasks.train.evaluation import RECORDED
-
-    export_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(result.run_dir)
-    with atomic_path(export_dir / "model.keras") as tmp:
-        shutil.copyfile(result.model_path, tmp)
-    shutil.copyfile(run_dir / "metrics.json", export_dir / "train_metrics.json")
-    for name in (TRACKED_AS, "diagnosis.json", RECORDED):
-        if (run_dir / name).exists():
-            shutil.copyfile(run_dir / name, export_dir / name)
-        else:  # an earlier export's, not this run's
-            (export_dir / name).unlink(missing_ok=True)
-    with open(export_dir / "history.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(result.history[0]))
-        writer.writeheader()
-        writer.writerows(result.history)

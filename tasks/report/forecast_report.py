@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tasks.core.run_layout import METRICS
 from tasks.report.forecast import (
     MEASURED,
     CostModel,
@@ -179,12 +180,12 @@ def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
         "pass --run-dir."
     )
     if run_dir is not None:
-        path = Path(run_dir) / "metrics.json"
+        path = Path(run_dir) / METRICS
         if not path.exists():
             raise MissingInput(f"no completed run in {run_dir} (metrics.json missing)", make)
         return Path(run_dir)
     candidates = sorted(
-        Path(runs_dir, dataset).glob("*/metrics.json"), key=lambda p: p.stat().st_mtime
+        Path(runs_dir, dataset).glob(f"*/{METRICS}"), key=lambda p: p.stat().st_mtime
     )
     for path in reversed(candidates):
         if json.loads(path.read_text()).get("probes", {}).get("comm_s_by_bytes"):
@@ -210,7 +211,7 @@ def forecast_run(
 
     from tasks.core.files import write_json_atomic
 
-    metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+    metrics = json.loads((Path(run_dir) / METRICS).read_text())
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     links = links_from(gbits, presets, model)
     result = forecast(model, links, workers, scaling, metrics.get("global_batch"))

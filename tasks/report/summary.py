@@ -12,8 +12,9 @@ from typing import Any
 from tasks.core.fields import EACH, PARAM, UNTRACKED, tracked_as
 from tasks.core.files import write_json_atomic
 from tasks.core.provenance import code_version
+from tasks.core.run_layout import METRICS
 from tasks.distribute.run import Run
-from tasks.execute.trainings import load_exported
+from tasks.execute.run_files import load_exported
 from tasks.measure.autotune import TIMED_IN
 from tasks.measure.diagnosis import Diagnosis
 from tasks.measure.probes import RoundRates
@@ -26,8 +27,8 @@ from tasks.report.target_comparison import (
 )
 from tasks.settings.kinds import SpreadOver, shape_text
 from tasks.train.evaluation import EvalResult
+from tasks.train.result import TrainResult
 from tasks.train.to_target import SEED_SPREAD_HIGHEST, target_text
-from tasks.train.training import TrainResult
 
 
 @dataclass(frozen=True)
@@ -737,8 +738,8 @@ def _study_files(
             else {}
         ),
         "speedup_chart": plot_speedup(summary, baseline, distributed, out_dir / "speedup.png"),
-        "baseline_metrics": Path(baseline.run_dir) / "metrics.json",
-        "distributed_metrics": out_dir / "metrics.json",
+        "baseline_metrics": Path(baseline.run_dir) / METRICS,
+        "distributed_metrics": out_dir / METRICS,
         "diagnosis": out_dir / "diagnosis.txt",
     }
 

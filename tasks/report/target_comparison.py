@@ -29,7 +29,7 @@ from tasks.train.to_target import (
 )
 
 if TYPE_CHECKING:  # the training module imports TensorFlow, which `tfscale plan` never needs
-    from tasks.train.training import TrainResult
+    from tasks.train.result import TrainResult
 
 DRAWS = 2000  # the interval's draws
 

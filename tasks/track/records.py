@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.core.fields import fields_by_type
+from tasks.core.run_layout import METRICS
 from tasks.track.tracking import Tracker, rounded, study_params, write_json_artifact
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def log_training(
     if not tracker.client.get_metric_history(run_id, "loss"):
         tracker.log_history(run_id, result.history)
     log_evaluations(tracker, run_id, result)
-    tracker.log_artifacts(run_id, [Path(result.run_dir) / "metrics.json"])
+    tracker.log_artifacts(run_id, [Path(result.run_dir) / METRICS])
 
 
 def log_evaluations(tracker: Tracker, run_id: str, result: Any) -> None:

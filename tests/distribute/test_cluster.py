@@ -227,9 +227,12 @@ def test_preemption_a_killed_worker_and_a_cut_link_each_rerun_resumes_where_it_s
     (line,) = [x for x in job.output(("worker", 0)).splitlines() if x.startswith("preempted")]
     saved = int(line.split("checkpoint at step ")[1].split()[0])
     logged = len(job.output(("worker", 0)))
+    # the epochs recorded when they stopped: one may have ended between the reading above
+    # and the signal, and a rerun waited on the earlier count would be read before it began
+    stopped_at = len(json.loads((job.run_dir() / "history.json").read_text()))
 
     job.start()
-    job.wait_for_epochs(len(history) + 1)  # past the epoch the preemption cut
+    job.wait_for_epochs(stopped_at + 1)  # past the epoch the preemption cut
     rerun = job.output(("worker", 0))[logged:]
     (line,) = [x for x in rerun.splitlines() if x.startswith("resuming")]
     assert f"from step {saved} " in line, line  # the step the preemption saved

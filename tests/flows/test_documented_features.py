@@ -131,7 +131,7 @@ def test_an_exported_model_keeps_its_recorded_evaluation_and_drops_a_stale_one(
     from helpers import epoch_history, train_result
 
     from tasks.core import process
-    from tasks.execute.trainings import export_run
+    from tasks.execute.run_files import export_run
     from tasks.train import evaluation
 
     _, manifest, data_dir = digits

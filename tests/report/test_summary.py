@@ -9,7 +9,7 @@ import pytest
 from helpers import epoch_history, train_result
 
 from tasks.report.summary import compare_runs, format_summary
-from tasks.train.training import TrainResult
+from tasks.train.result import TrainResult
 
 
 def _pair(base_target: dict, dist_target: dict) -> tuple[TrainResult, TrainResult]:

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import scaled
 
+from tasks.execute.sweep_cells import Cell, plan_cells
 from tasks.measure.probes import RoundRates
 from tasks.measure.rounds import ratio_95
 from tasks.report.forecast import fit_cost_model
-from tasks.report.scaling_grid import Cell, plan_cells, tabulate
+from tasks.report.scaling_grid import tabulate
 from tasks.settings.config import load_config
 
 
@@ -256,7 +257,8 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
 
     from flows.sweep import sweep_flow
     from tasks.distribute import netlab
-    from tasks.report.scaling_grid import forecast_lines, plan_cells
+    from tasks.execute.sweep_cells import plan_cells
+    from tasks.report.scaling_grid import forecast_lines
 
     needs(netlab.available(), "emulated hosts for the link axis")
     config = load_config(

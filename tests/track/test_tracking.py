@@ -14,7 +14,7 @@ from tasks.core.fields import PARAM, fields_by_type
 from tasks.core.files import write_json_atomic
 from tasks.core.progress import EpochWatcher
 from tasks.track.tracking import STORE_LOCK, EpochLog, Tracker, rounded
-from tasks.train.training import TrainResult
+from tasks.train.result import TrainResult
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,7 +51,7 @@ def test_batch_sizes_for_weak_and_strong_scaling():
 def test_throughput_leaves_out_the_first_epoch():
     """The first epoch traces the step: 1,000 examples in 9 s there, then 2,000 in 2 s and
     1,000 in 2 s is 3,000 examples in 4 s. A run of one epoch has only that one."""
-    from tasks.train.training import examples_per_s
+    from tasks.train.result import examples_per_s
 
     history = [
         {"examples": 1000, "seconds": 9.0},
@@ -93,7 +93,7 @@ def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
     `examples_per_s` does, and the line says so: the summary's rounds are another
     measurement, and a reader comparing the two must know which is which."""
     from tasks.execute.trainings import trained_line
-    from tasks.train.training import TrainResult, examples_per_s
+    from tasks.train.result import TrainResult, examples_per_s
 
     history = [
         {"epoch": 1, "examples": 100, "seconds": 1.0, "accuracy": 0.5},
