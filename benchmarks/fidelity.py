@@ -241,7 +241,7 @@ def compare(
 
     keras.utils.set_random_seed(config.train.seed)
     with setup.strategy.scope():
-        fitted = model_for_data(config.train.model, manifest.spec)
+        fitted = model_for_data(config.train.model, manifest.spec).model
     if weights_digest(fitted) != start:
         raise AssertionError(f"{case}: fit's model does not start from tfscale's weights")
     batches = epochs * setup.steps * setup.replicas

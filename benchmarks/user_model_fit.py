@@ -88,7 +88,7 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     run_epoch = setup.epoch_runner(choice, dataset_fn)
 
     with setup.strategy.scope():
-        fitted = model_for_data(model, manifest.spec)  # compiled by the user's function
+        fitted = model_for_data(model, manifest.spec).model  # compiled by the user's function
         metrics = [  # the user's, fresh
             m if isinstance(m, str) else keras.saving.deserialize_keras_object(m)
             for m in fitted.get_compile_config().get("metrics") or []

@@ -20,10 +20,10 @@ from tasks.settings.config import Config
 
 
 def prepare(config: Config, args: argparse.Namespace) -> int:
-    from tasks.data.preparation import format_summary, prepare_dataset
+    from tasks.data.preparation import format_prepared, prepare_dataset
 
     result = prepare_dataset(config, force=args.force, progress=not args.no_progress)
-    print(format_summary(result))
+    print(format_prepared(result))
     return 0
 
 
@@ -85,7 +85,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
     if report.cluster is not None:
         cluster.join(report.cluster)
     if role == SERVER:
-        cluster.serve(report.cluster, config.cluster.chief_wait_s)
+        cluster.serve_task(report.cluster, config.cluster.chief_wait_s)
         return 0
     set_up_devices(proposed.logical_cpus)
     planned = Run(config, manifest, str(data_dir), proposed, report)

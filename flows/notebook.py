@@ -48,6 +48,7 @@ from tasks.core.errors import UsageError
 from tasks.core.user_code import is_registered, register
 from tasks.data.datasets import DatasetError
 from tasks.settings.config import DEFAULT_PARAMS, Config, load_config
+from tasks.settings.kinds import KINDS, LOCAL_WORKERS
 
 SECTIONS = ("prepare", "train", "evaluate", "track", "cluster")  # where a bare name is looked up
 
@@ -311,7 +312,9 @@ def _model_ref(model: Any, folder: Path) -> str:
 
 def _check_in_process(config: Config) -> None:
     handed = [ref for ref in (config.prepare.dataset, config.train.model) if is_registered(ref)]
-    if handed and (config.train.workers > 1 or config.train.strategy in ("multi_worker",)):
+    kind = KINDS.get(config.train.strategy)  # None: `auto`, chosen from the hardware
+    in_workers = kind is not None and kind.runs == LOCAL_WORKERS
+    if handed and (config.train.workers > 1 or in_workers):
         raise UsageError(
             f"{', '.join(handed)} lives in this process only, and worker processes train "
             f"this study (train.workers {config.train.workers}, {config.train.strategy})",

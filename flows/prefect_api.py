@@ -13,6 +13,10 @@ process first, import TensorFlow meanwhile, and then point the flow at it:
 
 Prefect itself is imported inside the functions that talk to it: the server's process
 starts before this one pays Prefect's own import (1-2 s).
+
+Every flow imports this module, which sends tfscale's status lines and epochs to the
+current Prefect run's log too (`prefect_run_logger`, installed by
+`tasks.core.progress.log_runs_with`): the steps of `tasks/` never import Prefect.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from flows.errors import ServerUnavailable
 from tasks.core.network import free_ports, wait_healthy
 from tasks.core.process import Stopped, stopped_by_signals
+from tasks.core.progress import log_runs_with
 
 START_TIMEOUT_S = 180.0  # a hang detector: Prefect's server starts in 6-20 s on 2 busy cores
 START_TIMEOUT_VARIABLE = "TFSCALE_SERVER_START_TIMEOUT_S"
@@ -408,3 +414,19 @@ def check_prefect_server(unset: str = SERVE_UNSET, fix: str = SERVER_FIX) -> str
     if problem is not None:
         raise ServerUnavailable(f"Prefect server {url} is unreachable ({problem})", f"{fix}.")
     return url
+
+
+def prefect_run_logger() -> Any:
+    """The logger of the Prefect flow or task run in progress here, or None (none, or
+    Prefect not imported: nothing runs in a flow then)."""
+    if "prefect" not in sys.modules:
+        return None
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.logging import get_run_logger
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    return get_run_logger()
+
+
+log_runs_with(prefect_run_logger)

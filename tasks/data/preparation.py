@@ -116,7 +116,7 @@ def held_out_note(params: dict) -> str:
     return ""
 
 
-def format_summary(result: PrepareResult) -> str:
+def format_prepared(result: PrepareResult) -> str:
     """A one-screen summary of a prepare."""
     m = result.manifest
     mb = result.total_bytes / 2**20

@@ -96,7 +96,7 @@ def join(cluster: ClusterInfo) -> None:
         print(f"threads: {threads} per TensorFlow pool (Slurm gave this task {cpus})")
 
 
-def serve(cluster: ClusterInfo, chief_wait_s: float) -> None:
+def serve_task(cluster: ClusterInfo, chief_wait_s: float) -> None:
     """Runs this task's `tf.distribute.Server` until the coordinator is done.
 
     Raises:

@@ -177,7 +177,7 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     cluster = run.report.cluster
     ps_tasks = len(cluster.ps) if cluster else 0
     return evaluate_checkpoints(
-        lambda: model_for_data(run.train.model, manifest.spec, ps_tasks),
+        lambda: model_for_data(run.train.model, manifest.spec, ps_tasks).model,
         evaluate,
         run.run_dir,
         run.config.cluster.chief_wait_s,

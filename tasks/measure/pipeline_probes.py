@@ -22,7 +22,6 @@ from tasks.data.manifest import Manifest
 from tasks.distribute.strategy import StrategyChoice
 from tasks.settings.config import TrainConfig
 from tasks.train.gpipe import pipeline_step
-from tasks.train.objectives import objective_of
 from tasks.train.stage_models import stage_models
 from tasks.train.stage_plan import schedule_bubble
 from tasks.train.training import set_up_training, train_dataset_fn
@@ -87,7 +86,7 @@ def measure_stages(
     images, labels = next(iter(train_dataset_fn(cfg, setup.manifest, data_dir, batch)(None)))
     micros = sorted({m for m in (*MICRO_BATCHES, choice.micro_batches) if batch % m == 0})
     inputs = _stage_inputs(stages, devices, images)
-    step_s, stage_s = {}, {}
+    step_s, stage_s, last = {}, {}, len(stages) - 1
     for m in micros:
         step = tf.function(
             pipeline_step(
@@ -96,19 +95,15 @@ def measure_stages(
                 setup.optimizer,
                 m,
                 setup.global_batch * setup.accum_steps,
-                objective_of(setup.model),
+                setup.objective,
             )
         )
         step_s[str(m)] = _seconds(lambda step=step: step(images, labels)[0], repeats)
-        stage_s[str(m)] = [
-            _seconds(
-                _stage_alone(
-                    stage, devices[s], inputs[s], labels, m, s == len(stages) - 1, setup.model
-                ),
-                repeats,
-            )
+        alone = [
+            _stage_alone(stage, devices[s], inputs[s], labels, m, s == last, setup.objective)
             for s, stage in enumerate(stages)
         ]
+        stage_s[str(m)] = [_seconds(run, repeats) for run in alone]
     return StageProbes(
         stages=plan.stages,
         micro_batches=choice.micro_batches,
@@ -131,11 +126,10 @@ def _stage_inputs(stages: list[Any], devices: list[str], images: Any) -> list[An
 
 
 def _stage_alone(
-    stage: Any, device: str, x: Any, labels: Any, micro: int, last: bool, model: Any
+    stage: Any, device: str, x: Any, labels: Any, micro: int, last: bool, objective: Any
 ) -> Callable[[], Any]:
     """One stage's forward and backward over `micro` micro-batches, on its device (the last
     stage from the loss; the others from their outputs' sum, a gradient of their size)."""
-    objective = objective_of(model)
 
     @tf.function
     def run():

@@ -76,16 +76,21 @@ def evaluate_keras_model(
     model_path: str = "",
     started: float | None = None,
 ) -> EvalResult:
-    """Runs a Keras model once over every example of `split`, in one process."""
+    """Runs a Keras model once over every example of `split`, in one process. `model`: a
+    model with its objective as training built them (`tasks.train.objectives.Built`), or a
+    model alone, its objective read from its compile."""
     import tensorflow as tf
 
     from tasks.data.inputs import build_dataset
     from tasks.train.keras_meaning import held_out_losses
     from tasks.train.model_inputs import as_model_takes
+    from tasks.train.objectives import Built
 
     started = time.perf_counter() if started is None else started
+    model, objective = model if isinstance(model, Built) else (model, None)
     manifest = as_model_takes(manifest, model)
-    objective = _objective(model, manifest)
+    if objective is None:  # a model read back from its file: its compile says
+        objective = _objective(model, manifest)
     own = _own_metrics(objective)
     losses, labels_seen, logits_seen = [], [], []
     for features, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
@@ -109,15 +114,13 @@ def evaluate_keras_model(
 
 
 def _objective(model: Any, manifest: Manifest) -> Any:
-    """The model's objective: set where it was built, else read from its compile (a user's
-    model read back from its file), else the label kind's."""
+    """The model's objective: read from its compile (a user's model, trained or read back
+    from its file), else the label kind's (a built-in model's, as `model_for_data` built
+    it with)."""
     from tasks.train.objectives import Objective
     from tasks.train.user_models import objective_from
 
-    if hasattr(model, "tfscale_objective"):
-        return model.tfscale_objective
     if getattr(model, "compiled", False):
-        model.tfscale_source = getattr(model, "name", "the model")
         return objective_from(model, manifest.spec)
     return Objective(manifest.spec.label)
 
@@ -200,8 +203,9 @@ def _auc(labels: np.ndarray, logits: np.ndarray) -> float:
 def record_final(
     model: Any, model_path: Path, manifest: Manifest, data_dir: str, batch_size: int
 ) -> Path:
-    """Evaluates a training's final `model` (saved at `model_path`) on the test split and
-    keeps the result beside it, keyed to the model file and the shards."""
+    """Evaluates a training's final `model` (saved at `model_path`; with its objective:
+    `Built`) on the test split and keeps the result beside it, keyed to the model file and
+    the shards."""
     result = evaluate_keras_model(model, manifest, data_dir, batch_size, "test", str(model_path))
     path = model_path.parent / RECORDED
     record = {

@@ -18,16 +18,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.train.objectives import objective_of
+from tasks.train.objectives import Built, Objective
 
 SCORE = "tfscale_score"
 
 
-def compile_for_fit(model: Any, optimizer: Any, steps_per_execution: int) -> None:
+def compile_for_fit(built: Built, optimizer: Any, steps_per_execution: int) -> None:
     """Compiles the model for `fit` with tfscale's `optimizer`: its own compiled loss,
     `loss_weights` and metrics where it was compiled (the label kind's default loss where
     not), and the label kind's score (`SCORE`) for the training's records."""
-    objective = objective_of(model)
+    model, objective = built
     config = _compile_given(model) or {}
     metrics = [m for m in _as_list(config.get("metrics")) if m is not None]
     loss = config.get("loss") if model.compiled else objective.keras_loss()
@@ -82,10 +82,9 @@ class _Score(keras.metrics.Mean):
         return super().update_state(self.objective.score(y_true, y_pred))
 
 
-def fit_input(dataset_fn: Callable, model: Any) -> tf.data.Dataset:
+def fit_input(dataset_fn: Callable, objective: Objective) -> tf.data.Dataset:
     """The training input as `fit` takes it: global batches (this worker's replicas' in
     turn, which `fit` splits among them), labels as the model's loss takes them."""
-    objective = objective_of(model)
     return dataset_fn(None).map(lambda x, y: (x, objective.keras_labels(y)))
 
 
@@ -140,8 +139,8 @@ def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
     score of their examples), as tfscale's runner does; `run.clock.seconds` is the last
     call's steps' own time."""
     model = setup.model
-    compile_for_fit(model, setup.optimizer, setup.steps_per_call)
-    data = fit_input(lambda ctx: dataset_fn(ctx).rebatch(setup.global_batch), model)
+    compile_for_fit(setup.built, setup.optimizer, setup.steps_per_call)
+    data = fit_input(lambda ctx: dataset_fn(ctx).rebatch(setup.global_batch), setup.objective)
     clock = FirstStepClock()
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.train.objectives import Objective, objective_of
+from tasks.train.objectives import Built, Objective
 from tasks.train.stage_models import StagedDevices, stage_models
 
 
@@ -100,7 +100,7 @@ def _backward(stages: list[Any], devices: list[str], kept: list[list[tuple]]) ->
 
 def make_pipeline_epoch_runner(
     strategy: StagedDevices,
-    model: Any,
+    built: Built,
     optimizer: Any,
     dataset_fn: Callable,
     accum_steps: int,
@@ -114,6 +114,7 @@ def make_pipeline_epoch_runner(
 
     from tasks.train.steps import run_in_calls
 
+    model, objective = built
     stages = stage_models(model, strategy.plan)
     iterator = iter(dataset_fn(None))
     # a column split places its own parts' ops; a pipeline places each stage
@@ -124,7 +125,7 @@ def make_pipeline_epoch_runner(
         optimizer,
         strategy.micro_batches * accum_steps,
         effective_batch,
-        objective_of(model),
+        objective,
     )
     sums = [tf.Variable(0.0, trainable=False) for _ in range(2)]
 

@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.train.objectives import objective_of
+from tasks.train.objectives import Built
 
 
 def _overrides(model: Any, method: str) -> bool:
@@ -51,16 +51,17 @@ def not_cut_as_it_means(model: Any) -> list[str]:
     return found
 
 
-def attach(model: Any, optimizer: Any, features: Any, labels: Any) -> None:
+def attach(built: Built, optimizer: Any, features: Any, labels: Any) -> None:
     """Readies a model for tfscale's step, in the strategy's scope: its compiled loss and
     metrics built for a batch like (`features`, `labels`), as `fit` builds them before its
     first step (their variables made here, not inside a traced step); a model with its own
     `train_step` updates with tfscale's `optimizer` (`model.optimizer`), whose all-reduce
     the training's rate and rounds act on."""
+    model, objective = built
     if own_train_step(model):
         model.optimizer = optimizer
     if getattr(model, "compiled", False):
-        targets = objective_of(model).keras_labels(labels)
+        targets = objective.keras_labels(labels)
         model._symbolic_build(data_batch=(features, targets))
 
 

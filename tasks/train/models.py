@@ -13,7 +13,7 @@ from keras import layers
 
 from tasks.core.errors import UsageError, UserError, system_error
 from tasks.data.spec import Feature, FeatureSpec
-from tasks.train.objectives import set_objective
+from tasks.train.objectives import Built, Objective
 from tasks.train.user_models import is_user_model, user_model
 
 
@@ -90,11 +90,12 @@ def build_model(
     return keras.Model(inputs, logits, name=name)
 
 
-def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> keras.Model:
-    """A fresh model for the data's spec, trained for its label's kind
-    (`tasks.train.objectives`): the user's (`tasks.train.user_models`), or a built-in: on
-    images, any; on other features (a table, arrays, text, token sequences), `mlp` over
-    every feature, each made a vector first (`feature_vectors`).
+def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> Built:
+    """A fresh model for the data's spec, with its objective (`Built`): the label kind's
+    (`tasks.train.objectives`), or a user's model's own compile. The user's model
+    (`tasks.train.user_models`), or a built-in: on images, any; on other features (a
+    table, arrays, text, token sequences), `mlp` over every feature, each made a vector
+    first (`feature_vectors`).
 
     Raises:
         UsageError: a model that needs images, on data without them; a user's model that
@@ -104,7 +105,7 @@ def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> keras.Mod
         return user_model(name, spec)
     if spec.is_image:
         model = build_model(name, spec.shape, spec.num_classes, ps_tasks)
-        return set_objective(model, spec.label)
+        return Built(model, Objective(spec.label))
     if name not in MODELS:
         raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
     if name != "mlp":
@@ -127,7 +128,7 @@ def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> keras.Mod
     with warnings.catch_warnings():  # a feature named `a/b` has an input layer named `in0_a_b`
         warnings.filterwarnings("ignore", "When providing `inputs` as a dict")
         model = keras.Model(model_inputs, logits, name=name)
-    return set_objective(model, spec.label)
+    return Built(model, Objective(spec.label))
 
 
 def _input_dtype(feature: Feature) -> str:

@@ -6,13 +6,13 @@ what the training reports as it goes: 1 for a right class (accuracy), the share 
 right (multi-label), the absolute error (real values: the mean absolute error). The
 built-in models give float32 logits; a user's model may give probabilities (a softmax or
 sigmoid last layer, or a compiled loss without `from_logits`), which `from_logits` says.
-A model carries its objective (`objective_of`), set where it is built.
+A model is built with its objective beside it (`Built`), never on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tasks.data.spec import Label
 
@@ -165,16 +165,10 @@ def loss_name(function: Any) -> str:
     return str(getattr(inner, "__name__", type(inner).__name__)).lower()
 
 
-CLASSES = Objective(Label("class"))  # the objective of image models: a class per example
+class Built(NamedTuple):
+    """A model and what it is trained for, as they are built together
+    (`tasks.train.models.model_for_data`, `tasks.train.user_models.user_model`) and travel
+    together through a training's steps."""
 
-
-def objective_of(model: Any) -> Objective:
-    """The objective a model was built for (`set_objective`); a class per example where
-    none was set."""
-    return getattr(model, "tfscale_objective", CLASSES)
-
-
-def set_objective(model: Any, label: Label | Objective) -> Any:
-    """Marks `model` as trained for `label` (or that objective; returns the model)."""
-    model.tfscale_objective = label if isinstance(label, Objective) else Objective(label)
-    return model
+    model: Any
+    objective: Objective

@@ -268,7 +268,7 @@ def batches_that_fit(
     activations kept for backward, `footprint`) fits a device of `device_memory_mb`."""
     from tasks.train.models import model_for_data
 
-    costs = layer_costs(model_for_data(model_name, manifest.spec))
+    costs = layer_costs(model_for_data(model_name, manifest.spec).model)
     budget = device_memory_mb * MB
     return tuple(b for b in batches if footprint(costs, b).total <= budget)
 
@@ -294,7 +294,7 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
         )
     if choice.spec.splits == "columns" or (not budget and not choice.spec.staged):
         return choice  # a column split is not checked against the budget
-    model = model_for_data(cfg.model, manifest.spec)
+    model = model_for_data(cfg.model, manifest.spec).model
     if choice.spec.staged:  # its cut, checked before any work (the training cuts it again)
         plan_stages(model, choice.stages, cfg.per_replica_batch, budget, choice.cut_after)
         return choice

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tasks.core.internals import cluster_resolver_of, input_pipelines_of
 from tasks.data.inputs import distributed_iterator
 from tasks.train.keras_meaning import own_train_step, run_own_train_step, step_loss
-from tasks.train.objectives import objective_of
+from tasks.train.objectives import Built
 
 EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (loss, correct)
 
@@ -113,7 +113,7 @@ def make_warmup_schedule(
 
 
 def replica_step(
-    model, optimizer, images, labels, accum_steps: int, effective_batch: int, noise=None
+    built: Built, optimizer, images, labels, accum_steps: int, effective_batch: int, noise=None
 ):
     """One optimizer update from `accum_steps` micro-batches of this replica's batch, as
     Keras's `fit` means it (`tasks.train.keras_meaning`): the model's own `train_step` where
@@ -129,7 +129,7 @@ def replica_step(
     smaller batch to compare the whole with while the update is the whole batch's, as `fit`
     makes it (BatchNormalization's statistics and Dropout's draws are the whole batch's).
     """
-    objective = objective_of(model)
+    model, objective = built
     if own_train_step(model):
         return run_own_train_step(model, objective, images, labels)
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -353,7 +353,7 @@ def input_context_of(strategy) -> tf.distribute.InputContext:
 
 def make_epoch_runner(
     strategy,
-    model,
+    built: Built,
     optimizer,
     dataset_fn,
     accum_steps: int,
@@ -374,7 +374,7 @@ def make_epoch_runner(
     next_batches = replica_batches(strategy, dataset_fn)
     sums = _replica_sums(strategy, 2)
     graph = _StepsGraph(
-        strategy, model, optimizer, next_batches, sums, (accum_steps, effective_batch),
+        strategy, built, optimizer, next_batches, sums, (accum_steps, effective_batch),
         jit_compile,
     )  # fmt: skip
     train_steps = _recording_every(graph, _noise_of(optimizer))
@@ -398,7 +398,7 @@ class _StepsGraph:
     its accumulated micro-batches (accumulation steps, effective batch)."""
 
     strategy: Any
-    model: Any
+    built: Built  # the model and its objective
     optimizer: Any
     next_batches: Callable[[], tuple]
     sums: list
@@ -409,11 +409,11 @@ class _StepsGraph:
         """The graph of n steps, recording the gradient noise scale into `recorder` (None:
         plain steps)."""
         accum_steps, effective_batch = self.batches
-        model, optimizer, sums = self.model, self.optimizer, self.sums
+        built, optimizer, sums = self.built, self.optimizer, self.sums
 
         def step_and_count(images, labels):
             loss, correct = replica_step(
-                model, optimizer, images, labels, accum_steps, effective_batch, recorder
+                built, optimizer, images, labels, accum_steps, effective_batch, recorder
             )
             sums[0].assign_add(loss)
             sums[1].assign_add(correct)
@@ -486,7 +486,7 @@ def run_in_calls(
 
 def make_ps_epoch_runner(
     strategy,
-    model,
+    built: Built,
     optimizer,
     dataset_fn,
     accum_steps: int,
@@ -504,7 +504,8 @@ def make_ps_epoch_runner(
     def train_step(iterator):
         images, labels = next(iterator)
         return strategy.run(
-            replica_step, args=(model, optimizer, images, labels, accum_steps, worker_batch)
+            lambda x, y: replica_step(built, optimizer, x, y, accum_steps, worker_batch),
+            args=(images, labels),
         )
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:

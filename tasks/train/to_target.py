@@ -189,18 +189,17 @@ class HeldOut:
     loss, or a Keras metric (the model's compiled one of that name, else Keras's own)."""
 
     def __init__(
-        self, model: Any, manifest: Manifest, data_dir: str, batch_size: int, metric: str = ""
+        self, built: Any, manifest: Manifest, data_dir: str, batch_size: int, metric: str = ""
     ):
         from tasks.data.inputs import Reading, build_dataset
         from tasks.train.model_inputs import as_model_takes
-        from tasks.train.objectives import objective_of
 
+        model, objective = built  # `tasks.train.objectives.Built`
         taken = as_model_takes(manifest, model)
         self.dataset = build_dataset(
             taken, data_dir, "test", batch_size, training=False, reading=Reading(cache=True)
         )
         self.examples = manifest.splits["test"]
-        objective = objective_of(model)
         metric = metric or objective.label.score
         if metric in (objective.label.score, "loss"):
             self._value = self._mean(model, objective, metric)

@@ -37,6 +37,7 @@ from tasks.train.keras_meaning import attach, own_train_step
 from tasks.train.model_inputs import as_model_takes
 from tasks.train.models import model_for_data
 from tasks.train.noise_estimates import AdaptiveGain, static_gain
+from tasks.train.objectives import Built, Objective
 from tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
 from tasks.train.optimizers import describe as describe_optimizer
 from tasks.train.result import TrainResult, examples_per_s
@@ -138,7 +139,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
 
     cfg, chief = run.train, run.role.chief
     as_given = compiled_as_given(setup.model)
-    compile_for_fit(setup.model, setup.optimizer, cfg.steps_per_call)
+    compile_for_fit(setup.built, setup.optimizer, cfg.steps_per_call)
     dataset_fn = train_dataset_fn(cfg, setup.manifest, run.data_dir, setup.global_batch)
     clock = _target_clock(run, setup, 0)
 
@@ -149,7 +150,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
 
     records = EpochRecords(clock, setup.steps, setup.step_examples, cfg.stop_at_target, written)
     setup.model.fit(
-        fit_input(dataset_fn, setup.model),
+        fit_input(dataset_fn, setup.objective),
         epochs=cfg.epochs,
         steps_per_epoch=setup.steps,
         verbose=0,
@@ -184,7 +185,7 @@ def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
         setup.model.save(model_path)
         if run.choice.spec.evaluated_after and run.manifest.splits.get("test", 0):
             record_final(
-                setup.model,
+                setup.built,
                 model_path,
                 setup.manifest,
                 run.data_dir,
@@ -205,7 +206,7 @@ def _target_clock(run: Run, setup: TrainingSetup, resumed_step: int) -> TargetCl
     label = run.manifest.spec.label
     target = target_of(evaluate, label)
     held_out = (
-        HeldOut(setup.model, setup.manifest, run.data_dir, evaluate.batch_size, target.metric)
+        HeldOut(setup.built, setup.manifest, run.data_dir, evaluate.batch_size, target.metric)
         if every and has_test
         else None
     )
@@ -465,6 +466,12 @@ class TrainingSetup:
     base_batch: int = 0  # the batch the base rate is for
     loop: str = "tfscale"  # `train.loop`: the epoch runner's, tfscale's or Keras's `fit`
     manifest: Any = None  # the run's, as the model takes its features (`as_model_takes`)
+    objective: Objective | None = None  # what the model is trained for, built with it
+
+    @property
+    def built(self) -> Built:
+        """The model and its objective, as the steps take them."""
+        return Built(self.model, self.objective)
 
     def epoch_runner(self, choice: StrategyChoice, dataset_fn: Callable) -> Callable:
         """The strategy kind's epoch runner over `dataset_fn` (each replica's batches), or
@@ -475,7 +482,7 @@ class TrainingSetup:
             return make_fit_runner(self, dataset_fn)
         return choice.spec.epoch_runner(
             self.strategy,
-            self.model,
+            self.built,
             self.optimizer,
             dataset_fn,
             self.accum_steps,
@@ -490,13 +497,13 @@ def local_copy(cfg: TrainConfig, manifest: Manifest, accum_steps: int) -> Callab
     one: no replicas, no sync), as one training step on a batch, returning its loss: the
     step with no communication, which `tasks.measure.in_place` times beside the real one."""
     with tf.distribute.get_strategy().scope():
-        model = model_for_data(cfg.model, manifest.spec)
-        optimizer = make_optimizer(compiled_optimizer(model), 1e-3)
-        optimizer.build(model.trainable_variables)
+        built = model_for_data(cfg.model, manifest.spec)
+        optimizer = make_optimizer(compiled_optimizer(built.model), 1e-3)
+        optimizer.build(built.model.trainable_variables)
 
     def step(images: Any, labels: Any) -> Any:
         effective = int(labels.shape[0])
-        return replica_step(model, optimizer, images, labels, accum_steps, effective)[0]
+        return replica_step(built, optimizer, images, labels, accum_steps, effective)[0]
 
     return step
 
@@ -535,13 +542,13 @@ def set_up_training(
         )
     base_batch = cfg.per_replica_batch * k  # the batch the base rate is for
     rule = learning_rate_rule(cfg, choice, effective / base_batch)
-    model, optimizer, rate = _model_and_optimizer(
+    (model, objective), optimizer, rate = _model_and_optimizer(
         cfg, manifest, choice, strategy, effective, base_batch, rule, steps
     )
     return TrainingSetup(
         strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
         step_examples, steps, rate.value, cfg.steps_per_call, rate.rule, rate.gain, base_batch,
-        cfg.loop, as_model_takes(manifest, model),
+        cfg.loop, as_model_takes(manifest, model), objective,
     )  # fmt: skip
 
 
@@ -580,9 +587,9 @@ def _model_and_optimizer(
     base_batch: int,
     rule: Rate,
     steps: int,
-) -> tuple[keras.Model, Any, Rate]:
-    """A seeded model placed as the strategy wants it, and its optimizer (the model's
-    compiled one, else Adam: `tasks.train.optimizers`) warming up over
+) -> tuple[Built, Any, Rate]:
+    """A seeded model placed as the strategy wants it, with its objective, and its
+    optimizer (the model's compiled one, else Adam: `tasks.train.optimizers`) warming up over
     `cfg.warmup_epochs` from the base rate to it scaled by `rule` for the effective batch
     against the base rate's batch (scaling the loss under mixed_float16), built in its scope; an
     adaptive rule's rate times a gain variable the noise scale sets. A compiled optimizer
@@ -590,12 +597,14 @@ def _model_and_optimizer(
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))
-        model = choice.spec.place_model(
-            strategy,
-            lambda: model_for_data(cfg.model, manifest.spec, ps_tasks),
-            cfg.seed,
-            effective_batch,
-        )
+        made: list[Built] = []  # the objective built with the model the strategy places
+
+        def build() -> keras.Model:
+            made.append(model_for_data(cfg.model, manifest.spec, ps_tasks))
+            return made[-1].model
+
+        model = choice.spec.place_model(strategy, build, cfg.seed, effective_batch)
+        built = Built(model, made[-1].objective)
         compiled = compiled_optimizer(model)
         base = base_rate(compiled, cfg.learning_rate)
         if base is None:  # the user's schedule, as it is
@@ -611,8 +620,8 @@ def _model_and_optimizer(
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
         spec = as_model_takes(manifest, model).spec
-        attach(model, optimizer, example_batch(spec), example_labels(spec))
-    return model, optimizer, rate
+        attach(built, optimizer, example_batch(spec), example_labels(spec))
+    return built, optimizer, rate
 
 
 def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):

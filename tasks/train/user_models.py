@@ -24,7 +24,7 @@ from tasks.core.label_kinds import KINDS, mismatch_fix
 from tasks.core.user_code import is_function_ref, load_function, one_line
 from tasks.data.spec import FeatureSpec
 from tasks.train.model_inputs import as_model_takes
-from tasks.train.objectives import Objective, loss_name, set_objective
+from tasks.train.objectives import Built, Objective, loss_name
 
 KERAS_SUFFIX = ".keras"
 BUILT_IN = ("mlp", "cnn", "resnet", "embedding")
@@ -59,8 +59,8 @@ def check_ref(ref: str) -> None:
     raise ModelError(f"Unknown model {ref!r}", f"expected {FORMS}")
 
 
-def user_model(ref: str, spec: FeatureSpec) -> Any:
-    """The user's model for the data's spec, its objective set from its compile (or the
+def user_model(ref: str, spec: FeatureSpec) -> Built:
+    """The user's model for the data's spec, with its objective: from its compile (or the
     label kind's defaults).
 
     Raises:
@@ -92,10 +92,9 @@ def user_model(ref: str, spec: FeatureSpec) -> Any:
             f"--model {ref} returned {type(model).__name__}, not a keras.Model",
             "return the model (keras.Sequential, keras.Model(inputs, outputs) or a subclass)",
         )
-    model.tfscale_source = ref
     if not model.built or not model.weights:  # a subclassed model: its variables, now
         model(example_batch(spec), training=False)
-    return set_objective(model, objective_from(model, spec))
+    return Built(model, objective_from(model, spec, ref))
 
 
 def example_batch(spec: FeatureSpec) -> Any:
@@ -146,9 +145,10 @@ def _load_saved(path: str) -> Any:
         ) from None
 
 
-def objective_from(model: Any, spec: FeatureSpec) -> Objective:
+def objective_from(model: Any, spec: FeatureSpec, ref: str = "") -> Objective:
     """What the model is trained for: its compiled loss and metrics, or the label kind's
-    defaults for its outputs (logits, or probabilities after a softmax or sigmoid)."""
+    defaults for its outputs (logits, or probabilities after a softmax or sigmoid). `ref`:
+    where the model came from (`--model`'s value), for an error to name it."""
     import keras
 
     from_logits = not _ends_in_probabilities(model)
@@ -157,7 +157,7 @@ def objective_from(model: Any, spec: FeatureSpec) -> Objective:
     loss = model.loss
     if isinstance(loss, (list, tuple, dict)):
         raise ModelError(
-            f"--model {model.tfscale_source} is compiled with {len(loss)} losses; tfscale's "
+            f"--model {ref or model.name} is compiled with {len(loss)} losses; tfscale's "
             "data has one label, so every output but one would train on nothing",
             "give the model one output, compiled with one loss",
         )
@@ -206,19 +206,19 @@ def check_user_model(
     from tasks.data.inputs import build_dataset
 
     spec = manifest.spec
-    model = user_model(ref, spec)
+    model, objective = user_model(ref, spec)
     manifest = as_model_takes(manifest, model)
     _say_packed(ref, manifest.spec)
     rows = max(1, min(32, manifest.splits["train"]))
     features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
     outputs = _check_inputs(ref, model, spec, features)
-    _check_kind(ref, model.tfscale_objective, spec.label.kind)
-    _check_loss(ref, model.tfscale_objective, labels, outputs)
-    _check_target(model.tfscale_objective, evaluate)
+    _check_kind(ref, objective, spec.label.kind)
+    _check_loss(ref, objective, labels, outputs)
+    _check_target(objective, evaluate)
     _check_rebuilds(ref, model)
     if run is not None:
         _check_how_trained(ref, model, *run)
-    _check_own_step(ref, model, features, labels)
+    _check_own_step(ref, Built(model, objective), features, labels)
 
 
 _SAID: set[tuple[str, tuple[str, ...]]] = set()
@@ -286,11 +286,11 @@ def precision_failure(ref: str, manifest: Any, data_dir: str, policy: str) -> st
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(policy)
     try:
-        model = user_model(ref, manifest.spec)
+        model, objective = user_model(ref, manifest.spec)
         manifest = as_model_takes(manifest, model)
         batch = build_dataset(manifest, data_dir, "train", rows, training=False)
         features, labels = next(iter(batch))
-        model.tfscale_objective.loss(labels, model(features, training=True))
+        objective.loss(labels, model(features, training=True))
     except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
         return _failure_line(exc.__cause__ or exc)
     finally:
@@ -327,7 +327,7 @@ def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:
         )
 
 
-def _check_own_step(ref: str, model: Any, features: Any, labels: Any) -> None:
+def _check_own_step(ref: str, built: Built, features: Any, labels: Any) -> None:
     """A model's own `train_step`, run once on a few training examples: it runs, and it
     updates through `model.optimizer` (which tfscale replaces with its own, to set the
     rate by its rule and record the noise scale at its all-reduce)."""
@@ -335,13 +335,14 @@ def _check_own_step(ref: str, model: Any, features: Any, labels: Any) -> None:
 
     from tasks.train.keras_meaning import attach, own_train_step
 
+    model, objective = built
     if not own_train_step(model):
         return
     optimizer = getattr(model, "optimizer", None)
     before = int(optimizer.iterations.numpy()) if optimizer is not None else 0
     try:
-        attach(model, optimizer, features, labels)  # its optimizer and metrics, as fit's
-        model.train_step((features, model.tfscale_objective.keras_labels(labels)))
+        attach(built, optimizer, features, labels)  # its optimizer and metrics, as fit's
+        model.train_step((features, objective.keras_labels(labels)))
     except Exception as exc:  # noqa: BLE001 - the user's step: whatever it raises
         raise ModelRaised(
             f"--model {ref}: its train_step raised {type(exc).__name__}: {one_line(exc)} "

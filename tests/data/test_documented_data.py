@@ -127,7 +127,7 @@ def test_the_image_models_train_on_a_uint8_npz_of_images_with_class_labels(tmp_p
     spec = result.manifest.spec
     assert spec.is_image and spec.shape == (8, 8, 1) and spec.num_classes == 3
     for name in ("cnn", "resnet"):
-        model = model_for_data(name, spec)
+        model = model_for_data(name, spec).model
         taken = as_model_takes(result.manifest, model)
         x, y = next(iter(build_dataset(taken, result.data_dir, "train", 16, training=False)))
         assert x.dtype == "float32" and 0.0 <= float(x.numpy().min())

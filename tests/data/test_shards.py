@@ -15,7 +15,7 @@ from tasks.data.inputs import Reading, build_dataset
 from tasks.data.manifest import ShardError, verify_shards
 from tasks.data.preparation import (
     dataset_dir,
-    format_summary,
+    format_prepared,
     held_out_note,
     open_source,
     prepare_dataset,
@@ -302,7 +302,7 @@ def test_validation_folder_is_the_held_out_split_and_the_prepare_line_says_so(
     assert result.manifest.splits == {"test": 3, "train": 6}
     note = "validation/ held out as the test split"
     assert prepared_line(result).endswith(f"; {note}")
-    assert f"held out   {note}" in format_summary(result).splitlines()
+    assert f"held out   {note}" in format_prepared(result).splitlines()
     images, labels = read_split(result.manifest, result.data_dir, "test")
     assert images.shape == (3, 4, 4, 3) and labels.tolist() == [0, 0, 1]
 

@@ -694,7 +694,7 @@ def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_sca
     mine = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(scaled)))
     x, _ = next(iter(build_dataset(as_model_takes(manifest, mine), data_dir, "test", 64, False)))
     assert x.dtype == "uint8" and int(x.numpy().max()) > 1
-    built_in = model_for_data("cnn", spec)
+    built_in = model_for_data("cnn", spec).model
     x, _ = next(
         iter(build_dataset(as_model_takes(manifest, built_in), data_dir, "test", 64, False))
     )

@@ -73,8 +73,12 @@ def test_a_model_named_as_package_module_function_is_imported_from_where_tfscale
     write(project, "shop_doc/__init__.py", "")
     write(project, "shop_doc/models.py", DENSE.format(name="from_the_package"))
     config = load_config(None, {"train.model": "shop_doc.models:build"})
-    model = model_for_data(config.train.model, DIGITS)
-    assert model.name == "from_the_package" and model.tfscale_source == "shop_doc.models:build"
+    model, objective = model_for_data(config.train.model, DIGITS)
+    assert model.name == "from_the_package" and objective.label.kind == "class"
+    # what it is trained for travels beside it, never on it: Keras's own attributes only
+    assert [name for name in vars(model) if name.startswith("tfscale")] == []
+    built_in, _ = model_for_data("mlp", DIGITS)
+    assert [name for name in vars(built_in) if name.startswith("tfscale")] == []
     assert model.output_shape == (None, 10)
 
 
@@ -98,8 +102,8 @@ def test_a_model_function_of_no_parameter_is_called_with_nothing(project):
             return keras.Model(inputs, keras.layers.Dense(units)(x), name=name)
         """,
     )
-    assert user_model("mine.py:build", DIGITS).output_shape == (None, 10)
-    assert user_model("mine.py:defaults", DIGITS).name == "kept"
+    assert user_model("mine.py:build", DIGITS).model.output_shape == (None, 10)
+    assert user_model("mine.py:defaults", DIGITS).model.name == "kept"
 
 
 @pytest.mark.unit
@@ -121,8 +125,7 @@ def test_an_uncompiled_model_ending_in_softmax_or_sigmoid_is_trained_on_its_prob
     cross-entropy of those outputs, taken as what they are."""
     inputs = keras.Input(spec.shape)
     model = keras.Model(inputs, last(keras.layers.Flatten()(inputs)))
-    model.tfscale_source = "mine.py:build"
-    objective = objective_from(model, spec)
+    objective = objective_from(model, spec, "mine.py:build")
     assert objective.from_logits is from_logits
     x = np.random.default_rng(0).normal(size=(6, *spec.shape)).astype("float32")
     labels = np.arange(6) % (10 if spec is DIGITS else 2)
@@ -141,8 +144,9 @@ def test_an_uncompiled_model_ending_in_softmax_or_sigmoid_is_trained_on_its_prob
 
 
 def _built(digits, tmp_path, model: str, **train):
-    """The model and optimizer a training builds (`_model_and_optimizer`), on one device in
-    its strategy's scope, for `model` on the digits."""
+    """The model with its objective, and the optimizer, a training builds
+    (`_model_and_optimizer`), on one device in its strategy's scope, for `model` on the
+    digits."""
     import tensorflow as tf
 
     from tasks.train.training import Rate, _model_and_optimizer
@@ -196,7 +200,7 @@ def test_a_saved_keras_file_starts_from_its_saved_weights(digits, project):
     rng = np.random.default_rng(7)
     saved.set_weights([rng.normal(size=w.shape).astype("float32") for w in saved.weights])
     saved.save(project / "mine.keras")
-    model, _, _ = _built(digits, project, str(project / "mine.keras"), seed=3)
+    (model, _), _, _ = _built(digits, project, str(project / "mine.keras"), seed=3)
     for got, want in zip(model.get_weights(), saved.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -214,7 +218,7 @@ def test_auto_cuts_a_users_model_over_the_device_memory_into_pipeline_stages(pro
     class Digits:  # what fit_to_memory reads of a manifest
         spec = DIGITS
 
-    model = model_for_data("mine.py:build", DIGITS)
+    model = model_for_data("mine.py:build", DIGITS).model
     whole = footprint(layer_costs(model), 32).total
     heaviest = max(fp.total for fp in plan_stages(model, 2, 32).footprints)
     budget = (whole + heaviest) / 2 / MB
@@ -268,7 +272,7 @@ def test_a_cut_is_refused_where_it_would_lose_the_models_own_training(
 
     write(project, "own.py", OWN)
     ref = f"own.py:{function}"
-    model = user_model(ref, DIGITS)
+    model = user_model(ref, DIGITS).model
     cut = train_config(model=ref, **strategy)
     with pytest.raises(ModelError, match=f"cut trains each stage .* without {lost}") as caught:
         _check_how_trained(ref, model, cut, select_strategy(report(), cut))
@@ -405,6 +409,6 @@ def test_study_takes_a_keras_model_saved_once_by_its_weights(digits, tmp_path):
     ref = _model_ref(model, tmp_path)
     assert ref.endswith(".keras") and _model_ref(model, tmp_path) == ref
     assert _model_ref(made(2), tmp_path) != ref
-    read = user_model(ref, spec)
+    read = user_model(ref, spec).model
     for got, want in zip(read.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)

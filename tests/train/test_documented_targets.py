@@ -15,7 +15,7 @@ from tasks.core.errors import UsageError
 from tasks.data.inputs import build_dataset
 from tasks.data.preparation import prepare_dataset
 from tasks.settings.config import load_config
-from tasks.train.objectives import set_objective
+from tasks.train.objectives import Built
 from tasks.train.to_target import HeldOut, TargetClock, ToTarget, target_of
 from tasks.train.user_models import objective_from
 
@@ -32,9 +32,9 @@ def held_out(manifest, data_dir, model):
 
 
 def user(model, spec):
-    """`model` as a user's model is set up for training (its objective from its compile)."""
-    model.tfscale_source = "mine.py:build"
-    return set_objective(model, objective_from(model, spec))
+    """`model` as a user's model is set up for training: with its objective from its
+    compile."""
+    return Built(model, objective_from(model, spec, "mine.py:build"))
 
 
 @pytest.mark.unit
@@ -50,16 +50,16 @@ def test_the_target_metric_loss_or_one_of_keras_by_name_is_measured_on_the_held_
     keras.utils.set_random_seed(0)
     inputs = keras.Input(spec.shape, dtype="uint8")
     x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
-    model = user(keras.Model(inputs, keras.layers.Dense(10)(x)), spec)
-    x_test, y_test = held_out(manifest, data_dir, model)
-    logits = model(x_test, training=False)
+    built = user(keras.Model(inputs, keras.layers.Dense(10)(x)), spec)
+    x_test, y_test = held_out(manifest, data_dir, built.model)
+    logits = built.model(x_test, training=False)
     loss = keras.losses.sparse_categorical_crossentropy(y_test, logits, from_logits=True)
-    measured = HeldOut(model, manifest, data_dir, 64, "loss").accuracy()
+    measured = HeldOut(built, manifest, data_dir, 64, "loss").accuracy()
     assert measured == pytest.approx(float(np.mean(loss)), rel=1e-4)
     top5 = keras.metrics.SparseTopKCategoricalAccuracy(k=5)
     top5.update_state(y_test, logits)
     name = "sparse_top_k_categorical_accuracy"
-    assert HeldOut(model, manifest, data_dir, 64, name).accuracy() == pytest.approx(
+    assert HeldOut(built, manifest, data_dir, 64, name).accuracy() == pytest.approx(
         float(top5.result()), abs=1e-6
     )
     loss_target = target_of(_evaluate(target_metric="loss", target=1.0), spec.label)
@@ -88,11 +88,11 @@ def test_a_compiled_mae_is_the_held_out_mean_absolute_error_reached_from_above(t
     inputs = keras.Input(spec.shape)
     model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
     model.compile(optimizer="adam", loss="mse", metrics=["mae"])
-    model = user(model, spec)
+    built = user(model, spec)
     x_test, y_test = held_out(manifest, data_dir, model)
     outputs = np.asarray(model(x_test, training=False))
-    want = np.mean(np.abs(model.tfscale_objective.targets(y_test, outputs) - outputs))
-    assert HeldOut(model, manifest, data_dir, 64, "mae").accuracy() == pytest.approx(
+    want = np.mean(np.abs(built.objective.targets(y_test, outputs) - outputs))
+    assert HeldOut(built, manifest, data_dir, 64, "mae").accuracy() == pytest.approx(
         float(want), rel=1e-5
     )
     target = target_of(_evaluate(target_metric="mae", target=5.0), spec.label)

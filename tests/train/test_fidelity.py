@@ -64,7 +64,9 @@ def test_the_held_out_loss_is_kerass_evaluate_loss_with_the_models_own_losses(di
     from tasks.data.inputs import build_dataset
     from tasks.train.evaluation import evaluate_keras_model
     from tasks.train.model_inputs import as_model_takes
+    from tasks.train.objectives import Built
     from tasks.train.to_target import HeldOut
+    from tasks.train.user_models import objective_from
 
     _, manifest, data_dir = digits
     keras.utils.set_random_seed(3)
@@ -79,6 +81,7 @@ def test_the_held_out_loss_is_kerass_evaluate_loss_with_the_models_own_losses(di
     expected = model.evaluate(test, verbose=0)
     assert sum(float(term) for term in model.losses) > 0.1 * expected  # the L2 term counts
     ours = evaluate_keras_model(model, manifest, data_dir, 64).test_loss
-    clocked = HeldOut(model, manifest, data_dir, 64, "loss").accuracy()
+    built = Built(model, objective_from(model, manifest.spec))
+    clocked = HeldOut(built, manifest, data_dir, 64, "loss").accuracy()
     assert ours == pytest.approx(expected, rel=1e-5)
     assert clocked == pytest.approx(expected, rel=1e-5)

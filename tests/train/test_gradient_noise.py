@@ -58,6 +58,8 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     by sqrt(v_hat) + epsilon, v_hat from the first step's gradient alone."""
     import tensorflow as tf
 
+    from tasks.data.spec import Label
+    from tasks.train.objectives import Built, Objective
     from tasks.train.steps import FusedAdam, GradientNoise, replica_step
 
     devices = two_logical_cpus[:replicas]
@@ -75,10 +77,11 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     assert (noise.small_batch, noise.big_batch, noise.split_batch) == (8, 16, replicas == 1)
     adam.noise = noise
     dataset = _replica_slices(strategy, images, labels, replicas)
+    built = Built(model, Objective(Label("class")))
 
     @tf.function
     def step(batch):
-        strategy.run(lambda x, y: replica_step(model, adam, x, y, 1, 16, noise), args=batch)
+        strategy.run(lambda x, y: replica_step(built, adam, x, y, 1, 16, noise), args=batch)
 
     first = _mean_gradient(model, images, labels)
     step(dataset)
@@ -109,6 +112,8 @@ def test_the_norms_are_recorded_under_every_precision(precision, replicas, jit, 
     import keras
     import tensorflow as tf
 
+    from tasks.data.spec import Label
+    from tasks.train.objectives import Built, Objective
     from tasks.train.steps import FusedAdam, GradientNoise, replica_step
 
     strategy = tf.distribute.MirroredStrategy(
@@ -132,7 +137,7 @@ def test_the_norms_are_recorded_under_every_precision(precision, replicas, jit, 
     dataset = _replica_slices(strategy, images, labels, replicas)
 
     def one(x, y):
-        replica_step(mixed, optimizer, x, y, 1, 16, noise)
+        replica_step(Built(mixed, Objective(Label("class"))), optimizer, x, y, 1, 16, noise)
 
     inner = tf.function(one, jit_compile=True) if jit else one
 

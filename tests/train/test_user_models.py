@@ -184,9 +184,9 @@ def test_a_two_input_model_saved_as_keras_trains_from_the_same_weights_each_time
     build = training.model_for_data
 
     def recorded(*args, **kwargs):
-        model = build(*args, **kwargs)
-        starts.append([np.array(w) for w in model.get_weights()])
-        return model
+        built = build(*args, **kwargs)
+        starts.append([np.array(w) for w in built.model.get_weights()])
+        return built
 
     monkeypatch.setattr(training, "model_for_data", recorded)
     config = config_for(examples, "digits2.npz", saved, **{"train.epochs": 2})
@@ -975,7 +975,7 @@ def test_the_readme_model_takes_every_docs_table_and_one_of_text_dates_and_blank
         }
         config = load_config(None, values)
         prepared = prepare_dataset(config, progress=False)
-        model = user_model(ref, prepared.manifest.spec)
+        model = user_model(ref, prepared.manifest.spec).model
         taken = as_model_takes(prepared.manifest, model)
         assert len(taken.spec.packed) == len(prepared.manifest.spec.numbers), name
         x, _ = next(iter(build_dataset(taken, prepared.data_dir, "test", 8, training=False)))
