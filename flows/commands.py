@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.core.run_layout import METRICS
 from tasks.settings.config import Config
 
 
@@ -335,6 +334,7 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 
 def plan(config: Config, args: argparse.Namespace) -> int:
     from tasks.core.files import write_json_atomic
+    from tasks.core.run_layout import METRICS
     from tasks.report.forecast import link_named
     from tasks.report.forecast_report import probed_run
     from tasks.report.plan import BATCHES, check_devices, format_plan, make_plan
