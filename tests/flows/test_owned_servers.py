@@ -123,6 +123,18 @@ class Run:
                 pass
 
 
+def servers_said(run: Run) -> str:
+    """A run's servers (each one's start, owner and command) and its output's end, as one
+    text: pytest shows a message of text whole, where it cuts a tuple's repr short."""
+    lines = [
+        f"pid {pid}: started {time.strftime('%H:%M:%S', time.localtime(proc.create_time()))}, "
+        f"{run.owners.get(pid)}: {' '.join(run.commands[pid])}"
+        for pid, proc in run.started.items()
+        if "uvicorn" in run.commands.get(pid, [])
+    ]
+    return "\n".join([*lines, "output's end:", run.output()[-4000:]])
+
+
 def _owner(server: psutil.Process) -> str:
     """Whose API server this is: tfscale's (`prefect_api._start_server` sets analytics
     off in its environment) or Prefect's ephemeral one, which a thread without the API's
@@ -182,7 +194,7 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
     assert sum(lost) <= 1, lost
     for run, again in zip((seeds, other), lost, strict=True):
         # one server, or one more for the start lost to the other run, and said so
-        assert len(run.servers()) == 1 + again, (run.owners, run.commands, run.output()[-3000:])
+        assert len(run.servers()) == 1 + again, servers_said(run)
         assert set(run.owners.values()) == {"tfscale's"}, run.owners
         assert run.left_running() == []
         assert "APILogWorker" not in run.output() and "ephemeral" not in run.output()
