@@ -55,9 +55,10 @@ def layer_of(module: str) -> int:
     return LAYERS.index(package) if package in LAYERS else -1
 
 
-def imported_modules(path: Path) -> set[str]:
-    """The project modules `path` imports anywhere in it (dotted), and those it binds late:
-    `_later("tasks.x.y", name)` calls and `*_MODULE = "flows.x"` constants."""
+def imported_modules(path: Path, roots: tuple[str, ...] = ROOTS) -> set[str]:
+    """The modules of `roots` (the project's) `path` imports anywhere in it (dotted), and
+    those it binds late: `_later("tasks.x.y", name)` calls and `*_MODULE = "flows.x"`
+    constants."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -68,7 +69,7 @@ def imported_modules(path: Path) -> set[str]:
             names = [alias.name for alias in node.names]
         else:
             names = late_bound(node)
-        found.update(n for n in names if n.split(".")[0] in ROOTS)
+        found.update(n for n in names if n.split(".")[0] in roots)
     return found
 
 
@@ -134,28 +135,17 @@ def test_no_module_imports_from_a_higher_layer():
     assert upward == []
 
 
-def prefect_imports(path: Path) -> list[int]:
-    """The lines of `path` that import Prefect, anywhere in it."""
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-        if any(name.split(".")[0] == "prefect" for name in names):
-            lines.append(node.lineno)
-    return lines
-
-
 def test_no_module_of_tasks_imports_prefect():
     """Prefect is the flows' engine: a step of `tasks/` runs without it, and the flows
     install what a step says into a run's log (`tasks.core.progress.log_runs_with`)."""
     found = {
-        name: lines
+        name: sorted(prefect)
         for name, path in modules_in_tree().items()
-        if name.startswith("tasks.") and (lines := prefect_imports(path))
+        if name.startswith("tasks.") and (prefect := imported_modules(path, ("prefect",)))
     }
     assert found == {}
     planted = ROOT / "flows" / "prefect_api.py"  # the check sees an import where there is one
-    assert prefect_imports(planted)
+    assert imported_modules(planted, ("prefect",))
 
 
 def late_bound_pairs() -> set[tuple[str, str]]:

@@ -30,26 +30,26 @@ log = logging.getLogger("tfscale")
 def status(name: str, text: str) -> None:
     """`name  text` on the console, and in the current Prefect run's log if there is one."""
     line = f"{name:<11} {text}"
-    run_logger = _prefect_run_logger()
+    run_logger = _run_logger()
     if run_logger is None:
         log.info(line, extra={STATUS_MARK: True})
     else:  # it reaches the console through the root handler, and the server
         run_logger.info(line, extra={STATUS_MARK: True})
 
 
-_RUN_LOGGERS: list[Callable[[], Any]] = []  # `log_runs_with`'s
+def _no_run() -> Any:
+    return None
+
+
+_run_logger: Callable[[], Any] = _no_run  # the current run's logger, or None
 
 
 def log_runs_with(find: Callable[[], Any]) -> None:
     """Status lines and epochs go also to the logger `find()` returns at the time (None:
     no run now). `flows` installs Prefect's run logger here when it is imported, so the
     foundation never imports Prefect."""
-    _RUN_LOGGERS[:] = [find]
-
-
-def _prefect_run_logger() -> Any:
-    """The current run's logger (`log_runs_with`), or None."""
-    return next((found for find in _RUN_LOGGERS if (found := find()) is not None), None)
+    global _run_logger
+    _run_logger = find
 
 
 def epoch_score(epoch: dict[str, float]) -> tuple[str, float]:
@@ -114,7 +114,7 @@ class EpochWatcher:
         self._run_logger: Any = None
 
     def __enter__(self) -> EpochWatcher:
-        self._run_logger = _prefect_run_logger()
+        self._run_logger = _run_logger()
         if self.path.exists():  # a resumed run: its earlier epochs are not news
             self.seen = len(self._read())
         if sys.stderr.isatty():

@@ -196,6 +196,10 @@ class Pricing:
     def gain(self, batch: float, phi: float) -> float:
         return min(self.asked(batch, phi), self.cap)
 
+    def step_gain(self, batch: float, phi: float) -> Gain:
+        """`gain` with the optimizer's kind: the step's gain as SGD's model takes it."""
+        return Gain(self.gain(batch, phi), self.adaptive)
+
     def capped(self, batch: float) -> bool:
         return self.asked(batch, self.noise[1]) > self.cap * (1 + 1e-9)
 
@@ -213,7 +217,7 @@ class Pricing:
             return step_progress(calibration.hyperbola, base, at)
         if calibration.headroom is None:
             return step_progress(phi, base, at)
-        gain = Gain(self.gain(batch, phi), self.adaptive)  # an adaptive rule's from its phi
+        gain = self.step_gain(batch, phi)  # an adaptive rule's from its phi
         phi *= calibration.factor
         return rule_progress(phi, base, at, gain.at(phi, base, at), calibration.headroom)
 
@@ -248,7 +252,7 @@ class Pricing:
             return 0.0
         phi = self.noise[1] * self.calibration.factor
         at = (sampled_batch(self.base_batch, self.examples), sampled_batch(batch, self.examples))
-        top = Gain(self.gain(batch, self.noise[1]), self.adaptive)
+        top = self.step_gain(batch, self.noise[1])
         examples = min(self.warmup_epochs * self.examples, self.steps_run * self.run_batch)
         return examples / batch * ramp_cost(phi, at, top, headroom)
 

@@ -1,5 +1,5 @@
 """What a training run produced and how fast it went (`TrainResult`), as its run
-directory's `metrics.json` holds it (`tasks.core.files.METRICS`): plain data, with nothing
+directory's `metrics.json` holds it (`tasks.core.run_layout.METRICS`): plain data, with nothing
 heavy imported, so reading a run's results needs no TensorFlow."""
 
 from __future__ import annotations
