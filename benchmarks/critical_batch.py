@@ -54,7 +54,7 @@ def train(project: Path, params: dict, batch: int, seed: int, power: float) -> d
 
 def main() -> None:
     from benchmarks.time_to_accuracy import TASKS, merged
-    from tasks.measure.noise_trajectory import (
+    from tfscale.tasks.measure.noise_trajectory import (
         fit_steps_hyperbola,
         predicted_steps_to,
         split_examples,

@@ -213,12 +213,12 @@ def compare(
     import keras
     import numpy as np
 
-    from tasks.data.preparation import prepare_dataset
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.strategy import select_strategy
-    from tasks.settings.config import load_config
-    from tasks.train.models import model_for_data
-    from tasks.train.training import (
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.models import model_for_data
+    from tfscale.tasks.train.training import (
         _gradient_noise,
         set_up_training,
         train_dataset_fn,
@@ -328,7 +328,7 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=CASES)
     args = parser.parse_args()
     os.environ.setdefault("TF_DETERMINISTIC_OPS", "1")
-    from tasks.core.process import set_up_devices
+    from tfscale.tasks.core.process import set_up_devices
 
     set_up_devices(2)
     rows = []

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 KERAS_SCRIPT = """
 import json, sys, time
 import numpy as np, keras
-from tasks.settings.config import load_config
-from tasks.data.manifest import load_manifest
-from tasks.data.inputs import build_dataset
-from tasks.train.models import build_model
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.data.manifest import load_manifest
+from tfscale.tasks.data.inputs import build_dataset
+from tfscale.tasks.train.models import build_model
 data_dir, epochs, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 batch = int(sys.argv[4])
 manifest = load_manifest(data_dir)
@@ -169,7 +169,7 @@ def main() -> None:
         f"{s_tta if s_tta is None else round(s_tta, 1)} s"
         + (f": {s_tta / t_tta:.2f}x" if s_tta and t_tta else "")
     )
-    from tasks.measure.probes import RoundRates
+    from tfscale.tasks.measure.probes import RoundRates
 
     rounds = RoundRates(**diagnosis["rounds"])
     print(

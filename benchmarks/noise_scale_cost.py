@@ -30,12 +30,12 @@ sys.path.insert(0, str(ROOT))
 def runners(kind: str, data: tuple, runs_dir: Path):
     """The plain, shipped and every-call epoch runners of one training setup, and the
     recorder."""
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.run import Run
-    from tasks.distribute.strategy import select_strategy
-    from tasks.settings.config import load_config
-    from tasks.train.steps import GradientNoise
-    from tasks.train.training import set_up_training, train_dataset_fn
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.steps import GradientNoise
+    from tfscale.tasks.train.training import set_up_training, train_dataset_fn
 
     overrides, manifest, data_dir = data
     values = {**overrides, "train.strategy": kind, "train.precision": "float32"}
@@ -64,7 +64,7 @@ def runners(kind: str, data: tuple, runs_dir: Path):
 
 
 def every_name(every: int) -> str:
-    from tasks.train.steps import GradientNoise
+    from tfscale.tasks.train.steps import GradientNoise
 
     shipped = " (as shipped)" if every == GradientNoise.EVERY_CALLS else ""
     return ("every call" if every == 1 else f"1 call in {every}") + shipped
@@ -82,17 +82,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    from tasks.core.process import set_up_devices
+    from tfscale.tasks.core.process import set_up_devices
 
     set_up_devices(2)
-    from tasks.data.preparation import prepare_dataset
-    from tasks.settings.config import load_config
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.settings.config import load_config
 
     root = Path(tempfile.mkdtemp(prefix="tfscale-noise-cost-"))
     overrides = {"prepare.data_dir": str(root / "data")}
     prepared = prepare_dataset(load_config(None, overrides), progress=False)
     data = (overrides, prepared.manifest, prepared.data_dir)
-    from tasks.train.steps import GradientNoise
+    from tfscale.tasks.train.steps import GradientNoise
 
     verdicts = []
     for kind in ("one_device", "mirrored"):

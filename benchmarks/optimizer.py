@@ -28,16 +28,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build(dataset: str, data_root: str, optimizer: str):
     """A Mirrored run's setup and epoch runner over 2 logical CPUs, with `optimizer`."""
-    from tasks.core import process
+    from tfscale.tasks.core import process
 
     process.set_up_devices(2)
     import keras
 
-    from tasks.data.preparation import prepare_dataset
-    from tasks.distribute.strategy import StrategyChoice
-    from tasks.settings.config import load_config
-    from tasks.train.steps import make_warmup_schedule
-    from tasks.train.training import set_up_training, train_dataset_fn
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.distribute.strategy import StrategyChoice
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.steps import make_warmup_schedule
+    from tfscale.tasks.train.training import set_up_training, train_dataset_fn
 
     cfg = load_config(
         None,
@@ -75,7 +75,7 @@ def main() -> None:
     if args.first_call:  # the child process of the trace timing
         print(json.dumps(first_call(args.dataset, *args.first_call)))
         return
-    from tasks.measure.rounds import Spread, alternate, ratio
+    from tfscale.tasks.measure.rounds import Spread, alternate, ratio
 
     names = ("keras", "fused")
     with tempfile.TemporaryDirectory(prefix="tfscale-optimizer-") as data_root:

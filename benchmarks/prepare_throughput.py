@@ -30,8 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PREPARE = """
 import json, sys
-from tasks.settings.config import load_config
-from tasks.data.preparation import prepare_dataset
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.data.preparation import prepare_dataset
 config = load_config(None, json.loads(sys.argv[1]))
 r = prepare_dataset(config, progress=True)
 print(json.dumps({"seconds": r.seconds, "bytes": r.total_bytes, "dir": r.data_dir}))
@@ -75,8 +75,8 @@ def compare_pipelines(data_dir: str, batch: int, batches: int) -> tuple[float, f
     import numpy as np
     import tensorflow as tf
 
-    from tasks.data.inputs import build_dataset
-    from tasks.data.manifest import load_manifest
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.data.manifest import load_manifest
 
     manifest = load_manifest(data_dir)
     shards = build_dataset(manifest, data_dir, "train", batch, training=True).repeat()
@@ -102,8 +102,8 @@ def compare_pipelines(data_dir: str, batch: int, batches: int) -> tuple[float, f
 TABLE_PREPARE = """
 import json, resource, sys, time
 started = time.perf_counter()
-from tasks.settings.config import load_config
-from tasks.data.preparation import prepare_dataset
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.data.preparation import prepare_dataset
 r = prepare_dataset(load_config(None, json.loads(sys.argv[1])), progress=False)
 print(json.dumps({"seconds": time.perf_counter() - started, "dir": r.data_dir,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -200,7 +200,7 @@ def table_benchmark(tmp: Path, rows: int, repeats: int) -> None:
         [
             sys.executable,
             "-m",
-            "flows.cli",
+            "tfscale.flows.cli",
             "train",
             "--dataset",
             str(table),

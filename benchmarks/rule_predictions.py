@@ -148,7 +148,7 @@ def prepared(task: Task, folder: Path) -> dict:
 def rule_gain(rule: str, scale: float) -> float:
     """The gain the plan prices a batch `scale` times the base at: the rule's, held at the
     pair's where it would pass it (the highest rate measured to reach the target)."""
-    from tasks.train.noise_estimates import static_gain
+    from tfscale.tasks.train.noise_estimates import static_gain
 
     return min(static_gain(rule, scale), max(static_gain(rule, PAIR), 1.0))
 
@@ -264,7 +264,7 @@ def steps_of(t: dict) -> float | None:
 def mlperf(values: list[float | None]) -> float:
     """MLPerf's mean (without the fastest and slowest of 3 or more); infinite where a seed
     kept missed the target, NaN where there are none."""
-    from tasks.train.to_target import over_seeds
+    from tfscale.tasks.train.to_target import over_seeds
 
     if not values:
         return math.nan
@@ -275,7 +275,7 @@ def mlperf(values: list[float | None]) -> float:
 def hyperbola(base_steps: float, pair_steps: float, base: int, batch: float) -> float:
     """McCandlish's two-point hyperbola through the pair alone: B_noise from the steps at
     `base` and twice it (`two_point_noise`), S(b) = S_B (1 + B_noise/b) / (1 + B_noise/B)."""
-    from tasks.train.noise_estimates import two_point_noise
+    from tfscale.tasks.train.noise_estimates import two_point_noise
 
     noise = two_point_noise(base, base * PAIR, base_steps / pair_steps)
     if math.isinf(noise):
@@ -366,8 +366,8 @@ def study_of(side: Side, base: list[dict], pair: list[dict]) -> dict:
 def plan_pricer(side: Side, base: list[dict], pair: list[dict]) -> Callable | None:
     """The plan's steps at a batch, `(point, low, high)`, priced from these predictor
     trainings (`pricing_of`; the run is the pair's first); None where it cannot price."""
-    from tasks.core.errors import UsageError
-    from tasks.report.plan import pricing_of
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.report.plan import pricing_of
 
     run = pair[0]
     if steps_of(run) is None:

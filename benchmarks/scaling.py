@@ -25,13 +25,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tasks.data.manifest import load_manifest
-from tasks.data.preparation import prepare_dataset
-from tasks.distribute.hardware import detect_hardware
-from tasks.distribute.launch import launch_workers
-from tasks.distribute.run import Run
-from tasks.distribute.strategy import StrategyChoice
-from tasks.settings.config import load_config
+from tfscale.tasks.data.manifest import load_manifest
+from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.distribute.hardware import detect_hardware
+from tfscale.tasks.distribute.launch import launch_workers
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.settings.config import load_config
 
 SIDE_BY_SIDE = object()  # the case of two one-device runs at once (`side_by_side`)
 
@@ -71,8 +71,8 @@ def side_by_side(config, data_dir: str, choice: StrategyChoice, runs_dir: Path) 
     import subprocess
     import sys
 
-    from tasks.core.network import free_ports
-    from tasks.distribute.launch import tf_config
+    from tfscale.tasks.core.network import free_ports
+    from tfscale.tasks.distribute.launch import tf_config
 
     procs, dirs = [], []
     for index in range(2):
@@ -88,7 +88,7 @@ def side_by_side(config, data_dir: str, choice: StrategyChoice, runs_dir: Path) 
         log = open(run.run_dir / "worker-0.log", "w")  # noqa: SIM115 (closed by the child)
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "flows.worker", str(spec_path)],
+                [sys.executable, "-m", "tfscale.flows.worker", str(spec_path)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -104,8 +104,8 @@ def side_by_side(config, data_dir: str, choice: StrategyChoice, runs_dir: Path) 
 def explain(config, data_dir: str, choice: StrategyChoice, run_dir: Path) -> str:
     """The two-worker case once more, diagnosed in its worker processes: why its efficiency
     is what it is."""
-    from tasks.measure.diagnosis import diagnose_in_place, format_diagnosis
-    from tasks.measure.in_place import InPlaceProbes
+    from tfscale.tasks.measure.diagnosis import diagnose_in_place, format_diagnosis
+    from tfscale.tasks.measure.in_place import InPlaceProbes
 
     result = measure(config, data_dir, choice, run_dir, threads=1, probe_steps=10)
     probes = InPlaceProbes(**result["probes"])
@@ -119,8 +119,8 @@ def plain_loop(args, run_dir: Path) -> float:
     import subprocess
     import sys
 
-    from tasks.core.network import free_ports
-    from tasks.distribute.launch import tf_config
+    from tfscale.tasks.core.network import free_ports
+    from tfscale.tasks.distribute.launch import tf_config
 
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "plain.json"

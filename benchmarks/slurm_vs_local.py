@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import slurmlab  # noqa: E402
 from helpers import BIN, free_port  # noqa: E402
 
-from tasks.distribute import netlab  # noqa: E402
+from tfscale.tasks.distribute import netlab  # noqa: E402
 
 TRAIN = ["--model", "mlp", "--precision", "float32", "--jit-compile", "false", "--no-diagnose"]
 

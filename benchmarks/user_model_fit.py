@@ -59,14 +59,14 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     """tfscale's epoch runner and a `fit` of the same model, each `(steps) -> None`."""
     import keras
 
-    from tasks.data.inputs import Reading, build_dataset
-    from tasks.data.preparation import prepare_dataset
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.strategy import select_strategy
-    from tasks.settings.config import load_config
-    from tasks.train.fit_loop import FirstStepClock
-    from tasks.train.models import model_for_data
-    from tasks.train.training import set_up_training, train_dataset_fn
+    from tfscale.tasks.data.inputs import Reading, build_dataset
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.fit_loop import FirstStepClock
+    from tfscale.tasks.train.models import model_for_data
+    from tfscale.tasks.train.training import set_up_training, train_dataset_fn
 
     values = {
         "prepare.dataset": dataset,
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size-per-replica", type=int, default=32)
     args = parser.parse_args()
-    from tasks.core.process import set_up_devices
+    from tfscale.tasks.core.process import set_up_devices
 
     set_up_devices(2)
     folder = Path(tempfile.mkdtemp(prefix="tfscale-fit-"))

@@ -15,8 +15,8 @@ from typing import Any
 
 from prefect.cache_policies import INPUTS, CachePolicy
 
-from tasks.core.provenance import code_version
-from tasks.settings.config import Config
+from tfscale.tasks.core.provenance import code_version
+from tfscale.tasks.settings.config import Config
 
 
 @dataclass

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from flows import commands
-from tasks.core.errors import UserError, system_error
-from tasks.core.process import Stopped, exit_now, import_tensorflow, set_up_process
-from tasks.settings.config import DEFAULT_PARAMS, load_config
+from tfscale.flows import commands
+from tfscale.tasks.core.errors import UserError, system_error
+from tfscale.tasks.core.process import Stopped, exit_now, import_tensorflow, set_up_process
+from tfscale.tasks.settings.config import DEFAULT_PARAMS, load_config
 
 # flag -> (dotted config key, type, help)
 PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -322,7 +322,7 @@ def _check_dvc_deps(config: Any, command: str) -> None:
 
     if "DVC_STAGE" not in os.environ:
         return
-    from tasks.core.user_code import check_dvc_dep
+    from tfscale.tasks.core.user_code import check_dvc_dep
 
     if command == "prepare":
         check_dvc_dep(

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.settings.config import Config
+from tfscale.tasks.settings.config import Config
 
 
 def prepare(config: Config, args: argparse.Namespace) -> int:
-    from tasks.data.preparation import format_prepared, prepare_dataset
+    from tfscale.tasks.data.preparation import format_prepared, prepare_dataset
 
     result = prepare_dataset(config, force=args.force, progress=not args.no_progress)
     print(format_prepared(result))
@@ -27,8 +27,8 @@ def prepare(config: Config, args: argparse.Namespace) -> int:
 
 
 def verify(config: Config, args: argparse.Namespace) -> int:
-    from tasks.data.manifest import verify_shards
-    from tasks.data.preparation import dataset_dir
+    from tfscale.tasks.data.manifest import verify_shards
+    from tfscale.tasks.data.preparation import dataset_dir
 
     manifest = verify_shards(dataset_dir(config), config.prepare.dataset)
     print(
@@ -39,8 +39,8 @@ def verify(config: Config, args: argparse.Namespace) -> int:
 
 
 def hardware(config: Config, args: argparse.Namespace) -> int:
-    from tasks.distribute.hardware import detect_hardware, format_report
-    from tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.distribute.hardware import detect_hardware, format_report
+    from tfscale.tasks.distribute.strategy import select_strategy
 
     report = detect_hardware()
     choice = select_strategy(report, config.train)
@@ -63,17 +63,17 @@ def hardware(config: Config, args: argparse.Namespace) -> int:
 
 
 def train(config: Config, args: argparse.Namespace) -> int:
-    from tasks.core.process import set_up_devices
-    from tasks.data.manifest import verify_shards
-    from tasks.data.preparation import dataset_dir
-    from tasks.distribute import cluster
-    from tasks.distribute.cluster import CHIEF, EVALUATOR, SERVER, role_of
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.run import Run
-    from tasks.distribute.strategy import baseline_choice, select_strategy
+    from tfscale.tasks.core.process import set_up_devices
+    from tfscale.tasks.data.manifest import verify_shards
+    from tfscale.tasks.data.preparation import dataset_dir
+    from tfscale.tasks.distribute import cluster
+    from tfscale.tasks.distribute.cluster import CHIEF, EVALUATOR, SERVER, role_of
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import baseline_choice, select_strategy
 
     if args.against_baseline:  # the baseline it joins, named before any work
-        from tasks.execute.run_files import load_exported
+        from tfscale.tasks.execute.run_files import load_exported
 
         load_exported(Path(args.against_baseline))
     data_dir = dataset_dir(config)
@@ -95,7 +95,7 @@ def train(config: Config, args: argparse.Namespace) -> int:
         planned = planned.with_choice(baseline_choice(planned.choice))
     choice = planned.choice
     if role == EVALUATOR:
-        from tasks.execute.trainings import evaluate_as_sidecar
+        from tfscale.tasks.execute.trainings import evaluate_as_sidecar
 
         print(f"evaluator: evaluating each new checkpoint of {manifest.dataset}", flush=True)
         evaluate_as_sidecar(planned)
@@ -113,8 +113,8 @@ def _settle(run: Any, args: argparse.Namespace) -> Any:
     """What `auto` left open, measured (`tasks.measure.autotune`). A baseline, or a run compared
     with one (`--against-baseline`, as the DVC stages are), keeps the proposed replicas and
     settles precision and XLA for them, so that both sides share them and one measurement."""
-    from tasks.execute.trainings import settle_auto
-    from tasks.measure.autotune import settled_line
+    from tfscale.tasks.execute.trainings import settle_auto
+    from tfscale.tasks.measure.autotune import settled_line
 
     in_a_study = args.baseline or args.against_baseline is not None
     run, settled = settle_auto(run, for_study=in_a_study)
@@ -128,12 +128,12 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baselin
     cluster's chief, or a run of one process), then exports and reports it. A baseline
     opens the study run its comparison nests under (`baseline_of`: the run it is the
     baseline of); a run `--against-baseline DIR` joins the study of the baseline in DIR."""
-    from tasks.execute.run_files import export_run
-    from tasks.execute.trainings import train_and_diagnose
-    from tasks.measure.diagnosis import format_diagnosis
-    from tasks.track import command_runs as mlflow_runs
-    from tasks.track.tracking import EpochLog
-    from tasks.train.to_target import ToTarget
+    from tfscale.tasks.execute.run_files import export_run
+    from tfscale.tasks.execute.trainings import train_and_diagnose
+    from tfscale.tasks.measure.diagnosis import format_diagnosis
+    from tfscale.tasks.track import command_runs as mlflow_runs
+    from tfscale.tasks.track.tracking import EpochLog
+    from tfscale.tasks.train.to_target import ToTarget
 
     choice, manifest = run.choice, run.manifest
     kind = "baseline" if args.baseline else "train"
@@ -173,15 +173,15 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baselin
 
 
 def evaluate(config: Config, args: argparse.Namespace) -> int:
-    from tasks.core.errors import MissingInput
-    from tasks.data.manifest import verify_shards
-    from tasks.data.preparation import dataset_dir
-    from tasks.execute.run_files import latest_run, study_of, trained_by
-    from tasks.track import command_runs as mlflow_runs
-    from tasks.train.evaluation import recorded_or_evaluated, write_evaluation
+    from tfscale.tasks.core.errors import MissingInput
+    from tfscale.tasks.data.manifest import verify_shards
+    from tfscale.tasks.data.preparation import dataset_dir
+    from tfscale.tasks.execute.run_files import latest_run, study_of, trained_by
+    from tfscale.tasks.track import command_runs as mlflow_runs
+    from tfscale.tasks.train.evaluation import recorded_or_evaluated, write_evaluation
 
     if args.baseline:  # the baseline it compares with, named before any work
-        from tasks.execute.run_files import load_exported
+        from tfscale.tasks.execute.run_files import load_exported
 
         load_exported(Path(args.baseline))
     data_dir = dataset_dir(config)
@@ -229,9 +229,9 @@ def _compare(
     """`tfscale evaluate --baseline DIR`: the evaluated model's run against the baseline's
     exported one, logged on the evaluation's run (`logged_on`: the tracker and the run's
     id) and its study."""
-    from tasks.execute.run_files import study_of
-    from tasks.report.summary import compare_exported
-    from tasks.track import command_runs as mlflow_runs
+    from tfscale.tasks.execute.run_files import study_of
+    from tfscale.tasks.report.summary import compare_exported
+    from tfscale.tasks.track import command_runs as mlflow_runs
 
     summary = compare_exported(
         baseline, model_dir, result, config.train.scaling, config.evaluate.target_accuracy
@@ -245,10 +245,10 @@ def _compare(
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    from tasks.track.tracking import Tracker
+    from tfscale.tasks.track.tracking import Tracker
 
-    summary = _run_flow("flows.study", "scaling_study", config)
-    from tasks.report.summary import format_summary
+    summary = _run_flow("tfscale.flows.study", "scaling_study", config)
+    from tfscale.tasks.report.summary import format_summary
 
     print()
     print(format_summary(summary, open_ui_line(Tracker.for_config(config.track))))
@@ -267,9 +267,9 @@ def open_ui_line(tracker: Any) -> str:
 def _run_flow(module: str, name: str, config: Config) -> Any:
     """Runs a flow against a Prefect API that boots (unless PREFECT_API_URL names one)
     while the flow's module imports TensorFlow."""
-    from flows.prefect_api import api_url, temporary_api
-    from tasks.core.process import import_tensorflow
-    from tasks.core.progress import status
+    from tfscale.flows.prefect_api import api_url, temporary_api
+    from tfscale.tasks.core.process import import_tensorflow
+    from tfscale.tasks.core.progress import status
 
     with temporary_api() as api:
         started = "while a Prefect API starts" if api.process else f"(Prefect API {api_url()})"
@@ -281,10 +281,10 @@ def _run_flow(module: str, name: str, config: Config) -> Any:
 
 
 def ui(config: Config, args: argparse.Namespace) -> int:
-    from tasks.core.errors import UserError
-    from tasks.core.network import port_taken
-    from tasks.track.tracking import Tracker
-    from tasks.track.ui_server import serve_ui, server_command
+    from tfscale.tasks.core.errors import UserError
+    from tfscale.tasks.core.network import port_taken
+    from tfscale.tasks.track.tracking import Tracker
+    from tfscale.tasks.track.ui_server import serve_ui, server_command
 
     tracker = Tracker.for_config(config.track)
     configured = urlsplit(config.track.ui_url)  # links point there: serve there unless told
@@ -306,17 +306,17 @@ def ui(config: Config, args: argparse.Namespace) -> int:
 
 
 def serve(config: Config, args: argparse.Namespace) -> int:
-    from flows.deployments import serve_deployments
+    from tfscale.flows.deployments import serve_deployments
 
     serve_deployments(args.params or "params.yaml", args.cron)
     return 0
 
 
 def forecast(config: Config, args: argparse.Namespace) -> int:
-    from tasks.report.forecast import check_request
-    from tasks.report.forecast_report import forecast_run, format_forecast, probed_run
-    from tasks.track.records import log_forecast
-    from tasks.track.tracking import Tracker
+    from tfscale.tasks.report.forecast import check_request
+    from tfscale.tasks.report.forecast_report import forecast_run, format_forecast, probed_run
+    from tfscale.tasks.track.records import log_forecast
+    from tfscale.tasks.track.tracking import Tracker
 
     check_request(args.workers, args.link_gbit, args.preset)  # usage errors first
     run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)
@@ -333,13 +333,13 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 
 
 def plan(config: Config, args: argparse.Namespace) -> int:
-    from tasks.core.files import write_json_atomic
-    from tasks.core.run_layout import METRICS
-    from tasks.report.forecast import link_named
-    from tasks.report.forecast_report import probed_run
-    from tasks.report.plan import BATCHES, check_devices, format_plan, make_plan
-    from tasks.track.records import log_plan
-    from tasks.track.tracking import Tracker
+    from tfscale.tasks.core.files import write_json_atomic
+    from tfscale.tasks.core.run_layout import METRICS
+    from tfscale.tasks.report.forecast import link_named
+    from tfscale.tasks.report.forecast_report import probed_run
+    from tfscale.tasks.report.plan import BATCHES, check_devices, format_plan, make_plan
+    from tfscale.tasks.track.records import log_plan
+    from tfscale.tasks.track.tracking import Tracker
 
     check_devices(args.devices)  # usage errors first
     name, gbit = link_named(args.link)
@@ -347,10 +347,10 @@ def plan(config: Config, args: argparse.Namespace) -> int:
     metrics = json.loads((Path(run_dir) / METRICS).read_text())
     batches = BATCHES
     if args.device_memory_mb:  # the model's footprint: built, so TensorFlow, quietly
-        from tasks.core.process import import_tensorflow
-        from tasks.data.manifest import load_manifest
-        from tasks.data.preparation import dataset_dir
-        from tasks.train.stage_plan import batches_that_fit
+        from tfscale.tasks.core.process import import_tensorflow
+        from tfscale.tasks.data.manifest import load_manifest
+        from tfscale.tasks.data.preparation import dataset_dir
+        from tfscale.tasks.train.stage_plan import batches_that_fit
 
         import_tensorflow()
         manifest = load_manifest(dataset_dir(config))
@@ -372,15 +372,15 @@ def plan(config: Config, args: argparse.Namespace) -> int:
 def sweep(config: Config, args: argparse.Namespace) -> int:
     """The sweep's flow run; a grid it cannot plan (`plan_cells`: links without worker
     processes) is refused first, before a Prefect API starts or TensorFlow imports."""
-    from tasks.execute.sweep_cells import plan_cells
-    from tasks.report.scaling_grid import CriticalBatch, format_table
+    from tfscale.tasks.execute.sweep_cells import plan_cells
+    from tfscale.tasks.report.scaling_grid import CriticalBatch, format_table
 
     plan_cells(config)
     if config.sweep.work_pool:
-        from flows.pool import check_server
+        from tfscale.flows.pool import check_server
 
         check_server()  # before the flow: the pool's workers cannot reach a temporary one
-    rows = _run_flow("flows.sweep", "sweep_flow", config)
+    rows = _run_flow("tfscale.flows.sweep", "sweep_flow", config)
     print()
     print(format_table(rows))
     critical = json.loads((Path(config.sweep.out_dir) / "critical_batch.json").read_text())

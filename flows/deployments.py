@@ -14,10 +14,10 @@ from prefect import flow
 from prefect.flows import _display_serve_start_message
 from prefect.runner import Runner
 
-from flows.prefect_api import check_prefect_server, named_by
-from tasks.core.process import import_tensorflow, set_up_process
-from tasks.core.progress import status
-from tasks.settings.config import load_config, study_name, sweep_name
+from tfscale.flows.prefect_api import check_prefect_server, named_by
+from tfscale.tasks.core.process import import_tensorflow, set_up_process
+from tfscale.tasks.core.progress import status
+from tfscale.tasks.settings.config import load_config, study_name, sweep_name
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -42,7 +42,7 @@ def scheduled_study(params_path: str = "params.yaml", overrides: dict | None = N
     status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     # after the process's set-up: TensorFlow's and Prefect's settings are read at import
-    from flows.study import run_study
+    from tfscale.flows.study import run_study
 
     return run_study(load_config(params_path, overrides or {})).to_dict()
 
@@ -60,7 +60,7 @@ def scheduled_sweep(params_path: str = "params.yaml", overrides: dict | None = N
     status("start", "loading TensorFlow")  # on the run's page while it loads
     import_tensorflow()
     # after the process's set-up: TensorFlow's and Prefect's settings are read at import
-    from flows.sweep import run_sweep
+    from tfscale.flows.sweep import run_sweep
 
     return run_sweep(load_config(params_path, overrides or {}))
 

@@ -1,6 +1,6 @@
 """Errors of the orchestration layer (kept apart so the CLI can catch them cheaply)."""
 
-from tasks.core.errors import UserError
+from tfscale.tasks.core.errors import UserError
 
 
 class ServerUnavailable(UserError, RuntimeError):

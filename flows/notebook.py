@@ -1,7 +1,7 @@
 """The scaling study in one call, for a notebook: your model and your data, tracked as
 `tfscale run` tracks it.
 
-    from flows.notebook import study
+    from tfscale.flows.notebook import study
 
     result = study(build, frame, label="target", epochs=5, target_metric="auc", target=0.97)
     print(result.answer)          # the answer line
@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.errors import UsageError
-from tasks.core.user_code import is_registered, register
-from tasks.data.datasets import DatasetError
-from tasks.settings.config import DEFAULT_PARAMS, Config, load_config
-from tasks.settings.kinds import KINDS, LOCAL_WORKERS
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.core.user_code import is_registered, register
+from tfscale.tasks.data.datasets import DatasetError
+from tfscale.tasks.settings.config import DEFAULT_PARAMS, Config, load_config
+from tfscale.tasks.settings.kinds import KINDS, LOCAL_WORKERS
 
 SECTIONS = ("prepare", "train", "evaluate", "track", "cluster")  # where a bare name is looked up
 
@@ -71,9 +71,9 @@ def study(
         DatasetError: data tfscale cannot take, said of what was passed (the DataFrame,
             the Series, the arrays), never of the file written for it.
     """
-    from flows.study import scaling_study
-    from tasks.core.process import console
-    from tasks.core.progress import status
+    from tfscale.flows.study import scaling_study
+    from tfscale.tasks.core.process import console
+    from tfscale.tasks.core.progress import status
 
     with console(verbose):
         overrides = {_dotted(name): value for name, value in settings.items()}
@@ -292,7 +292,7 @@ def _model_ref(model: Any, folder: Path) -> str:
     if isinstance(model, (str, Path)):
         return str(model)
     if isinstance(model, keras.Model):
-        from tasks.train.training import weights_digest
+        from tfscale.tasks.train.training import weights_digest
 
         path = folder / f"{model.name}-{weights_digest(model)}.keras"
         if not path.exists():

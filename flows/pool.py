@@ -36,18 +36,18 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled, Crashed
 
-from flows.prefect_api import check_prefect_server
-from tasks.core import process
-from tasks.core.errors import UserError
-from tasks.core.files import write_json_atomic
-from tasks.core.network import host_name
-from tasks.core.progress import status
-from tasks.data.manifest import ShardError, load_manifest
-from tasks.data.preparation import dataset_dir
-from tasks.distribute import hardware, strategy
-from tasks.distribute.run import Run
-from tasks.execute import sweep_cells
-from tasks.settings.config import config_from_dict, config_to_dict
+from tfscale.flows.prefect_api import check_prefect_server
+from tfscale.tasks.core import process
+from tfscale.tasks.core.errors import UserError
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.network import host_name
+from tfscale.tasks.core.progress import status
+from tfscale.tasks.data.manifest import ShardError, load_manifest
+from tfscale.tasks.data.preparation import dataset_dir
+from tfscale.tasks.distribute import hardware, strategy
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.execute import sweep_cells
+from tfscale.tasks.settings.config import config_from_dict, config_to_dict
 
 CELL_FLOW = "tfscale-sweep-cell"
 ROOT = Path(__file__).resolve().parent.parent  # the project: the deployment's source

@@ -7,7 +7,7 @@ and `tfscale sweep` start the same server (Prefect's app under uvicorn, UI off) 
 process first, import TensorFlow meanwhile, and then point the flow at it:
 
     with temporary_api() as api:
-        from flows.study import scaling_study  # the heavy imports, while the server boots
+        from tfscale.flows.study import scaling_study  # the heavy imports, while the server boots
         api.wait()
         scaling_study(config)
 
@@ -36,10 +36,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flows.errors import ServerUnavailable
-from tasks.core.network import free_ports, wait_healthy
-from tasks.core.process import Stopped, stopped_by_signals
-from tasks.core.progress import log_runs_with
+from tfscale.flows.errors import ServerUnavailable
+from tfscale.tasks.core.network import free_ports, wait_healthy
+from tfscale.tasks.core.process import Stopped, stopped_by_signals
+from tfscale.tasks.core.progress import log_runs_with
 
 START_TIMEOUT_S = 180.0  # a hang detector: Prefect's server starts in 6-20 s on 2 busy cores
 START_TIMEOUT_VARIABLE = "TFSCALE_SERVER_START_TIMEOUT_S"

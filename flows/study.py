@@ -10,21 +10,21 @@ import dataclasses
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
-from flows.caching import RESULTS, cached
-from flows.prefect_api import named_by, quiet_run_logs
-from tasks.core import process
-from tasks.core.progress import status
-from tasks.core.user_code import model_fingerprint
-from tasks.data import preparation
-from tasks.data.manifest import shards_present
-from tasks.distribute import hardware, strategy
-from tasks.distribute.run import Run
-from tasks.execute import trainings
-from tasks.measure import autotune
-from tasks.report import summary
-from tasks.settings import config as config_mod
-from tasks.track import records, tracking
-from tasks.train import evaluation
+from tfscale.flows.caching import RESULTS, cached
+from tfscale.flows.prefect_api import named_by, quiet_run_logs
+from tfscale.tasks.core import process
+from tfscale.tasks.core.progress import status
+from tfscale.tasks.core.user_code import model_fingerprint
+from tfscale.tasks.data import preparation
+from tfscale.tasks.data.manifest import shards_present
+from tfscale.tasks.distribute import hardware, strategy
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.execute import trainings
+from tfscale.tasks.measure import autotune
+from tfscale.tasks.report import summary
+from tfscale.tasks.settings import config as config_mod
+from tfscale.tasks.track import records, tracking
+from tfscale.tasks.train import evaluation
 
 
 @task(name="check tracking store")

@@ -9,18 +9,18 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
-from flows import pool
-from flows.caching import RESULTS, cached
-from flows.prefect_api import named_by, quiet_run_logs
-from flows.study import check_tracking_task, detect_task, fail_tracking_task, prepare_task
-from tasks.core import process
-from tasks.core.network import host_name
-from tasks.distribute import strategy
-from tasks.distribute.run import Run
-from tasks.execute import sweep_cells
-from tasks.report import scaling_grid
-from tasks.settings import config as config_mod
-from tasks.track import records, tracking
+from tfscale.flows import pool
+from tfscale.flows.caching import RESULTS, cached
+from tfscale.flows.prefect_api import named_by, quiet_run_logs
+from tfscale.flows.study import check_tracking_task, detect_task, fail_tracking_task, prepare_task
+from tfscale.tasks.core import process
+from tfscale.tasks.core.network import host_name
+from tfscale.tasks.distribute import strategy
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.execute import sweep_cells
+from tfscale.tasks.report import scaling_grid
+from tfscale.tasks.settings import config as config_mod
+from tfscale.tasks.track import records, tracking
 
 
 @task(name="plan the grid")

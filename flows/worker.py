@@ -1,4 +1,4 @@
-"""Entry point of one training worker process: `python -m flows.worker SPEC.json`.
+"""Entry point of one training worker process: `python -m tfscale.flows.worker SPEC.json`.
 
 `TF_CONFIG` says which worker this is; the spec gives config, data and strategy.
 """
@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from tasks.core.process import set_up_worker
+from tfscale.tasks.core.process import set_up_worker
 
 
 def main(spec_path: str) -> int:
@@ -18,8 +18,8 @@ def main(spec_path: str) -> int:
     core = os.environ.get("TFSCALE_PIN_CORE")
     set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
     # after the worker's set-up: its threads and devices are fixed when TensorFlow starts
-    from tasks.distribute.run import Role, Run
-    from tasks.execute.trainings import train_and_probe
+    from tfscale.tasks.distribute.run import Role, Run
+    from tfscale.tasks.execute.trainings import train_and_probe
 
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     print(f"worker {index}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
@@ -30,6 +30,6 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    from tasks.core.process import exit_now
+    from tfscale.tasks.core.process import exit_now
 
     exit_now(main(sys.argv[1]))

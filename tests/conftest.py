@@ -27,8 +27,8 @@ for _name in OUTSIDE + tuple(name for name in os.environ if name.startswith("SLU
     os.environ.pop(_name, None)
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else MLflow writes ~/.config/mlflow
 
-from tasks.core.process import set_up_process  # noqa: E402
-from tasks.settings.config import load_config  # noqa: E402
+from tfscale.tasks.core.process import set_up_process  # noqa: E402
+from tfscale.tasks.settings.config import load_config  # noqa: E402
 
 set_up_process()  # the test session is a process entry too
 
@@ -98,8 +98,8 @@ def pytest_runtest_logreport(report):
 # what a `unit` test may not do: start a process, train a model, time real steps in rounds
 # (`pytest -m unit` is the in-process tier to run while working; those are `integration`)
 NOT_IN_UNIT = (
-    ("tasks.train.training", "train_model", "trains a model"),
-    ("tasks.measure.probes", "measure_rounds", "times real steps in rounds"),
+    ("tfscale.tasks.train.training", "train_model", "trains a model"),
+    ("tfscale.tasks.measure.probes", "measure_rounds", "times real steps in rounds"),
 )
 
 
@@ -180,7 +180,7 @@ def _ours() -> list:
 
     return [
         m for m in list(sys.modules.values())
-        if getattr(m, "__name__", "").startswith(("tasks.", "flows."))
+        if getattr(m, "__name__", "").startswith(("tfscale.tasks.", "tfscale.flows."))
     ]  # fmt: skip
 
 
@@ -245,7 +245,7 @@ def make_config(tmp_path):
 @pytest.fixture(scope="session", autouse=True)
 def two_logical_cpus():
     """Mirrored tests need 2 logical CPU devices, configured before TensorFlow starts."""
-    from tasks.core.process import logical_cpus, set_up_devices
+    from tfscale.tasks.core.process import logical_cpus, set_up_devices
 
     set_up_devices(2)
     return logical_cpus(2)
@@ -254,7 +254,7 @@ def two_logical_cpus():
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """The digits dataset prepared once for the session: (config overrides, manifest, dir)."""
-    from tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.data.preparation import prepare_dataset
 
     root = tmp_path_factory.mktemp("digits")
     overrides = {"prepare.data_dir": str(root / "tfrecords"), "train.runs_dir": str(root / "runs")}

@@ -19,8 +19,8 @@ try:
 except ModuleNotFoundError:  # imported as tests.helpers, by a script a test's process runs
     from tests import pace
 
-from tasks.core.network import free_ports, wait_healthy
-from tasks.distribute.hardware import GpuInfo, HardwareReport
+from tfscale.tasks.core.network import free_ports, wait_healthy
+from tfscale.tasks.distribute.hardware import GpuInfo, HardwareReport
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -122,7 +122,7 @@ def migrated_prefect_db() -> Path:
     import tempfile
     from importlib.metadata import version
 
-    from tasks.core.run_lock import waited
+    from tfscale.tasks.core.run_lock import waited
 
     path = Path(tempfile.gettempdir()) / f"tfscale-tests-prefect-{version('prefect')}.db"
     with waited(Path(f"{path}.lock")):
@@ -236,9 +236,9 @@ def run_main(
 
     MLflow and Prefect set up their logging once, when first imported, closing every
     handler they find: they are imported here first, before any stream is redirected."""
-    import flows.prefect_api  # noqa: F401
-    import tasks.track.tracking  # noqa: F401
-    from flows import cli
+    import tfscale.flows.prefect_api  # noqa: F401
+    import tfscale.tasks.track.tracking  # noqa: F401
+    from tfscale.flows import cli
 
     report = cli._report
 
@@ -319,7 +319,7 @@ def train_result(**changes):
     """A `TrainResult` of one device at batch 16 (rate 0.001, 10 steps an epoch) with no
     figures measured, each field in `changes` set: the summaries' tests build their pairs
     from it."""
-    from tasks.train.result import TrainResult
+    from tfscale.tasks.train.result import TrainResult
 
     one_device = TrainResult(
         run_dir="b",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from helpers import prefect_home, scaled
 
-from tasks.distribute import netlab
+from tfscale.tasks.distribute import netlab
 
 BIN = Path(sys.executable).parent
 PORT = 4200  # the server's own host: nothing else listens in a fresh namespace

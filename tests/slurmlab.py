@@ -21,7 +21,7 @@ from pathlib import Path
 
 from helpers import scaled
 
-from tasks.distribute import netlab
+from tfscale.tasks.distribute import netlab
 
 PACKAGES = ("slurm-wlm", "munge")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import build_parser
-from tasks.settings.config import key_table
+from tfscale.flows.cli import build_parser
+from tfscale.tasks.settings.config import key_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## What proves each documented feature"

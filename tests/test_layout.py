@@ -31,6 +31,7 @@ LAYERS = (
     "flows",
 )
 ROOTS = ("tasks", "flows")
+PACKAGE = "tfscale"  # the one import name: tfscale.tasks, tfscale.flows (tfscale/__init__.py)
 ROW = re.compile(r"^\| `((?:tasks|flows)/[\w/]+\.py)` \|")
 DIAGRAM = re.compile(r"<!-- layers -->\n```\n(.*?)```\n", re.S)
 
@@ -55,22 +56,34 @@ def layer_of(module: str) -> int:
     return LAYERS.index(package) if package in LAYERS else -1
 
 
-def imported_modules(path: Path, roots: tuple[str, ...] = ROOTS) -> set[str]:
-    """The modules of `roots` (the project's) `path` imports anywhere in it (dotted), and
-    those it binds late: `_later("tasks.x.y", name)` calls and `*_MODULE = "flows.x"`
+def in_tree(name: str) -> str:
+    """A module's name as the tree's paths read it: `tfscale.tasks.x` is `tasks.x`."""
+    return name.removeprefix(PACKAGE + ".")
+
+
+def imported_names(path: Path) -> list[str]:
+    """Every module `path` imports anywhere in it (dotted, as written), and those it binds
+    late: `_later("tfscale.tasks.x.y", name)` calls and `*_MODULE = "tfscale.flows.x"`
     constants."""
-    found = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
-            if node.module in (*ROOTS, *LAYERS):  # from tasks.execute import trainings
+            if in_tree(node.module) in (*ROOTS, *LAYERS):  # from tfscale.tasks.execute import x
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
             names = late_bound(node)
-        found.update(n for n in names if n.split(".")[0] in roots)
+        found += names
     return found
+
+
+def imported_modules(path: Path, roots: tuple[str, ...] = ROOTS) -> set[str]:
+    """The modules of `roots` (the project's: `tasks.x`, `flows.y`, as `in_tree` names
+    them) that `path` imports or binds late (`imported_names`)."""
+    names = [in_tree(n) if n.startswith(PACKAGE + ".") else n for n in imported_names(path)]
+    return {n for n in names if n.split(".")[0] in roots}
 
 
 def late_bound(node: ast.AST) -> list[str]:
@@ -90,9 +103,9 @@ def late_bound_names() -> list[tuple[str, str, str]]:
     for module, path in modules_in_tree().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_later":
-                found.append((module, node.args[0].value, node.args[1].value))
+                found.append((module, in_tree(node.args[0].value), node.args[1].value))
             elif late_bound(node):
-                found.append((module, late_bound(node)[0], ""))
+                found.append((module, in_tree(late_bound(node)[0]), ""))
     return found
 
 
@@ -162,7 +175,8 @@ def test_every_late_bound_name_resolves_and_only_the_allowed_modules_bind_late()
     for _, module, attribute in names:
         assert module in modules_in_tree(), module
         if attribute:
-            assert hasattr(importlib.import_module(module), attribute), (module, attribute)
+            imported = importlib.import_module(f"{PACKAGE}.{module}")
+            assert hasattr(imported, attribute), (module, attribute)
         else:  # a process entry point: `python -m module`
             assert "__main__" in (ROOT / (module.replace(".", "/") + ".py")).read_text()
 
@@ -201,7 +215,7 @@ def test_the_architecture_draws_the_layers_of_the_tree_and_lists_every_module():
 def test_the_code_version_reads_every_module_of_every_layer():
     """Cached results know the code (`tasks/core/provenance.py`): its digest covers every
     module of the tree, in every package."""
-    from tasks.core.provenance import source_files
+    from tfscale.tasks.core.provenance import source_files
 
     read = {module_name(path) for path in source_files() if path.name != "__init__.py"}
     assert read == set(modules_in_tree())
@@ -212,8 +226,10 @@ def test_the_checks_see_an_upward_import(tmp_path):
     module bound late by name."""
     module = tmp_path / "m.py"
     module.write_text(
-        "def f():\n    from tasks.track.tracking import Tracker\n    import flows.cli\n"
-        "X = _later('tasks.train.steps', 'make_epoch_runner')\nWORKER_MODULE = 'flows.worker'\n"
+        "def f():\n    from tfscale.tasks.track.tracking import Tracker\n"
+        "    import tfscale.flows.cli\n"
+        "X = _later('tfscale.tasks.train.steps', 'make_epoch_runner')\n"
+        "WORKER_MODULE = 'tfscale.flows.worker'\n"
     )
     assert imported_modules(module) == {
         "tasks.track.tracking",
@@ -221,6 +237,26 @@ def test_the_checks_see_an_upward_import(tmp_path):
         "tasks.train.steps",
         "flows.worker",
     }
+
+
+def test_tfscales_code_is_imported_as_tfscale_tasks_and_flows_never_as_tasks_or_flows():
+    """A project's own `tasks` or `flows` (Celery's, Invoke's) never meets tfscale's: no file
+    of the repository imports or names a module `tasks.x` or `flows.x` but as
+    `tfscale.tasks.x`, `tfscale.flows.x` (a module imported as both would be two)."""
+    files = [p for part in (*ROOTS, "tests", "benchmarks") for p in (ROOT / part).rglob("*.py")]
+    bare = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted(files)
+        for name in imported_names(path)
+        if name.split(".")[0] in ROOTS
+    ]
+    assert bare == [], "import tfscale.tasks... / tfscale.flows...:\n" + "\n".join(bare)
+
+
+def test_the_bare_name_check_sees_a_bare_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from tasks.core import errors\nimport tfscale.flows.cli\n")
+    assert [n for n in imported_names(module) if n.split(".")[0] in ROOTS] == ["tasks.core.errors"]
 
 
 MOST_LINES = 50  # a function's, its signature and docstring included

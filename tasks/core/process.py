@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
-from tasks.core.errors import UserError
+from tfscale.tasks.core.errors import UserError
 
 QUIET_ENVIRONMENT = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # TensorFlow's C++ notices (and cuInit on a GPU-less host)
@@ -48,7 +48,7 @@ NOISY_LOGGERS = ("tensorflow", "absl", "httpx")
 # harmless warnings every run would print: a Keras model saved without a signature, and
 # pip's version unknown to MLflow in a uv environment
 HARMLESS_LOGGERS = ("mlflow.keras.save", "mlflow.utils.environment", "mlflow.models.model")
-OWN_LOGGERS = ("tfscale", "tasks", "flows")
+OWN_LOGGERS = ("tfscale",)  # its modules' loggers are tfscale.tasks.*, tfscale.flows.*
 STATUS_MARK = "tfscale_status"  # set on status lines (tasks.core.progress)
 
 
@@ -271,7 +271,7 @@ def _wait_for_peers(code: int) -> None:
     timeout_s = _PEERS_AT_EXIT["timeout_s"]
     if code != 0 or not timeout_s:  # a failed task: its peers learn it from the cluster
         return
-    from tasks.core.internals import wait_for_cluster_tasks
+    from tfscale.tasks.core.internals import wait_for_cluster_tasks
 
     try:
         wait_for_cluster_tasks(EXIT_BARRIER, timeout_s)
@@ -288,7 +288,7 @@ def exit_now(code: int) -> NoReturn:
     import sys
     import threading
 
-    from tasks.core.internals import run_exit_handlers
+    from tfscale.tasks.core.internals import run_exit_handlers
 
     _wait_for_peers(code)
     for thread in threading.enumerate():

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.core.label_kinds import SCORES  # what an epoch reports, by the label's kind
-from tasks.core.process import STATUS_MARK
+from tfscale.tasks.core.label_kinds import SCORES  # what an epoch reports, by the label's kind
+from tfscale.tasks.core.process import STATUS_MARK
 
 log = logging.getLogger("tfscale")
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.core.errors import UserError
+from tfscale.tasks.core.errors import UserError
 
 _HELD: set[Path] = set()
 

@@ -1,30 +1,24 @@
 """The user's own code, named on the command line: `package.module:function` or
 `path/to/file.py:function` (a dataset's pipeline, a model's builder).
 
-A user's project may have modules of its own named as tfscale's packages (`tasks`,
-`flows`: Celery and Invoke projects do). Its code is imported, and its function called,
-with its own modules of those names in place of tfscale's (`own_modules`), so that both
-work in one process.
+A user's project may have modules of its own named `tasks` or `flows` (Celery and Invoke
+projects do): tfscale's code is `tfscale.tasks` and `tfscale.flows`, so the two never meet.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UsageError, UserError
+from tfscale.tasks.core.errors import UsageError, UserError
 
 FUNCTION = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
-# tfscale's own top-level packages, which a user's project may also have
-OURS = ("tasks", "flows")
 
 
 def is_function_ref(ref: str) -> bool:
@@ -35,8 +29,7 @@ def is_function_ref(ref: str) -> bool:
 def load_function(
     ref: str, what: str = "dataset", error: type[UserError] = UserError
 ) -> tuple[Callable, str]:
-    """The function `ref` names (called with the user's modules in place: `own_modules`),
-    and the file it is defined in.
+    """The function `ref` names, and the file it is defined in.
 
     Raises:
         error: the module does not import, or has no such function (naming `--{what}`).
@@ -44,20 +37,18 @@ def load_function(
     found = FUNCTION.match(ref)
     assert found is not None
     module_name, name = found.group("module"), found.group("function")
-    folder = Path(module_name).resolve().parent if module_name.endswith(".py") else Path.cwd()
     try:
-        with own_modules(folder):
-            if module_name.endswith(".py"):
-                path = Path(module_name).resolve()
-                if not path.is_file():
-                    raise error(
-                        f"{module_name}: no such file (from --{what} {ref})",
-                        "give the path of the Python file, relative to where tfscale runs",
-                    )
-                module = _import_file(path)
-            else:
-                cwd_importable()
-                module = importlib.import_module(module_name)
+        if module_name.endswith(".py"):
+            path = Path(module_name).resolve()
+            if not path.is_file():
+                raise error(
+                    f"{module_name}: no such file (from --{what} {ref})",
+                    "give the path of the Python file, relative to where tfscale runs",
+                )
+            module = _import_file(path)
+        else:
+            cwd_importable()
+            module = importlib.import_module(module_name)
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's module: whatever it raises
@@ -75,13 +66,7 @@ def load_function(
             f"{', '.join(sorted(public)[:10]) or 'none'}",
             "name a function the module defines",
         )
-
-    @functools.wraps(function)
-    def in_place(*args: Any, **kwargs: Any) -> Any:
-        with own_modules(folder):
-            return function(*args, **kwargs)
-
-    return in_place, str(getattr(module, "__file__", "") or "")
+    return function, str(getattr(module, "__file__", "") or "")
 
 
 def file_of(ref: str) -> Path | None:
@@ -95,11 +80,10 @@ def file_of(ref: str) -> Path | None:
     if module == REGISTRY:
         return None
     cwd_importable()
-    with own_modules(Path.cwd()):
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
     return Path(spec.origin) if spec is not None and spec.origin else None
 
 
@@ -191,55 +175,6 @@ def cwd_importable() -> None:
     """`package.module` resolves from where tfscale runs, as `python -m` would."""
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-
-
-@contextlib.contextmanager
-def own_modules(folder: Path) -> Iterator[None]:
-    """Within it, `import tasks` (or `flows`) gives the user's module of that name where
-    `folder` has one, not tfscale's; after it, tfscale's are back, and the user's kept
-    apart for the next time (their code holds its own references either way)."""
-    names = [n for n in OURS if _theirs(folder, n)]
-    if not names:
-        yield
-        return
-    ours = _take(names)
-    sys.modules.update(_kept.get(str(folder), {}))
-    added = str(folder) not in sys.path
-    if added:
-        sys.path.insert(0, str(folder))
-    try:
-        yield
-    finally:
-        _kept[str(folder)] = _take(names)
-        sys.modules.update(ours)
-        if added:
-            sys.path.remove(str(folder))
-
-
-_kept: dict[str, dict[str, Any]] = {}  # the user's modules named as ours, by their folder
-
-
-def _theirs(folder: Path, name: str) -> bool:
-    """`folder` has a module `name` that is not tfscale's own."""
-    here = folder / name
-    if not (here.is_dir() or here.with_suffix(".py").is_file()):
-        return False
-    mine = Path(__file__).resolve().parents[1] if name == "tasks" else None
-    ours = sys.modules.get(name)
-    origin = Path(getattr(ours, "__file__", "") or "").resolve().parent if ours else mine
-    return origin is None or origin != here.resolve()
-
-
-def _take(names: list[str]) -> dict[str, Any]:
-    """Removes the modules `names` and their submodules from `sys.modules`; returns them."""
-    taken = {
-        key: module
-        for key, module in sys.modules.items()
-        if any(key == n or key.startswith(n + ".") for n in names)
-    }
-    for key in taken:
-        del sys.modules[key]
-    return taken
 
 
 def _import_file(path: Path) -> Any:

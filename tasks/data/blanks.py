@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.data.datasets import DatasetError
-from tasks.data.spec import FeatureSpec
-from tasks.data.streams import Chunk, rows_of
+from tfscale.tasks.data.datasets import DatasetError
+from tfscale.tasks.data.spec import FeatureSpec
+from tfscale.tasks.data.streams import Chunk, rows_of
 
 Read = Callable[[str | None], Iterator[Chunk]]
 

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import numpy as np
 
-from tasks.core.errors import UserError
-from tasks.data.spec import FeatureSpec
-from tasks.settings.config import PrepareConfig
+from tfscale.tasks.core.errors import UserError
+from tfscale.tasks.data.spec import FeatureSpec
+from tfscale.tasks.settings.config import PrepareConfig
 
 Example = tuple[np.ndarray, int]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -293,7 +293,7 @@ def _drawn_split(
 ) -> dict[str, list[tuple[Path, int]]]:
     """A flat folder's images split train/test by a seeded draw stratified by class
     (`tasks.data.streams.test_rows`, as for a table)."""
-    from tasks.data.streams import test_rows
+    from tfscale.tasks.data.streams import test_rows
 
     images = [(p, i) for i, d in enumerate(class_dirs) for p in _images(d)]
     labels = np.array([i for _, i in images])

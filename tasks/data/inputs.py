@@ -8,9 +8,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tasks.core.internals import device_datasets_without_autotune
-from tasks.data.manifest import Manifest, ShardError
-from tasks.data.records import parse_records
+from tfscale.tasks.core.internals import device_datasets_without_autotune
+from tfscale.tasks.data.manifest import Manifest, ShardError
+from tfscale.tasks.data.records import parse_records
 
 log = logging.getLogger(__name__)
 

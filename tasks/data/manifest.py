@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UserError
-from tasks.data.spec import FeatureSpec
+from tfscale.tasks.core.errors import UserError
+from tfscale.tasks.data.spec import FeatureSpec
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUM = "checksum"  # manifest.json's own sha256, over everything else in it

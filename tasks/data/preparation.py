@@ -6,24 +6,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tasks.core.label_kinds import describe
-from tasks.data.datasets import (
+from tfscale.tasks.core.label_kinds import describe
+from tfscale.tasks.data.datasets import (
     NAMED_SOURCES,
     DatasetError,
     Source,
     dataset_slug,
     folder_source,
 )
-from tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
-from tasks.data.tfds_source import tfds_source
-from tasks.data.user_sources import (
+from tfscale.tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
+from tfscale.tasks.data.tfds_source import tfds_source
+from tfscale.tasks.data.user_sources import (
     TABLE_SUFFIXES,
     is_function_ref,
     is_user_file,
     source_fingerprint,  # noqa: F401 - what a cached prepare keys on (flows.study)
     user_source,
 )
-from tasks.settings.config import Config, PrepareConfig
+from tfscale.tasks.settings.config import Config, PrepareConfig
 
 
 def open_source(cfg: PrepareConfig) -> Source:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.data.spec import Feature, FeatureSpec, Label
+from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
 
 LABEL = "label"
 

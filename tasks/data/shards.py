@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.files import atomic_path, write_text_atomic
-from tasks.data.datasets import Source
-from tasks.data.manifest import (
+from tfscale.tasks.core.files import atomic_path, write_text_atomic
+from tfscale.tasks.data.datasets import Source
+from tfscale.tasks.data.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
@@ -28,9 +28,9 @@ from tasks.data.manifest import (
     sha256_of,
     shard_problems,
 )
-from tasks.data.records import LABEL, encode_chunk
-from tasks.data.spec import IMAGE, FeatureSpec
-from tasks.settings.config import PrepareConfig, config_to_dict
+from tfscale.tasks.data.records import LABEL, encode_chunk
+from tfscale.tasks.data.spec import IMAGE, FeatureSpec
+from tfscale.tasks.settings.config import PrepareConfig, config_to_dict
 
 JOURNAL_NAME = ".journal.json"
 _RECORD_OVERHEAD = 64  # proto keys, shape and TFRecord framing per example, roughly
@@ -143,7 +143,7 @@ def write_shards(
 
 
 def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
-    from tasks.core.process import import_tensorflow
+    from tfscale.tasks.core.process import import_tensorflow
 
     import_tensorflow()  # only when a shard is written: an up-to-date prepare needs none
     import tensorflow as tf

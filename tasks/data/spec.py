@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core.label_kinds import KINDS
+from tfscale.tasks.core.label_kinds import KINDS
 
 IMAGE = "image"  # the feature an image source's examples hold (the original shard format)
 _BYTES = {"uint8": 1, "bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8, "string": 32}

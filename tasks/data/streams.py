@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.label_kinds import comparable, is_zero_one, one_hot_indices, read_kind
-from tasks.data.spec import FeatureSpec, Label
+from tfscale.tasks.core.label_kinds import comparable, is_zero_one, one_hot_indices, read_kind
+from tfscale.tasks.data.spec import FeatureSpec, Label
 
 Chunk = tuple[dict[str, Any], np.ndarray]  # features by name (a row each), labels
 

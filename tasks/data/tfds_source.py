@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.data.datasets import DatasetError, Example, FeatureSpec
-from tasks.settings.config import PrepareConfig
+from tfscale.tasks.data.datasets import DatasetError, Example, FeatureSpec
+from tfscale.tasks.settings.config import PrepareConfig
 
 
 @dataclass
@@ -114,7 +114,7 @@ def _stream_source(builder: Any, cfg: PrepareConfig) -> Any:
     split split by `cfg.test_fraction`."""
     import tensorflow_datasets as tfds
 
-    from tasks.data.user_sources import datasets_source
+    from tfscale.tasks.data.user_sources import datasets_source
 
     features = builder.info.features
     keys = builder.info.supervised_keys

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.user_code import fingerprint, is_function_ref, load_function, one_line
-from tasks.data.blanks import checked
-from tasks.data.datasets import DatasetError
-from tasks.data.spec import IMAGE, Feature, FeatureSpec
-from tasks.data.streams import Chunk, LabelCoding, StreamSource, label_coding, test_rows
-from tasks.settings.config import PrepareConfig
+from tfscale.tasks.core.user_code import fingerprint, is_function_ref, load_function, one_line
+from tfscale.tasks.data.blanks import checked
+from tfscale.tasks.data.datasets import DatasetError
+from tfscale.tasks.data.spec import IMAGE, Feature, FeatureSpec
+from tfscale.tasks.data.streams import Chunk, LabelCoding, StreamSource, label_coding, test_rows
+from tfscale.tasks.settings.config import PrepareConfig
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 ARRAY_SUFFIXES = (".npz",)
@@ -50,7 +50,7 @@ def user_source(cfg: PrepareConfig) -> StreamSource:
 
 
 def _file_version(path: Path) -> str:
-    from tasks.data.manifest import sha256_of
+    from tfscale.tasks.data.manifest import sha256_of
 
     return sha256_of(path)[:16]
 
@@ -396,7 +396,7 @@ def source_fingerprint(cfg: PrepareConfig) -> str:
     """What the user's data is made of, for a cached prepare to key on beside the config: a
     table's or an .npz's sha256; a function's module file's (the data it reads elsewhere
     is not seen: `tfscale prepare` itself reads it afresh). Empty for the other sources."""
-    from tasks.data.manifest import sha256_of
+    from tfscale.tasks.data.manifest import sha256_of
 
     dataset = cfg.dataset
     if is_user_file(dataset) and Path(dataset).is_file():
@@ -408,7 +408,7 @@ def pipeline_source(cfg: PrepareConfig) -> StreamSource:
     """A function returning a finite `tf.data.Dataset` of `(features, label)` (features a
     tensor or a dict of them) or of dicts holding the label under `cfg.label`; or a dict
     of such datasets by split (`train`, `test`)."""
-    from tasks.data.datasets import dataset_slug
+    from tfscale.tasks.data.datasets import dataset_slug
 
     function, file = load_function(cfg.dataset, "dataset", DatasetError)
     datasets = _made(function, cfg)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.core.internals import cluster_resolver_of
-from tasks.core.process import wait_for_peers_at_exit
+from tfscale.tasks.core.internals import cluster_resolver_of
+from tfscale.tasks.core.process import wait_for_peers_at_exit
 
 
 def replicas_of(kind: Any, strategy: Any) -> tuple[int, int]:
@@ -40,7 +40,7 @@ def build_one_device(choice: Any, resolver: Any = None, timeout_s: float = 60.0)
 def build_mirrored(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
-    from tasks.core.process import logical_cpus
+    from tfscale.tasks.core.process import logical_cpus
 
     if tf.config.list_physical_devices("GPU"):
         return _mirrored_on_gpus()
@@ -91,7 +91,7 @@ def build_multi_worker(choice: Any, resolver: Any = None, timeout_s: float = 60.
 def build_parameter_server(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -> Any:
     import tensorflow as tf
 
-    from tasks.core.process import fail_fast_rpcs
+    from tfscale.tasks.core.process import fail_fast_rpcs
 
     fail_fast_rpcs()
     resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UsageError, UserError
-from tasks.core.process import set_up_worker
-from tasks.core.run_layout import METRICS
-from tasks.distribute.hardware import ClusterInfo, slurm_task_cpus
-from tasks.settings.kinds import StrategyKind
+from tfscale.tasks.core.errors import UsageError, UserError
+from tfscale.tasks.core.process import set_up_worker
+from tfscale.tasks.core.run_layout import METRICS
+from tfscale.tasks.distribute.hardware import ClusterInfo, slurm_task_cpus
+from tfscale.tasks.settings.kinds import StrategyKind
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def evaluate_checkpoints(
     """
     import tensorflow as tf
 
-    from tasks.core.files import write_json_atomic
+    from tfscale.tasks.core.files import write_json_atomic
 
     model = build_model()
     step = tf.Variable(0, dtype=tf.int64)

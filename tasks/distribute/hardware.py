@@ -9,7 +9,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tasks.core.errors import UsageError
+from tfscale.tasks.core.errors import UsageError
 
 CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
 TPU_HINTS = ("TPU_NAME", "TPU_WORKER_ID", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_ACCELERATOR_TYPE")

@@ -21,13 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UsageError, UserError
-from tasks.core.network import free_ports
-from tasks.distribute.cluster import EXIT_PREEMPTED
+from tfscale.tasks.core.errors import UsageError, UserError
+from tfscale.tasks.core.network import free_ports
+from tfscale.tasks.distribute.cluster import EXIT_PREEMPTED
 
 # the entry point each worker process runs: a module of a higher layer, named here and
 # bound late (tests/test_layout.py checks that it exists and reads the name as an import)
-WORKER_MODULE = "flows.worker"
+WORKER_MODULE = "tfscale.flows.worker"
 
 POLL_S = 0.5
 
@@ -69,7 +69,7 @@ def launch_workers(
         addresses = [f"localhost:{p}" for p in free_ports(workers)]
         _run_workers(spec_path, addresses, run_dir, timeout_s, pin_cores, _popen_here)
         return
-    from tasks.distribute import netlab
+    from tfscale.tasks.distribute import netlab
 
     why_not = netlab.available()
     if why_not:
@@ -110,9 +110,7 @@ def _run_workers(
             env["TFSCALE_PIN_CORE"] = str(index % (os.cpu_count() or 1))
         log_path = run_dir / f"worker-{index}.log"
         logs.append(log_path)
-        # -P: the working directory is not put first on the path, where a user's own
-        # `tasks` or `flows` module would stand in for tfscale's
-        argv = [sys.executable, "-P", "-m", WORKER_MODULE, str(spec_path)]
+        argv = [sys.executable, "-m", WORKER_MODULE, str(spec_path)]
         with open(log_path, "w") as log:
             procs.append(popen(index, argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     _wait(procs, logs, timeout_s)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import tensorflow as tf
 
-from tasks.core.network import free_ports
+from tfscale.tasks.core.network import free_ports
 
 
 @contextmanager

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.core.provenance import code_version
-from tasks.core.run_layout import METRICS
-from tasks.core.user_code import model_fingerprint
-from tasks.data.manifest import Manifest, load_manifest
-from tasks.distribute.hardware import HardwareReport, report_from_dict
-from tasks.distribute.strategy import StrategyChoice
-from tasks.settings.config import Config, TrainConfig, config_from_dict, config_to_dict
-from tasks.settings.kinds import LOCAL_WORKERS
+from tfscale.tasks.core.provenance import code_version
+from tfscale.tasks.core.run_layout import METRICS
+from tfscale.tasks.core.user_code import model_fingerprint
+from tfscale.tasks.data.manifest import Manifest, load_manifest
+from tfscale.tasks.distribute.hardware import HardwareReport, report_from_dict
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.settings.config import Config, TrainConfig, config_from_dict, config_to_dict
+from tfscale.tasks.settings.kinds import LOCAL_WORKERS
 
 
 @dataclass(frozen=True)

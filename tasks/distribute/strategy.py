@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks.core.errors import UsageError
-from tasks.distribute.hardware import HardwareReport
-from tasks.settings.config import TrainConfig
-from tasks.settings.kinds import BASELINE, StrategyKind, kind_of, shape_text
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.distribute.hardware import HardwareReport
+from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.settings.kinds import BASELINE, StrategyKind, kind_of, shape_text
 
 
 @dataclass(frozen=True)

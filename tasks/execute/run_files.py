@@ -14,13 +14,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks.core.errors import MissingInput
-from tasks.core.files import atomic_path, write_json_atomic
-from tasks.core.run_layout import EXPORTED_METRICS, LATEST, METRICS
-from tasks.train.result import TrainResult
+from tfscale.tasks.core.errors import MissingInput
+from tfscale.tasks.core.files import atomic_path, write_json_atomic
+from tfscale.tasks.core.run_layout import EXPORTED_METRICS, LATEST, METRICS
+from tfscale.tasks.train.result import TrainResult
 
 if TYPE_CHECKING:
-    from tasks.distribute.run import Run
+    from tfscale.tasks.distribute.run import Run
 
 
 def latest_run(runs_dir: str, dataset: str) -> dict:
@@ -109,7 +109,7 @@ def export_run(result: TrainResult, export_dir: Path) -> None:
     checks the model file's digest) instead of evaluating it again."""
     import csv
 
-    from tasks.train.evaluation import RECORDED
+    from tfscale.tasks.train.evaluation import RECORDED
 
     export_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(result.run_dir)

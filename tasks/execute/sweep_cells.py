@@ -10,8 +10,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.settings.config import Config, ConfigError
-from tasks.settings.kinds import BASELINE, kind_of
+from tfscale.tasks.settings.config import Config, ConfigError
+from tfscale.tasks.settings.kinds import BASELINE, kind_of
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def cell_devices(config: Config, report: Any) -> int:
 def train_cell(run: Any, host: str) -> dict[str, Any]:
     """One cell trained and diagnosed: the figures its row and child run take, and the
     host that trained it."""
-    from tasks.execute.trainings import train_and_diagnose
+    from tfscale.tasks.execute.trainings import train_and_diagnose
 
     result, diagnosis = train_and_diagnose(run, probe_steps=10)
     return dict(

@@ -20,22 +20,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UsageError
-from tasks.core.files import write_json_atomic
-from tasks.core.progress import EpochWatcher, epoch_score, status
-from tasks.core.run_layout import METRICS
-from tasks.core.run_lock import hold
-from tasks.core.user_code import model_fingerprint
-from tasks.distribute.run import Role, Run
-from tasks.execute.run_files import write_metrics
-from tasks.measure.autotune import Settled, settle
-from tasks.measure.diagnosis import Diagnosis, diagnose_in_place, diagnose_run, format_diagnosis
-from tasks.measure.in_place import InPlaceProbes, probe_in_place
-from tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
-from tasks.train.result import TrainResult, timed_epochs
-from tasks.train.to_target import ToTarget
-from tasks.train.training import train_model
-from tasks.train.user_models import (
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.progress import EpochWatcher, epoch_score, status
+from tfscale.tasks.core.run_layout import METRICS
+from tfscale.tasks.core.run_lock import hold
+from tfscale.tasks.core.user_code import model_fingerprint
+from tfscale.tasks.distribute.run import Role, Run
+from tfscale.tasks.execute.run_files import write_metrics
+from tfscale.tasks.measure.autotune import Settled, settle
+from tfscale.tasks.measure.diagnosis import (
+    Diagnosis,
+    diagnose_in_place,
+    diagnose_run,
+    format_diagnosis,
+)
+from tfscale.tasks.measure.in_place import InPlaceProbes, probe_in_place
+from tfscale.tasks.settings.kinds import COORDINATOR, LOCAL_WORKERS
+from tfscale.tasks.train.result import TrainResult, timed_epochs
+from tfscale.tasks.train.to_target import ToTarget
+from tfscale.tasks.train.training import train_model
+from tfscale.tasks.train.user_models import (
     ModelError,
     check_user_model,
     is_user_model,
@@ -134,7 +139,7 @@ def _train_where_chosen(run: Run, probe_steps: int) -> TrainResult:
     if run.choice.spec.runs == LOCAL_WORKERS:
         return _train_local_workers(run, probe_steps)
     if run.choice.spec.runs == COORDINATOR:
-        from tasks.distribute.ps_cluster import in_process_cluster
+        from tfscale.tasks.distribute.ps_cluster import in_process_cluster
 
         with in_process_cluster(run.choice.workers) as resolver:
             return train_and_probe(run, probe_steps, resolver)
@@ -143,7 +148,7 @@ def _train_where_chosen(run: Run, probe_steps: int) -> TrainResult:
 
 def _train_as_task(run: Run, probe_steps: int = 0) -> TrainResult:
     """This task's part of a cluster's training: preemptible, and a lost peer is named."""
-    from tasks.distribute.cluster import lost_task
+    from tfscale.tasks.distribute.cluster import lost_task
 
     cluster = run.report.cluster
     run = run.with_role(Role(chief=cluster.is_chief, preemptible=True))
@@ -162,10 +167,10 @@ def _train_as_task(run: Run, probe_steps: int = 0) -> TrainResult:
 def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
     """The evaluator task: each new checkpoint of the chief's run, evaluated on the test
     split as it appears (`evaluator.json` in the run directory)."""
-    from tasks.core.process import use_precision
-    from tasks.distribute.cluster import evaluate_checkpoints
-    from tasks.train.evaluation import evaluate_keras_model
-    from tasks.train.models import model_for_data
+    from tfscale.tasks.core.process import use_precision
+    from tfscale.tasks.distribute.cluster import evaluate_checkpoints
+    from tfscale.tasks.train.evaluation import evaluate_keras_model
+    from tfscale.tasks.train.models import model_for_data
 
     use_precision(run.choice.precision)
     manifest = run.manifest
@@ -187,8 +192,8 @@ def evaluate_as_sidecar(run: Run) -> list[dict[str, float]]:
 def settle_auto(run: Run, *, for_study: bool = False) -> tuple[Run, Settled]:
     """`run` with what its config left to `auto` chosen by measuring the candidates on its
     own model and data (`tasks.measure.autotune`), or as proposed when there is one candidate."""
-    from tasks.measure.probes import time_candidates
-    from tasks.train.stage_plan import fit_to_memory
+    from tfscale.tasks.measure.probes import time_candidates
+    from tfscale.tasks.train.stage_plan import fit_to_memory
 
     _check_model(run)  # before anything is measured
     run = _precision_that_runs(run)
@@ -324,7 +329,7 @@ def trained_line(result: TrainResult) -> str:
 def _train_local_workers(run: Run, probe_steps: int = 0) -> TrainResult:
     import os
 
-    from tasks.distribute.launch import launch_workers
+    from tfscale.tasks.distribute.launch import launch_workers
 
     cores = os.cpu_count() or 1
     workers, run_dir = run.choice.workers, run.run_dir

@@ -40,16 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.files import write_json_atomic
-from tasks.core.progress import status
-from tasks.core.provenance import code_version
-from tasks.core.user_code import model_fingerprint
-from tasks.data.manifest import Manifest
-from tasks.distribute.hardware import HardwareReport
-from tasks.distribute.strategy import StrategyChoice
-from tasks.measure.rounds import Spread
-from tasks.settings.config import DEFAULT_BATCH, TrainConfig
-from tasks.settings.kinds import BASELINE
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.progress import status
+from tfscale.tasks.core.provenance import code_version
+from tfscale.tasks.core.user_code import model_fingerprint
+from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.hardware import HardwareReport
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.measure.rounds import Spread
+from tfscale.tasks.settings.config import DEFAULT_BATCH, TrainConfig
+from tfscale.tasks.settings.kinds import BASELINE
 
 log = logging.getLogger(__name__)
 # timed rounds (after a warm-up round) of up to this many steps each: of two candidates of

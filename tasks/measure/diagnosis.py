@@ -15,14 +15,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from tasks.data.manifest import Manifest
-from tasks.distribute.strategy import StrategyChoice
-from tasks.measure.in_place import InPlaceProbes
-from tasks.measure.pipeline_probes import StageProbes, classify_stages, measure_stages
-from tasks.measure.probes import RoundRates, Transform, measure_rounds
-from tasks.measure.rounds import RoundsEnded, Spread
-from tasks.settings.config import TrainConfig
-from tasks.train.training import batch_sizes
+from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.measure.in_place import InPlaceProbes
+from tfscale.tasks.measure.pipeline_probes import StageProbes, classify_stages, measure_stages
+from tfscale.tasks.measure.probes import RoundRates, Transform, measure_rounds
+from tfscale.tasks.measure.rounds import RoundsEnded, Spread
+from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.train.training import batch_sizes
 
 OVERHEAD_STEP_S = 0.004  # below this per step, dispatch and sync costs dominate
 INPUT_SLACK = 0.85  # end-to-end below this share of compute-only: something else holds it

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tasks.distribute.run import Run
-from tasks.measure.timing import (
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.measure.timing import (
     SUM,
     all_reduce_by_size,
     all_reduce_seconds,
@@ -38,8 +38,8 @@ from tasks.measure.timing import (
     input_only_rate,
     seconds_per_call,
 )
-from tasks.train.steps import input_context_of
-from tasks.train.training import TrainingSetup, local_copy, train_dataset_fn
+from tfscale.tasks.train.steps import input_context_of
+from tfscale.tasks.train.training import TrainingSetup, local_copy, train_dataset_fn
 
 
 @dataclass(frozen=True)

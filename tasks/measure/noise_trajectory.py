@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.train.noise_estimates import (
+from tfscale.tasks.train.noise_estimates import (
     Gain,
     NoiseScale,
     planned_gain,

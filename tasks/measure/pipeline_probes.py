@@ -18,13 +18,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.data.manifest import Manifest
-from tasks.distribute.strategy import StrategyChoice
-from tasks.settings.config import TrainConfig
-from tasks.train.gpipe import pipeline_step
-from tasks.train.stage_models import stage_models
-from tasks.train.stage_plan import schedule_bubble
-from tasks.train.training import set_up_training, train_dataset_fn
+from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.train.gpipe import pipeline_step
+from tfscale.tasks.train.stage_models import stage_models
+from tfscale.tasks.train.stage_plan import schedule_bubble
+from tfscale.tasks.train.training import set_up_training, train_dataset_fn
 
 IMBALANCE = 1.4  # the heaviest stage over the mean stage: the cut is uneven (1.4: the stages
 # could run 1.4x as fast balanced; two stages split 3:1, as a cut before the logits layer

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from tasks.core.machine_load import Interference, LoadWatch
-from tasks.core.progress import RoundsProgress
-from tasks.data.manifest import Manifest
-from tasks.distribute.strategy import StrategyChoice, baseline_choice
-from tasks.measure import autotune
-from tasks.measure.autotune import Candidate, Timed
-from tasks.measure.rounds import (
+from tfscale.tasks.core.machine_load import Interference, LoadWatch
+from tfscale.tasks.core.progress import RoundsProgress
+from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.strategy import StrategyChoice, baseline_choice
+from tfscale.tasks.measure import autotune
+from tfscale.tasks.measure.autotune import Candidate, Timed
+from tfscale.tasks.measure.rounds import (
     MIN_BLOCK_STEPS,
     Settling,
     Spread,
@@ -44,9 +44,14 @@ from tasks.measure.rounds import (
     ratio_95,
     ratio_interval,
 )
-from tasks.measure.timing import all_reduce_by_size, gradient_bytes
-from tasks.settings.config import TrainConfig
-from tasks.train.training import TrainingSetup, batch_sizes, set_up_training, train_dataset_fn
+from tfscale.tasks.measure.timing import all_reduce_by_size, gradient_bytes
+from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.train.training import (
+    TrainingSetup,
+    batch_sizes,
+    set_up_training,
+    train_dataset_fn,
+)
 
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
 # timed rounds (after one warm-up round): in three sets of five default runs, the medians of

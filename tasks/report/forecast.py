@@ -44,7 +44,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.core.errors import UsageError
+from tfscale.tasks.core.errors import UsageError
 
 # Link presets in Gbit/s per direction, as their specifications give them (README cites
 # each source). PCIe: x16 slots, after line coding.
@@ -72,7 +72,7 @@ class ForecastError(UsageError, ValueError):
 def link_named(text: str) -> tuple[str, float]:
     """`--link`: a preset's name, a rate in Gbit/s, or the run's own (`MEASURED`), as its
     name and rate (0 for the run's own)."""
-    from tasks.core.errors import UsageError
+    from tfscale.tasks.core.errors import UsageError
 
     if text == MEASURED:
         return MEASURED, 0.0

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tasks.core.run_layout import METRICS
-from tasks.report.forecast import (
+from tfscale.tasks.core.run_layout import METRICS
+from tfscale.tasks.report.forecast import (
     MEASURED,
     CostModel,
     Forecast,
@@ -44,8 +44,8 @@ def with_time_to_target(
     none."""
     import dataclasses
 
-    from tasks.core.errors import UsageError
-    from tasks.report.plan import pricing_of
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.report.plan import pricing_of
 
     target = metrics.get("to_target") or {}
     m = predicted.model
@@ -128,7 +128,7 @@ def plot_forecast(predicted: Forecast, out_dir: Any) -> list[Any]:
     """Speedup and efficiency against workers, one line per link, the ideal dashed."""
     from pathlib import Path
 
-    from tasks.core.plots import pyplot
+    from tfscale.tasks.core.plots import pyplot
 
     plt = pyplot()
     paths = []
@@ -172,7 +172,7 @@ def probed_run(runs_dir: str, dataset: str, run_dir: str | None = None) -> Any:
     import json
     from pathlib import Path
 
-    from tasks.core.errors import MissingInput
+    from tfscale.tasks.core.errors import MissingInput
 
     make = (
         f"run 'tfscale run' (a Mirrored or multi-worker run) or 'tfscale train --dataset "
@@ -209,7 +209,7 @@ def forecast_run(
     import json
     from pathlib import Path
 
-    from tasks.core.files import write_json_atomic
+    from tfscale.tasks.core.files import write_json_atomic
 
     metrics = json.loads((Path(run_dir) / METRICS).read_text())
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))

@@ -24,16 +24,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.core.errors import UsageError
-from tasks.measure.noise_trajectory import (
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.measure.noise_trajectory import (
     Trajectory,
     interval_text,
     predicted_steps_to,
     split_examples,
     trajectory,
 )
-from tasks.report.forecast import MEASURED, fit_cost_model
-from tasks.train.noise_estimates import (
+from tfscale.tasks.report.forecast import MEASURED, fit_cost_model
+from tfscale.tasks.train.noise_estimates import (
     FACTOR_BOUND,
     NOT_EXPLAINED,
     Gain,
@@ -47,7 +47,7 @@ from tasks.train.noise_estimates import (
     step_progress,
     two_point_noise,
 )
-from tasks.train.to_target import SEED_SPREAD, Target, resampled_mean, target_text
+from tfscale.tasks.train.to_target import SEED_SPREAD, Target, resampled_mean, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # the fewest optimizer steps an epoch a priced global batch leaves: a batch that is a large

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.core.fields import PARAM
-from tasks.execute.sweep_cells import Cell
+from tfscale.tasks.core.fields import PARAM
+from tfscale.tasks.execute.sweep_cells import Cell
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def forecast_lines(cells: list[Cell], results: list[dict]) -> dict[tuple, list[A
     forecast. Speedups are against the group's measured 1-replica cell, as the measured
     points' are (1 at one replica). A group with no such probed cell (parameter-server
     cells) has none."""
-    from tasks.report.forecast import MEASURED, fit_cost_model, forecast
+    from tfscale.tasks.report.forecast import MEASURED, fit_cost_model, forecast
 
     base = baselines(cells, results)
     sources: dict[tuple, tuple[Cell, dict]] = {}
@@ -203,7 +203,11 @@ def critical_batches(table: list[SweepRow], results: list[dict]) -> list[Critica
     """The critical batch of every group of cells (dataset, scaling, precision) that reached
     the target at three or more global batches; a group whose steps do not fall as the
     batch grows is left out."""
-    from tasks.measure.noise_trajectory import fit_steps_hyperbola, split_examples, trajectory
+    from tfscale.tasks.measure.noise_trajectory import (
+        fit_steps_hyperbola,
+        split_examples,
+        trajectory,
+    )
 
     groups: dict[tuple, list[tuple[SweepRow, dict]]] = {}
     for row, result in zip(table, results, strict=True):
@@ -247,7 +251,7 @@ def _rounds_speedup(result: dict) -> Any:
     """A cell's speedup over one device measured in alternating rounds by its diagnosis (a
     cell of several replicas in this process), or None (its speedup then divides its
     training's examples/s by its group's 1-replica cell's)."""
-    from tasks.measure.probes import RoundRates
+    from tfscale.tasks.measure.probes import RoundRates
 
     rounds = (result.get("diagnosis") or {}).get("rounds")
     return RoundRates(**rounds).speedup if rounds else None
@@ -282,7 +286,7 @@ def write_outputs(
 def plot_links(rows: list[dict], path: Path) -> Path:
     """Speedup against the link rate (slowest left, full speed right): one line per group
     and replica count, measured (solid) and forecast (dotted)."""
-    from tasks.core.plots import pyplot
+    from tfscale.tasks.core.plots import pyplot
 
     plt = pyplot()
     linked = [r for r in rows if r["link_gbit"] is not None]
@@ -350,7 +354,7 @@ def plot(rows: list[dict], metric: str, path: Path, forecasts: dict | None = Non
     """`metric` against replicas, one line per group and link (each group's 1-replica point
     on each of its lines), each line's forecast dotted over its measured points (to
     FORECAST_UP_TO replicas), the ideal dashed."""
-    from tasks.core.plots import pyplot
+    from tfscale.tasks.core.plots import pyplot
 
     plt = pyplot()
     forecasts = forecasts or {}

@@ -9,26 +9,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.core.fields import EACH, PARAM, UNTRACKED, tracked_as
-from tasks.core.files import write_json_atomic
-from tasks.core.provenance import code_version
-from tasks.core.run_layout import METRICS
-from tasks.distribute.run import Run
-from tasks.execute.run_files import load_exported
-from tasks.measure.autotune import TIMED_IN
-from tasks.measure.diagnosis import Diagnosis
-from tasks.measure.probes import RoundRates
-from tasks.measure.rounds import RoundsEnded, Spread, interval_95, least_rounds
-from tasks.report.target_comparison import (
+from tfscale.tasks.core.fields import EACH, PARAM, UNTRACKED, tracked_as
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.provenance import code_version
+from tfscale.tasks.core.run_layout import METRICS
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.execute.run_files import load_exported
+from tfscale.tasks.measure.autotune import TIMED_IN
+from tfscale.tasks.measure.diagnosis import Diagnosis
+from tfscale.tasks.measure.probes import RoundRates
+from tfscale.tasks.measure.rounds import RoundsEnded, Spread, interval_95, least_rounds
+from tfscale.tasks.report.target_comparison import (
     NO_TARGET,
     ONE_SEED_UNDECIDED,
     SEED_SPREAD_ASSUMED,
     target_figures,
 )
-from tasks.settings.kinds import SpreadOver, shape_text
-from tasks.train.evaluation import EvalResult
-from tasks.train.result import TrainResult
-from tasks.train.to_target import SEED_SPREAD_HIGHEST, target_text
+from tfscale.tasks.settings.kinds import SpreadOver, shape_text
+from tfscale.tasks.train.evaluation import EvalResult
+from tfscale.tasks.train.result import TrainResult
+from tfscale.tasks.train.to_target import SEED_SPREAD_HIGHEST, target_text
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ def plot_speedup(
     summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult, path: Path
 ) -> Path:
     """The speedup chart (`speedup_figure`) as a PNG at `path`."""
-    from tasks.core.plots import pyplot
+    from tfscale.tasks.core.plots import pyplot
 
     fig = speedup_figure(summary, baseline, distributed)
     fig.savefig(path, dpi=100)
@@ -505,7 +505,7 @@ def plot_speedup(
 def speedup_figure(summary: ScalingSummary, baseline: TrainResult, distributed: TrainResult) -> Any:
     """Throughput bars with the ideal (linear) line, and per-epoch throughput curves; every
     label inside the figure (`tasks.core.plots.texts_outside`)."""
-    from tasks.core.plots import pyplot
+    from tfscale.tasks.core.plots import pyplot
 
     plt = pyplot()
 
@@ -655,7 +655,7 @@ def _split(summary: ScalingSummary) -> str:
 
 def study_record(run: Run) -> dict:
     """What a scaling study is about, as JSON-ready dicts, before any training."""
-    from tasks.settings.config import config_to_dict
+    from tfscale.tasks.settings.config import config_to_dict
 
     return {
         "config": config_to_dict(run.config),
@@ -725,7 +725,7 @@ def _study_files(
 ) -> dict[str, Path]:
     """The evaluation and the speedup chart, written beside the distributed model, with
     the trainings' metrics and the diagnosis already there."""
-    from tasks.train.evaluation import write_evaluation
+    from tfscale.tasks.train.evaluation import write_evaluation
 
     baseline, distributed = trainings
     out_dir = Path(distributed.run_dir)
@@ -752,8 +752,8 @@ def _with_forecast(
     if not distributed.probes.get("comm_s_by_bytes"):
         return summary, {}
     out_dir = Path(distributed.run_dir)
-    from tasks.report.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics
-    from tasks.report.forecast_report import forecast_run, headline
+    from tfscale.tasks.report.forecast import DEFAULT_WORKERS, RUN_PRESETS, forecast_metrics
+    from tfscale.tasks.report.forecast_report import forecast_run, headline
 
     study = dataclasses.asdict(summary)  # its baseline calibrates the rule's rate
     predicted, written = forecast_run(

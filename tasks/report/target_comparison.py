@@ -9,16 +9,16 @@ import math
 import random
 from typing import TYPE_CHECKING, Any
 
-from tasks.measure.noise_trajectory import (
+from tfscale.tasks.measure.noise_trajectory import (
     RuleSteps,
     interval_text,
     rule_steps,
     split_examples,
     trajectory,
 )
-from tasks.measure.rounds import Spread
-from tasks.train.noise_estimates import efficiency, is_adaptive
-from tasks.train.to_target import (
+from tfscale.tasks.measure.rounds import Spread
+from tfscale.tasks.train.noise_estimates import efficiency, is_adaptive
+from tfscale.tasks.train.to_target import (
     SEED_SPREAD,
     SEED_SPREAD_HIGHEST,
     SEED_SPREAD_LOWEST,
@@ -29,7 +29,7 @@ from tasks.train.to_target import (
 )
 
 if TYPE_CHECKING:  # the training module imports TensorFlow, which `tfscale plan` never needs
-    from tasks.train.result import TrainResult
+    from tfscale.tasks.train.result import TrainResult
 
 DRAWS = 2000  # the interval's draws
 

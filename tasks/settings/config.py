@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from tasks.core.errors import UsageError
-from tasks.settings.kinds import KINDS, sweep_kinds
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.settings.kinds import KINDS, sweep_kinds
 
 DEFAULT_PARAMS = Path("params.yaml")
 # the per-replica batch a run takes when `train.batch_size_per_replica: auto` is not settled
@@ -401,7 +401,7 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
 
 def _model_form(value: str) -> bool:
     """A built-in model's name, a function reference, or a `.keras` path."""
-    from tasks.core.user_code import FUNCTION
+    from tfscale.tasks.core.user_code import FUNCTION
 
     if value in ("mlp", "cnn", "resnet", "embedding") or value.endswith(".keras"):
         return True

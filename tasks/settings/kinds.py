@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.core.errors import UsageError
+from tfscale.tasks.core.errors import UsageError
 
 HERE = "this process"
 LOCAL_WORKERS = "local worker processes"
@@ -44,7 +44,7 @@ class StrategyKind:
     count_replicas: Callable[[int, int, int], int]  # (requested replicas, gpus, workers)
     build: Callable[..., Any]  # (choice, resolver, collective timeout s) -> tf.distribute.Strategy
     # (strategy, model, optimizer, dataset_fn, accumulation steps, examples per step)
-    epoch_runner: Callable[..., Any] = _later("tasks.train.steps", "make_epoch_runner")
+    epoch_runner: Callable[..., Any] = _later("tfscale.tasks.train.steps", "make_epoch_runner")
     takes_workers: bool = False  # its worker count comes from --workers or the cluster
     all_reduce: bool = False  # replicas all-reduce gradients (NCCL on GPUs)
     cross_process: bool = False  # its collectives cross processes (RING on CPUs)
@@ -124,7 +124,7 @@ KINDS: dict[str, StrategyKind] = {
             "one_device",
             HERE,
             lambda replicas, gpus, workers: 1,
-            _later("tasks.distribute.builders", "build_one_device"),
+            _later("tfscale.tasks.distribute.builders", "build_one_device"),
             records_noise=True,
             evaluated_after=True,
             keras_fit=True,
@@ -133,7 +133,7 @@ KINDS: dict[str, StrategyKind] = {
             "mirrored",
             HERE,
             lambda replicas, gpus, workers: gpus if gpus > 1 else replicas,
-            _later("tasks.distribute.builders", "build_mirrored"),
+            _later("tfscale.tasks.distribute.builders", "build_mirrored"),
             all_reduce=True,
             in_sweep=True,
             records_noise=True,
@@ -144,7 +144,7 @@ KINDS: dict[str, StrategyKind] = {
             "multi_worker",
             LOCAL_WORKERS,
             lambda replicas, gpus, workers: workers * max(gpus, 1),
-            _later("tasks.distribute.builders", "build_multi_worker"),
+            _later("tfscale.tasks.distribute.builders", "build_multi_worker"),
             takes_workers=True,
             all_reduce=True,
             cross_process=True,
@@ -156,8 +156,8 @@ KINDS: dict[str, StrategyKind] = {
             "parameter_server",
             COORDINATOR,
             lambda replicas, gpus, workers: workers,
-            _later("tasks.distribute.builders", "build_parameter_server"),
-            epoch_runner=_later("tasks.train.steps", "make_ps_epoch_runner"),
+            _later("tfscale.tasks.distribute.builders", "build_parameter_server"),
+            epoch_runner=_later("tfscale.tasks.train.steps", "make_ps_epoch_runner"),
             takes_workers=True,
             one_worker_per_step=True,
             tasks_serve=True,
@@ -166,7 +166,7 @@ KINDS: dict[str, StrategyKind] = {
             "tpu",
             HERE,
             lambda replicas, gpus, workers: replicas,
-            _later("tasks.distribute.builders", "build_tpu"),
+            _later("tfscale.tasks.distribute.builders", "build_tpu"),
             devices="tpu",
             records_noise=True,
         ),
@@ -174,9 +174,9 @@ KINDS: dict[str, StrategyKind] = {
             "pipeline",
             HERE,
             lambda replicas, gpus, workers: 1,  # one copy of the model, cut across devices
-            _later("tasks.train.stage_models", "build_pipeline"),
-            epoch_runner=_later("tasks.train.gpipe", "make_pipeline_epoch_runner"),
-            place_model=_later("tasks.train.stage_models", "build_staged"),
+            _later("tfscale.tasks.train.stage_models", "build_pipeline"),
+            epoch_runner=_later("tfscale.tasks.train.gpipe", "make_pipeline_epoch_runner"),
+            place_model=_later("tfscale.tasks.train.stage_models", "build_staged"),
             splits="stages",
             in_sweep=True,
         ),
@@ -184,9 +184,9 @@ KINDS: dict[str, StrategyKind] = {
             "tensor_parallel",
             HERE,
             lambda replicas, gpus, workers: 1,  # one copy, its widest layer split by columns
-            _later("tasks.train.stage_models", "build_tensor_parallel"),
-            epoch_runner=_later("tasks.train.gpipe", "make_pipeline_epoch_runner"),
-            place_model=_later("tasks.train.stage_models", "build_column_split"),
+            _later("tfscale.tasks.train.stage_models", "build_tensor_parallel"),
+            epoch_runner=_later("tfscale.tasks.train.gpipe", "make_pipeline_epoch_runner"),
+            place_model=_later("tfscale.tasks.train.stage_models", "build_column_split"),
             splits="columns",
         ),
     )

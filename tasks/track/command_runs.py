@@ -12,11 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks.core.files import write_json_atomic
-from tasks.execute.run_files import TRACKED_AS, study_of, trained_by
-from tasks.settings.config import Config, config_to_dict
-from tasks.track import records
-from tasks.track.tracking import Tracker, choice_params, run_tags, study_params, study_run_name
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.execute.run_files import TRACKED_AS, study_of, trained_by
+from tfscale.tasks.settings.config import Config, config_to_dict
+from tfscale.tasks.track import records
+from tfscale.tasks.track.tracking import (
+    Tracker,
+    choice_params,
+    run_tags,
+    study_params,
+    study_run_name,
+)
 
 
 def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:

@@ -14,12 +14,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.core.fields import fields_by_type
-from tasks.core.run_layout import METRICS
-from tasks.track.tracking import Tracker, rounded, study_params, write_json_artifact
+from tfscale.tasks.core.fields import fields_by_type
+from tfscale.tasks.core.run_layout import METRICS
+from tfscale.tasks.track.tracking import Tracker, rounded, study_params, write_json_artifact
 
 if TYPE_CHECKING:
-    from tasks.report.summary import StudyRecord
+    from tfscale.tasks.report.summary import StudyRecord
 
 
 def log_training(
@@ -72,7 +72,7 @@ def _noise_points(result: Any, now: int) -> list:
     around the average)."""
     from mlflow.entities import Metric
 
-    from tasks.measure.noise_trajectory import split_examples, trajectory
+    from tfscale.tasks.measure.noise_trajectory import split_examples, trajectory
 
     path = trajectory(getattr(result, "gradient_noise", []), examples=split_examples(result))
     curves = {
@@ -139,7 +139,7 @@ def log_study(tracker: Tracker, parent_id: str, record: StudyRecord) -> None:
 def log_forecast(tracker: Tracker, forecast: Any, files: list[Path], source_run_dir: str) -> str:
     """A `forecast` run: the fitted constants and predictions as metrics, the links and
     scaling as params, forecast.json and the charts as artifacts. Returns its id."""
-    from tasks.report.forecast import forecast_metrics
+    from tfscale.tasks.report.forecast import forecast_metrics
 
     run_id = tracker.start_run("forecast", {"source_run_dir": str(source_run_dir)})
     params = {

@@ -37,12 +37,12 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.core.errors import UserError
-from tasks.core.fields import fields_by_type
-from tasks.core.files import write_json_atomic
+from tfscale.tasks.core.errors import UserError
+from tfscale.tasks.core.fields import fields_by_type
+from tfscale.tasks.core.files import write_json_atomic
 
 if TYPE_CHECKING:
-    from tasks.settings.config import TrackConfig
+    from tfscale.tasks.settings.config import TrackConfig
 
 _BATCH = 900  # MLflow takes at most 1000 metrics in one call
 SIGNIFICANT = 4
@@ -192,7 +192,7 @@ class Tracker:
         """
         if not self.uri.startswith(("http://", "https://")):
             return
-        from tasks.core.network import wait_healthy
+        from tfscale.tasks.core.network import wait_healthy
 
         problem = wait_healthy(self.uri.rstrip("/") + "/health", timeout_s, interval_s=1.0)
         if problem is not None:
@@ -243,7 +243,7 @@ class Tracker:
         if not self.local:
             yield
             return
-        from tasks.core.run_lock import waited
+        from tfscale.tasks.core.run_lock import waited
 
         with waited(self.store_dir / STORE_LOCK):
             yield
@@ -263,7 +263,7 @@ class Tracker:
 
         self.check()
         if self.local and not self.database.exists():  # a copy of an empty one (`new_store`)
-            from tasks.track.new_store import seed
+            from tfscale.tasks.track.new_store import seed
 
             with contextlib.suppress(OSError):  # no cache to keep one in: MLflow makes it
                 seed(self.database)
@@ -399,8 +399,8 @@ class Tracker:
         from mlflow.entities import LoggedModelOutput
         from mlflow.models import infer_signature
 
-        from tasks.execute.run_files import trained_by
-        from tasks.train.models import load_trained_model
+        from tfscale.tasks.execute.run_files import trained_by
+        from tfscale.tasks.train.models import load_trained_model
 
         experiment = self.client.get_run(run_id).info.experiment_id
         logged = self.client.create_logged_model(experiment, name="model", source_run_id=run_id)
@@ -649,8 +649,8 @@ def _example_input(model: Any, feature: dict | None = None) -> Any:
     try:
         declared = model.input
     except (AttributeError, ValueError):
-        from tasks.data.spec import FeatureSpec
-        from tasks.train.user_models import example_batch
+        from tfscale.tasks.data.spec import FeatureSpec
+        from tfscale.tasks.train.user_models import example_batch
 
         if feature is None:
             raise

@@ -73,7 +73,7 @@ def table_defaults() -> dict[str, object]:
     view's key in the address. Read from the store the UI serves."""
     from mlflow.server.handlers import _get_tracking_store
 
-    from tasks.track.tracking import VIEW_TAG
+    from tfscale.tasks.track.tracking import VIEW_TAG
 
     defaults: dict[str, object] = {}
     for experiment in _get_tracking_store().search_experiments(max_results=1000):

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.core.process import StopRequest
+    from tfscale.tasks.core.process import StopRequest
 
 
 def server_command(tracker: Any, host: str, port: int) -> tuple[list[str], dict[str, str]]:
@@ -20,7 +20,6 @@ def server_command(tracker: Any, host: str, port: int) -> tuple[list[str], dict[
     uri = tracker.uri
     command = [
         sys.executable,
-        "-P",  # a user's own `tasks` module in the working directory must not stand in
         "-m",
         "mlflow",
         "server",
@@ -52,16 +51,16 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
     it serves point there, whatever the port) and prints its address, the results table and
     the latest study's run. A stop (Ctrl-C, SIGTERM, SIGHUP) stops the server and the record
     goes."""
-    from tasks.core.process import stopped_by_signals
+    from tfscale.tasks.core.process import stopped_by_signals
 
     with stopped_by_signals() as stop:
         return _serve_ui(tracker, subprocess.Popen(command, env=env), base, stop)
 
 
 def _serve_ui(tracker: Any, server: Any, base: str, stop: StopRequest) -> int:
-    from tasks.core.errors import UserError
-    from tasks.core.network import wait_healthy
-    from tasks.track.tracking import forget_serving_ui, record_serving_ui
+    from tfscale.tasks.core.errors import UserError
+    from tfscale.tasks.core.network import wait_healthy
+    from tfscale.tasks.track.tracking import forget_serving_ui, record_serving_ui
 
     try:
         print(f"MLflow UI for {tracker.uri}: starting at {base}", flush=True)

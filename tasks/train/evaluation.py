@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.files import write_json_atomic
-from tasks.data.manifest import Manifest, sha256_of
-from tasks.train.to_target import METRIC_NAMES
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.data.manifest import Manifest, sha256_of
+from tfscale.tasks.train.to_target import METRIC_NAMES
 
 RECORDED = "final_eval.json"
 
@@ -60,7 +60,7 @@ def evaluate_model(
 ) -> EvalResult:
     """Runs the saved model once over every example of `split`, in one process; `source`:
     the function that built it (`train.model`), whose module its custom objects are in."""
-    from tasks.train.models import load_trained_model
+    from tfscale.tasks.train.models import load_trained_model
 
     started = time.perf_counter()
     model = load_trained_model(model_path, source)
@@ -81,10 +81,10 @@ def evaluate_keras_model(
     model alone, its objective read from its compile."""
     import tensorflow as tf
 
-    from tasks.data.inputs import build_dataset
-    from tasks.train.keras_meaning import held_out_losses
-    from tasks.train.model_inputs import as_model_takes
-    from tasks.train.objectives import Built
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.train.keras_meaning import held_out_losses
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.objectives import Built
 
     started = time.perf_counter() if started is None else started
     model, objective = model if isinstance(model, Built) else (model, None)
@@ -117,8 +117,8 @@ def _objective(model: Any, manifest: Manifest) -> Any:
     """The model's objective: read from its compile (a user's model, trained or read back
     from its file), else the label kind's (a built-in model's, as `model_for_data` built
     it with)."""
-    from tasks.train.objectives import Objective
-    from tasks.train.user_models import objective_from
+    from tfscale.tasks.train.objectives import Objective
+    from tfscale.tasks.train.user_models import objective_from
 
     if getattr(model, "compiled", False):
         return objective_from(model, manifest.spec)
@@ -245,7 +245,7 @@ def recorded_or_evaluated(
     result = recorded(model_path, manifest, batch_size)
     if result is not None:
         return result, True
-    from tasks.core.process import import_tensorflow
+    from tfscale.tasks.core.process import import_tensorflow
 
     import_tensorflow()
     return evaluate_model(model_path, manifest, data_dir, batch_size, source=source), False
@@ -264,7 +264,7 @@ def write_evaluation(result: EvalResult, out_dir: Path, class_names: list[str]) 
 
 
 def plot_confusion(matrix: np.ndarray, names: list[str], path: Path) -> None:
-    from tasks.core.plots import pyplot
+    from tfscale.tasks.core.plots import pyplot
 
     plt = pyplot()
 

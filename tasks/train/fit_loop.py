@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.train.objectives import Built, Objective
+from tfscale.tasks.train.objectives import Built, Objective
 
 SCORE = "tfscale_score"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.train.objectives import Built, Objective
-from tasks.train.stage_models import StagedDevices, stage_models
+from tfscale.tasks.train.objectives import Built, Objective
+from tfscale.tasks.train.stage_models import StagedDevices, stage_models
 
 
 def pipeline_step(
@@ -112,7 +112,7 @@ def make_pipeline_epoch_runner(
     `pipeline_step` over `micro_batches x accum_steps` micro-batches."""
     import tensorflow as tf
 
-    from tasks.train.steps import run_in_calls
+    from tfscale.tasks.train.steps import run_in_calls
 
     model, objective = built
     stages = stage_models(model, strategy.plan)

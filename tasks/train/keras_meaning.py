@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.train.objectives import Built
+from tfscale.tasks.train.objectives import Built
 
 
 def _overrides(model: Any, method: str) -> bool:

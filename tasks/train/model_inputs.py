@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tasks.data.spec import FeatureSpec
+from tfscale.tasks.data.spec import FeatureSpec
 
 BUILT_IN_IMAGE_MODELS = ("cnn", "resnet", "mlp", "embedding")  # they take images in [0, 1]
 

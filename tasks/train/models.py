@@ -11,10 +11,10 @@ from typing import Any
 import keras
 from keras import layers
 
-from tasks.core.errors import UsageError, UserError, system_error
-from tasks.data.spec import Feature, FeatureSpec
-from tasks.train.objectives import Built, Objective
-from tasks.train.user_models import is_user_model, user_model
+from tfscale.tasks.core.errors import UsageError, UserError, system_error
+from tfscale.tasks.data.spec import Feature, FeatureSpec
+from tfscale.tasks.train.objectives import Built, Objective
+from tfscale.tasks.train.user_models import is_user_model, user_model
 
 
 def load_trained_model(path: str, source: str = "") -> keras.Model:
@@ -24,7 +24,7 @@ def load_trained_model(path: str, source: str = "") -> keras.Model:
     its custom layers, losses and models load, registered with Keras or not."""
     import zipfile
 
-    import tasks.train.steps  # noqa: F401  (registers WarmupSchedule)
+    import tfscale.tasks.train.steps  # noqa: F401  (registers WarmupSchedule)
 
     custom = users_objects(source)
     try:
@@ -51,7 +51,7 @@ def users_objects(source: str) -> dict[str, Any]:
     """The Keras classes (layers, models, losses, metrics) of the user's module whose
     function `source` names, imported now; none for a built-in or a saved file, or where
     the module is not there (Keras then names the class it cannot find)."""
-    from tasks.core.user_code import is_function_ref, load_function
+    from tfscale.tasks.core.user_code import is_function_ref, load_function
 
     if not source or not is_function_ref(source):
         return {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from tasks.data.spec import Label
+from tfscale.tasks.data.spec import Label
 
 # metric names whose lower values are better (errors and losses); any other is higher-better
 _LOWER = ("loss", "error", "crossentropy", "hinge", "divergence", "poisson", "logcosh")

@@ -14,7 +14,7 @@ from typing import Any
 
 import keras
 
-from tasks.train.steps import FusedAdam, NoiseAtAllReduce
+from tfscale.tasks.train.steps import FusedAdam, NoiseAtAllReduce
 
 _RECORDING: dict[type, type] = {}
 

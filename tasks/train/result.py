@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.core.fields import PARAM, tracked_as
-from tasks.settings.kinds import SpreadOver
+from tfscale.tasks.core.fields import PARAM, tracked_as
+from tfscale.tasks.settings.kinds import SpreadOver
 
 
 @dataclass(frozen=True)

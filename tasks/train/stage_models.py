@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core.errors import UsageError
-from tasks.train.stage_plan import StagePlan, graph_of, plan_stages
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.train.stage_plan import StagePlan, graph_of, plan_stages
 
 
 def stage_models(model: Any, plan: StagePlan) -> list[Any]:
@@ -61,7 +61,7 @@ def build_pipeline(choice: Any, resolver: Any = None, timeout_s: float = 60.0) -
     (a GPU each, else a logical CPU each) and micro-batches."""
     import tensorflow as tf
 
-    from tasks.core.process import logical_cpus
+    from tfscale.tasks.core.process import logical_cpus
 
     gpus = tf.config.list_logical_devices("GPU")
     devices = [g.name for g in gpus] if gpus else logical_cpus(choice.stages)
@@ -113,7 +113,7 @@ def build_column_split(
     import keras
     import numpy as np
 
-    from tasks.train.models import ColumnSplitDense
+    from tfscale.tasks.train.models import ColumnSplitDense
 
     whole = build()
     target = widest_dense(whole)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks.core.errors import UsageError
+from tfscale.tasks.core.errors import UsageError
 
 OPTIMIZER_SLOTS = 2  # Adam: first and second moments, each the size of the weights
 
@@ -266,7 +266,7 @@ def batches_that_fit(
 ) -> tuple[int, ...]:
     """The per-replica batches at which the whole model (weights, Adam's slots and the
     activations kept for backward, `footprint`) fits a device of `device_memory_mb`."""
-    from tasks.train.models import model_for_data
+    from tfscale.tasks.train.models import model_for_data
 
     costs = layer_costs(model_for_data(model_name, manifest.spec).model)
     budget = device_memory_mb * MB
@@ -282,7 +282,7 @@ def fit_to_memory(choice: Any, cfg: Any, manifest: Any) -> Any:
         UsageError: a strategy that keeps the whole model on each device (asked for by
             name) and a model that does not fit; or no cut into the devices there are fits.
     """
-    from tasks.train.models import model_for_data
+    from tfscale.tasks.train.models import model_for_data
 
     budget = int(choice.device_memory_mb * MB)
     if choice.spec.splits and len(manifest.spec.features) > 1:
@@ -317,7 +317,7 @@ def _fewest_stages(choice: Any, cfg: Any, model: Any, budget: int, needs: str) -
     """`choice` made the pipeline of the fewest stages whose every stage fits `budget`."""
     import dataclasses
 
-    from tasks.settings.kinds import STAGED
+    from tfscale.tasks.settings.kinds import STAGED
 
     for stages in range(2, choice.stages + 1):
         try:

@@ -14,10 +14,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.core.internals import cluster_resolver_of, input_pipelines_of
-from tasks.data.inputs import distributed_iterator
-from tasks.train.keras_meaning import own_train_step, run_own_train_step, step_loss
-from tasks.train.objectives import Built
+from tfscale.tasks.core.internals import cluster_resolver_of, input_pipelines_of
+from tfscale.tasks.data.inputs import distributed_iterator
+from tfscale.tasks.train.keras_meaning import own_train_step, run_own_train_step, step_loss
+from tfscale.tasks.train.objectives import Built
 
 EpochRunner = Callable[..., tuple[float, float]]  # (steps, after_steps) -> (loss, correct)
 

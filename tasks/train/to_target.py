@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks.data.manifest import Manifest
+from tfscale.tasks.data.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def target_of(evaluate: Any, label: Any) -> Target:
     accuracy's value is `target_accuracy` unless `target` is set; another metric without a
     `target` has none. Whether the model reports the metric is checked where the model is
     (`tasks.train.user_models`, `HeldOut`)."""
-    from tasks.train.objectives import lower_is_better
+    from tfscale.tasks.train.objectives import lower_is_better
 
     metric = evaluate.target_metric
     if metric == "auto":
@@ -191,8 +191,8 @@ class HeldOut:
     def __init__(
         self, built: Any, manifest: Manifest, data_dir: str, batch_size: int, metric: str = ""
     ):
-        from tasks.data.inputs import Reading, build_dataset
-        from tasks.train.model_inputs import as_model_takes
+        from tfscale.tasks.data.inputs import Reading, build_dataset
+        from tfscale.tasks.train.model_inputs import as_model_takes
 
         model, objective = built  # `tasks.train.objectives.Built`
         taken = as_model_takes(manifest, model)
@@ -209,7 +209,7 @@ class HeldOut:
     def _mean(self, model: Any, objective: Any, metric: str) -> Any:
         import tensorflow as tf
 
-        from tasks.train.keras_meaning import held_out_losses
+        from tfscale.tasks.train.keras_meaning import held_out_losses
 
         def each(labels: Any, outputs: Any) -> Any:
             if metric == "loss":  # as Keras's evaluate: with the model's own losses
@@ -229,7 +229,7 @@ class HeldOut:
         import keras
         import tensorflow as tf
 
-        from tasks.core.errors import UsageError
+        from tfscale.tasks.core.errors import UsageError
 
         found = objective.metric(name)
         if found is None:

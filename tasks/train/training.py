@@ -22,34 +22,34 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.core.errors import UsageError
-from tasks.core.files import write_json_atomic
-from tasks.core.process import use_precision
-from tasks.core.progress import status
-from tasks.data.inputs import Reading, build_dataset
-from tasks.data.manifest import Manifest
-from tasks.distribute.builders import cluster_spec_of, replicas_of
-from tasks.distribute.run import Run
-from tasks.distribute.strategy import StrategyChoice, build_strategy
-from tasks.settings.config import TrainConfig
-from tasks.train.evaluation import record_final
-from tasks.train.keras_meaning import attach, own_train_step
-from tasks.train.model_inputs import as_model_takes
-from tasks.train.models import model_for_data
-from tasks.train.noise_estimates import AdaptiveGain, static_gain
-from tasks.train.objectives import Built, Objective
-from tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
-from tasks.train.optimizers import describe as describe_optimizer
-from tasks.train.result import TrainResult, examples_per_s
-from tasks.train.steps import GradientNoise, adam_of, make_warmup_schedule, replica_step
-from tasks.train.to_target import (
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.process import use_precision
+from tfscale.tasks.core.progress import status
+from tfscale.tasks.data.inputs import Reading, build_dataset
+from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.builders import cluster_spec_of, replicas_of
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.distribute.strategy import StrategyChoice, build_strategy
+from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.train.evaluation import record_final
+from tfscale.tasks.train.keras_meaning import attach, own_train_step
+from tfscale.tasks.train.model_inputs import as_model_takes
+from tfscale.tasks.train.models import model_for_data
+from tfscale.tasks.train.noise_estimates import AdaptiveGain, static_gain
+from tfscale.tasks.train.objectives import Built, Objective
+from tfscale.tasks.train.optimizers import base_rate, compiled_optimizer, make_optimizer
+from tfscale.tasks.train.optimizers import describe as describe_optimizer
+from tfscale.tasks.train.result import TrainResult, examples_per_s
+from tfscale.tasks.train.steps import GradientNoise, adam_of, make_warmup_schedule, replica_step
+from tfscale.tasks.train.to_target import (
     Evaluation,
     HeldOut,
     TargetClock,
     interval_examples,
     target_of,
 )
-from tasks.train.user_models import example_batch, example_labels, parameter_count
+from tfscale.tasks.train.user_models import example_batch, example_labels, parameter_count
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,12 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     """Trains `run` with Keras's own `model.fit` (`tasks.train.fit_loop`): one call for
     every epoch, recorded and evaluated on the held-out clock as tfscale's loop records
     its own (no checkpoints to resume from, no gradient noise scale: Keras's step)."""
-    from tasks.train.fit_loop import EpochRecords, compile_for_fit, compiled_as_given, fit_input
+    from tfscale.tasks.train.fit_loop import (
+        EpochRecords,
+        compile_for_fit,
+        compiled_as_given,
+        fit_input,
+    )
 
     cfg, chief = run.train, run.role.chief
     as_given = compiled_as_given(setup.model)
@@ -269,7 +274,7 @@ def _preemption_hook(strategy: Any, manager: Any, step: Any) -> Callable[[], Non
         return None
     if resolver is not None and "ps" in resolver.cluster_spec().as_dict():
         return None
-    from tasks.distribute.cluster import EXIT_PREEMPTED
+    from tfscale.tasks.distribute.cluster import EXIT_PREEMPTED
 
     def exit_preempted() -> None:
         print(
@@ -424,7 +429,7 @@ def _stage_figures(setup: TrainingSetup) -> dict[str, Any]:
     plan = getattr(setup.strategy, "plan", None)
     if plan is None:
         return {}
-    from tasks.train.stage_models import bytes_by_device
+    from tfscale.tasks.train.stage_models import bytes_by_device
 
     placed = bytes_by_device([*setup.model.weights, *setup.optimizer.variables])
     return {
@@ -477,7 +482,7 @@ class TrainingSetup:
         """The strategy kind's epoch runner over `dataset_fn` (each replica's batches), or
         with `loop` fit, one of `fit` calls: `run(steps)` -> (loss, correct)."""
         if self.loop == "fit":
-            from tasks.train.fit_loop import make_fit_runner
+            from tfscale.tasks.train.fit_loop import make_fit_runner
 
             return make_fit_runner(self, dataset_fn)
         return choice.spec.epoch_runner(

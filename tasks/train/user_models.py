@@ -19,12 +19,12 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from tasks.core.errors import UsageError, UserError
-from tasks.core.label_kinds import KINDS, mismatch_fix
-from tasks.core.user_code import is_function_ref, load_function, one_line
-from tasks.data.spec import FeatureSpec
-from tasks.train.model_inputs import as_model_takes
-from tasks.train.objectives import Built, Objective, loss_name
+from tfscale.tasks.core.errors import UsageError, UserError
+from tfscale.tasks.core.label_kinds import KINDS, mismatch_fix
+from tfscale.tasks.core.user_code import is_function_ref, load_function, one_line
+from tfscale.tasks.data.spec import FeatureSpec
+from tfscale.tasks.train.model_inputs import as_model_takes
+from tfscale.tasks.train.objectives import Built, Objective, loss_name
 
 KERAS_SUFFIX = ".keras"
 BUILT_IN = ("mlp", "cnn", "resnet", "embedding")
@@ -203,7 +203,7 @@ def check_user_model(
             compiled with; what a pipeline cut or gradient accumulation (`run`: its
             `TrainConfig` and `StrategyChoice`) cannot train as the model means it.
     """
-    from tasks.data.inputs import build_dataset
+    from tfscale.tasks.data.inputs import build_dataset
 
     spec = manifest.spec
     model, objective = user_model(ref, spec)
@@ -229,7 +229,7 @@ def _say_packed(ref: str, spec: FeatureSpec) -> None:
     if not spec.packed or (ref, spec.packed) in _SAID:
         return
     _SAID.add((ref, spec.packed))
-    from tasks.core.progress import status
+    from tfscale.tasks.core.progress import status
 
     left = [f.name for f in spec.features if f.name not in spec.packed]
     status(
@@ -280,7 +280,7 @@ def precision_failure(ref: str, manifest: Any, data_dir: str, policy: str) -> st
     type float32 ...`); None where it does. The global policy is as it was after."""
     import keras
 
-    from tasks.data.inputs import build_dataset
+    from tfscale.tasks.data.inputs import build_dataset
 
     rows = max(1, min(8, manifest.splits["train"]))
     previous = keras.mixed_precision.global_policy()
@@ -311,7 +311,7 @@ def _failure_line(exc: BaseException) -> str:
 
 def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:
     """What the run's strategy or accumulation would change of the model's meaning."""
-    from tasks.train.keras_meaning import not_cut_as_it_means, own_train_step
+    from tfscale.tasks.train.keras_meaning import not_cut_as_it_means, own_train_step
 
     if choice.spec.splits and (lost := not_cut_as_it_means(model)):
         raise ModelError(
@@ -333,7 +333,7 @@ def _check_own_step(ref: str, built: Built, features: Any, labels: Any) -> None:
     rate by its rule and record the noise scale at its all-reduce)."""
     import keras
 
-    from tasks.train.keras_meaning import attach, own_train_step
+    from tfscale.tasks.train.keras_meaning import attach, own_train_step
 
     model, objective = built
     if not own_train_step(model):
@@ -382,7 +382,7 @@ def _check_loss(ref: str, objective: Objective, labels: Any, outputs: Any) -> No
 
 def _check_target(objective: Objective, evaluate: Any) -> None:
     """The target metric is one the model reports (or one of Keras's)."""
-    from tasks.train.to_target import target_of
+    from tfscale.tasks.train.to_target import target_of
 
     target = target_of(evaluate, objective.label)
     if target.metric in (objective.label.score, "loss") or objective.metric(target.metric):

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from helpers import scaled
 
-from tasks.core import internals
+from tfscale.tasks.core import internals
 
 
 def test_the_installed_versions_are_those_the_internals_were_written_for():
@@ -88,7 +88,7 @@ def test_the_cluster_barrier_refuses_at_once_where_no_cluster_coordinates():
 
 
 def test_only_a_successful_exit_of_a_cluster_task_waits_for_its_peers(monkeypatch):
-    from tasks.core import process
+    from tfscale.tasks.core import process
 
     waited = []
     monkeypatch.setattr(internals, "wait_for_cluster_tasks", lambda *a: waited.append(a))

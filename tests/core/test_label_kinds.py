@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.core.label_kinds import read_kind
+from tfscale.tasks.core.label_kinds import read_kind
 
 pytestmark = pytest.mark.unit
 
@@ -36,8 +36,8 @@ def test_each_kind_is_read_as_a_keras_user_means_it(values, kind):
 
 
 def _prepare(tmp_path, name, **keys):
-    from tasks.data.preparation import prepare_dataset, prepared_line
-    from tasks.settings.config import load_config
+    from tfscale.tasks.data.preparation import prepare_dataset, prepared_line
+    from tfscale.tasks.settings.config import load_config
 
     values = {"prepare.dataset": str(tmp_path / name), "prepare.data_dir": str(tmp_path / "d")}
     values.update({f"prepare.{k}": v for k, v in keys.items()})
@@ -46,8 +46,8 @@ def _prepare(tmp_path, name, **keys):
 
 
 def test_one_hot_rows_are_classes_a_categorical_loss_gets_back_one_hot(tmp_path):
-    from tasks.data.inputs import build_dataset
-    from tasks.train.objectives import Objective
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.train.objectives import Objective
 
     y = np.eye(3, dtype=np.float32)[np.arange(60) % 3]
     np.savez(tmp_path / "a.npz", x=rng.normal(size=(60, 4)).astype(np.float32), y=y)

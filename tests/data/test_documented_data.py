@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.data.datasets import DatasetError
-from tasks.data.inputs import build_dataset
-from tasks.data.preparation import prepare_dataset
-from tasks.settings.config import load_config
+from tfscale.tasks.data.datasets import DatasetError
+from tfscale.tasks.data.inputs import build_dataset
+from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.settings.config import load_config
 
 
 def prepare(tmp_path: Path, dataset: str, **keys):
@@ -53,7 +53,7 @@ def test_tfds_reads_its_sets_from_tfds_data_dir(monkeypatch, tmp_path):
     without a network); unset, TFDS's own default."""
     import tensorflow_datasets as tfds
 
-    from tasks.data.tfds_source import tfds_source
+    from tfscale.tasks.data.tfds_source import tfds_source
 
     builders = Builders()
     monkeypatch.setattr(tfds, "builder", builders)
@@ -118,8 +118,8 @@ def test_the_image_models_train_on_a_uint8_npz_of_images_with_class_labels(tmp_p
     its images in [0, 1], as on digits."""
     import keras
 
-    from tasks.train.model_inputs import as_model_takes
-    from tasks.train.models import model_for_data
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.models import model_for_data
 
     images = np.random.default_rng(0).integers(0, 256, (60, 8, 8, 1), dtype=np.uint8)
     np.savez(tmp_path / "i.npz", x=images, y=np.arange(60) % 3)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from helpers import DEFAULTS
 
-from flows.cli import main
-from tasks.data.datasets import DatasetError
-from tasks.data.inputs import Reading, build_dataset
-from tasks.data.manifest import ShardError, verify_shards
-from tasks.data.preparation import (
+from tfscale.flows.cli import main
+from tfscale.tasks.data.datasets import DatasetError
+from tfscale.tasks.data.inputs import Reading, build_dataset
+from tfscale.tasks.data.manifest import ShardError, verify_shards
+from tfscale.tasks.data.preparation import (
     dataset_dir,
     format_prepared,
     held_out_note,
@@ -125,7 +125,7 @@ def test_rerun_with_same_params_rewrites_nothing(make_config):
 
 def test_interrupted_prepare_leaves_no_manifest_and_resumes(make_config, monkeypatch):
     config = make_config(prepare__num_shards=4)
-    import tasks.data.shards as shards
+    import tfscale.tasks.data.shards as shards
 
     real, calls = shards._write_one, []
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.data.datasets import DatasetError
-from tasks.data.inputs import build_dataset
-from tasks.data.manifest import verify_shards
-from tasks.data.preparation import prepare_dataset
-from tasks.settings.config import load_config
+from tfscale.tasks.data.datasets import DatasetError
+from tfscale.tasks.data.inputs import build_dataset
+from tfscale.tasks.data.manifest import verify_shards
+from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.settings.config import load_config
 
 
 def prepare(tmp_path: Path, dataset: str, **prepare_keys):
@@ -116,7 +116,7 @@ def test_the_same_table_gives_the_same_bytes_and_an_interrupted_prepare_resumes_
     """Shards are read from the table front to back: a prepare stopped at its fourth shard
     goes on from there, reading past the rows it has, and its shards are the bytes an
     uninterrupted prepare writes."""
-    import tasks.data.shards as shards
+    import tfscale.tasks.data.shards as shards
 
     path, _ = wine_csv(tmp_path)
     first = prepare(tmp_path / "a", str(path), label="target", num_shards=3)
@@ -149,8 +149,8 @@ def test_numeric_chunks_are_encoded_by_template_byte_for_byte_as_protocol_buffer
     goes through protocol buffers, and both parse back to the values written."""
     import tensorflow as tf
 
-    from tasks.data import records
-    from tasks.data.spec import Feature, FeatureSpec, Label
+    from tfscale.tasks.data import records
+    from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
 
     rng = np.random.default_rng(3)
     spec = FeatureSpec(
@@ -325,11 +325,11 @@ def test_a_built_in_dense_model_trains_on_each_source_under_mirrored(kind, tmp_p
     AUC beside accuracy)."""
     import tensorflow_datasets as tfds
 
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.run import Run
-    from tasks.distribute.strategy import select_strategy
-    from tasks.train.evaluation import evaluate_model
-    from tasks.train.training import train_model
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.train.evaluation import evaluate_model
+    from tfscale.tasks.train.training import train_model
 
     if kind == "class":
         dataset, label = str(wine_csv(tmp_path)[0]), "target"
@@ -399,7 +399,7 @@ def test_a_cached_prepare_keys_on_the_users_file_and_module_not_only_the_config(
     """`tfscale run` reuses a prepare keyed on the config; the user's table edited in place,
     or their pipeline's module, changes the key (`source_fingerprint`), and the shards
     written from the edited table hold its rows."""
-    from tasks.data.preparation import source_fingerprint
+    from tfscale.tasks.data.preparation import source_fingerprint
 
     table = tmp_path / "t.csv"
     table.write_text("a,label\n1,0\n2,1\n3,0\n4,1\n")
@@ -458,7 +458,7 @@ def test_the_whole_study_on_a_real_valued_table_logs_its_error_and_no_time_to_ta
     from sklearn.datasets import load_diabetes
 
     import mlflow
-    from flows.study import scaling_study
+    from tfscale.flows.study import scaling_study
 
     load_diabetes(as_frame=True).frame.to_parquet(tmp_path / "diabetes.parquet")
     overrides = {
@@ -553,7 +553,7 @@ def test_a_model_of_one_input_gets_the_numeric_columns_as_df_values_gives_them(t
     out; a model of named inputs still gets the dict, and the digest is the manifest's."""
     import keras
 
-    from tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.model_inputs import as_model_takes
 
     path, frame = wine_csv(tmp_path)
     frame.insert(3, "grower", [f"g{i % 3}" for i in range(len(frame))])
@@ -683,8 +683,8 @@ def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_sca
     `resnet` get float32 in [0, 1], as they always did."""
     import keras
 
-    from tasks.train.model_inputs import as_model_takes
-    from tasks.train.models import model_for_data
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.models import model_for_data
 
     _, manifest, data_dir = digits
     spec = manifest.spec

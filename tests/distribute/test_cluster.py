@@ -17,8 +17,8 @@ import pytest
 import yaml
 from helpers import BIN, DEFAULTS, ROOT, needs, scaled
 
-from tasks.core.network import free_ports
-from tasks.distribute import netlab
+from tfscale.tasks.core.network import free_ports
+from tfscale.tasks.distribute import netlab
 
 TRAIN = ["--model", "mlp", "--precision", "float32"]
 QUIET = ["--no-diagnose"]  # the runs that test something else skip the diagnosis probes
@@ -325,7 +325,7 @@ def test_parameter_server_absorbs_a_lost_worker_and_a_lost_ps_fails_the_chief(cl
     failed_s = time.monotonic() - killed
     output = job.output(("chief", 0))
     failed_within_the_collective_timeout(failed_s, "the chief of a lost ps task failed")
-    from tasks.distribute.cluster import TaskLost
+    from tfscale.tasks.distribute.cluster import TaskLost
 
     assert code == TaskLost.exit_code, output[-2000:]  # 3: another task of the cluster lost
     assert f"task ps:0 ({job.spec['ps'][0]})" in output, output[-2000:]
@@ -368,11 +368,11 @@ def test_tfjob_manifests_describe_the_clusters_the_tests_run():
     """Each TFJob in `flows/cluster/tfjob.yaml` gives a cluster shape the namespace tests run
     (2 workers; chief, 2 workers and a ps), each pod gets the role tested for it, and every
     command is a valid `tfscale train`."""
-    from flows.cli import build_parser
-    from tasks.distribute.cluster import role_of
-    from tasks.distribute.hardware import HardwareReport, cluster_from_environment
-    from tasks.distribute.strategy import select_strategy
-    from tasks.settings.config import load_config
+    from tfscale.flows.cli import build_parser
+    from tfscale.tasks.distribute.cluster import role_of
+    from tfscale.tasks.distribute.hardware import HardwareReport, cluster_from_environment
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
 
     train = load_config(None, {"train.precision": "float32"}).train
     found = {}

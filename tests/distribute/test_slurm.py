@@ -14,7 +14,7 @@ import pytest
 import slurmlab
 from helpers import ROOT, needs, scaled
 
-from tasks.distribute import netlab
+from tfscale.tasks.distribute import netlab
 
 # no speed measured (a job's state, outputs and resumed step): beside the parallel phase's
 # other tests, its waits scaled to the pace and the jobs' collective timeout Slurm's 60 s

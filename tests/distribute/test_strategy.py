@@ -9,9 +9,9 @@ import os
 import pytest
 from helpers import report
 
-from tasks.distribute.hardware import ClusterInfo, cluster_from_environment
-from tasks.distribute.strategy import select_strategy
-from tasks.settings.config import load_config
+from tfscale.tasks.distribute.hardware import ClusterInfo, cluster_from_environment
+from tfscale.tasks.distribute.strategy import select_strategy
+from tfscale.tasks.settings.config import load_config
 
 
 def choose(hw, **train):
@@ -116,7 +116,7 @@ def test_cluster_from_tf_config():
 def test_a_task_outside_its_cluster_is_a_usage_error_naming_tf_config(tf_config, says):
     """A TFJob replica given an index past its cluster trained the whole job alone, as
     Mirrored, and exited 0."""
-    from tasks.core.errors import UsageError
+    from tfscale.tasks.core.errors import UsageError
 
     with pytest.raises(UsageError, match="TF_CONFIG") as raised:
         cluster_from_environment({"TF_CONFIG": tf_config})
@@ -175,7 +175,7 @@ class EightCoreTpuStrategy:
 def test_tpu_detection_with_tpu_resolver_faked(monkeypatch):
     import tensorflow as tf
 
-    from tasks.distribute.hardware import detect_tpu
+    from tfscale.tasks.distribute.hardware import detect_tpu
 
     monkeypatch.delenv("TPU_NAME", raising=False)
     assert detect_tpu() is None  # no hint: the resolver is never asked
@@ -187,7 +187,7 @@ def test_tpu_detection_with_tpu_resolver_faked(monkeypatch):
 def test_tpu_training_setup_with_tpu_resolver_faked(monkeypatch):
     import tensorflow as tf
 
-    from tasks.distribute.strategy import build_strategy
+    from tfscale.tasks.distribute.strategy import build_strategy
 
     calls = []
     monkeypatch.setattr(
@@ -213,7 +213,7 @@ def test_tpu_replicas_come_from_the_strategy_not_the_config(digits, monkeypatch)
     the logged replicas follow the 8 the strategy reports."""
     import tensorflow as tf
 
-    from tasks.train.training import set_up_training
+    from tfscale.tasks.train.training import set_up_training
 
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: None)
@@ -229,7 +229,7 @@ def test_tpu_replicas_come_from_the_strategy_not_the_config(digits, monkeypatch)
 
 
 def test_every_kind_is_one_row_of_the_table_and_an_unknown_one_lists_them():
-    from tasks.settings.kinds import KINDS, UnknownStrategy, kind_of
+    from tfscale.tasks.settings.kinds import KINDS, UnknownStrategy, kind_of
 
     assert set(KINDS) == {
         "one_device",
@@ -251,8 +251,8 @@ def test_a_new_in_process_kind_needs_only_its_row(monkeypatch):
     row: no other module names the strategy."""
     import dataclasses
 
-    from tasks.distribute.strategy import StrategyChoice, build_strategy
-    from tasks.settings import kinds as strategy_kinds
+    from tfscale.tasks.distribute.strategy import StrategyChoice, build_strategy
+    from tfscale.tasks.settings import kinds as strategy_kinds
 
     built = []
     row = dataclasses.replace(
@@ -279,7 +279,7 @@ def test_a_new_in_process_kind_needs_only_its_row(monkeypatch):
     ],
 )
 def test_where_each_kind_runs_and_what_a_step_consumes(kind, runs_here, step_examples):
-    from tasks.settings.kinds import kind_of
+    from tfscale.tasks.settings.kinds import kind_of
 
     spec = kind_of(kind)
     assert spec.runs_here == runs_here
@@ -304,7 +304,7 @@ PS = {"chief": ["c:1"], "worker": ["a:1", "b:1"], "ps": ["p:1"]}
     ],
 )
 def test_each_task_of_a_cluster_gets_its_role(spec, task, role):
-    from tasks.distribute.cluster import role_of
+    from tfscale.tasks.distribute.cluster import role_of
 
     cluster = None
     if spec:
@@ -314,8 +314,8 @@ def test_each_task_of_a_cluster_gets_its_role(spec, task, role):
 
 
 def test_a_parameter_server_cluster_without_a_chief_is_a_usage_error():
-    from tasks.core.errors import UsageError
-    from tasks.distribute.cluster import role_of
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.distribute.cluster import role_of
 
     tf_config = {"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "ps"}}
     cluster = cluster_from_environment({"TF_CONFIG": json.dumps(tf_config)})
@@ -326,7 +326,7 @@ def test_a_parameter_server_cluster_without_a_chief_is_a_usage_error():
 def test_a_lost_peer_is_named_with_its_host():
     import tensorflow as tf
 
-    from tasks.distribute.cluster import lost_task
+    from tfscale.tasks.distribute.cluster import lost_task
 
     def as_task(kind, index):
         tf_config = {"cluster": MW, "task": {"type": kind, "index": index}}
@@ -348,7 +348,7 @@ def test_a_serving_task_waits_for_the_chief_to_come_and_go():
     import socket
     import threading
 
-    from tasks.distribute.cluster import ChiefNeverCame, wait_for_chief_to_finish
+    from tfscale.tasks.distribute.cluster import ChiefNeverCame, wait_for_chief_to_finish
 
     chief = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{chief.getsockname()[1]}"
@@ -368,7 +368,7 @@ def test_a_serving_task_waits_for_the_chief_to_come_and_go():
 
 
 def test_a_slurm_task_gets_the_cpus_slurm_gave_it_not_every_core_of_its_node():
-    from tasks.distribute.hardware import slurm_task_cpus
+    from tfscale.tasks.distribute.hardware import slurm_task_cpus
 
     assert slurm_task_cpus({}) is None  # not a Slurm task
     assert slurm_task_cpus({"SLURM_CPUS_PER_TASK": "4", "SLURM_CPUS_ON_NODE": "32"}) == 4
@@ -387,8 +387,8 @@ def test_a_slurm_task_gets_the_cpus_slurm_gave_it_not_every_core_of_its_node():
 
 
 def test_slurm_jobs_by_rank_are_read_and_a_wrong_split_is_refused_with_the_fix():
-    from tasks.core.errors import UsageError
-    from tasks.distribute.hardware import slurm_jobs
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.distribute.hardware import slurm_jobs
 
     env = {"SLURM_NTASKS": "4", "TFSCALE_SLURM_JOBS": "chief:1, worker:2, ps:1"}
     assert slurm_jobs(env) == {"chief": 1, "worker": 2, "ps": 1}

@@ -13,7 +13,7 @@ from helpers import ROOT, scaled
 READ_BACK = """
 import json, sys
 from pathlib import Path
-from tasks.execute.run_files import latest_run, load_exported, trained_by
+from tfscale.tasks.execute.run_files import latest_run, load_exported, trained_by
 export, runs = Path(sys.argv[1]), sys.argv[2]
 result = load_exported(export)
 print(json.dumps({
@@ -31,7 +31,7 @@ def test_a_runs_results_are_read_back_in_a_process_that_imports_no_tensorflow(tm
     (the process is the claim: what it imports) without TensorFlow or Keras."""
     from helpers import epoch_history, train_result
 
-    from tasks.core.run_layout import EXPORTED_METRICS, LATEST, METRICS
+    from tfscale.tasks.core.run_layout import EXPORTED_METRICS, LATEST, METRICS
 
     run = tmp_path / "runs" / "digits" / "mirrored-2x"
     run.mkdir(parents=True)

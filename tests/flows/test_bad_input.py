@@ -180,7 +180,7 @@ def _worker_pids() -> list[int]:
 
     found = []
     for proc in psutil.process_iter(["cmdline"]):
-        if "flows.worker" in " ".join(proc.info["cmdline"] or []):
+        if "tfscale.flows.worker" in " ".join(proc.info["cmdline"] or []):
             found.append(proc.pid)
     return found
 
@@ -587,8 +587,8 @@ def prepared(tmp_path_factory) -> Path:
     raw["train"]["runs_dir"] = "runs"
     raw["sweep"]["out_dir"] = "sweep"
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
-    from tasks.data.preparation import prepare_dataset
-    from tasks.settings.config import load_config
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.settings.config import load_config
 
     config = load_config(root / "params.yaml", {"prepare.data_dir": str(root / "tfrecords")})
     prepare_dataset(config, progress=False)
@@ -616,7 +616,7 @@ def outcomes(prepared, tmp_path_factory) -> dict[str, dict]:
     environ = dict(os.environ)  # the processes' environment, before any case changes it
     # MLflow and Prefect set up their logging once, when imported, closing the handlers
     # they find: here, before any case redirects the standard streams
-    import flows.deployments  # noqa: F401, E401
+    import tfscale.flows.deployments  # noqa: F401, E401
 
     with ThreadPoolExecutor(2) as pool:
         running = {
@@ -793,7 +793,7 @@ def test_every_kind_of_user_error_has_a_row(outcomes):
     checked elsewhere, named above): a new kind of error with no row fails here."""
     import importlib
 
-    from tasks.core.errors import UserError
+    from tfscale.tasks.core.errors import UserError
 
     for path in sorted([*ROOT.glob("tasks/**/*.py"), *ROOT.glob("flows/*.py")]):
         importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
@@ -824,13 +824,13 @@ def test_every_kind_of_user_error_has_a_row(outcomes):
 def test_ctrl_c_says_what_the_interrupted_command_leaves(command, said, tmp_path, monkeypatch):
     """Ctrl-C exits 130 with one line about what that command keeps: shards for a prepare,
     checkpoints for a training (where a resumed training says where it goes on)."""
-    from flows import commands
+    from tfscale.flows import commands
 
     def interrupted(config, args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(commands, command, interrupted)
-    monkeypatch.setattr("flows.cli.import_tensorflow", lambda: None)
+    monkeypatch.setattr("tfscale.flows.cli.import_tensorflow", lambda: None)
     code, out, err = run_main(["--params", str(tiny_params(tmp_path)), command], tmp_path)
     assert code == 130 and err.strip() == f"interrupted; {said}", err
 

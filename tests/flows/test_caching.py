@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def tfscale_run(clone: Path, params: Path) -> str:
     """`tfscale run` with the clone's own code (its directory first on the path)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--params", str(params), "run"],
+        [sys.executable, "-m", "tfscale.flows.cli", "--params", str(params), "run"],
         cwd=clone,
         capture_output=True,
         text=True,
@@ -71,7 +71,7 @@ def test_a_changed_model_module_trains_the_baseline_afresh(tmp_path):
     cannot decide the reuse. The speedup's measurement is one short round and no step
     records the gradient noise scale: reuse is decided before either, and nothing here reads
     them."""
-    from flows.prefect_api import temporary_api
+    from tfscale.flows.prefect_api import temporary_api
 
     clone = tmp_path / "clone"
     clone_as_it_is(clone)  # the caching code as it is here, committed or not

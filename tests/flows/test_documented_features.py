@@ -12,7 +12,7 @@ import logging
 import pytest
 from helpers import run_main
 
-from tasks.core.process import HARMLESS_LOGGERS, NOISY_LOGGERS
+from tfscale.tasks.core.process import HARMLESS_LOGGERS, NOISY_LOGGERS
 
 
 @pytest.fixture
@@ -43,13 +43,13 @@ def test_verbose_shows_every_librarys_log_lines_and_quiet_keeps_them_off(
     `TFSCALE_VERBOSE=1`) shows the notices and TensorFlow's C++ lines too."""
     import os
 
-    from flows import commands
+    from tfscale.flows import commands
 
     seen = {}
 
     def hardware(config, args):
         logging.getLogger("prefect.flow_runs").info("a library's notice")
-        logging.getLogger("tasks.own").info("tfscale's own line")
+        logging.getLogger("tfscale.tasks.own").info("tfscale's own line")
         logging.getLogger("mlflow.store").warning("a library's warning")
         seen["cpp"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
         return 0
@@ -67,7 +67,7 @@ def test_verbose_shows_every_librarys_log_lines_and_quiet_keeps_them_off(
 def test_hardware_json_prints_the_report_and_the_strategy_it_would_pick(tmp_path):
     """`tfscale hardware --json`: one JSON document of the detected hardware, the strategy
     the flags would pick and the hardware's fingerprint, as the table shows them."""
-    from tasks.distribute.hardware import detect_hardware, format_report
+    from tfscale.tasks.distribute.hardware import detect_hardware, format_report
 
     code, out, err = run_main(["hardware", "--json", "--strategy", "one_device"], tmp_path)
     assert code == 0, err
@@ -91,9 +91,9 @@ def test_evaluate_reads_a_recorded_evaluation_back_without_tensorflow(
     that import TensorFlow up front."""
     import keras
 
-    from flows import cli
-    from tasks.core import process
-    from tasks.train import evaluation
+    from tfscale.flows import cli
+    from tfscale.tasks.core import process
+    from tfscale.tasks.train import evaluation
 
     _, manifest, data_dir = digits
     inputs = keras.Input(manifest.spec.shape)
@@ -130,9 +130,9 @@ def test_an_exported_model_keeps_its_recorded_evaluation_and_drops_a_stale_one(
     import keras
     from helpers import epoch_history, train_result
 
-    from tasks.core import process
-    from tasks.execute.run_files import export_run
-    from tasks.train import evaluation
+    from tfscale.tasks.core import process
+    from tfscale.tasks.execute.run_files import export_run
+    from tfscale.tasks.train import evaluation
 
     _, manifest, data_dir = digits
     run, export = tmp_path / "run", tmp_path / "export"

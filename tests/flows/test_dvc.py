@@ -21,7 +21,7 @@ import pytest
 import yaml
 from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, TINY, prefect_home, scaled, tiny_params
 
-from tasks.measure.rounds import ratio_95
+from tfscale.tasks.measure.rounds import ratio_95
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from helpers import ROOT
 
-from tasks.settings.config import Config
+from tfscale.tasks.settings.config import Config
 
 # the config sections each stage's command reads
 READS = {

@@ -290,7 +290,7 @@ def test_the_api_waits_for_a_slow_start_and_moves_off_a_taken_port(monkeypatch, 
     (Prefect's own waited 20 s, which a slow, busy machine's start exceeded)."""
     import socket
 
-    from flows import prefect_api
+    from tfscale.flows import prefect_api
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -382,8 +382,8 @@ def test_a_ui_stops_when_a_library_swallows_the_stop(tmp_path):
     """SIGTERM lands in library code that catches every exception (it happened inside
     MLflow's store set-up, the UI then waited on its server for ever): the stop is
     recorded where it was raised, so the UI still stops its server and its record goes."""
-    from tasks.track.tracking import Tracker
-    from tasks.track.ui_server import serve_ui
+    from tfscale.tasks.track.tracking import Tracker
+    from tfscale.tasks.track.ui_server import serve_ui
 
     class Swallowing(Tracker):
         def latest_study(self):
@@ -424,9 +424,9 @@ def test_a_ui_stops_when_a_library_swallows_the_stop(tmp_path):
 def test_a_ui_whose_server_fails_to_start_says_so_and_records_nothing(tmp_path):
     """MLflow's server exits before it answers: one error naming the address and the fix,
     no record of a UI serving the store (links would point at nothing)."""
-    from tasks.core.errors import UserError
-    from tasks.track.tracking import Tracker
-    from tasks.track.ui_server import serve_ui
+    from tfscale.tasks.core.errors import UserError
+    from tfscale.tasks.track.tracking import Tracker
+    from tfscale.tasks.track.ui_server import serve_ui
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path))
     failing = [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(3)"]

@@ -15,7 +15,7 @@ import pytest
 from helpers import BIN, INNER_LIMIT_S, needs, scaled, tiny_params
 from poollab import GRID, pool_lab, wait_for_text
 
-from tasks.distribute import netlab
+from tfscale.tasks.distribute import netlab
 
 # the pool's grid at two cells of one epoch, one cell for each first worker: the lost
 # cell's retry goes to host 1 (free again) or to host 3's worker, which joined
@@ -81,8 +81,8 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
 
 def assert_refused(code: int, tmp: Path) -> None:
     """The sweep stopped before submitting: one clear error, no table, a failed run."""
-    from flows.pool import PoolError
     from mlflow import MlflowClient
+    from tfscale.flows.pool import PoolError
 
     out = (tmp / "sweep.log").read_text(errors="replace")
     assert code == PoolError.exit_code, out[-3000:]
@@ -99,7 +99,7 @@ def assert_refused(code: int, tmp: Path) -> None:
 
 
 def test_a_cell_run_is_done_waited_on_lost_with_its_worker_or_failed():
-    from flows.pool import judge
+    from tfscale.flows.pool import judge
 
     alive = {"w1": True, "w2": False}
     assert judge("COMPLETED", "w2", alive) == "done"
@@ -117,7 +117,7 @@ def test_a_worker_is_lost_after_three_missed_heartbeats_and_never_sooner_than_th
     from datetime import UTC, datetime, timedelta
     from types import SimpleNamespace
 
-    from flows.pool import LOST_MIN_S, worker_lost
+    from tfscale.flows.pool import LOST_MIN_S, worker_lost
 
     now = datetime(2026, 11, 24, 12, tzinfo=UTC)
 
@@ -133,8 +133,8 @@ def test_a_worker_is_lost_after_three_missed_heartbeats_and_never_sooner_than_th
 
 
 def test_a_cell_refuses_a_host_that_does_not_share_the_sweep_or_the_data(tmp_path, digits):
-    from flows.pool import NotShared, check_data, check_shared, marker_path
-    from tasks.settings.config import load_config
+    from tfscale.flows.pool import NotShared, check_data, check_shared, marker_path
+    from tfscale.tasks.settings.config import load_config
 
     marker_path(tmp_path).write_text("abc\n")
     check_shared(tmp_path, "abc")
@@ -154,8 +154,8 @@ def test_a_cell_refuses_a_host_that_does_not_share_the_sweep_or_the_data(tmp_pat
 
 
 def test_a_pool_cell_gets_absolute_directories_and_the_same_run_directory(tmp_path, monkeypatch):
-    from flows.pool import absolute_paths
-    from tasks.settings.config import load_config
+    from tfscale.flows.pool import absolute_paths
+    from tfscale.tasks.settings.config import load_config
 
     monkeypatch.chdir(tmp_path)
     config = load_config(None, {})
@@ -169,7 +169,7 @@ def test_a_pool_cell_gets_absolute_directories_and_the_same_run_directory(tmp_pa
 def test_a_host_is_named_with_the_address_it_reaches_a_server_from():
     import socket
 
-    from tasks.core.network import host_name
+    from tfscale.tasks.core.network import host_name
 
     assert host_name() == socket.gethostname()
     assert host_name("http://127.0.0.1:4200/api") == socket.gethostname()  # loopback: no address
@@ -177,7 +177,7 @@ def test_a_host_is_named_with_the_address_it_reaches_a_server_from():
 
 
 def test_the_table_names_hosts_only_when_cells_trained_on_several():
-    from tasks.report.scaling_grid import SweepRow, format_table
+    from tfscale.tasks.report.scaling_grid import SweepRow, format_table
 
     def row(replicas: int, host: str) -> SweepRow:
         return SweepRow(0, 32, "weak", "float32", replicas, None, None, 10.0, 1.0, 1.0, None,

@@ -10,8 +10,8 @@ import pytest
 import requests
 from helpers import scaled
 
-from flows import prefect_api
-from flows.errors import ServerUnavailable
+from tfscale.flows import prefect_api
+from tfscale.flows.errors import ServerUnavailable
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_a_stop_that_prefect_turned_into_its_own_error_ends_as_the_stop():
     server stopped with it; another error passes as it is."""
     from prefect.exceptions import TerminationSignal
 
-    from tasks.core.process import Stopped
+    from tfscale.tasks.core.process import Stopped
 
     with pytest.raises(Stopped) as stop:
         with prefect_api.temporary_api() as api:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import LEAST_WORK, on_a_free_port, prefect_home, scaled, tiny_params
 
-from tasks.core.network import wait_healthy
+from tfscale.tasks.core.network import wait_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,7 @@ def logs_of(client, flow_run_id) -> list:
 def test_nightly_deployments_default_to_two_in_the_morning():
     """The schedule `tfscale serve` registers unless `--cron` says otherwise (the test below
     serves one that falls due within a minute or two, and the server's own runs follow it)."""
-    from flows.deployments import build_deployments
+    from tfscale.flows.deployments import build_deployments
 
     nightly, on_demand = build_deployments("params.yaml")
     assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]

@@ -16,7 +16,7 @@ import pytest
 import requests
 from helpers import ADDRESS_IN_USE, free_port, run_main, scaled, tiny_params
 
-from tasks.settings.config import load_config
+from tfscale.tasks.settings.config import load_config
 
 pytestmark = pytest.mark.integration
 
@@ -86,8 +86,8 @@ def flow_run(tmp_path_factory):
     store at a free port (the links it writes follow that port)."""
     import logging
 
-    from flows.study import scaling_study
-    from tasks.core.process import STATUS_MARK
+    from tfscale.flows.study import scaling_study
+    from tfscale.tasks.core.process import STATUS_MARK
 
     tmp = tmp_path_factory.mktemp("flow")
     store = tmp / "mlflow"
@@ -324,7 +324,7 @@ def test_experiment_opens_on_the_result_columns(flow_run):
     import json
 
     from mlflow import MlflowClient
-    from tasks.track.tracking import VIEW_TAG, Tracker
+    from tfscale.tasks.track.tracking import VIEW_TAG, Tracker
 
     client = MlflowClient(f"sqlite:///{flow_run['store']}/mlflow.db")
     experiment = client.get_experiment_by_name("tfscale")
@@ -340,7 +340,7 @@ def test_experiment_opens_on_the_result_columns(flow_run):
     ]
     # the experiment's default: `tfscale ui`'s page gives a new browser these columns for
     # this experiment's table before MLflow's script reads its state (no key in the address)
-    from tasks.track.ui import TABLE_KEY
+    from tfscale.tasks.track.ui import TABLE_KEY
 
     head = requests.get(f"{flow_run['ui'].base}/", timeout=scaled(10)).text.split("</head>")[0]
     script = head.split("<script>", 1)[1].split("</script>", 1)[0]
@@ -396,7 +396,7 @@ def test_epochs_seen_by_the_watchers_thread_reach_the_flow_runs_log(tmp_path):
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.context import FlowRunContext
 
-    from tasks.core.progress import EpochWatcher
+    from tfscale.tasks.core.progress import EpochWatcher
 
     by_thread = []  # the epochs the thread had seen when each wait ended
 
@@ -444,7 +444,7 @@ def test_the_speedup_its_split_and_its_range_come_from_one_set_of_rounds(flow_ru
     import json
     import statistics
 
-    from tasks.measure.rounds import ratio_95
+    from tfscale.tasks.measure.rounds import ratio_95
 
     third = flow_run["summaries"][2]  # the last run wrote the files read here
     runs = flow_run["tmp"] / "runs" / "digits"

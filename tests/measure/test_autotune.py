@@ -11,12 +11,12 @@ import sys
 import pytest
 from helpers import PLAIN_CPU, report, run_main, tiny_params
 
-from tasks.core.errors import UsageError
-from tasks.data.manifest import Manifest
-from tasks.distribute.hardware import ClusterInfo
-from tasks.distribute.strategy import select_strategy
-from tasks.measure.autotune import Candidate, Timed, candidates, fastest, settle
-from tasks.settings.config import ConfigError, load_config
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.hardware import ClusterInfo
+from tfscale.tasks.distribute.strategy import select_strategy
+from tfscale.tasks.measure.autotune import Candidate, Timed, candidates, fastest, settle
+from tfscale.tasks.settings.config import ConfigError, load_config
 
 AMX = [*PLAIN_CPU, "amx_bf16"]
 
@@ -129,7 +129,7 @@ def test_an_auto_batch_is_measured_while_an_epoch_keeps_its_updates():
 def test_a_larger_batch_is_kept_only_when_clearly_faster_in_every_round():
     """A larger batch trades updates for speed: 4% faster in every round is not enough
     (BATCH_GAIN, 5%); 6% is. A smaller batch after a larger needs only to be faster."""
-    from tasks.measure.autotune import reason
+    from tfscale.tasks.measure.autotune import reason
 
     small, large = (Candidate("mirrored", 2, "float32", False, b) for b in (32, 64))
     bf16_small = Candidate("mirrored", 2, "mixed_bfloat16", False, 32)
@@ -189,7 +189,7 @@ def test_a_simpler_candidate_is_kept_unless_another_is_faster_in_every_round():
     """TWO's median is higher, but ONE was faster in round 2: the first (simpler) candidate
     stays, and the words say so; faster in every round, TWO replaces it, and a third must
     then beat TWO (not ONE) in every round."""
-    from tasks.measure.autotune import reason
+    from tfscale.tasks.measure.autotune import reason
 
     close = timed({ONE: [1000, 1100, 1000], TWO: [1080, 1050, 1090]})
     assert fastest(close).candidate == ONE
@@ -350,7 +350,7 @@ def test_tfscale_train_measures_the_batch_it_was_left_and_trains_at_the_one_kept
     updates), trains at the batch `fastest` keeps from those figures, and says so."""
     import yaml
 
-    from tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.data.preparation import prepare_dataset
 
     synthetic = {"train_examples": 6400, "test_examples": 64, "height": 8, "width": 8}
     params = tiny_params(tmp_path, **{"train.replicas": 1, "train.epochs": 1})
@@ -377,7 +377,7 @@ def assert_kept_by_the_rule(found: list[Timed], kept: Timed) -> None:
     """`auto`'s rule (`tasks.measure.autotune.fastest`'s docstring), checked on the figures a real
     run measured without calling it: the candidate kept is the first, or beat every one kept
     before it in every round (a larger batch by BATCH_GAIN); none after it beat it so."""
-    from tasks.measure.autotune import BATCH_GAIN
+    from tfscale.tasks.measure.autotune import BATCH_GAIN
 
     def beats(a: Timed, b: Timed) -> bool:
         gain = BATCH_GAIN if a.candidate.batch > b.candidate.batch else 1.0

@@ -6,12 +6,17 @@ import pytest
 import tensorflow as tf
 from helpers import epoch_history, slowed, train_result
 
-from tasks.data.preparation import prepare_dataset
-from tasks.distribute.strategy import StrategyChoice
-from tasks.measure.diagnosis import classify, classify_in_place, diagnose_run, format_diagnosis
-from tasks.measure.in_place import InPlaceProbes
-from tasks.measure.probes import RoundRates
-from tasks.settings.config import load_config
+from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.measure.diagnosis import (
+    classify,
+    classify_in_place,
+    diagnose_run,
+    format_diagnosis,
+)
+from tfscale.tasks.measure.in_place import InPlaceProbes
+from tfscale.tasks.measure.probes import RoundRates
+from tfscale.tasks.settings.config import load_config
 
 ONE_CPU = StrategyChoice("one_device", 1, 1, "float32", "test")
 
@@ -107,7 +112,7 @@ def test_classify_in_place_from_measured_steps(figures, expected, named):
 
 
 def test_in_place_diagnosis_prints_measurements_as_measured(digits):
-    from tasks.measure.diagnosis import diagnose_in_place
+    from tfscale.tasks.measure.diagnosis import diagnose_in_place
 
     cfg, manifest, _ = train_config(digits, model="mlp")
     choice = StrategyChoice("multi_worker", 2, 2, "float32", "test")
@@ -189,7 +194,7 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
     import dataclasses
     import statistics
 
-    from tasks.measure import probes as module
+    from tfscale.tasks.measure import probes as module
 
     built = []  # (replicas, per-replica batch) of every configuration set up, in order
 
@@ -253,8 +258,8 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     the batch's, and so 1.25x the devices'."""
     import dataclasses
 
-    from tasks.measure.diagnosis import Diagnosis
-    from tasks.report.summary import compare_runs, format_summary
+    from tfscale.tasks.measure.diagnosis import Diagnosis
+    from tfscale.tasks.report.summary import compare_runs, format_summary
 
     diagnosis = Diagnosis(
         "compute-bound", 9e9, 1600.0, 1500.0, 1000.0, 2, 0.02, "evidence",
@@ -287,7 +292,7 @@ def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range(
     (1.50-1.60); the first epoch (tracing) does not enter, nor does an epoch one side lacks."""
     import dataclasses
 
-    from tasks.report.summary import compare_runs, format_summary
+    from tfscale.tasks.report.summary import compare_runs, format_summary
 
     base = train_result()
     base = dataclasses.replace(base, examples_per_s=930, history=epoch_history(90, 1000, 800, 1000))
@@ -331,8 +336,8 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     enter."""
     import dataclasses
 
-    from tasks.measure.diagnosis import Diagnosis
-    from tasks.report.summary import compare_runs, format_summary
+    from tfscale.tasks.measure.diagnosis import Diagnosis
+    from tfscale.tasks.report.summary import compare_runs, format_summary
 
     rates = {
         "one_device_replica_batch": [1000.0, 800.0, 1000.0],
@@ -372,7 +377,7 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     ],
 )
 def test_the_summary_recommends_what_every_round_agrees_on(ratios, says):
-    from tasks.measure.rounds import Spread
-    from tasks.report.summary import recommend_devices
+    from tfscale.tasks.measure.rounds import Spread
+    from tfscale.tasks.report.summary import recommend_devices
 
     assert recommend_devices(Spread.of(ratios), 2).startswith(says)

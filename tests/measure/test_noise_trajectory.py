@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from tasks.measure.noise_trajectory import Hyperbola, fit_steps_hyperbola, predicted_steps
-from tasks.train.noise_estimates import (
+from tfscale.tasks.measure.noise_trajectory import Hyperbola, fit_steps_hyperbola, predicted_steps
+from tfscale.tasks.train.noise_estimates import (
     NoiseScale,
     efficiency,
     replicas_estimates,
@@ -152,7 +152,7 @@ def test_a_trajectory_recovers_each_windows_planted_noise_scale_and_averages_the
     window's own value is exact; the averages of |G|^2 and tr(S) weigh the newer window
     twice the older (beta 0.5, bias-corrected: the first window is its own), and an empty
     window (no recorded call) adds nothing."""
-    from tasks.measure.noise_trajectory import trajectory
+    from tfscale.tasks.measure.noise_trajectory import trajectory
 
     windows = [
         _window(22, 10, 1.0, 20.0, adam=(1.0, 200.0)),
@@ -183,7 +183,7 @@ def test_steps_to_target_at_another_batch_follow_the_efficiency_of_each_step():
     steps needs 100 x (32/64) x (32+64)/(32+32) = 75 steps at 64 (a quarter saved, not
     half); with no noise (phi near 0) every example counts as at 32 and 64 saves nothing
     (100 steps: each step's progress is 1); with all noise, half (50)."""
-    from tasks.measure.noise_trajectory import predicted_steps_to, trajectory
+    from tfscale.tasks.measure.noise_trajectory import predicted_steps_to, trajectory
 
     path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
     assert predicted_steps_to(path, 100, 32, 64, "raw") == pytest.approx(75.0)
@@ -218,7 +218,7 @@ def test_the_headline_noise_scale_counts_every_window_and_divides_the_averages()
     comes out at or below zero in about a third of the windows. The ratio of the averaged
     estimates, every window counted, holds the truth in its interval; the median of the
     windows' own ratios with those windows dropped reads under half of it."""
-    from tasks.measure.noise_trajectory import trajectory
+    from tfscale.tasks.measure.noise_trajectory import trajectory
 
     problem = LinearRegression(noise=1.5, seed=1)
     truth = problem.trace / problem.sq_norm
@@ -234,7 +234,7 @@ def test_the_noise_scale_is_corrected_for_batches_drawn_from_a_small_split():
     """256 examples, 2 replicas of 32 drawn without replacement each epoch: the two-batch
     estimate reads |G|^2 - tr(S)/256, so the uncorrected noise scale reads high, its
     interval above the population's own; told the split's size, the interval holds it."""
-    from tasks.measure.noise_trajectory import trajectory
+    from tfscale.tasks.measure.noise_trajectory import trajectory
 
     population = LinearRegression(noise=2.0, seed=2).gradients(256)
     mean = population.mean(0)
@@ -266,7 +266,7 @@ def test_the_noise_scale_is_corrected_for_batches_drawn_from_a_small_split():
 def test_a_noise_scale_measurable_nowhere_predicts_nothing_rather_than_perfect_scaling():
     """Every window's |G|^2 at or below zero: no figure, where infinity (every batch below
     the noise, so steps falling as 1/B) would have been the most optimistic answer."""
-    from tasks.measure.noise_trajectory import predicted_steps_to, trajectory
+    from tfscale.tasks.measure.noise_trajectory import predicted_steps_to, trajectory
 
     noise_only = {"end_step": 50, "steps": 10, "small_batch": 16, "big_batch": 32}
     path = trajectory([noise_only | {"small": 3.0, "big": 1.4}])  # (32 x 1.4 - 16 x 3)/16 < 0
@@ -281,7 +281,7 @@ def test_a_rules_progress_follows_the_quadratic_model_and_its_headroom_is_recove
     share; a base rate far below its optimum makes steps fall as 1/gain; a rate twice its
     optimum or more makes no progress; and the share a measured pair implies is the one
     planted, for a gain above the share-keeping one and below it."""
-    from tasks.train.noise_estimates import headroom_from, rule_progress
+    from tfscale.tasks.train.noise_estimates import headroom_from, rule_progress
 
     best = step_progress(64.0, 32, 128)
     for share in (0.1, 0.5, 1.0):
@@ -301,7 +301,7 @@ def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
     """Linear's doubled rate at batch 64 (noise scale 32): from 50 steps (a base rate far
     below its optimum: each step does twice the work) to the steps of a rate at it, which
     overshoots; with the headroom known, the point; adascale's, the point without it."""
-    from tasks.measure.noise_trajectory import rule_steps, trajectory
+    from tfscale.tasks.measure.noise_trajectory import rule_steps, trajectory
 
     # by hand: the share-keeping gain g* = (64/32)(32 + 32)/(32 + 64) = 4/3, and a step at
     # gain 2 and headroom h makes g* (2r - r^2)/(2h - h^2) of a base step, r = 2h/g*:
@@ -320,7 +320,7 @@ def test_a_pair_made_at_a_headroom_reads_back_as_that_headroom_under_either_gain
     """A pair made at headroom 0.5 with the noise scale as measured reads back as headroom
     0.5, factor 1, under sqrt's gain and linear's; a gain that keeps the rate's share of
     its optimum says nothing of either."""
-    from tasks.train.noise_estimates import calibrated, rule_progress
+    from tfscale.tasks.train.noise_estimates import calibrated, rule_progress
 
     for gain in (2**0.5, 2.0):
         made = rule_progress(60.0, 32, 64, gain, 0.5)
@@ -338,7 +338,7 @@ def test_linear_past_what_a_base_rate_at_its_optimum_allows_reads_a_headroom_abo
     """Noise scale 100, linear's gain 2, a measured ratio of 1.30: g* = 1.6098, k = 1.2424,
     q = 0.8076, so h = 1.1816 (a base rate 18% past its optimum), which gives 1.3000 back.
     A base rate at its optimum would give 1.515: the pair is not that."""
-    from tasks.train.noise_estimates import calibrated, rule_progress
+    from tfscale.tasks.train.noise_estimates import calibrated, rule_progress
 
     headroom, factor = calibrated(100.0, 32, 64, lambda _: 2.0, 1.30)
     assert (headroom, factor) == pytest.approx((1.1816, 1.0), abs=1e-4)
@@ -350,7 +350,7 @@ def test_sqrt_beating_a_base_rate_at_its_optimum_assumes_the_measured_noise_scal
     """Noise scale 61, sqrt's gain 1.4142, a measured ratio of 1.6: g* = 1.4880, k = 0.9504,
     q = 1.0753, so h = 1.4520 with the noise scale as measured (the plan says it assumed
     that), where a base rate at its optimum needs a noise scale 1.77x the measured one."""
-    from tasks.train.noise_estimates import calibrated
+    from tfscale.tasks.train.noise_estimates import calibrated
 
     sqrt = 2**0.5
     assert calibrated(61.0, 32, 64, lambda _: sqrt, 1.6) == pytest.approx((1.4520, 1.0), abs=1e-4)
@@ -362,7 +362,7 @@ def test_a_pair_read_as_a_headroom_has_its_other_reading_at_a_base_rate_at_its_o
     g*' k'(2 - k') = 4 - 4/g*' = 4f/(1 + 2f) with the noise 64f (g*' = (1 + 2f)/(1 + f)),
     so f = m/(4 - 2m) = 2: the other reading. Past 2 (f -> infinity) none gives it: 1.99
     needs f = 99.5, beyond the bound of 64."""
-    from tasks.train.noise_estimates import calibrated, factor_at_optimum, rule_progress
+    from tfscale.tasks.train.noise_estimates import calibrated, factor_at_optimum, rule_progress
 
     assert calibrated(64.0, 32, 64, lambda _: 2.0, 1.6) == pytest.approx((0.75, 1.0))
     assert factor_at_optimum(64.0, 32, 64, lambda _: 2.0, 1.6) == pytest.approx(2.0)
@@ -376,7 +376,7 @@ def test_sqrt_worse_than_its_gain_alone_reads_a_noise_scale_measured_high():
     rate far below its optimum gives: no headroom in [0, 2) (h = 5.18), so a base rate at
     its optimum, which gives 2g - g^2/g*: g* = 2/(2.8284 - 1.3) = 1.3085, so phi = 28.56,
     0.4682 of the measured 61."""
-    from tasks.train.noise_estimates import calibrated, rule_progress
+    from tfscale.tasks.train.noise_estimates import calibrated, rule_progress
 
     sqrt = 2**0.5
     headroom, factor = calibrated(61.0, 32, 64, lambda _: sqrt, 1.3)
@@ -387,7 +387,7 @@ def test_sqrt_worse_than_its_gain_alone_reads_a_noise_scale_measured_high():
 def test_a_pair_better_than_its_rates_gain_allows_is_not_explained():
     """Linear's gain 2 and a measured 2.1: no headroom gives more than the gain itself
     (h -> 0), and at headroom 1 no noise scale gives more than 2 either."""
-    from tasks.train.noise_estimates import NOT_EXPLAINED, calibrated
+    from tfscale.tasks.train.noise_estimates import NOT_EXPLAINED, calibrated
 
     assert calibrated(100.0, 32, 64, lambda _: 2.0, 2.1) == (None, NOT_EXPLAINED)
 
@@ -396,7 +396,7 @@ def test_the_headline_interval_reads_a_draw_of_no_measurable_noise_as_unbounded(
     """Eight windows of which only one has a positive |G|^2 large enough to carry the mean
     above zero: every draw without it (about (7/8)^8 = 34% of them) has no measurable noise
     scale and reads infinity, so the high end is unbounded; sorting NaN left it anywhere."""
-    from tasks.measure.noise_trajectory import interval_text, trajectory
+    from tfscale.tasks.measure.noise_trajectory import interval_text, trajectory
 
     windows = [_window(10, 10, 8.0, 40.0)]
     windows += [_window(10 * (i + 2), 10, -0.5, 40.0) for i in range(7)]
@@ -412,7 +412,7 @@ def test_one_noisy_window_past_twice_its_optimum_does_not_make_a_reached_target_
     quadratic model's g*(2r - r^2) < 0). A first window reading noise scale 1 over 4 of 100
     steps: those steps are priced at the headline noise scale, and the prediction is the
     sum of 1/progress over the steps. The same window over 30 of them: "never"."""
-    from tasks.measure.noise_trajectory import predicted_steps_to, trajectory
+    from tfscale.tasks.measure.noise_trajectory import predicted_steps_to, trajectory
 
     def progress(phi: float) -> float:  # headroom 1, by hand
         best = 4 * (phi + 32) / (phi + 128)
@@ -444,7 +444,7 @@ def test_an_adaptive_optimizers_step_grows_by_the_root_of_the_batchs_step_progre
     32 to 64: sqrt(3/2) = 1.2247. Far below the noise scale (phi 1e9) its `sqrt` gain 2 at
     4x the batch is a step 2 x sqrt(4) = 4 = g*: the rate keeps its share of its optimum,
     so a step makes g* = 4 of a base step, as SGD's does under `linear`."""
-    from tasks.train.noise_estimates import Gain, is_adaptive, rule_progress
+    from tfscale.tasks.train.noise_estimates import Gain, is_adaptive, rule_progress
 
     assert Gain(2.0, adaptive=True).factor(64.0, 32, 64) == pytest.approx(1.224745, abs=1e-6)
     assert Gain(2.0, adaptive=True).at(64.0, 32, 64) == pytest.approx(2.449490, abs=1e-6)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import scaled
 
-from tasks.measure.rounds import (
+from tfscale.tasks.measure.rounds import (
     RoundsEnded,
     Settling,
     Spread,
@@ -195,7 +195,7 @@ def test_a_busy_process_beside_a_measurement_is_seen():
     import sys
     import time
 
-    from tasks.core.machine_load import LoadWatch
+    from tfscale.tasks.core.machine_load import LoadWatch
 
     # it spins from the line it prints until it is killed: the whole watch, however long
     # its start took (a sleep guessed at it, and a fixed spin, could miss the watch)
@@ -214,7 +214,7 @@ def test_a_busy_process_beside_a_measurement_is_seen():
 
 
 def test_interference_below_the_thresholds_is_not_material():
-    from tasks.core.machine_load import Interference
+    from tfscale.tasks.core.machine_load import Interference
 
     quiet = Interference(other_cores=0.1, steal_share=0.01, cores=2, seconds=10, known=True)
     assert not quiet.material and quiet.text() == ""
@@ -246,7 +246,7 @@ def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
     """The probes' blocks (`tasks.measure.probes._sized`): the warm-up call traces, times a few
     steps, and runs one block of the number that makes about a second, which every later
     call times."""
-    from tasks.measure.probes import _sized
+    from tfscale.tasks.measure.probes import _sized
 
     calls = []
 
@@ -268,7 +268,7 @@ def test_a_block_warms_up_then_times_the_steps_its_warm_up_sized():
 def test_a_round_times_the_speedup_next_to_its_baseline_and_the_input_last(scaling, baseline):
     """The probes' order (`tasks.measure.probes._paired`): each ratio the speedup is read from is
     of two blocks timed back to back, whatever order the calls were built in."""
-    from tasks.measure.probes import _paired
+    from tfscale.tasks.measure.probes import _paired
 
     names = [
         "end_to_end",
@@ -307,7 +307,7 @@ def test_each_logical_cpu_device_gets_its_share_of_the_cores():
 def test_the_rounds_watch_the_speedup_or_with_one_device_the_inputs_share():
     """Both watched figures are ratios of two blocks of the same round, so a slow spell
     cancels: the speedup over the baseline of the scaling, else end to end over compute."""
-    from tasks.measure.probes import watched_figure, watched_name
+    from tfscale.tasks.measure.probes import watched_figure, watched_name
 
     rounds = {"end_to_end": [2.0, 4.0], "compute": [4.0, 8.0]}
     assert watched_figure(rounds, "weak") == ([2.0, 4.0], [4.0, 8.0])
@@ -324,7 +324,7 @@ def test_the_measuring_rounds_say_what_they_time_and_how_far_they_are(caplog):
     allowed and how well the figure is known; nothing after the last round."""
     import logging
 
-    from tasks.core.progress import RoundsProgress
+    from tfscale.tasks.core.progress import RoundsProgress
 
     with caplog.at_level(logging.INFO, logger="tfscale"):
         with RoundsProgress("the run and one device", "the speedup", cap=12, aim=0.03) as progress:

@@ -9,10 +9,10 @@ import math
 import pytest
 from helpers import DEFAULTS
 
-from flows.cli import main
-from tasks.report.forecast import CostModel, fit_cost_model, forecast, links_from
-from tasks.report.forecast_report import format_forecast
-from tasks.report.plan import format_plan
+from tfscale.flows.cli import main
+from tfscale.tasks.report.forecast import CostModel, fit_cost_model, forecast, links_from
+from tfscale.tasks.report.forecast_report import format_forecast
+from tfscale.tasks.report.plan import format_plan
 
 C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
 ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s
@@ -203,8 +203,8 @@ def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
     rule_progress(phi, B, N B, min(N, 2), 0.5) of a base step (the rate never above the
     run's), so the steps are the run's 100 times its progress over theirs; the time to
     target against one device's is theirs times the predicted steps' times."""
-    from tasks.report.forecast_report import format_forecast, headline, with_time_to_target
-    from tasks.train.noise_estimates import rule_progress
+    from tfscale.tasks.report.forecast_report import format_forecast, headline, with_time_to_target
+    from tfscale.tasks.train.noise_estimates import rule_progress
 
     window = {"end_step": 50, "steps": 10, "small_batch": BATCH, "big_batch": 2 * BATCH}
     window |= {"small": 1 + BATCH / BATCH, "big": 1 + BATCH / (2 * BATCH)}  # |G|^2 1, phi B
@@ -243,7 +243,7 @@ def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
     assert unreached.predictions["ethernet-10g"][1].time_to_target_speedup is None
     # no baseline beside it: linear's headroom is unknown, so adascale is priced, whose
     # steps the noise scale gives alone (its gain here never passes the run's 2)
-    from tasks.train.noise_estimates import step_progress
+    from tfscale.tasks.train.noise_estimates import step_progress
 
     alone = with_time_to_target(forecast(model, {"ethernet-10g": 10.0}, [1, 2, 8]), metrics)
     adascale = 100 * step_progress(BATCH, BATCH, 2 * BATCH) / step_progress(BATCH, BATCH, 8 * BATCH)
@@ -279,7 +279,7 @@ def _study(rule: str = "linear", phi: float = 64.0, run_batch: int = 2 * BATCH) 
     """The run's summary.json: its baseline (one device at 32, the base rate) reached the
     target in the steps a base rate at `HEADROOM` of its optimum gives, against the run's
     100 at 64 with the rule's gain."""
-    from tasks.train.noise_estimates import planned_gain, rule_progress
+    from tfscale.tasks.train.noise_estimates import planned_gain, rule_progress
 
     gain = planned_gain(rule, run_batch / BATCH, phi, BATCH)
     base_steps = 100 * rule_progress(phi, BATCH, run_batch, gain, HEADROOM)
@@ -314,7 +314,7 @@ def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     target), so the steps to 96% are the run's 100 times the run's progress over the row's;
     the step time is the cost model's on the link; one device at 32 is the reference (its
     time to target 1.00x), and the fastest row has the least time."""
-    from tasks.report.plan import make_plan
+    from tfscale.tasks.report.plan import make_plan
 
     plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0, study=_study())
     assert sorted({r.devices for r in plan.rows}) == [1, 2, 4, 8]
@@ -353,8 +353,8 @@ def test_a_plan_without_a_baseline_to_calibrate_its_rule_prices_adascale_up_to_i
     its steps at other batches are too. The plan prices adascale instead (its gain keeps
     the rate's share of its optimum, so the noise scale alone predicts its steps), and
     leaves out the batches whose adascale rate would pass the run's, saying why."""
-    from tasks.report.plan import make_plan
-    from tasks.train.noise_estimates import planned_gain, step_progress
+    from tfscale.tasks.report.plan import make_plan
+    from tfscale.tasks.train.noise_estimates import planned_gain, step_progress
 
     plan = make_plan(_planned_run(), 8, "ethernet-10g", 10.0)
     assert plan.rule == "adascale"
@@ -372,7 +372,7 @@ def test_a_plan_without_a_baseline_to_calibrate_its_rule_prices_adascale_up_to_i
 def test_a_plan_to_another_target_than_the_studys_does_not_calibrate_from_it():
     """The study compared its trainings at 0.96; a plan to 0.9 cannot take its pair for
     that target's, so its rule is not calibrated and it prices adascale."""
-    from tasks.report.plan import make_plan
+    from tfscale.tasks.report.plan import make_plan
 
     assert make_plan(_planned_run(), 4, "ethernet-10g", 10.0, study=_study()).rule == "linear"
     other = make_plan(_planned_run(), 4, "ethernet-10g", 10.0, 0.9, study=_study())
@@ -383,7 +383,7 @@ def test_a_plan_counts_gradient_accumulation_once():
     """A run of 2 workers at 16 per replica accumulating 2 micro-batches a step (64
     examples a step, the base rate for 32) is the run of 2 workers at 32 without: each row
     at 16 per replica accumulating is the row at 32 without, to the step and the rate."""
-    from tasks.report.plan import make_plan
+    from tfscale.tasks.report.plan import make_plan
 
     plain = make_plan(_planned_run(), 8, "ethernet-10g", 10.0, study=_study())
     accumulating = {**_planned_run(), "global_batch": BATCH, "grad_accum_steps": 2}
@@ -407,7 +407,7 @@ def test_a_plans_time_takes_its_evaluations_and_epochs():
     epoch, which traces), an evaluation every 640 examples; an epoch's fixed cost from its
     history. Each row's time is its steps' seconds plus an evaluation every 640 of its
     examples and the epochs they make."""
-    from tasks.report.plan import evaluation_seconds, make_plan
+    from tfscale.tasks.report.plan import evaluation_seconds, make_plan
 
     step_s = 0.004
     evaluations = [
@@ -442,8 +442,8 @@ def test_a_plan_never_prices_a_global_batch_that_leaves_few_steps_an_epoch():
     batch over 176 would leave fewer than 8 steps an epoch (8 devices at 256 not even one),
     so no row has more than 176, the sources say how many were left out, and data too
     small for any is refused."""
-    from tasks.core.errors import UsageError
-    from tasks.report.plan import MIN_STEPS_PER_EPOCH, make_plan
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.report.plan import MIN_STEPS_PER_EPOCH, make_plan
 
     run = {**_planned_run(), "steps_per_epoch": 22}
     plan = make_plan(run, 8, "ethernet-10g", 10.0, study=_study())
@@ -461,8 +461,8 @@ def test_a_plan_never_prices_a_global_batch_that_leaves_few_steps_an_epoch():
 
 
 def test_a_plan_refuses_a_target_its_run_never_reached_or_a_run_without_a_noise_scale():
-    from tasks.core.errors import UsageError
-    from tasks.report.plan import make_plan
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.report.plan import make_plan
 
     with pytest.raises(UsageError, match=r"did not reach 99% held-out accuracy \(best 0.9700\)"):
         make_plan(_planned_run(), 8, "measured", 0.0, 0.99)
@@ -480,7 +480,7 @@ def test_a_plans_interval_comes_from_the_noise_scales_bounds_not_from_its_point(
     noise scale's two bounds, held constant, lie either side of the point (so no bound was
     widened to hold it), and each side of the interval is at least those bounds' deviation
     and the seed doubt in quadrature (95% intervals of independent doubts in logs)."""
-    from tasks.report.plan import pricing_of
+    from tfscale.tasks.report.plan import pricing_of
 
     windows = []
     for end, phi in zip((20, 40, 60, 80, 100), (150, 250, 200, 180, 220), strict=True):
@@ -503,8 +503,8 @@ def test_a_plans_point_lies_inside_its_interval_when_the_noise_scale_rises():
     it, lie inside the row's interval (the noise scale's bounds held constant, widened to
     the point, and by the run's own steps' seed doubt), and the run's own batch, whose
     steps were measured, still has an interval: one seed's steps are not known exactly."""
-    from tasks.report.plan import make_plan
-    from tasks.train.to_target import SEED_SPREAD
+    from tfscale.tasks.report.plan import make_plan
+    from tfscale.tasks.train.to_target import SEED_SPREAD
 
     windows = []
     for end, phi in zip((20, 40, 60, 80, 100), (50, 100, 200, 400, 800), strict=True):
@@ -532,11 +532,11 @@ def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():
     and the plan says so; a device too small for any is refused."""
     from types import SimpleNamespace
 
-    from tasks.core.errors import UsageError
-    from tasks.data.spec import FeatureSpec
-    from tasks.report.plan import make_plan
-    from tasks.train.models import build_model
-    from tasks.train.stage_plan import MB, batches_that_fit, footprint, layer_costs
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.data.spec import FeatureSpec
+    from tfscale.tasks.report.plan import make_plan
+    from tfscale.tasks.train.models import build_model
+    from tfscale.tasks.train.stage_plan import MB, batches_that_fit, footprint, layer_costs
 
     spec = FeatureSpec.image((8, 8, 1), tuple("0123456789"))
     manifest = SimpleNamespace(shape=(8, 8, 1), num_classes=10, spec=spec)
@@ -565,7 +565,7 @@ def test_a_plans_rate_column_follows_the_runs_rule(followed, asked, expected):
     """Each row's rate is the base rate times the gain the run's rule gives its batch (the
     gain AdaScale's rules settle at where they adapt: their recorded rate is the base),
     never above the run's own: the highest measured to reach the target."""
-    from tasks.report.plan import make_plan
+    from tfscale.tasks.report.plan import make_plan
 
     metrics = {**_planned_run(), "lr_scaling": followed, "lr_scaling_rule": asked}
     plan = make_plan(metrics, 4, "ethernet-10g", 10.0, study=_study(asked))
@@ -580,7 +580,7 @@ def test_a_plan_from_a_run_at_the_base_batch_prices_no_rate_above_it():
     """A run at the base batch followed `none` (its config asked for linear): no pair to
     calibrate from and no rate above the base measured, so only batches whose adascale
     rate stays at the base are priced."""
-    from tasks.report.plan import make_plan
+    from tfscale.tasks.report.plan import make_plan
 
     metrics = {**_planned_run(), "lr_scaling": "none", "lr_scaling_rule": "linear"}
     metrics["global_batch"] = BATCH

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from tasks.measure.noise_trajectory import trajectory
-from tasks.report.plan import Calibration, Pricing, format_plan, make_plan, pair_interval
-from tasks.train.noise_estimates import sampled_batch, step_progress, two_point_noise
+from tfscale.tasks.measure.noise_trajectory import trajectory
+from tfscale.tasks.report.plan import Calibration, Pricing, format_plan, make_plan, pair_interval
+from tfscale.tasks.train.noise_estimates import sampled_batch, step_progress, two_point_noise
 
 pytestmark = pytest.mark.unit
 
@@ -284,7 +284,7 @@ def test_adams_steps_are_priced_with_its_step_growing_by_the_root_of_a_larger_ba
     2/2.4 = 0.7143, progress 2.4(2r - r^2)/(2h - h^2) = 2.25, steps 100 x 1.5/2.25 = 66.67.
     Adam: k = 2 sqrt(1.5)/1.5, h = 0.7596; at 256 the step is 2 sqrt(2.4) = 3.098, r =
     0.9806, progress 2.546, steps 58.91: the larger batch's own step gains, as Adam's do."""
-    from tasks.report.plan import pricing_of
+    from tfscale.tasks.report.plan import pricing_of
 
     sgd, _ = pricing_of(_run(), 100, BATCH, _pair(150))
     adam, _ = pricing_of(_run(optimizer="Adam"), 100, BATCH, _pair(150))

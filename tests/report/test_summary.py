@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from helpers import epoch_history, train_result
 
-from tasks.report.summary import compare_runs, format_summary
-from tasks.train.result import TrainResult
+from tfscale.tasks.report.summary import compare_runs, format_summary
+from tfscale.tasks.train.result import TrainResult
 
 
 def _pair(base_target: dict, dist_target: dict) -> tuple[TrainResult, TrainResult]:
@@ -283,8 +283,8 @@ def test_every_text_of_the_speedup_chart_lies_inside_the_saved_png(tmp_path):
     figure as saved (a y-label of a whole sentence was cut off in the PNG itself)."""
     import matplotlib.image
 
-    from tasks.core.plots import pyplot, texts_outside
-    from tasks.report.summary import plot_speedup, speedup_figure
+    from tfscale.tasks.core.plots import pyplot, texts_outside
+    from tfscale.tasks.report.summary import plot_speedup, speedup_figure
 
     base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
     summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
@@ -304,7 +304,7 @@ def _answer(
     """`answer_text` of a summary whose examples/s speedup is `speedup` (median, low, high)
     and time-to-target speedup `time` (the same, or None where there is none); `widest`: one
     seed's time interval at the highest seed spread measured (low, high)."""
-    from tasks.report.summary import ScalingSummary, answer_text
+    from tfscale.tasks.report.summary import ScalingSummary, answer_text
 
     median, low, high = speedup
     t_median, t_low, t_high = time or (None, None, None)
@@ -452,7 +452,7 @@ def test_the_markdown_heading_says_the_time_to_target_verdict_beside_the_speedup
     """The Prefect artifact's and the MLflow description's heading: 1.50x in examples/s
     beside what the time to target says, so it never reads as a win above a line saying
     one device finishes sooner."""
-    from tasks.report.summary import format_markdown
+    from tfscale.tasks.report.summary import format_markdown
 
     slower = compare_runs(
         *_pair(_reached(4000, 4.0), _reached(12000, 4.7)), EVALUATION, None, "weak", 0.95
@@ -483,8 +483,8 @@ def test_a_few_rounds_or_epochs_enter_the_time_as_a_t_interval_not_their_range()
 
     from helpers import epoch_history
 
-    from tasks.measure.diagnosis import Diagnosis
-    from tasks.measure.probes import RoundRates
+    from tfscale.tasks.measure.diagnosis import Diagnosis
+    from tfscale.tasks.measure.probes import RoundRates
 
     ratios = [1.2 * math.exp(-0.1), 1.2, 1.2 * math.exp(0.1)]
     base, dist = _pair(_reached(4000, 4.0), _reached(5000, 4.0))

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from helpers import scaled
 
-from tasks.execute.sweep_cells import Cell, plan_cells
-from tasks.measure.probes import RoundRates
-from tasks.measure.rounds import ratio_95
-from tasks.report.forecast import fit_cost_model
-from tasks.report.scaling_grid import tabulate
-from tasks.settings.config import load_config
+from tfscale.tasks.execute.sweep_cells import Cell, plan_cells
+from tfscale.tasks.measure.probes import RoundRates
+from tfscale.tasks.measure.rounds import ratio_95
+from tfscale.tasks.report.forecast import fit_cost_model
+from tfscale.tasks.report.scaling_grid import tabulate
+from tfscale.tasks.settings.config import load_config
 
 
 def test_plan_always_includes_one_replica():
@@ -52,7 +52,7 @@ def test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batche
     The fit gives S_min 100 and the critical batch 64; the noise scale comes from the
     smallest batch's cell. A group at two batches, or one that never reached the target,
     gets none."""
-    from tasks.report.scaling_grid import critical_batches
+    from tfscale.tasks.report.scaling_grid import critical_batches
 
     def steps(batch: int) -> int:
         return round(100 * (1 + 64 / batch))
@@ -88,7 +88,7 @@ def swept(tmp_path_factory):
     1-replica cell's run directory was deleted), then a 1-cell grid of the same settings
     for another checkout (its own runs and out directories), which must train its cell
     afresh: one cell proves that as well as four."""
-    from flows.sweep import sweep_flow
+    from tfscale.flows.sweep import sweep_flow
 
     tmp = tmp_path_factory.mktemp("sweep")
     config = load_config(
@@ -223,8 +223,8 @@ def test_cached_results_live_in_the_project_and_do_not_cross_checkouts(swept):
 def test_links_need_worker_processes(monkeypatch):
     """A link axis needs cells of worker processes: the plan refuses it, and `tfscale sweep`
     refuses it before any flow run starts (no Prefect API, no TensorFlow import)."""
-    from flows import commands
-    from tasks.settings.config import ConfigError
+    from tfscale.flows import commands
+    from tfscale.tasks.settings.config import ConfigError
 
     def flow_run(*args):
         raise AssertionError(f"a flow run started: {args[:2]}")
@@ -255,10 +255,10 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
 
     from helpers import needs
 
-    from flows.sweep import sweep_flow
-    from tasks.distribute import netlab
-    from tasks.execute.sweep_cells import plan_cells
-    from tasks.report.scaling_grid import forecast_lines
+    from tfscale.flows.sweep import sweep_flow
+    from tfscale.tasks.distribute import netlab
+    from tfscale.tasks.execute.sweep_cells import plan_cells
+    from tfscale.tasks.report.scaling_grid import forecast_lines
 
     needs(netlab.available(), "emulated hosts for the link axis")
     config = load_config(
@@ -320,7 +320,7 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
 def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
     """`sweep.strategy: pipeline`: its replicas are stages (a device each), each count once
     per `sweep.micro_batches`, against one device at the same batch."""
-    from flows.sweep import sweep_flow
+    from tfscale.flows.sweep import sweep_flow
 
     config = load_config(
         None,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import DEFAULTS
 
-from flows.cli import main
-from tasks.settings.config import Config, ConfigError, key_table, load_config
+from tfscale.flows.cli import main
+from tfscale.tasks.settings.config import Config, ConfigError, key_table, load_config
 
 
 def test_defaults_load_and_are_frozen():
@@ -89,7 +89,7 @@ def test_an_error_the_user_caused_is_one_line_with_the_fix_and_its_exit_code(
     err = capsys.readouterr().err
     assert "error: train split has 1437 examples" in err
     assert "lower --batch-size-per-replica" in err and "Traceback" not in err
-    from tasks.core.errors import UsageError
+    from tfscale.tasks.core.errors import UsageError
 
     with pytest.raises(UsageError):
         main(["--debug", "--params", params, *args])
@@ -103,13 +103,13 @@ def test_an_unknown_strategy_lists_the_known_ones(tmp_path, capsys):
 
 
 def test_every_error_a_user_can_cause_is_a_user_error():
-    from flows.errors import ServerUnavailable
-    from tasks.core.errors import MissingInput, UsageError, UserError
-    from tasks.data.datasets import DatasetError
-    from tasks.data.manifest import ShardError
-    from tasks.distribute.launch import WorkerError
-    from tasks.settings.kinds import UnknownStrategy
-    from tasks.track.tracking import TrackingError
+    from tfscale.flows.errors import ServerUnavailable
+    from tfscale.tasks.core.errors import MissingInput, UsageError, UserError
+    from tfscale.tasks.data.datasets import DatasetError
+    from tfscale.tasks.data.manifest import ShardError
+    from tfscale.tasks.distribute.launch import WorkerError
+    from tfscale.tasks.settings.kinds import UnknownStrategy
+    from tfscale.tasks.track.tracking import TrackingError
 
     for error in (DatasetError, ShardError, WorkerError, TrackingError, ServerUnavailable):
         assert issubclass(error, UserError) and error.exit_code == 1
@@ -126,7 +126,7 @@ def test_the_batch_is_a_number_or_auto_which_trains_at_32_until_measured():
 
 
 def test_the_batch_flag_takes_auto_or_a_number(tmp_path, capsys):
-    from flows.cli import build_parser
+    from tfscale.flows.cli import build_parser
 
     parser = build_parser()
     for given, expected in (("auto", "auto"), ("AUTO", "auto"), ("64", 64)):
@@ -167,7 +167,7 @@ def test_a_flag_is_never_taken_for_another_by_its_prefix(capsys):
     """`evaluate --model x.py:f` (train's flag, given to evaluate) is refused as unknown,
     not read as evaluate's `--model-path`, which argparse's prefix matching would do; the
     top-level parser matches whole flags too (`--verb` is not `--verbose`)."""
-    from flows.cli import build_parser
+    from tfscale.flows.cli import build_parser
 
     for argv, unknown in (
         (["evaluate", "--model", "x.py:f"], "--model x.py:f"),

@@ -11,17 +11,17 @@ import json
 import sys
 import tempfile
 
-from tasks.core.process import set_up_process
-from tasks.data.manifest import load_manifest
-from tasks.distribute.strategy import StrategyChoice
-from tasks.settings.config import load_config
+from tfscale.tasks.core.process import set_up_process
+from tfscale.tasks.data.manifest import load_manifest
+from tfscale.tasks.distribute.strategy import StrategyChoice
+from tfscale.tasks.settings.config import load_config
 
 
 def main(data_dir: str) -> dict:
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.ps_cluster import in_process_cluster
-    from tasks.distribute.run import Run
-    from tasks.train.training import set_up_training, train_model
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.ps_cluster import in_process_cluster
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.train.training import set_up_training, train_model
 
     manifest = load_manifest(data_dir)
     choice = StrategyChoice("parameter_server", 2, 2, "float32", "partition check")

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import sys
 
-import tasks.train.training
-from flows.cli import main
 from tests.helpers import slowed
+from tfscale.flows.cli import main
+from tfscale.tasks.train import training
 
-real_build_dataset = tasks.train.training.build_dataset
+real_build_dataset = training.build_dataset
 
 
 def slowed_build_dataset(*args, **kwargs):
     return slowed(real_build_dataset(*args, **kwargs), 0.02)
 
 
-tasks.train.training.build_dataset = slowed_build_dataset
+training.build_dataset = slowed_build_dataset
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

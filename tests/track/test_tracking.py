@@ -10,11 +10,11 @@ import time
 import pytest
 from helpers import ROOT, scaled
 
-from tasks.core.fields import PARAM, fields_by_type
-from tasks.core.files import write_json_atomic
-from tasks.core.progress import EpochWatcher
-from tasks.track.tracking import STORE_LOCK, EpochLog, Tracker, rounded
-from tasks.train.result import TrainResult
+from tfscale.tasks.core.fields import PARAM, fields_by_type
+from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.progress import EpochWatcher
+from tfscale.tasks.track.tracking import STORE_LOCK, EpochLog, Tracker, rounded
+from tfscale.tasks.train.result import TrainResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +144,7 @@ def test_a_resumed_run_does_not_report_its_earlier_epochs_again(tmp_path):
 BAR_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from tasks.core.progress import EpochWatcher
+from tfscale.tasks.core.progress import EpochWatcher
 run_dir = Path(sys.argv[1])
 history = []
 with EpochWatcher(run_dir, 3, "baseline", interval_s=0.05):
@@ -196,7 +196,7 @@ def test_the_quiet_console_drops_only_the_expected_warnings():
     purpose) stays off the console; any other warning reaches it."""
     import logging
 
-    from tasks.core.process import _quiet_console
+    from tfscale.tasks.core.process import _quiet_console
 
     def record(level: int, message: str, name: str = "tensorflow") -> logging.LogRecord:
         return logging.LogRecord(name, level, __file__, 1, message, None, None)
@@ -205,7 +205,7 @@ def test_the_quiet_console_drops_only_the_expected_warnings():
     assert not _quiet_console(record(logging.WARNING, retraced))
     assert _quiet_console(record(logging.WARNING, "a real problem"))
     assert not _quiet_console(record(logging.INFO, "a library notice"))
-    assert _quiet_console(record(logging.INFO, "a stage line", name="tasks.core.progress"))
+    assert _quiet_console(record(logging.INFO, "a stage line", name="tfscale.tasks.core.progress"))
 
 
 def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
@@ -217,8 +217,8 @@ def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
     import logging
     import sys
 
-    from tasks.core.errors import MissingInput
-    from tasks.core.process import ConsoleFormat, _quiet_console
+    from tfscale.tasks.core.errors import MissingInput
+    from tfscale.tasks.core.process import ConsoleFormat, _quiet_console
 
     def raised(exc: BaseException) -> tuple:
         try:
@@ -243,7 +243,8 @@ def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
         record("prefect.flow_runs", "Finished in state Failed('Flow run encountered an exception "
                "ZeroDivisionError: division by zero')"),
         record("prefect.server", "database is locked"),
-        record("tasks.train.training", f"{error.message}: not in this task's records", error),
+        record("tfscale.tasks.train.training", f"{error.message}: not in this task's records",
+               error),
     ]  # fmt: skip
     handler = logging.StreamHandler(stream := io.StringIO())
     handler.setFormatter(ConsoleFormat())
@@ -255,7 +256,7 @@ def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
         "ERROR prefect.task_runs",
         "ERROR prefect.flow_runs",
         "ERROR prefect.server",
-        "ERROR tasks.train.training",
+        "ERROR tfscale.tasks.train.training",
     ], shown
     assert not any("shards.py" in line for line in shown[:3]), shown
 
@@ -263,7 +264,7 @@ def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
 def test_links_point_where_the_ui_is(tmp_path):
     """The configured UI address (`track.ui_url`, where `tfscale ui` serves), or the
     tracking server itself; never a port the UI is not on."""
-    from tasks.settings.config import load_config
+    from tfscale.tasks.settings.config import load_config
 
     (tmp_path / "params.yaml").write_text("track:\n  ui_url: http://10.0.0.7:5123\n")
     track = load_config(tmp_path / "params.yaml").track
@@ -284,7 +285,7 @@ def test_links_follow_a_serving_ui_to_its_port_and_never_a_stopped_ones(tmp_path
     import subprocess
     import sys
 
-    from tasks.track.tracking import UI_RECORD
+    from tfscale.tasks.track.tracking import UI_RECORD
 
     tracker = Tracker(tmp_path, uri=f"sqlite:///{tmp_path}/mlflow.db")
     assert tracker.ui_base == "http://127.0.0.1:5000"
@@ -344,7 +345,7 @@ def test_a_new_store_is_a_copy_of_an_empty_one_as_mlflow_makes_it(tmp_path, monk
     import sqlite3
 
     from mlflow import MlflowClient
-    from tasks.track import new_store
+    from tfscale.tasks.track import new_store
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)

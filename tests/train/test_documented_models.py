@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from helpers import report, train_result
 
-from tasks.core.errors import UsageError
-from tasks.data.spec import Feature, FeatureSpec, Label
-from tasks.distribute.strategy import select_strategy
-from tasks.settings.config import load_config
-from tasks.train.user_models import ModelError, objective_from, user_model
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
+from tfscale.tasks.distribute.strategy import select_strategy
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.train.user_models import ModelError, objective_from, user_model
 
 DIGITS = FeatureSpec.image((8, 8, 1), tuple("0123456789"))
 BINARY = FeatureSpec((Feature("x", "float32", (4,)),), Label("binary", (), ("0", "1")))
@@ -68,7 +68,7 @@ def test_a_model_named_as_package_module_function_is_imported_from_where_tfscale
 ):
     """`--model shop.models:build`: a package's module importable from the working
     directory (not on the path before), its function called with the data's spec."""
-    from tasks.train.models import model_for_data
+    from tfscale.tasks.train.models import model_for_data
 
     write(project, "shop_doc/__init__.py", "")
     write(project, "shop_doc/models.py", DENSE.format(name="from_the_package"))
@@ -149,7 +149,7 @@ def _built(digits, tmp_path, model: str, **train):
     digits."""
     import tensorflow as tf
 
-    from tasks.train.training import Rate, _model_and_optimizer
+    from tfscale.tasks.train.training import Rate, _model_and_optimizer
 
     overrides, manifest, _ = digits
     values = {**overrides, "train.model": model, **{f"train.{k}": v for k, v in train.items()}}
@@ -210,8 +210,14 @@ def test_auto_cuts_a_users_model_over_the_device_memory_into_pipeline_stages(pro
     """`auto` cuts a user's functional model that does not fit `train.device_memory_mb`
     into the fewest pipeline stages that hold it, as it cuts the built-ins, priced by the
     user's own layers; asked for whole by name, it is refused."""
-    from tasks.train.models import model_for_data
-    from tasks.train.stage_plan import MB, fit_to_memory, footprint, layer_costs, plan_stages
+    from tfscale.tasks.train.models import model_for_data
+    from tfscale.tasks.train.stage_plan import (
+        MB,
+        fit_to_memory,
+        footprint,
+        layer_costs,
+        plan_stages,
+    )
 
     write(project, "mine.py", DENSE.format(name="wide"))
 
@@ -268,7 +274,7 @@ def test_a_cut_is_refused_where_it_would_lose_the_models_own_training(
     """A pipeline or column cut trains each stage on the compiled loss alone: a model with
     its own `train_step` or `compute_loss` is refused for it, naming what it would lose and
     the data-parallel strategies; the same model data-parallel is not."""
-    from tasks.train.user_models import _check_how_trained
+    from tfscale.tasks.train.user_models import _check_how_trained
 
     write(project, "own.py", OWN)
     ref = f"own.py:{function}"
@@ -285,7 +291,7 @@ def test_a_cut_is_refused_where_it_would_lose_the_models_own_training(
 def test_data_of_several_features_is_refused_for_a_pipeline_cut():
     """A cut model takes one input: data of several features (each an input of its own)
     is refused for `pipeline`, naming the count and the strategies that train it whole."""
-    from tasks.train.stage_plan import fit_to_memory
+    from tfscale.tasks.train.stage_plan import fit_to_memory
 
     class TwoFeatures:
         spec = FeatureSpec(
@@ -303,7 +309,7 @@ def test_a_subclassed_model_without_get_config_is_refused_before_training(digits
     """A subclassed model whose `__init__` takes arguments and that has no `get_config`
     cannot be read back once trained: refused when checked, naming the model and the fix
     (exit 2); with `get_config` it passes."""
-    from tasks.train.user_models import check_user_model
+    from tfscale.tasks.train.user_models import check_user_model
 
     _, manifest, data_dir = digits
     write(
@@ -342,8 +348,8 @@ def test_a_subclassed_model_without_get_config_is_refused_before_training(digits
 
 def _task_run(digits, tmp_path, model: str, task: dict):
     """A run of `model` as the TF_CONFIG task `task` of a chief and two workers."""
-    from tasks.distribute.hardware import cluster_from_environment
-    from tasks.distribute.run import Run
+    from tfscale.tasks.distribute.hardware import cluster_from_environment
+    from tfscale.tasks.distribute.run import Run
 
     overrides, manifest, data_dir = digits
     spec = {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]}
@@ -361,7 +367,7 @@ def test_a_tf_config_task_trains_and_evaluates_the_users_model(digits, project, 
     """In a cluster TF_CONFIG describes, a worker task checks the user's model against the
     data before it joins (a bad one refused there), then trains that model as the cluster's
     multi-worker strategy; the evaluator task builds the same user's model."""
-    from tasks.execute import trainings
+    from tfscale.tasks.execute import trainings
 
     write(project, "mine.py", DENSE.format(name="users") + "\ndef bad(spec):\n    return 42\n")
     joined = []
@@ -380,7 +386,7 @@ def test_a_tf_config_task_trains_and_evaluates_the_users_model(digits, project, 
     assert (run.choice.kind, run.train.model) == ("multi_worker", "mine.py:build")
     assert not run.role.chief and run.role.preemptible
 
-    import tasks.distribute.cluster as cluster_module
+    import tfscale.tasks.distribute.cluster as cluster_module
 
     def built(build_model, evaluate, run_dir, chief_wait_s):
         return [{"model": build_model().name}]
@@ -395,7 +401,7 @@ def test_study_takes_a_keras_model_saved_once_by_its_weights(digits, tmp_path):
     """`study(keras.Model, ...)`: the model is saved once to a `.keras` file named by its
     weights (the same model, the same file; other weights, another), which the trainings
     read back with those weights."""
-    from flows.notebook import _model_ref
+    from tfscale.flows.notebook import _model_ref
 
     spec = digits[1].spec
 

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from helpers import train_result
 
-from tasks.core.errors import UsageError
-from tasks.data.inputs import build_dataset
-from tasks.data.preparation import prepare_dataset
-from tasks.settings.config import load_config
-from tasks.train.objectives import Built
-from tasks.train.to_target import HeldOut, TargetClock, ToTarget, target_of
-from tasks.train.user_models import objective_from
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.data.inputs import build_dataset
+from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.train.objectives import Built
+from tfscale.tasks.train.to_target import HeldOut, TargetClock, ToTarget, target_of
+from tfscale.tasks.train.user_models import objective_from
 
 
 def held_out(manifest, data_dir, model):
     """The test split as numpy, as `model` takes it: (features, labels)."""
-    from tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.model_inputs import as_model_takes
 
     xs, ys = [], []
     for x, y in build_dataset(as_model_takes(manifest, model), data_dir, "test", 64, False):
@@ -114,7 +114,7 @@ def test_stop_at_target_ends_a_training_at_the_first_evaluation_reaching_a_users
     """`--stop-at-target true` with `--target-metric mae --target 40`: the training (Keras's
     fit loop's callback here) goes on while the error is above 40 and stops at the first
     evaluation at or below it, whose record names the metric (`heldout_mae`)."""
-    from tasks.train.fit_loop import SCORE, EpochRecords
+    from tfscale.tasks.train.fit_loop import SCORE, EpochRecords
 
     target = target_of(_evaluate(target_metric="mae", target=40.0), None)
     clock = TargetClock(Values(60.0, 45.0, 38.0), target, 32, 32, 3200)
@@ -136,7 +136,7 @@ def test_stop_at_target_ends_a_training_at_the_first_evaluation_reaching_a_users
 def test_seeds_repeat_each_training_to_a_users_metric_and_say_it(monkeypatch):
     """`--seeds 3`: each side trains again with the next two seeds, each ending at the
     target (`stop_at_target`), and each seed's line names the user's metric."""
-    from tasks.execute import trainings
+    from tfscale.tasks.execute import trainings
 
     reached = {"reached": True, "target": 0.97, "metric": "auc", "examples": 640}
     reached |= {"steps": 20, "epochs": 2.0, "seconds": 1.5, "every_examples": 320}
@@ -171,7 +171,7 @@ C0, C1, ALPHA, BANDWIDTH, SYNC, GRADIENTS, BATCH = 0.001, 5e-6, 100e-6, 1.25e8, 
 
 
 def _cost_model():
-    from tasks.report.forecast import CostModel
+    from tfscale.tasks.report.forecast import CostModel
 
     return CostModel(C0, C1, 0.0, ALPHA, BANDWIDTH, 0.0, SYNC, 50_000.0, GRADIENTS, BATCH, 2)
 
@@ -214,9 +214,9 @@ def test_plan_and_forecast_price_a_run_whose_target_is_a_users_metric():
     are those of the first evaluation at or below it (from above), its first line names the
     metric, a target it never reached is refused naming the metric; the forecast prices
     its time to that target."""
-    from tasks.report.forecast import forecast
-    from tasks.report.forecast_report import with_time_to_target
-    from tasks.report.plan import _steps_to, format_plan, make_plan
+    from tfscale.tasks.report.forecast import forecast
+    from tfscale.tasks.report.forecast_report import with_time_to_target
+    from tfscale.tasks.report.plan import _steps_to, format_plan, make_plan
 
     metrics = _user_metric_run()
     assert _steps_to(metrics, None) == (45.0, 100)

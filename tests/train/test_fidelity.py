@@ -61,12 +61,12 @@ def test_the_held_out_loss_is_kerass_evaluate_loss_with_the_models_own_losses(di
     clock, is what `model.evaluate` reports: the compiled loss plus `model.losses`."""
     import keras
 
-    from tasks.data.inputs import build_dataset
-    from tasks.train.evaluation import evaluate_keras_model
-    from tasks.train.model_inputs import as_model_takes
-    from tasks.train.objectives import Built
-    from tasks.train.to_target import HeldOut
-    from tasks.train.user_models import objective_from
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.train.evaluation import evaluate_keras_model
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.objectives import Built
+    from tfscale.tasks.train.to_target import HeldOut
+    from tfscale.tasks.train.user_models import objective_from
 
     _, manifest, data_dir = digits
     keras.utils.set_random_seed(3)

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tasks.core.errors import UsageError
-from tasks.settings.config import load_config
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.settings.config import load_config
 
 
 @pytest.mark.unit
@@ -26,7 +26,7 @@ from tasks.settings.config import load_config
 def test_the_fit_loop_is_refused_where_kerass_fit_cannot_train(values, expected):
     from helpers import report
 
-    from tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.distribute.strategy import select_strategy
 
     cfg = load_config(None, {"train.loop": "fit", **values}).train
     with pytest.raises(UsageError, match=expected) as caught:
@@ -71,9 +71,9 @@ def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_
 
 @pytest.mark.integration
 def test_the_rounds_time_tfscales_loop_beside_the_users_fit(digits):
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.strategy import select_strategy
-    from tasks.measure.probes import TFSCALE_LOOP, measure_rounds
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.measure.probes import TFSCALE_LOOP, measure_rounds
 
     overrides, manifest, data_dir = digits
     values = {**overrides, "train.loop": "fit", "train.strategy": "one_device"}

@@ -58,9 +58,9 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     by sqrt(v_hat) + epsilon, v_hat from the first step's gradient alone."""
     import tensorflow as tf
 
-    from tasks.data.spec import Label
-    from tasks.train.objectives import Built, Objective
-    from tasks.train.steps import FusedAdam, GradientNoise, replica_step
+    from tfscale.tasks.data.spec import Label
+    from tfscale.tasks.train.objectives import Built, Objective
+    from tfscale.tasks.train.steps import FusedAdam, GradientNoise, replica_step
 
     devices = two_logical_cpus[:replicas]
     # as tfscale builds it: the CPU default's collective instances collide across strategies
@@ -112,9 +112,9 @@ def test_the_norms_are_recorded_under_every_precision(precision, replicas, jit, 
     import keras
     import tensorflow as tf
 
-    from tasks.data.spec import Label
-    from tasks.train.objectives import Built, Objective
-    from tasks.train.steps import FusedAdam, GradientNoise, replica_step
+    from tfscale.tasks.data.spec import Label
+    from tfscale.tasks.train.objectives import Built, Objective
+    from tfscale.tasks.train.steps import FusedAdam, GradientNoise, replica_step
 
     strategy = tf.distribute.MirroredStrategy(
         two_logical_cpus[:replicas], cross_device_ops=tf.distribute.ReductionToOneDevice()
@@ -166,7 +166,7 @@ def test_the_small_batch_is_a_half_batch_alone_and_a_micro_batch_with_accumulati
     replicas at 32 compare 32 with 64; a lone replica's odd batch has no smaller one."""
     import tensorflow as tf
 
-    from tasks.train.steps import FusedAdam, GradientNoise
+    from tfscale.tasks.train.steps import FusedAdam, GradientNoise
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     adam = FusedAdam(1e-3)
@@ -182,11 +182,11 @@ def test_a_training_records_a_window_at_each_evaluation_and_plain_steps_after(di
     """Under Mirrored, every evaluation ends a window of the steps recorded since the last
     (one graph call in three records, as set); the noise scale's figures are finite; with
     `train.noise_scale: false` none are kept."""
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.run import Run
-    from tasks.distribute.strategy import select_strategy
-    from tasks.settings.config import load_config
-    from tasks.train.training import train_model
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.training import train_model
 
     overrides, manifest, data_dir = digits
     values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.model": "mlp"}
@@ -227,10 +227,10 @@ def test_a_training_records_a_window_at_each_evaluation_and_plain_steps_after(di
 def test_each_learning_rate_rule_at_four_times_the_base_batch(rule, kind, noise, got):
     from types import SimpleNamespace
 
-    from tasks.settings.config import load_config
-    from tasks.settings.kinds import kind_of
-    from tasks.train.noise_estimates import static_gain
-    from tasks.train.training import learning_rate_rule
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.settings.kinds import kind_of
+    from tfscale.tasks.train.noise_estimates import static_gain
+    from tfscale.tasks.train.training import learning_rate_rule
 
     cfg = load_config(None, {"train.lr_scaling": rule, "train.noise_scale": noise}).train
     rate = learning_rate_rule(cfg, SimpleNamespace(kind=kind, spec=kind_of(kind)), 4.0)
@@ -246,7 +246,7 @@ def test_adascales_gain_follows_the_noise_scale_and_auto_takes_its_square_root()
     that recorded no step changes nothing."""
     import tensorflow as tf
 
-    from tasks.train.noise_estimates import AdaptiveGain
+    from tfscale.tasks.train.noise_estimates import AdaptiveGain
 
     window = {"steps": 10, "small_batch": 32, "big_batch": 64}
     window |= {"small": 1 + 32 / 32, "big": 1 + 32 / 64}
@@ -263,11 +263,11 @@ def test_an_adascale_training_sets_its_rate_from_the_noise_scale_it_measures(dig
     """Mirrored over 2 logical CPUs at 32 a replica (64 against the base rate's 32),
     `train.lr_scaling: adascale`: each window that recorded steps sets the gain, between 1
     and 2, and after the warm-up the optimizer's rate is the base rate times the last."""
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.run import Run
-    from tasks.distribute.strategy import select_strategy
-    from tasks.settings.config import load_config
-    from tasks.train.training import train_model
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.training import train_model
 
     overrides, manifest, data_dir = digits
     values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.model": "mlp"}

@@ -13,15 +13,15 @@ import pytest
 import tensorflow as tf
 from helpers import scaled
 
-from tasks.core.errors import UsageError
-from tasks.data.spec import FeatureSpec
-from tasks.distribute.hardware import HardwareReport
-from tasks.distribute.strategy import select_strategy
-from tasks.measure.pipeline_probes import StageProbes, classify_stages
-from tasks.settings.config import load_config
-from tasks.train.models import build_model
-from tasks.train.stage_models import stage_models
-from tasks.train.stage_plan import (
+from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.data.spec import FeatureSpec
+from tfscale.tasks.distribute.hardware import HardwareReport
+from tfscale.tasks.distribute.strategy import select_strategy
+from tfscale.tasks.measure.pipeline_probes import StageProbes, classify_stages
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.train.models import build_model
+from tfscale.tasks.train.stage_models import stage_models
+from tfscale.tasks.train.stage_plan import (
     MB,
     cut_points,
     fit_to_memory,
@@ -138,7 +138,7 @@ def test_the_pipeline_classes_follow_the_measured_figures():
 
 
 def pipeline_run(digits, tmp_path, **train):
-    from tasks.distribute.run import Run
+    from tfscale.tasks.distribute.run import Run
 
     overrides, manifest, data_dir = digits
     values = dict(overrides, **{"train.runs_dir": str(tmp_path / "runs")})
@@ -152,8 +152,8 @@ def pipeline_run(digits, tmp_path, **train):
 def test_stages_on_two_devices_train_as_one_device_does_and_the_model_loads_on_one(
     digits, tmp_path
 ):
-    from tasks.execute.trainings import run_training
-    from tasks.train.evaluation import evaluate_model
+    from tfscale.tasks.execute.trainings import run_training
+    from tfscale.tasks.train.evaluation import evaluate_model
 
     _, manifest, data_dir = digits
     one = run_training(pipeline_run(digits, tmp_path / "one", strategy="one_device"))
@@ -178,7 +178,7 @@ def test_stages_on_two_devices_train_as_one_device_does_and_the_model_loads_on_o
 
 @pytest.mark.integration
 def test_a_budget_below_the_model_trains_it_in_stages_each_within_the_budget(digits, tmp_path):
-    from tasks.execute.trainings import run_training, settle_auto
+    from tfscale.tasks.execute.trainings import run_training, settle_auto
 
     model = build_model("cnn", DIGITS, 10)
     whole = footprint(layer_costs(model), 32).total
@@ -200,7 +200,7 @@ def test_a_budget_below_the_model_trains_it_in_stages_each_within_the_budget(dig
 def test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven_cut(
     digits, tmp_path
 ):
-    from tasks.measure.diagnosis import diagnose_run, format_diagnosis
+    from tfscale.tasks.measure.diagnosis import diagnose_run, format_diagnosis
 
     overrides, manifest, data_dir = digits
     run = pipeline_run(digits, tmp_path, strategy="pipeline", cut_after=[7])  # stage 2: logits
@@ -219,8 +219,8 @@ def test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven
 
 def test_on_gpus_each_stage_gets_a_gpu_and_the_smallest_gpu_memory_is_the_budget(monkeypatch):
     """GPUs faked at the narrowest boundary: the device list and the hardware report."""
-    from tasks.distribute.hardware import GpuInfo
-    from tasks.train.stage_models import build_pipeline
+    from tfscale.tasks.distribute.hardware import GpuInfo
+    from tfscale.tasks.train.stage_models import build_pipeline
 
     gpus = [GpuInfo("A100", (8, 0), 40_960), GpuInfo("A100", (8, 0), 16_384)] * 2
     report = HardwareReport("a CPU", 2, [], gpus=gpus)
@@ -252,7 +252,8 @@ def test_a_killed_pipeline_resumes_from_its_checkpoint_on_its_stages(digits, tmp
     from helpers import DEFAULTS, run_main
 
     overrides, _, _ = digits
-    argv = [sys.executable, "-m", "flows.cli", "--params", DEFAULTS, "train", "--no-diagnose"]
+    argv = [sys.executable, "-m", "tfscale.flows.cli", "--params", DEFAULTS, "train"]
+    argv += ["--no-diagnose"]
     argv += ["--strategy", "pipeline", "--model", "mlp", "--epochs", "15"]
     argv += ["--precision", "float32", "--jit-compile", "false"]
     argv += ["--data-dir", overrides["prepare.data_dir"], "--runs-dir", str(tmp_path / "runs")]
@@ -335,9 +336,9 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
 
 @pytest.mark.integration
 def test_a_dense_layer_split_by_columns_trains_as_one_device_and_loads_whole(digits, tmp_path):
-    from tasks.execute.trainings import run_training
-    from tasks.train.evaluation import evaluate_model
-    from tasks.train.models import load_trained_model
+    from tfscale.tasks.execute.trainings import run_training
+    from tfscale.tasks.train.evaluation import evaluate_model
+    from tfscale.tasks.train.models import load_trained_model
 
     _, manifest, data_dir = digits
     one = run_training(pipeline_run(digits, tmp_path / "one", strategy="one_device", model="mlp"))

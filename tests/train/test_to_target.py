@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.distribute.hardware import detect_hardware
-from tasks.distribute.run import Run
-from tasks.distribute.strategy import select_strategy
-from tasks.settings.config import load_config
-from tasks.train.to_target import (
+from tfscale.tasks.distribute.hardware import detect_hardware
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.distribute.strategy import select_strategy
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.train.to_target import (
     Evaluation,
     ToTarget,
     evaluation_steps,
@@ -82,8 +82,8 @@ def test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target(dig
     """Under Mirrored over 2 logical CPUs, evaluated every half epoch: training ends at the
     first evaluation at or above the target, mid-epoch, and that evaluation is the saved
     model's own accuracy on the held-out split, evaluated apart from training."""
-    from tasks.train.evaluation import evaluate_model, recorded
-    from tasks.train.training import train_model
+    from tfscale.tasks.train.evaluation import evaluate_model, recorded
+    from tfscale.tasks.train.training import train_model
 
     run = _configure(
         digits,
@@ -117,7 +117,7 @@ def test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target(dig
 
 @pytest.mark.integration  # trains, times rounds or starts a process
 def test_evaluation_off_measures_nothing_and_trains_as_before(digits, tmp_path):
-    from tasks.train.training import train_model
+    from tfscale.tasks.train.training import train_model
 
     values = {"train.strategy": "one_device", "train.epochs": 1, "evaluate.every_epochs": 0}
     run = _configure(digits, tmp_path, **values)
@@ -138,7 +138,7 @@ def test_evaluation_off_measures_nothing_and_trains_as_before(digits, tmp_path):
     ],
 )
 def test_seeds_are_scored_as_mlperf_scores_runs(values, mean, low, high):
-    from tasks.train.to_target import over_seeds
+    from tfscale.tasks.train.to_target import over_seeds
 
     got = over_seeds(values)
     assert (got.mean, got.low, got.high) == (mean, low, high)

@@ -16,13 +16,13 @@ import psutil
 import pytest
 from helpers import ROOT, scaled
 
-from tasks.distribute.hardware import detect_hardware
-from tasks.distribute.launch import WorkerError
-from tasks.distribute.run import Run
-from tasks.distribute.strategy import select_strategy
-from tasks.execute.trainings import run_training, train_and_diagnose
-from tasks.settings.config import load_config
-from tasks.train.training import batch_sizes, train_model
+from tfscale.tasks.distribute.hardware import detect_hardware
+from tfscale.tasks.distribute.launch import WorkerError
+from tfscale.tasks.distribute.run import Run
+from tfscale.tasks.distribute.strategy import select_strategy
+from tfscale.tasks.execute.trainings import run_training, train_and_diagnose
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.train.training import batch_sizes, train_model
 
 FAST = {
     "train.model": "mlp",
@@ -51,7 +51,7 @@ def test_batch_sizes_for_weak_and_strong_scaling():
 def test_throughput_leaves_out_the_first_epoch():
     """The first epoch traces the step: 1,000 examples in 9 s there, then 2,000 in 2 s and
     1,000 in 2 s is 3,000 examples in 4 s. A run of one epoch has only that one."""
-    from tasks.train.result import examples_per_s
+    from tfscale.tasks.train.result import examples_per_s
 
     history = [
         {"examples": 1000, "seconds": 9.0},
@@ -92,8 +92,8 @@ def test_a_trainings_stage_line_says_which_epochs_its_speed_covers():
     """The stage line's examples/s leave the first epoch (tracing) out, as
     `examples_per_s` does, and the line says so: the summary's rounds are another
     measurement, and a reader comparing the two must know which is which."""
-    from tasks.execute.trainings import trained_line
-    from tasks.train.result import TrainResult, examples_per_s
+    from tfscale.tasks.execute.trainings import trained_line
+    from tfscale.tasks.train.result import TrainResult, examples_per_s
 
     history = [
         {"epoch": 1, "examples": 100, "seconds": 1.0, "accuracy": 0.5},
@@ -120,7 +120,7 @@ def test_fused_adam_updates_as_kerass_adam_does(devices):
     import numpy as np
     import tensorflow as tf
 
-    from tasks.train.steps import FusedAdam, make_warmup_schedule
+    from tfscale.tasks.train.steps import FusedAdam, make_warmup_schedule
 
     strategy = tf.distribute.MirroredStrategy(devices)
     rng = np.random.default_rng(0)
@@ -159,7 +159,7 @@ def test_distributed_input_runs_no_autotuning_thread(digits, tmp_path):
     nor the per-device datasets behind the iterator may run one."""
     import tensorflow as tf
 
-    from tasks.data.inputs import build_dataset, distributed_iterator
+    from tfscale.tasks.data.inputs import build_dataset, distributed_iterator
 
     _, manifest, data_dir = digits
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -197,7 +197,7 @@ def test_gradient_accumulation_equals_the_larger_batch_under_mirrored(digits, tm
         result = train_model(dataclasses.replace(run, manifest=one_step)).result
         assert result.steps_per_epoch == 1
         assert result.learning_rate == pytest.approx(0.002)
-        from tasks.train.models import load_trained_model
+        from tfscale.tasks.train.models import load_trained_model
 
         model = load_trained_model(result.model_path)
         weights.append([w.numpy() for w in model.weights])
@@ -244,8 +244,8 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     # the forecast is fitted to this run's own measurements, and a link adds to a 2-worker
     # step the wire time of the ring's bytes, 2(N-1)/N of the gradients, beyond the waiting
     # it overlaps (the measured step's rest): at 0.1 Gbit/s more than that waiting
-    from tasks.report.forecast import MEASURED
-    from tasks.report.forecast_report import forecast_run
+    from tfscale.tasks.report.forecast import MEASURED
+    from tfscale.tasks.report.forecast_report import forecast_run
 
     forecast, written = forecast_run(run_dir, [1, 2, 4], [10.0, 0.1], [], "weak")
     model = forecast.model
@@ -304,7 +304,7 @@ def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
     assert not [
         p
         for p in psutil.Process().children(recursive=True)
-        if "flows.worker" in " ".join(p.cmdline())
+        if "tfscale.flows.worker" in " ".join(p.cmdline())
     ]
 
 
@@ -350,7 +350,7 @@ def run_cli(args: list[str]) -> str:
     # right after TensorFlow started, and its stderr said nothing more
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONFAULTHANDLER="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--params", str(ROOT / "params.yaml"), *args],
+        [sys.executable, "-m", "tfscale.flows.cli", "--params", str(ROOT / "params.yaml"), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -366,7 +366,7 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
     through CUDA_VISIBLE_DEVICES; more workers than GPUs is a usage error."""
     import tensorflow as tf
 
-    from tasks.core.errors import UsageError
+    from tfscale.tasks.core.errors import UsageError
 
     run = configure(digits, tmp_path, strategy="multi_worker", workers=2, epochs=1)
     real = tf.config.list_physical_devices
@@ -381,7 +381,7 @@ def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch
     logs = [(Path(result.run_dir) / f"worker-{i}.log").read_text() for i in range(2)]
     assert "worker 0: CUDA_VISIBLE_DEVICES=0,1" in logs[0]
     assert "worker 1: CUDA_VISIBLE_DEVICES=2,3" in logs[1]
-    from tasks.distribute.launch import gpu_shares
+    from tfscale.tasks.distribute.launch import gpu_shares
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert gpu_shares(3) == ["4", "5", "6"]
@@ -418,7 +418,7 @@ def test_preemption_is_checked_inside_an_epoch_and_after_its_record_not_in_its_l
     history.json while its steps are in the checkpoint: the loop checks after recording."""
     import tensorflow as tf
 
-    from tasks.train.training import _StepCounter
+    from tfscale.tasks.train.training import _StepCounter
 
     checked = []
     step = tf.Variable(0, dtype=tf.int64)
@@ -435,7 +435,7 @@ def test_preemption_is_checked_inside_an_epoch_and_after_its_record_not_in_its_l
 def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
     """While this process holds a run directory, another process asking for it gets a
     clear error naming this one; once released, it gets the directory."""
-    from tasks.core.run_lock import hold
+    from tfscale.tasks.core.run_lock import hold
 
     run_dir = tmp_path / "runs" / "digits" / "mirrored-2x-float32-abc"
     script = (

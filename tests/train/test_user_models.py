@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.data.preparation import prepare_dataset
-from tasks.settings.config import load_config
-from tasks.train.user_models import ModelError
+from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.settings.config import load_config
+from tfscale.tasks.train.user_models import ModelError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
@@ -52,10 +52,10 @@ def config_for(tmp_path: Path, dataset: str, model: str, **extra):
 
 def trained(config):
     """The prepared data and a training on 2 replicas of `config`, in this process."""
-    from tasks.distribute.hardware import detect_hardware
-    from tasks.distribute.run import Run
-    from tasks.distribute.strategy import select_strategy
-    from tasks.execute.trainings import run_training
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.execute.trainings import run_training
 
     prepared = prepare_dataset(config, progress=False)
     report = detect_hardware()
@@ -85,7 +85,7 @@ def examples(tmp_path, monkeypatch):
 def test_a_table_classifier_with_adamw_and_auc_trains_to_its_auc_target(examples):
     """Its optimizer (AdamW, Keras's own update), its loss on a sigmoid's probabilities and
     its AUC as the target; evaluated with the model's own metrics."""
-    from tasks.train.evaluation import evaluate_model
+    from tfscale.tasks.train.evaluation import evaluate_model
 
     config = config_for(
         examples,
@@ -108,7 +108,7 @@ def test_a_model_of_one_input_over_the_columns_trains_evaluates_and_reads_back(e
     """`keras.Input(shape=(30,))` over the breast-cancer table, as `model.fit` takes
     `df.values`: it trains under Mirrored, `tfscale evaluate`'s path reads the saved file
     back and feeds it the same vector, and its AUC is a classifier's."""
-    from tasks.train.evaluation import evaluate_model
+    from tfscale.tasks.train.evaluation import evaluate_model
 
     config = config_for(
         examples, str(cancer_csv(examples)), "table_one_input.py:build", **{"train.epochs": 4}
@@ -172,7 +172,7 @@ def test_a_two_input_model_saved_as_keras_trains_from_the_same_weights_each_time
     from the weights saved in the .keras file, not from a fresh initialisation."""
     import keras
 
-    import tasks.train.training as training
+    import tfscale.tasks.train.training as training
 
     monkeypatch.syspath_prepend(str(examples))  # alone in its worker: nothing imported it
     import two_inputs
@@ -383,7 +383,7 @@ def test_a_function_that_raises_or_returns_no_model_is_refused_as_its_own_kind(t
     """In process, the function called as training would call it: one that raises is
     `ModelRaised` (exit code 1, the user's error in one line), one returning no model
     `ModelError` (exit code 2), before the data's spec is looked at."""
-    from tasks.train.user_models import ModelRaised, user_model
+    from tfscale.tasks.train.user_models import ModelRaised, user_model
 
     (tmp_path / "bad.py").write_text(_bad_module())
     with pytest.raises(ModelRaised, match="raised RuntimeError: no GPU here") as raised:
@@ -446,7 +446,7 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
 def test_a_models_cache_key_is_its_files_contents(tmp_path, monkeypatch):
     """A changed model file is a new key (the baseline trains again); the same file, the
     same key; a built-in's, its name."""
-    from tasks.core.user_code import model_fingerprint
+    from tfscale.tasks.core.user_code import model_fingerprint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text("def build():\n    pass\n")
@@ -494,7 +494,7 @@ def test_dvcs_stages_depend_on_the_users_files_and_refuse_one_outside_them(tmp_p
     for command in ("train", "sweep"):
         err = refused([command, "--model", "mine.py:build"], {"DVC_STAGE": command})
         assert f"{command}.model mine.py:build reads mine.py, which is not in train.files" in err
-    from tasks.core.user_code import check_dvc_dep
+    from tfscale.tasks.core.user_code import check_dvc_dep
 
     # a file itself, or in a folder named; a built-in's name reads no file
     (tmp_path / "models" / "net.py").write_text("def build():\n    pass\n")
@@ -515,7 +515,7 @@ def test_one_call_in_a_notebook_gives_the_study_of_a_function_on_a_dataset(tmp_p
     from helpers import tiny_params
 
     import mlflow
-    from flows.notebook import study
+    from tfscale.flows.notebook import study
 
     def build(spec):  # as a notebook's cell defines it
         x = keras.Input(shape=spec.features[0].shape)
@@ -553,8 +553,8 @@ def test_one_call_in_a_notebook_gives_the_study_of_a_function_on_a_dataset(tmp_p
 
 @pytest.mark.unit
 def test_a_notebooks_function_is_refused_for_worker_processes_and_arrays_kept_once(tmp_path):
-    from flows.notebook import _dataset_ref, study
-    from tasks.core.errors import UsageError
+    from tfscale.flows.notebook import _dataset_ref, study
+    from tfscale.tasks.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"lives in this process only.*workers 2"):
         study(lambda: None, "digits", None, workers=2, strategy="multi_worker")
@@ -594,10 +594,10 @@ def test_one_call_in_a_notebook_takes_a_dataframe_with_a_text_column(tmp_path, m
     # imported before sys.stderr is the cell (as run_main does): MLflow and Prefect set up
     # their logging once, closing every handler, and absl's handler closes its stream (the
     # session's stderr) unless it is sys.stderr then
-    import flows.study  # noqa: F401
-    import tasks.track.tracking  # noqa: F401
-    from flows.notebook import study
-    from tasks.data.datasets import DatasetError
+    import tfscale.flows.study  # noqa: F401
+    import tfscale.tasks.track.tracking  # noqa: F401
+    from tfscale.flows.notebook import study
+    from tfscale.tasks.data.datasets import DatasetError
 
     def build(spec):  # one input over the numeric columns, as model.fit takes df.values
         x = keras.Input(shape=(len(spec.numbers),))
@@ -636,10 +636,10 @@ def test_a_notebooks_dataframe_is_written_once_and_its_errors_said_of_it(tmp_pat
     named by its contents; what cannot be a table, said of the DataFrame or the Series."""
     import pyarrow.parquet as pq
 
-    from flows.notebook import _dataset_ref, _passed, _restated, study
-    from tasks.core.errors import UsageError
-    from tasks.data.datasets import DatasetError
-    from tasks.data.user_sources import user_source
+    from tfscale.flows.notebook import _dataset_ref, _passed, _restated, study
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.data.datasets import DatasetError
+    from tfscale.tasks.data.user_sources import user_source
 
     frame = cancer_frame(40)
     x, y = frame.drop(columns="target"), frame["target"].set_axis(range(100, 140))
@@ -708,7 +708,7 @@ def test_a_sequential_is_cut_into_stages_and_a_subclassed_model_trains_whole(exa
     """A user's chain of layers is cut into pipeline stages as the built-ins are, each
     stage's weights on its own device; a subclassed model (built on its first call) trains
     whole, and asking to cut it names why it cannot be and what would work."""
-    from tasks.core.errors import UsageError
+    from tfscale.tasks.core.errors import UsageError
 
     (examples / "chains.py").write_text(CHAINS)
     staged = config_for(
@@ -736,7 +736,7 @@ def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
     evaluation while training)."""
     from helpers import LEAST_WORK
 
-    from flows.sweep import sweep_flow
+    from tfscale.flows.sweep import sweep_flow
 
     cancer_csv(examples)
     config = load_config(
@@ -769,8 +769,8 @@ def test_a_subclassed_models_logged_signature_comes_from_the_datas_spec():
     is one of the data's features, as the manifest records them."""
     import keras
 
-    from tasks.data.spec import Feature, FeatureSpec, Label
-    from tasks.track.tracking import _example_input
+    from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
+    from tfscale.tasks.track.tracking import _example_input
 
     class Whole(keras.Model):
         def __init__(self):
@@ -903,7 +903,7 @@ def test_autos_mixed_precision_is_dropped_where_the_model_fails_under_it(tmp_pat
     propose mixed_bfloat16; the model fails under it, so float32 trains, said in a line."""
     from helpers import run_main
 
-    from tasks.distribute import hardware
+    from tfscale.tasks.distribute import hardware
 
     read_cpu = hardware.read_cpu
     monkeypatch.setattr(hardware, "read_cpu", lambda: (read_cpu()[0], ["avx512f", "avx512_bf16"]))
@@ -960,9 +960,9 @@ def test_the_readme_model_takes_every_docs_table_and_one_of_text_dates_and_blank
     name (wine's `od280/od315_of_diluted_wines` too) and on one of text, dates and blanks
     (filled with `--missing mean`); on the binary ones it passes every check before
     training, on the others it is refused for its one sigmoid unit, `--label-kind` named."""
-    from tasks.data.inputs import build_dataset
-    from tasks.train.model_inputs import as_model_takes
-    from tasks.train.user_models import check_user_model, user_model
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.user_models import check_user_model, user_model
 
     monkeypatch.chdir(tmp_path)
     ref = _readme_model(tmp_path)

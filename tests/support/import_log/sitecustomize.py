@@ -8,7 +8,8 @@ import sys
 
 
 def _record() -> None:
-    modules = sorted(name for name in list(sys.modules) if name.split(".")[0] in ("flows", "tasks"))
+    ours = [name.partition(".")[2] for name in list(sys.modules) if name.startswith("tfscale.")]
+    modules = sorted(ours)  # as their paths in the repository read: tasks.x.y, flows.z
     with open(os.environ["TFSCALE_IMPORT_LOG"], "a") as log:
         log.write(json.dumps({"argv": sys.argv, "modules": modules}) + "\n")
 
