@@ -132,6 +132,7 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baselin
     from tfscale.tasks.execute.trainings import train_and_diagnose
     from tfscale.tasks.measure.diagnosis import format_diagnosis
     from tfscale.tasks.track import command_runs as mlflow_runs
+    from tfscale.tasks.track import records
     from tfscale.tasks.track.tracking import EpochLog
     from tfscale.tasks.train.to_target import ToTarget
 
@@ -142,7 +143,7 @@ def _train_tracked(run: Any, args: argparse.Namespace, *, tracked: bool, baselin
         if tracked
         else (None, {})
     )
-    params = mlflow_runs.training_params(run)
+    params = records.study_params(run)  # what a training's run and its study's row show
     against = Path(args.against_baseline) if args.against_baseline else None
     study = mlflow_runs.study_run(
         tracker, baseline_of, tags, params, baseline=args.baseline, against=against

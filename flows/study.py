@@ -83,15 +83,15 @@ def settle_task(run: Run) -> Run:
 
 @task(name="start tracking", retries=2, retry_delay_seconds=2)
 def start_tracking_task(tracker: tracking.Tracker, name: str, tags: dict, choice):
-    params = tracking.choice_params(choice)
+    params = records.choice_params(choice)
     return tracker.start_run(name, tags, system_metrics=True, params=params)
 
 
 @task(name="open child run", retries=2, retry_delay_seconds=2)
 def start_child_task(tracker: tracking.Tracker, parent_id: str, name: str, tags: dict, choice):
     """A child run opened as its training starts, so MLflow shows its epochs live."""
-    params = tracking.choice_params(choice)
-    child = tracker.start_run(name, tracking.child_tags(tags), parent_id=parent_id, params=params)
+    params = records.choice_params(choice)
+    child = tracker.start_run(name, records.child_tags(tags), parent_id=parent_id, params=params)
     return tracking.EpochLog(tracker, child)
 
 
@@ -146,30 +146,21 @@ def repeat_task(base: Run, run: Run) -> tuple[list[dict], list[dict]]:
 
 
 @task(name="summarize")
-def summarize_task(context, baseline, distributed, result, diagnosis, run: Run, repeats):
-    return summary.summarize_study(
-        context,
-        (baseline, distributed),
-        result,
-        diagnosis,
-        run.train.scaling,
-        run.config.evaluate.target_accuracy,
-        run.manifest.feature["class_names"],
-        repeats,
-    )
+def summarize_task(run: Run, baseline, distributed, result, diagnosis, repeats):
+    return summary.summarize_study(run, (baseline, distributed), result, diagnosis, repeats)
 
 
 @task(name="close child run", retries=2, retry_delay_seconds=2)
-def close_child_task(live: tracking.EpochLog, result, context: dict):
-    said = frozenset({context["choice"]["reason"]})  # the parent's strategy_reason
-    records.log_training(live.tracker, live.run_id, result, tracking.study_params(context), said)
+def close_child_task(live: tracking.EpochLog, result, run: Run):
+    said = frozenset({run.choice.reason})  # the parent's strategy_reason
+    records.log_training(live.tracker, live.run_id, result, records.study_params(run), said)
     live.tracker.finish(live.run_id)
 
 
 @task(name="track in MLflow", retries=2, retry_delay_seconds=2)
 def track_task(tracker: tracking.Tracker, parent_id: str, record):
     records.log_study(tracker, parent_id, record)
-    dataset = record.context["manifest"]["dataset"]
+    dataset = record.run.manifest.dataset
     # on the run's own page, a link relative to the UI showing it (any host, any port)
     table = ("the runs table", tracker.results_url(""))
     tracker.describe(parent_id, summary.format_markdown(record.summary, dataset, table))
@@ -209,20 +200,19 @@ def run_study(config: config_mod.Config) -> summary.ScalingSummary:
     choice = select_task(report, config)
     run = settle_task(Run(config, prepared.manifest, prepared.data_dir, choice, report))
     choice = run.choice
-    context = summary.study_record(run)
-    tags = tracking.study_tags(context)
-    parent_id = start_tracking_task(tracker, tracking.study_run_name(run), tags, choice)
+    tags = records.study_tags(run)
+    parent_id = start_tracking_task(tracker, records.study_run_name(run), tags, choice)
     try:
         base = run.with_choice(strategy.baseline_choice(choice))
         live = start_child_task(tracker, parent_id, "baseline", tags, base.choice)
         baseline = baseline_task(base, live)
-        close_child_task(live, baseline, context)
+        close_child_task(live, baseline, run)
         live = start_child_task(tracker, parent_id, "distributed", tags, choice)
         distributed, diagnosis = distributed_task(run, live)
-        close_child_task(live, distributed, context)
+        close_child_task(live, distributed, run)
         result = evaluate_task(distributed.model_path, run)
         repeats = repeat_task(base, run)
-        record = summarize_task(context, baseline, distributed, result, diagnosis, run, repeats)
+        record = summarize_task(run, baseline, distributed, result, diagnosis, repeats)
         track_task(tracker, parent_id, record)
     except BaseException as exc:
         fail_tracking_task(tracker, parent_id, repr(exc))

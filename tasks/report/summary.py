@@ -11,7 +11,6 @@ from typing import Any
 
 from tfscale.tasks.core.fields import EACH, PARAM, UNTRACKED, tracked_as
 from tfscale.tasks.core.files import write_json_atomic
-from tfscale.tasks.core.provenance import code_version
 from tfscale.tasks.core.run_layout import METRICS
 from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.execute.run_files import load_exported
@@ -653,26 +652,11 @@ def _split(summary: ScalingSummary) -> str:
     )
 
 
-def study_record(run: Run) -> dict:
-    """What a scaling study is about, as JSON-ready dicts, before any training."""
-    from tfscale.tasks.settings.config import config_to_dict
-
-    return {
-        "config": config_to_dict(run.config),
-        "hardware": run.report.to_dict(),
-        "hardware_fingerprint": run.report.fingerprint,
-        "choice": run.choice.to_dict(),
-        "manifest": json.loads(run.manifest.to_json()),
-        "manifest_digest": run.manifest.digest,
-        "code_version": code_version(),
-    }
-
-
 @dataclass(frozen=True)
 class StudyRecord:
     """What one scaling study was about and what it produced: what tracking logs."""
 
-    context: dict  # config, hardware, choice, manifest and their digests (study_record)
+    run: Run  # what it trained: config, data, hardware, strategy choice
     baseline: TrainResult
     distributed: TrainResult
     evaluation: EvalResult
@@ -684,13 +668,10 @@ class StudyRecord:
 
 
 def summarize_study(
-    context: dict,
+    run: Run,
     trainings: tuple[TrainResult, TrainResult],
     evaluation: EvalResult,
     diagnosis: Diagnosis,
-    scaling: str,
-    target_accuracy: float,
-    class_names: list[str],
     repeats: tuple[list[dict], list[dict]] = ([], []),
 ) -> StudyRecord:
     """Compares the `trainings` (the baseline, the distributed run) and writes the chart,
@@ -698,23 +679,23 @@ def summarize_study(
     distributed model; the diagnosis, written by the training's run
     (`tasks.execute.trainings`), is listed with them."""
     baseline, distributed = trainings
-    subject = f"{context['config']['train']['model']} on {context['manifest']['dataset']}"
+    subject = f"{run.train.model} on {run.manifest.dataset}"
+    target = run.config.evaluate.target_accuracy
     summary = compare_runs(
-        baseline, distributed, evaluation, diagnosis, scaling, target_accuracy, repeats, subject
+        baseline, distributed, evaluation, diagnosis, run.train.scaling, target, repeats, subject
     )
-    choice = context["choice"]
+    choice = run.choice
     summary = dataclasses.replace(
         summary,
-        candidates=[list(c) for c in choice.get("measured", ())],
-        candidates_verdict=choice.get("measured_verdict", ""),
-        proposed=choice.get("proposed", ""),
+        candidates=[list(c) for c in choice.measured],
+        candidates_verdict=choice.measured_verdict,
+        proposed=choice.proposed,
     )
+    class_names = run.manifest.feature["class_names"]
     files = _study_files(summary, trainings, evaluation, class_names)
-    summary, forecast = _with_forecast(summary, distributed, scaling, files)
+    summary, forecast = _with_forecast(summary, distributed, run.train.scaling, files)
     (Path(distributed.run_dir) / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    return StudyRecord(
-        context, baseline, distributed, evaluation, diagnosis, summary, files, forecast
-    )
+    return StudyRecord(run, baseline, distributed, evaluation, diagnosis, summary, files, forecast)
 
 
 def _study_files(

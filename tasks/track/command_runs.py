@@ -7,22 +7,16 @@ calls these in order."""
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tfscale.tasks.core.files import write_json_atomic
 from tfscale.tasks.execute.run_files import TRACKED_AS, study_of, trained_by
-from tfscale.tasks.settings.config import Config, config_to_dict
+from tfscale.tasks.settings.config import Config
 from tfscale.tasks.track import records
-from tfscale.tasks.track.tracking import (
-    Tracker,
-    choice_params,
-    run_tags,
-    study_params,
-    study_run_name,
-)
+from tfscale.tasks.track.records import choice_params, study_run_name
+from tfscale.tasks.track.tracking import Tracker, run_tags
 
 
 def command_tracker(config: Config, **tags: str) -> tuple[Tracker, dict]:
@@ -42,12 +36,6 @@ def split_setup(trained: dict[str, str]) -> tuple[dict[str, str], dict[str, str]
     training's) and the rest (tags: its run directory and MLflow run)."""
     setup = {k: v for k, v in trained.items() if k in SETUP}
     return setup, {k: v for k, v in trained.items() if k not in SETUP}
-
-
-def training_params(run: Any) -> dict[str, Any]:
-    """The params a training's run and its study's row show: config and manifest."""
-    context = {"config": config_to_dict(run.config), "manifest": json.loads(run.manifest.to_json())}
-    return study_params(context)
 
 
 def study_run(

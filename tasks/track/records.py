@@ -1,12 +1,14 @@
 """tfscale's results as MLflow runs: a training's (its fields, epochs, held-out curve and
 gradient noise scale), a study's on its parent (summary, diagnosis, artifacts, the
-registered model), and a forecast's, a plan's and a sweep's runs. The domain's logging,
-over the store's client (`tasks.track.tracking.Tracker`), as MLflow keeps its fluent API
-apart from its client."""
+registered model), and a forecast's, a plan's and a sweep's runs; the domain's tags, params
+and run names, each read from the typed `Run` a study trains (one route to MLflow). The
+domain's logging, over the store's client (`tasks.track.tracking.Tracker`), as MLflow
+keeps its fluent API apart from its client."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import time
@@ -16,10 +18,54 @@ from typing import TYPE_CHECKING, Any
 
 from tfscale.tasks.core.fields import fields_by_type
 from tfscale.tasks.core.run_layout import METRICS
-from tfscale.tasks.track.tracking import Tracker, rounded, study_params, write_json_artifact
+from tfscale.tasks.track.tracking import Tracker, rounded, run_tags, write_json_artifact
 
 if TYPE_CHECKING:
+    from tfscale.tasks.distribute.run import Run
     from tfscale.tasks.report.summary import StudyRecord
+
+
+def study_tags(run: Run) -> dict[str, str]:
+    """Hardware fingerprint, the strategy decision's reason, git commit, manifest hash (the
+    strategy and precision are params: `choice_params`)."""
+    return run_tags(
+        hardware_fingerprint=run.report.fingerprint,
+        strategy_reason=run.choice.reason,
+        manifest_hash=run.manifest.digest,
+    )
+
+
+def choice_params(choice: Any) -> dict[str, str]:
+    """The strategy and precision a run trains with: params (how it was set up), logged as
+    it opens so the table shows them while it trains, and never also as tags."""
+    return {"strategy": choice.kind, "precision": choice.precision}
+
+
+def study_run_name(run: Run) -> str:
+    """What tells a study's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
+    choice, train = run.choice, run.train
+    split = {"stages": "st", "columns": "tp"}.get(choice.spec.splits)
+    devices = f"{choice.stages}{split}" if split else f"{choice.replicas}x"
+    return f"{run.manifest.dataset}-{train.model}-{choice.kind}-{devices}-{train.epochs}ep"
+
+
+def child_tags(tags: dict[str, str]) -> dict[str, str]:
+    """A study child's tags: the parent's, without its `strategy_reason` (the child's own
+    `reason` is logged with its result)."""
+    return {k: v for k, v in tags.items() if k != "strategy_reason"}
+
+
+def study_params(run: Run) -> dict[str, Any]:
+    """What every training run of a config shares: the data and the training settings."""
+    train, manifest = run.train, run.manifest
+    return {
+        "dataset": manifest.dataset,
+        "shards": len(manifest.shards),
+        "model": train.model,
+        "scaling": train.scaling,
+        "epochs": train.epochs,
+        "base_learning_rate": train.learning_rate,
+    }
 
 
 def log_training(
@@ -91,8 +137,8 @@ def _noise_points(result: Any, now: int) -> list:
 def log_study(tracker: Tracker, parent_id: str, record: StudyRecord) -> None:
     """Logs a whole study on its parent (its children were closed as their
     training ended): the summary, diagnosis, artifacts, and the registered model."""
-    context = record.context
-    common = study_params(context)
+    run = record.run
+    common = study_params(run)
     _, distributed_params, _ = fields_by_type(record.distributed)
     tracker.log_result(parent_id, record.summary)
     # the diagnosis's figures; its words are the summary's bottleneck tags already
@@ -104,8 +150,8 @@ def log_study(tracker: Tracker, parent_id: str, record: StudyRecord) -> None:
         params={**common, **distributed_params},
     )
     artifacts = [
-        write_json_artifact("hardware.json", context["hardware"]),
-        write_json_artifact("manifest.json", context["manifest"]),
+        write_json_artifact("hardware.json", run.report.to_dict()),
+        write_json_artifact("manifest.json", json.loads(run.manifest.to_json())),
         write_json_artifact("summary.json", record.summary.to_dict()),
         *(
             record.files[k]
@@ -116,7 +162,7 @@ def log_study(tracker: Tracker, parent_id: str, record: StudyRecord) -> None:
         *(path for key, path in record.files.items() if key.startswith("forecast")),
     ]
     tracker.log_artifacts(parent_id, artifacts)
-    feature = context["manifest"].get("feature")
+    feature = run.manifest.feature
     model_id = tracker.log_model(parent_id, record.distributed.model_path, feature)
     summary = record.summary
     # MLflow's names take no '/' or ':', which a user's data or model reference has

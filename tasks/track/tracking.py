@@ -588,50 +588,6 @@ def git_commit() -> str:
         return "unknown"
 
 
-def study_tags(context: dict[str, Any]) -> dict[str, str]:
-    """Hardware fingerprint, the strategy decision's reason, git commit, manifest hash (the
-    strategy and precision are params: `choice_params`)."""
-    return run_tags(
-        hardware_fingerprint=context["hardware_fingerprint"],
-        strategy_reason=context["choice"]["reason"],
-        manifest_hash=context["manifest_digest"],
-    )
-
-
-def choice_params(choice: Any) -> dict[str, str]:
-    """The strategy and precision a run trains with: params (how it was set up), logged as
-    it opens so the table shows them while it trains, and never also as tags."""
-    return {"strategy": choice.kind, "precision": choice.precision}
-
-
-def study_run_name(run: Any) -> str:
-    """What tells a study's runs apart in the table: `digits-cnn-mirrored-2x-10ep`."""
-    choice, train = run.choice, run.train
-    split = {"stages": "st", "columns": "tp"}.get(choice.spec.splits)
-    devices = f"{choice.stages}{split}" if split else f"{choice.replicas}x"
-    return f"{run.manifest.dataset}-{train.model}-{choice.kind}-{devices}-{train.epochs}ep"
-
-
-def child_tags(tags: dict[str, str]) -> dict[str, str]:
-    """A study child's tags: the parent's, without its `strategy_reason` (the child's own
-    `reason` is logged with its result)."""
-    return {k: v for k, v in tags.items() if k != "strategy_reason"}
-
-
-def study_params(context: dict[str, Any]) -> dict[str, Any]:
-    """What every training run of a config shares: the data and the training settings
-    (`context`: `summary.study_record`, or any dict with its `config` and `manifest`)."""
-    train, manifest = context["config"]["train"], context["manifest"]
-    return {
-        "dataset": manifest["dataset"],
-        "shards": len(manifest["shards"]),
-        "model": train["model"],
-        "scaling": train["scaling"],
-        "epochs": train["epochs"],
-        "base_learning_rate": train["learning_rate"],
-    }
-
-
 def _model_requirements() -> list[str]:
     """What loading the model needs, pinned to what trained it."""
     from importlib.metadata import version
