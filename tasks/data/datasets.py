@@ -1,8 +1,9 @@
-"""Image sources: `digits`, `synthetic` and an image folder (tables, arrays and pipelines:
-`tasks.data.user_sources`; tensorflow-datasets: `tasks.data.tfds_source`).
+"""Image sources: `digits`, `synthetic` and an image folder (a table, arrays and a
+pipeline: `tasks.data.tables`, `.arrays`, `.pipelines`; tensorflow-datasets:
+`tasks.data.tfds_source`), each a `Source` (`tasks.data.streams`) through `ImageSource`.
 
-Every source gives random access by range (`examples(split, start, stop)`) so
-shards can be written, and resumed, independently, with bounded memory.
+Each gives its examples by range (`examples(split, start, stop)`), one image and its class
+at a time, so shards can be written, and resumed, independently, with bounded memory.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from tfscale.tasks.core.errors import UserError
-from tfscale.tasks.data.spec import FeatureSpec
+from tfscale.tasks.data.spec import IMAGE, FeatureSpec
+from tfscale.tasks.data.streams import Chunk
 from tfscale.tasks.settings.config import PrepareConfig
 
 Example = tuple[np.ndarray, int]
@@ -28,17 +29,30 @@ class DatasetError(UserError, ValueError):
     """The dataset cannot be found or read."""
 
 
-class Source(Protocol):
-    name: str
-    version: str
-    spec: FeatureSpec
-    splits: dict[str, int]
+class ImageSource:
+    """A `Source` of one image and a class an example: `examples` gives them one at a time
+    in order, `batches` in chunks (the images a list: an image folder's may differ in shape
+    until one is read). Its label is the class, never a name the config gives."""
 
-    def examples(self, split: str, start: int, stop: int) -> Iterator[Example]: ...
+    named_label = False
+
+    def examples(self, split: str, start: int, stop: int) -> Iterator[Example]:
+        raise NotImplementedError
+
+    def batches(self, split: str, start: int, stop: int) -> Iterator[Chunk]:
+        images, labels = [], []
+        for image, label in self.examples(split, start, stop):
+            images.append(image)
+            labels.append(label)
+            if len(labels) == _CHUNK:
+                yield {IMAGE: images}, np.asarray(labels)
+                images, labels = [], []
+        if labels:
+            yield {IMAGE: images}, np.asarray(labels)
 
 
 @dataclass
-class ArraySource:
+class ArraySource(ImageSource):
     """In-memory arrays per split (small datasets such as `digits`)."""
 
     name: str
@@ -71,7 +85,7 @@ def load_digits_source(seed: int, test_fraction: float) -> ArraySource:
 
 
 @dataclass
-class SyntheticSource:
+class SyntheticSource(ImageSource):
     """Seeded images: a fixed random prototype per class blended with per-example noise,
     `signal` of each pixel the prototype's; a `label_noise` share of labels replaced by a
     uniformly drawn class (which may be the true one).
@@ -132,7 +146,7 @@ def synthetic_source(cfg: PrepareConfig) -> SyntheticSource:
 
 
 @dataclass
-class FolderSource:
+class FolderSource(ImageSource):
     """An image folder, read one file at a time: each split's files with their class's
     index. `held_out` says where the test split came from where it is not a `test/` folder
     of the user's: `validation` (the `validation/` folder) or `drawn` (a seeded draw from
@@ -329,7 +343,7 @@ def _read_image(path: Path, channels: int | None) -> np.ndarray:
 
 # The sources known by name: adding one is a function above and a row here. Any other
 # name is an image folder or a tensorflow-datasets name (`tasks.data.preparation.open_source`).
-NAMED_SOURCES: dict[str, Callable[[PrepareConfig], Source]] = {
+NAMED_SOURCES: dict[str, Callable[[PrepareConfig], ImageSource]] = {
     "digits": lambda cfg: load_digits_source(cfg.seed, cfg.test_fraction),
     "synthetic": synthetic_source,
 }

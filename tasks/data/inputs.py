@@ -10,35 +10,9 @@ import tensorflow as tf
 
 from tfscale.tasks.core.internals import device_datasets_without_autotune
 from tfscale.tasks.data.manifest import Manifest, ShardError
-from tfscale.tasks.data.records import parse_records
+from tfscale.tasks.data.records import parse_images, parse_records
 
 log = logging.getLogger(__name__)
-
-
-def parse_batch(
-    serialized: tf.Tensor,
-    shape: tuple[int, ...],
-    batch_size: int | None = None,
-    as_stored: bool = False,
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """Parses a batch of serialized examples into float images in [0, 1] (`as_stored`:
-    uint8 in 0-255, as the spec says) and int32 labels.
-
-    A `batch_size` makes the batch dimension static (training batches, as TPUs need).
-    """
-    parsed = tf.io.parse_example(
-        serialized,
-        {
-            "image": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64),
-        },
-    )
-    images = tf.io.decode_raw(parsed["image"], tf.uint8)
-    images = tf.reshape(images, [batch_size or -1, *shape])
-    labels = tf.reshape(tf.cast(parsed["label"], tf.int32), [batch_size or -1])
-    if as_stored:
-        return images, labels
-    return tf.cast(images, tf.float32) / 255.0, labels
 
 
 PARSE_BLOCK_BYTES = 4 << 20
@@ -101,7 +75,7 @@ def build_dataset(
     if spec.is_image:
         ds = ds.batch(batch_size, drop_remainder=training)
         ds = ds.map(
-            lambda s: parse_batch(s, spec.shape, static, spec.images_as_stored),
+            lambda s: parse_images(s, spec.shape, static, spec.images_as_stored),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
     else:  # parsed in blocks of batches, then cut into batches: the same batches, in order

@@ -7,21 +7,24 @@ from pathlib import Path
 from typing import Any
 
 from tfscale.tasks.core.label_kinds import describe
+from tfscale.tasks.data.arrays import npz_source
 from tfscale.tasks.data.datasets import (
     NAMED_SOURCES,
     DatasetError,
-    Source,
     dataset_slug,
     folder_source,
 )
+from tfscale.tasks.data.pipelines import pipeline_source
 from tfscale.tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
+from tfscale.tasks.data.streams import Source, StreamSource
+from tfscale.tasks.data.tables import table_source
 from tfscale.tasks.data.tfds_source import tfds_source
 from tfscale.tasks.data.user_sources import (
+    ARRAY_SUFFIXES,
     TABLE_SUFFIXES,
     is_function_ref,
     is_user_file,
     source_fingerprint,  # noqa: F401 - what a cached prepare keys on (flows.study)
-    user_source,
 )
 from tfscale.tasks.settings.config import Config, PrepareConfig
 
@@ -46,6 +49,22 @@ def open_source(cfg: PrepareConfig) -> Source:
             "(pkg.module:function or file.py:function), or a dataset name",
         )
     return tfds_source(cfg.dataset, cfg)
+
+
+def user_source(cfg: PrepareConfig) -> StreamSource:
+    """The source a table, an `.npz` or a function names."""
+    if is_function_ref(cfg.dataset):
+        return pipeline_source(cfg)
+    path = Path(cfg.dataset)
+    if not path.is_file():
+        raise DatasetError(
+            f"{path}: no such file",
+            "check the path (relative to where tfscale runs), or give a dataset name: "
+            "digits, synthetic, an image folder or a tensorflow-datasets name",
+        )
+    if path.suffix.lower() in ARRAY_SUFFIXES:
+        return npz_source(path, cfg)
+    return table_source(path, cfg)
 
 
 def dataset_dir(config: Config) -> Path:

@@ -12,7 +12,8 @@ Each feature is stored under its own name, and the label under `label`:
 | a 1-D sequence of varying length     | the list its values make         | padded to the longest |
 
 The label: an `int64_list` for classes, binary and multi-label ones, a `float_list` for real
-values. A source of images alone keeps the original format (`tasks.data.shards`).
+values. A source of images alone keeps the image format (`encode_image`, `parse_images`):
+the raw uint8 bytes, the image's shape and the class.
 
 Records are serialized deterministically, so the same examples give the same bytes. A chunk
 whose features are all numbers of fixed shape (a numeric table, arrays) is encoded without
@@ -213,3 +214,45 @@ def parse_records(
     if len(spec.features) == 1:
         return features[spec.features[0].name], labels
     return features, labels
+
+
+def encode_image(image: Any, label: int) -> bytes:
+    """One image and its class as a `tf.train.Example` in the image format: the raw uint8
+    image bytes, its shape, and the label."""
+    from tensorflow.core.example import example_pb2, feature_pb2
+
+    feature = {
+        "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[image.tobytes()])),
+        "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[label])),
+        "shape": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=list(image.shape))),
+    }
+    example = example_pb2.Example(features=feature_pb2.Features(feature=feature))
+    return example.SerializeToString(deterministic=True)
+
+
+def parse_images(
+    serialized: Any,
+    shape: tuple[int, ...],
+    batch_size: int | None = None,
+    as_stored: bool = False,
+) -> tuple[Any, Any]:
+    """Parses a batch of serialized examples into float images in [0, 1] (`as_stored`:
+    uint8 in 0-255, as the spec says) and int32 labels.
+
+    A `batch_size` makes the batch dimension static (training batches, as TPUs need).
+    """
+    import tensorflow as tf
+
+    parsed = tf.io.parse_example(
+        serialized,
+        {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    images = tf.io.decode_raw(parsed["image"], tf.uint8)
+    images = tf.reshape(images, [batch_size or -1, *shape])
+    labels = tf.reshape(tf.cast(parsed["label"], tf.int32), [batch_size or -1])
+    if as_stored:
+        return images, labels
+    return tf.cast(images, tf.float32) / 255.0, labels

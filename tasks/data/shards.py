@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from tfscale.tasks.core.files import atomic_path, write_text_atomic
-from tfscale.tasks.data.datasets import Source
 from tfscale.tasks.data.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -28,8 +27,9 @@ from tfscale.tasks.data.manifest import (
     sha256_of,
     shard_problems,
 )
-from tfscale.tasks.data.records import LABEL, encode_chunk
+from tfscale.tasks.data.records import LABEL, encode_chunk, encode_image
 from tfscale.tasks.data.spec import IMAGE, FeatureSpec
+from tfscale.tasks.data.streams import Source
 from tfscale.tasks.settings.config import PrepareConfig, config_to_dict
 
 JOURNAL_NAME = ".journal.json"
@@ -87,7 +87,7 @@ def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) ->
     params.pop("data_dir")
     if source.name != "synthetic":
         params.pop("synthetic")
-    if not hasattr(source, "batches"):  # an image source: no label to name
+    if not source.named_label:  # an image source: no label to name
         params.pop("label")
         params.pop("label_kind")
     params["shards"] = {s: sum(p.split == s for p in plan) for s in source.splits}
@@ -149,7 +149,7 @@ def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
     import tensorflow as tf
 
     count = 0
-    sums = _Sums(source.spec) if hasattr(source, "batches") else None
+    sums = _Sums(source.spec) if source.named_label else None
     with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
         for record in _records(source, shard, sums):
             writer.write(record)
@@ -165,18 +165,16 @@ def _write_one(source: Source, shard: ShardPlan, path: Path) -> ShardInfo:
 
 
 def _records(source: Source, shard: ShardPlan, sums: _Sums | None) -> Iterator[bytes]:
-    """The shard's serialized examples: an image source's one by one; a stream source's
-    (tables, arrays, pipelines) a chunk at a time, each feature under its name."""
-    if sums is None:
-        for image, label in source.examples(shard.split, shard.start, shard.stop):
-            yield serialize_example(image, label)
-        return
+    """The shard's serialized examples, a chunk at a time (`tasks.data.records`): images
+    and their classes in the image format, any other features each under its name; the
+    statistics of a source whose label the config names added up on the way (`sums`)."""
     spec = source.spec
-    for features, labels in source.batches(shard.split, shard.start, shard.stop):  # type: ignore[attr-defined]
-        sums.add({**features, LABEL: labels})
+    for features, labels in source.batches(shard.split, shard.start, shard.stop):
+        if sums is not None:
+            sums.add({**features, LABEL: labels})
         if spec.is_image:
             for image, label in zip(features[IMAGE], labels, strict=True):
-                yield serialize_example(image, int(label))
+                yield encode_image(image, int(label))
         else:
             yield from encode_chunk(spec, features, labels)
 
@@ -230,19 +228,6 @@ def _moments(parts: list[list[float]]) -> tuple[float, float] | None:
     mean = sum(p[1] for p in parts) / count
     variance = max(sum(p[2] for p in parts) / count - mean * mean, 0.0)
     return round(mean, 6), round(math.sqrt(variance), 6)
-
-
-def serialize_example(image: Any, label: int) -> bytes:
-    """One `tf.train.Example`: raw uint8 image bytes, its shape, and the label."""
-    from tensorflow.core.example import example_pb2, feature_pb2
-
-    feature = {
-        "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[image.tobytes()])),
-        "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[label])),
-        "shape": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=list(image.shape))),
-    }
-    example = example_pb2.Example(features=feature_pb2.Features(feature=feature))
-    return example.SerializeToString(deterministic=True)
 
 
 def _up_to_date(out_dir: Path, params: dict[str, Any]) -> Manifest | None:

@@ -1,5 +1,6 @@
-"""Sources read as a stream of chunks: what tables, arrays, tf.data pipelines and
-tensorflow-datasets sets have in common.
+"""Every source, read as a stream of chunks (`Source`): an image source's (`digits`,
+`synthetic`, an image folder, a tensorflow-datasets set of images and classes) and the
+user's (a table, arrays, a tf.data pipeline: `StreamSource`).
 
 A stream source reads its rows in order, a chunk (a dict of feature arrays and the labels)
 at a time, so a table of any size is written with bounded memory. Where the source has no
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,6 +22,21 @@ from tfscale.tasks.core.label_kinds import comparable, is_zero_one, one_hot_indi
 from tfscale.tasks.data.spec import FeatureSpec, Label
 
 Chunk = tuple[dict[str, Any], np.ndarray]  # features by name (a row each), labels
+
+
+class Source(Protocol):
+    """What `prepare` writes into shards: the split's rows `[start, stop)` in chunks, any
+    range on its own (shards are written, and resumed, independently, in bounded memory).
+    `named_label`: its label is the one the config names (`prepare.label`: a table's
+    column, an array's or a pipeline's key), not an image source's class."""
+
+    name: str
+    version: str
+    spec: FeatureSpec
+    splits: dict[str, int]
+    named_label: bool
+
+    def batches(self, split: str, start: int, stop: int) -> Iterator[Chunk]: ...
 
 
 def rows_of(features: dict[str, Any], index: Any) -> dict[str, Any]:
@@ -34,6 +50,8 @@ class StreamSource:
     `read(split)` yields the split's chunks in order (a source with its own splits), or
     `read(None)` the whole stream, split by `test_rows` (a bool per row: held out).
     """
+
+    named_label = True  # the config names it (`Source`)
 
     name: str
     version: str

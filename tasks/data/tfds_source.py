@@ -1,6 +1,6 @@
 """Any tensorflow-datasets set, by name, as a tfscale source: one image and a class in the
 original image format (`TfdsSource`), any other features (text, numbers, dicts of them)
-as a stream (`tasks.data.user_sources.datasets_source`)."""
+as a stream (`tasks.data.pipelines.datasets_source`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tfscale.tasks.data.datasets import DatasetError, Example, FeatureSpec
+from tfscale.tasks.data.datasets import DatasetError, Example, FeatureSpec, ImageSource
 from tfscale.tasks.settings.config import PrepareConfig
 
 
 @dataclass
-class TfdsSource:
+class TfdsSource(ImageSource):
     """A TFDS builder read by split slices (`train[100:200]`), in file order."""
 
     builder: Any
@@ -114,7 +114,7 @@ def _stream_source(builder: Any, cfg: PrepareConfig) -> Any:
     split split by `cfg.test_fraction`."""
     import tensorflow_datasets as tfds
 
-    from tfscale.tasks.data.user_sources import datasets_source
+    from tfscale.tasks.data.pipelines import datasets_source
 
     features = builder.info.features
     keys = builder.info.supervised_keys

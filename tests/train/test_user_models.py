@@ -639,7 +639,7 @@ def test_a_notebooks_dataframe_is_written_once_and_its_errors_said_of_it(tmp_pat
     from tfscale.flows.notebook import _dataset_ref, _passed, _restated, study
     from tfscale.tasks.core.errors import UsageError
     from tfscale.tasks.data.datasets import DatasetError
-    from tfscale.tasks.data.user_sources import user_source
+    from tfscale.tasks.data.preparation import user_source
 
     frame = cancer_frame(40)
     x, y = frame.drop(columns="target"), frame["target"].set_axis(range(100, 140))
