@@ -22,7 +22,6 @@ current Prefect run's log too (`prefect_run_logger`, installed by
 from __future__ import annotations
 
 import _thread
-import ctypes
 import importlib.util
 import logging
 import os
@@ -40,6 +39,7 @@ from tfscale.flows.errors import ServerUnavailable
 from tfscale.tasks.core.network import free_ports, wait_healthy
 from tfscale.tasks.core.process import Stopped, stopped_by_signals
 from tfscale.tasks.core.progress import log_runs_with
+from tfscale.tasks.core.servers import start_owned, stop_owned
 
 START_TIMEOUT_S = 180.0  # a hang detector: Prefect's server starts in 6-20 s on 2 busy cores
 START_TIMEOUT_VARIABLE = "TFSCALE_SERVER_START_TIMEOUT_S"
@@ -61,6 +61,7 @@ class TemporaryAPI:
         self.died: int | None = None  # the exit code of a server that stopped mid-run
         self.closing = threading.Event()
         self.interrupt = signal.SIGINT  # what the watchdog interrupts the main thread with
+        self.restore_logging: Callable[[], None] = lambda: None  # once the server died
 
     def start(self) -> None:
         """The server on a free port, its URL PREFECT_API_URL for the whole process."""
@@ -145,7 +146,7 @@ class TemporaryAPI:
                 # report too) and its log handler print each failure: neither, now
                 os.environ.update(WITHOUT_SERVER)
                 _point_prefect_at(self.url)
-                _quiet_about_the_server()
+                self.restore_logging = _quiet_about_the_server()
                 _thread.interrupt_main(self.interrupt)  # KeyboardInterrupt in the main thread
 
         threading.Thread(target=follow, daemon=True, name="prefect-api-watchdog").start()
@@ -167,10 +168,11 @@ class TemporaryAPI:
                 if self.died is None and self.process.poll() is None:
                     _drain_workers()
             finally:  # a second stop while the logs drain still stops the server
-                stop_group(self.process)
-        if self.died is not None:
+                stop_owned(self.process)
+        if self.died is not None:  # every process-wide setting the death changed, back
             for name in WITHOUT_SERVER:
                 os.environ.pop(name, None)
+            self.restore_logging()
 
 
 def _start_server(port: int, log) -> subprocess.Popen:
@@ -201,53 +203,29 @@ def _start_server(port: int, log) -> subprocess.Popen:
         "--lifespan",
         "on",
     ]
-    return subprocess.Popen(
-        command,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its group is stopped whole; a Ctrl-C reaches this process
-        preexec_fn=die_with_parent,
-    )
+    return start_owned(command, env, log)  # dies with this command, stopped whole
 
 
-def die_with_parent() -> None:
-    """In a child before it runs its command: the kernel sends it SIGTERM when the process
-    that started it dies, however it dies (SIGKILL included), so no server outlives the
-    command that owns it (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
+QUIETED = ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker")
 
 
-def stop_group(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """Stops `process` and every process it started (its session's group): SIGTERM, then
-    SIGKILL after `timeout_s`."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, timeout_s)):
-        try:
-            os.killpg(process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            process.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # what the group's leader left behind (its workers) goes too
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _quiet_about_the_server() -> None:
+def _quiet_about_the_server() -> Callable[[], None]:
     """Prefect's log and event workers, their server gone, would print each batch they
     cannot send (the log worker's line with no newline, so that the run's own error line
-    joined it): the run says once what happened (`TemporaryAPI.died_error`)."""
+    joined it): the run says once what happened (`TemporaryAPI.died_error`). Returns what
+    puts the process's logging back as it was."""
+    raised = logging.raiseExceptions
+    levels = {name: logging.getLogger(name).level for name in QUIETED}
     logging.raiseExceptions = False  # the log worker prints its failures only while true
-    for name in ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker"):
+    for name in QUIETED:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    def restore() -> None:
+        logging.raiseExceptions = raised
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+    return restore
 
 
 def _drain_workers() -> None:

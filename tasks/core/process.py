@@ -21,6 +21,13 @@ here and nowhere else:
   (MultiWorkerMirrored): `exit_now` then ends it only when every task is done;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells).
+
+Two blocks change process-wide state for their own span, elsewhere, and put it back:
+`flows.prefect_api.temporary_api()` points PREFECT_API_URL at the server it owns
+(`tasks.core.servers`) and, should the server die, quiets Prefect's clients and logging;
+`console()` above swaps the console. The one change that stays is the user's own folder on
+`sys.path` (`tasks.core.user_code`), where their model's and dataset's modules import
+their siblings for as long as the process runs their code.
 """
 
 from __future__ import annotations

@@ -52,14 +52,16 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
     the latest study's run. A stop (Ctrl-C, SIGTERM, SIGHUP) stops the server and the record
     goes."""
     from tfscale.tasks.core.process import stopped_by_signals
+    from tfscale.tasks.core.servers import start_owned
 
-    with stopped_by_signals() as stop:
-        return _serve_ui(tracker, subprocess.Popen(command, env=env), base, stop)
+    with stopped_by_signals() as stop:  # the server dies with this command, stopped whole
+        return _serve_ui(tracker, start_owned(command, env), base, stop)
 
 
 def _serve_ui(tracker: Any, server: Any, base: str, stop: StopRequest) -> int:
     from tfscale.tasks.core.errors import UserError
     from tfscale.tasks.core.network import wait_healthy
+    from tfscale.tasks.core.servers import stop_owned
     from tfscale.tasks.track.tracking import forget_serving_ui, record_serving_ui
 
     try:
@@ -81,12 +83,7 @@ def _serve_ui(tracker: Any, server: Any, base: str, stop: StopRequest) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        stop_owned(server, 20.0)  # the server and the workers it started
         forget_serving_ui(tracker.store_dir)
 
 
