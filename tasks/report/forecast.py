@@ -316,13 +316,15 @@ def links_from(gbits: list[float], presets: list[str], model: CostModel) -> dict
     return links
 
 
-def forecast(
+def predict_speedups(
     model: CostModel,
     links_gbit: dict[str, float],
     workers: list[int],
     scaling: str = "weak",
     global_batch: int | None = None,
 ) -> Forecast:
+    """The cost model's speedup and efficiency at each count of `workers`, on each link
+    (`MEASURED`: the link the model was fitted on)."""
     check_request(workers, [], [])
     result = Forecast(scaling, model, dict(links_gbit))
     for name, gbit in links_gbit.items():

@@ -13,8 +13,8 @@ from tfscale.tasks.report.forecast import (
     CostModel,
     Forecast,
     fit_cost_model,
-    forecast,
     links_from,
+    predict_speedups,
 )
 
 
@@ -214,7 +214,7 @@ def forecast_run(
     metrics = json.loads((Path(run_dir) / METRICS).read_text())
     model = fit_cost_model(metrics.get("probes") or {}, metrics.get("history"))
     links = links_from(gbits, presets, model)
-    result = forecast(model, links, workers, scaling, metrics.get("global_batch"))
+    result = predict_speedups(model, links, workers, scaling, metrics.get("global_batch"))
     summary = Path(run_dir) / "summary.json"
     if study is None and summary.exists():
         study = json.loads(summary.read_text())

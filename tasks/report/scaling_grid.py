@@ -80,7 +80,7 @@ def forecast_lines(cells: list[Cell], results: list[dict]) -> dict[tuple, list[A
     forecast. Speedups are against the group's measured 1-replica cell, as the measured
     points' are (1 at one replica). A group with no such probed cell (parameter-server
     cells) has none."""
-    from tfscale.tasks.report.forecast import MEASURED, fit_cost_model, forecast
+    from tfscale.tasks.report.forecast import MEASURED, fit_cost_model, predict_speedups
 
     base = baselines(cells, results)
     sources: dict[tuple, tuple[Cell, dict]] = {}
@@ -101,7 +101,9 @@ def forecast_lines(cells: list[Cell], results: list[dict]) -> dict[tuple, list[A
             links = {f"{cell.link_gbit:g} Gbit/s": cell.link_gbit}
         else:
             links = {MEASURED: model.bandwidth_bytes_per_s * 8 / 1e9}
-        predicted = forecast(model, links, sorted(counts), source.scaling, result["global_batch"])
+        predicted = predict_speedups(
+            model, links, sorted(counts), source.scaling, result["global_batch"]
+        )
         points = next(iter(predicted.predictions.values()))
         lines[cell.line] = [_against(p, base[cell.group]) for p in points]
     return lines

@@ -10,7 +10,7 @@ import pytest
 from helpers import DEFAULTS
 
 from tfscale.flows.cli import main
-from tfscale.tasks.report.forecast import CostModel, fit_cost_model, forecast, links_from
+from tfscale.tasks.report.forecast import CostModel, fit_cost_model, links_from, predict_speedups
 from tfscale.tasks.report.forecast_report import format_forecast
 from tfscale.tasks.report.plan import format_plan
 
@@ -127,7 +127,7 @@ def test_a_slow_input_pipeline_caps_the_forecast():
 def test_links_and_presets():
     links = links_from([10], ["pcie4-x16"], truth())
     assert links == {"measured": pytest.approx(1.0), "10 Gbit/s": 10, "pcie4-x16": 252.0}
-    result = forecast(truth(), links, [1, 2, 4])
+    result = predict_speedups(truth(), links, [1, 2, 4])
     assert [p.workers for p in result.predictions["pcie4-x16"]] == [1, 2, 4]
 
 
@@ -190,7 +190,7 @@ def test_a_rate_with_no_cost_per_byte_reads_so_and_is_null_in_json():
     """Devices in one process: the all-reduce did not grow with its size."""
     flat = dict(synthetic_probes(), comm_s_by_bytes=[[1e4, 2e-4], [1e5, 2e-4], [1e6, 2e-4]])
     model = fit_cost_model(flat)
-    result = forecast(model, links_from([], ["ethernet-1g"], model), [1, 2])
+    result = predict_speedups(model, links_from([], ["ethernet-1g"], model), [1, 2])
     assert "no cost per byte measured" in format_forecast(result)
     assert json.loads(json.dumps(result.to_dict()))["links_gbit"]["measured"] is None
     assert model.predict(2, 1.25e7, "weak").step_s > model.predict(2, None, "weak").step_s
@@ -218,7 +218,7 @@ def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
     }
     model = truth()
     study = _study(phi=float(BATCH))
-    predicted = forecast(model, {"ethernet-10g": 10.0}, [1, 2, 4, 8])
+    predicted = predict_speedups(model, {"ethernet-10g": 10.0}, [1, 2, 4, 8])
     result = with_time_to_target(predicted, metrics, study)
     points = result.predictions["ethernet-10g"]
 
@@ -239,13 +239,13 @@ def test_each_prediction_gains_its_time_to_target_from_the_runs_noise_scale():
     assert "to target" in format_forecast(result)
     line = headline(result, counts=(2, 8))
     assert "to the target)" in line
-    unreached = with_time_to_target(forecast(model, {"ethernet-10g": 10.0}, [1, 2]), {})
+    unreached = with_time_to_target(predict_speedups(model, {"ethernet-10g": 10.0}, [1, 2]), {})
     assert unreached.predictions["ethernet-10g"][1].time_to_target_speedup is None
     # no baseline beside it: linear's headroom is unknown, so adascale is priced, whose
     # steps the noise scale gives alone (its gain here never passes the run's 2)
     from tfscale.tasks.train.noise_estimates import step_progress
 
-    alone = with_time_to_target(forecast(model, {"ethernet-10g": 10.0}, [1, 2, 8]), metrics)
+    alone = with_time_to_target(predict_speedups(model, {"ethernet-10g": 10.0}, [1, 2, 8]), metrics)
     adascale = 100 * step_progress(BATCH, BATCH, 2 * BATCH) / step_progress(BATCH, BATCH, 8 * BATCH)
     assert alone.predictions["ethernet-10g"][-1].steps_to_target == pytest.approx(adascale)
 

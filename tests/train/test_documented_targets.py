@@ -214,7 +214,7 @@ def test_plan_and_forecast_price_a_run_whose_target_is_a_users_metric():
     are those of the first evaluation at or below it (from above), its first line names the
     metric, a target it never reached is refused naming the metric; the forecast prices
     its time to that target."""
-    from tfscale.tasks.report.forecast import forecast
+    from tfscale.tasks.report.forecast import predict_speedups
     from tfscale.tasks.report.forecast_report import with_time_to_target
     from tfscale.tasks.report.plan import _steps_to, format_plan, make_plan
 
@@ -225,6 +225,6 @@ def test_plan_and_forecast_price_a_run_whose_target_is_a_users_metric():
     assert "the fastest way to held-out mean absolute error 45 on" in format_plan(plan)
     with pytest.raises(UsageError, match=r"did not reach held-out mean absolute error 30 "):
         make_plan(metrics, 4, "ethernet-10g", 10.0, target=30.0)
-    predicted = forecast(_cost_model(), {"ethernet-10g": 10.0}, [1, 2])
+    predicted = predict_speedups(_cost_model(), {"ethernet-10g": 10.0}, [1, 2])
     predicted = with_time_to_target(predicted, metrics)
     assert all(p.time_to_target_speedup for p in predicted.predictions["ethernet-10g"])
