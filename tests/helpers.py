@@ -292,6 +292,14 @@ def report(gpus=(), flags=PLAIN_CPU, tpu=None, cluster=None) -> HardwareReport:
     )
 
 
+def run_of(config, manifest, data_dir: str, choice, flags=()):
+    """A `Run` of these parts, on a CPU with `flags` (`report`): what the measuring steps
+    take (`diagnose_run`, `measure_rounds`)."""
+    from tfscale.tasks.distribute.run import Run
+
+    return Run(config, manifest, data_dir, choice, report(flags=flags))
+
+
 def tfscale(args: list[str], cwd: Path, env: dict | None = None, check: bool = True):
     """The installed `tfscale` command run to its end, its output captured."""
     proc = subprocess.run(

@@ -201,7 +201,7 @@ def settle_auto(run: Run, *, for_study: bool = False) -> tuple[Run, Settled]:
         run = run.with_choice(fit_to_memory(run.choice, run.train, run.manifest))
 
     def measure(options: list) -> list:
-        return time_candidates(run.train, run.manifest, run.data_dir, run.choice, options)
+        return time_candidates(run, options)
 
     settled = settle(run.choice, run.train, run.report, run.manifest, measure, for_study=for_study)
     return run.with_choice(settled.choice).with_train(settled.train), settled
@@ -281,9 +281,7 @@ def _diagnosed(
             InPlaceProbes(**result.probes), run.train, run.manifest, run.choice, cpu_flags
         )
     else:
-        diagnosis = diagnose_run(
-            run.train, run.manifest, run.data_dir, run.choice, cpu_flags, steps=probe_steps
-        )
+        diagnosis = diagnose_run(run, steps=probe_steps)
         if diagnosis.cost_probes:
             result = dataclasses.replace(result, probes=diagnosis.cost_probes)
     run_dir = Path(result.run_dir)

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.distribute.strategy import StrategyChoice
 from tfscale.tasks.measure.in_place import InPlaceProbes
 from tfscale.tasks.measure.pipeline_probes import StageProbes, classify_stages, measure_stages
@@ -339,34 +340,21 @@ def _stage_lines(probes: StageProbes) -> list[str]:
     ]
 
 
-def diagnose_run(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    cpu_flags: list[str],
-    steps: int = 30,
-    input_transform: Transform | None = None,
-) -> Diagnosis:
+def diagnose_run(run: Run, steps: int = 30, input_transform: Transform | None = None) -> Diagnosis:
     """Measures a run in this process in alternating rounds (`tasks.measure.probes`) and classifies
-    it; every figure is the median over the rounds, which the diagnosis keeps (`rounds`).
+    it; every figure is the median over the rounds, which the diagnosis keeps (`rounds`);
+    the advice for the hardware its report describes (its CPU's flags).
     A run across processes is probed in place: `diagnose_in_place`."""
     started = time.perf_counter()
+    cfg, choice = run.train, run.choice
     r = measure_rounds(
-        cfg,
-        manifest,
-        data_dir,
-        choice,
-        steps,
-        input_transform,
-        rounds=cfg.measure_rounds,
-        aim=cfg.measure_precision,
+        run, steps, input_transform, rounds=cfg.measure_rounds, aim=cfg.measure_precision
     )
     bottleneck, evidence = classify(r)
-    advice = recommend(bottleneck, cfg, manifest, choice, cpu_flags)
+    advice = recommend(bottleneck, cfg, run.manifest, choice, run.report.cpu_flags)
     stage_probes = {}
     if choice.spec.staged:  # the step taken apart: stages, transfers, the bubble
-        probes = measure_stages(cfg, manifest, data_dir, choice)
+        probes = measure_stages(run)
         stage_probes = probes.to_dict()
         if bottleneck != "input-bound":
             bottleneck, evidence, advice = classify_stages(probes)

@@ -18,9 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfscale.tasks.data.manifest import Manifest
-from tfscale.tasks.distribute.strategy import StrategyChoice
-from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.train.gpipe import pipeline_step
 from tfscale.tasks.train.stage_models import stage_models
 from tfscale.tasks.train.stage_plan import schedule_bubble
@@ -69,17 +67,12 @@ class StageProbes:
         return asdict(self)
 
 
-def measure_stages(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    repeats: int = 5,
-) -> StageProbes:
+def measure_stages(run: Run, repeats: int = 5) -> StageProbes:
     """Times a fresh copy of the run's pipeline (same cut, devices and batch) on one batch of
     its input: the step at each of `MICRO_BATCHES` that divides the batch and the run's own,
     each stage alone at the same micro-batches, and the transfers between stages."""
-    setup = set_up_training(cfg, manifest, choice)
+    cfg, data_dir, choice = run.train, run.data_dir, run.choice
+    setup = set_up_training(cfg, run.manifest, choice)
     devices, plan = setup.strategy.devices, setup.strategy.plan
     stages = stage_models(setup.model, plan)
     batch = setup.per_replica * setup.accum_steps

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfscale.tasks.core.machine_load import Interference, LoadWatch
 from tfscale.tasks.core.progress import RoundsProgress
 from tfscale.tasks.data.manifest import Manifest
+from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.distribute.strategy import StrategyChoice, baseline_choice
 from tfscale.tasks.measure import autotune
 from tfscale.tasks.measure.autotune import Candidate, Timed
@@ -169,25 +170,23 @@ class RoundRates:
 
 
 def measure_rounds(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
+    run: Run,
     steps: int,
     transform: Transform | None = None,
     rounds: int = ROUNDS,
     aim: float = 0.0,
 ) -> RoundRates:
-    """Times every configuration of `cfg` under `choice` the figures need (module
-    docstring) in alternating rounds of up to `steps` steps each (about
+    """Times every configuration of `run` (its training config under its strategy) the
+    figures need (module docstring) in alternating rounds of up to `steps` steps each (about
     `rounds.BLOCK_SECONDS` a block): until the watched figure's median round ratio
     (`watched_figure`: the speedup; with one device, the input's share) is known to `aim`
     (+-, relative, 95% confidence), at most `rounds` rounds; `aim` 0 runs all `rounds`."""
-    run, calls = _run_blocks(cfg, manifest, data_dir, choice, (steps, transform))
+    cfg, choice = run.train, run.choice
+    setup, calls = _run_blocks(run, (steps, transform))
     devices = max(choice.replicas, choice.stages)  # a split model's devices hold its parts
     what = "the training with its input and without"
     if devices > 1:
-        batches = _one_device_blocks(cfg, manifest, data_dir, choice, (steps, transform), calls)
+        batches = _one_device_blocks(run, (steps, transform), calls)
         what = "the run and one device at batch " + " and ".join(map(str, batches))
     scaling = "strong" if choice.spec.splits else cfg.scaling  # one batch, the model split
     rule = Settling(aim, rounds)
@@ -203,52 +202,47 @@ def measure_rounds(
     with LoadWatch() as watch, progress:
         rates = alternate(_paired(calls, scaling), rounds, settled)
     verdict = rule.check(*watched_figure(rates, scaling))  # the last round's: never None
-    grad_bytes = gradient_bytes(run.model) if choice.replicas > 1 else 0
+    grad_bytes = gradient_bytes(setup.model) if choice.replicas > 1 else 0
     # what the forecast fits: the replicas' all-reduce at 3 sizes
-    by_bytes = all_reduce_by_size(run.strategy, grad_bytes, 1, max(steps, 3)) if grad_bytes else []
+    by_bytes = (
+        all_reduce_by_size(setup.strategy, grad_bytes, 1, max(steps, 3)) if grad_bytes else []
+    )
     settling = dataclasses.replace(verdict, figure=watched).to_dict()
     load = watch.result.to_dict()
     return RoundRates(
-        devices, scaling, run.step_examples, rates, grad_bytes, by_bytes, load, settling
+        devices, scaling, setup.step_examples, rates, grad_bytes, by_bytes, load, settling
     )
 
 
 def _run_blocks(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    block: tuple[int, Transform | None],
+    run: Run, block: tuple[int, Transform | None]
 ) -> tuple[TrainingSetup, dict[str, Callable[[], float]]]:
     """The run's set-up and its blocks: end to end, compute-only and the input alone;
     with `train.loop: fit`, tfscale's own loop at the same setting beside the user's fit."""
     steps, transform = block
-    run = set_up_training(cfg, manifest, choice)
-    feed = _feed(cfg, manifest, data_dir, run, transform)
+    cfg, manifest, data_dir, choice = run.train, run.manifest, run.data_dir, run.choice
+    setup = set_up_training(cfg, manifest, choice)
+    feed = _feed(cfg, manifest, data_dir, setup, transform)
     calls = {
-        "end_to_end": _steps_block(run, choice, feed, steps),
-        "compute": _steps_block(run, choice, _one_batch(feed), steps),
-        "input": _input_block(feed, run, steps),
+        "end_to_end": _steps_block(setup, choice, feed, steps),
+        "compute": _steps_block(setup, choice, _one_batch(feed), steps),
+        "input": _input_block(feed, setup, steps),
     }
     if cfg.loop == "fit":
         ours = set_up_training(dataclasses.replace(cfg, loop="tfscale"), manifest, choice)
         ours_feed = _feed(cfg, manifest, data_dir, ours, transform)
         calls[TFSCALE_LOOP] = _steps_block(ours, choice, ours_feed, steps)
-    return run, calls
+    return setup, calls
 
 
 def _one_device_blocks(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
-    block: tuple[int, Transform | None],
-    calls: dict[str, Callable[[], float]],
+    run: Run, block: tuple[int, Transform | None], calls: dict[str, Callable[[], float]]
 ) -> list[int]:
     """Adds to `calls` one device's blocks at the run's per-replica batch and at its global
     batch (a split model: the global one only), with input and without; `block`: the steps
     a block and the input's transform. Returns the batches."""
     steps, transform = block
+    cfg, manifest, data_dir, choice = run.train, run.manifest, run.data_dir, run.choice
     one = baseline_choice(choice)
     per_replica, global_batch = batch_sizes(cfg, choice.replicas)
     sizes = [("one_device_replica_batch", per_replica), ("one_device_global_batch", global_batch)]
@@ -292,22 +286,20 @@ def _paired(calls: dict[str, Callable], scaling: str) -> dict[str, Callable]:
 
 
 def time_candidates(
-    cfg: TrainConfig,
-    manifest: Manifest,
-    data_dir: str,
-    choice: StrategyChoice,
+    run: Run,
     options: list[Candidate],
     steps: int = autotune.STEPS,
     rounds: int = autotune.ROUNDS,
 ) -> list[Timed]:
-    """Each of `options` (`choice` with its strategy, precision and XLA replaced, `cfg` with
-    its batch) trained end to end on the real model and input for `steps` steps a round,
-    in `rounds` alternating rounds: what `tasks.measure.autotune` chooses among."""
+    """Each of `options` (the run's strategy choice with its strategy, precision and XLA
+    replaced, its training config with its batch) trained end to end on the real model and
+    input for `steps` steps a round, in `rounds` alternating rounds: what
+    `tasks.measure.autotune` chooses among."""
     calls = {}
     for option in options:
-        candidate, config = option.applied_to(choice), option.applied_to_config(cfg)
-        setup = set_up_training(config, manifest, candidate)
-        feed = _feed(config, manifest, data_dir, setup, None)
+        candidate, config = option.applied_to(run.choice), option.applied_to_config(run.train)
+        setup = set_up_training(config, run.manifest, candidate)
+        feed = _feed(config, run.manifest, run.data_dir, setup, None)
         calls[option.label] = _steps_block(setup, candidate, feed, steps)
     rates = alternate(calls, rounds)
     return [Timed(option, tuple(rates[option.label])) for option in options]

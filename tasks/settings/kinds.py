@@ -43,7 +43,7 @@ class StrategyKind:
     runs: str  # HERE, LOCAL_WORKERS or COORDINATOR (when no cluster describes the tasks)
     count_replicas: Callable[[int, int, int], int]  # (requested replicas, gpus, workers)
     build: Callable[..., Any]  # (choice, resolver, collective timeout s) -> tf.distribute.Strategy
-    # (strategy, model, optimizer, dataset_fn, accumulation steps, examples per step)
+    # (the run's TrainingSetup, dataset_fn, XLA on) -> run(steps): (loss, correct)
     epoch_runner: Callable[..., Any] = _later("tfscale.tasks.train.steps", "make_epoch_runner")
     takes_workers: bool = False  # its worker count comes from --workers or the cluster
     all_reduce: bool = False  # replicas all-reduce gradients (NCCL on GPUs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfscale.tasks.train.objectives import Built, Objective
+from tfscale.tasks.train.objectives import Objective
 from tfscale.tasks.train.stage_models import StagedDevices, stage_models
 
 
@@ -99,22 +99,24 @@ def _backward(stages: list[Any], devices: list[str], kept: list[list[tuple]]) ->
 
 
 def make_pipeline_epoch_runner(
-    strategy: StagedDevices,
-    built: Built,
-    optimizer: Any,
+    setup: Any,
     dataset_fn: Callable,
-    accum_steps: int,
-    effective_batch: int,
-    steps_per_call: int = 1,
     jit_compile: bool = False,  # refused for this strategy by `select_strategy`
 ) -> Callable[..., tuple[float, float]]:
-    """An epoch runner for a pipeline: up to `steps_per_call` steps per graph call, each
+    """An epoch runner for a pipeline over a run's `setup` (as `make_epoch_runner`'s, its
+    strategy the `StagedDevices`): up to its steps a call per graph call, each
     `pipeline_step` over `micro_batches x accum_steps` micro-batches."""
     import tensorflow as tf
 
     from tfscale.tasks.train.steps import run_in_calls
 
-    model, objective = built
+    strategy: StagedDevices = setup.strategy
+    optimizer, accum_steps, effective_batch = (
+        setup.optimizer,
+        setup.accum_steps,
+        setup.step_examples,
+    )
+    model, objective = setup.built
     stages = stage_models(model, strategy.plan)
     iterator = iter(dataset_fn(None))
     # a column split places its own parts' ops; a pipeline places each stage
@@ -140,7 +142,7 @@ def make_pipeline_epoch_runner(
     def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
         for total in sums:
             total.assign(0.0)
-        run_in_calls(train_steps, steps, steps_per_call, after_steps)
+        run_in_calls(train_steps, steps, setup.steps_per_call, after_steps)
         return float(sums[0].numpy()), float(sums[1].numpy())
 
     return run_epoch

@@ -351,17 +351,10 @@ def input_context_of(strategy) -> tf.distribute.InputContext:
     )
 
 
-def make_epoch_runner(
-    strategy,
-    built: Built,
-    optimizer,
-    dataset_fn,
-    accum_steps: int,
-    effective_batch: int,
-    steps_per_call: int = 1,
-    jit_compile: bool = False,
-) -> EpochRunner:
-    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies.
+def make_epoch_runner(setup: Any, dataset_fn: Callable, jit_compile: bool = False) -> EpochRunner:
+    """An epoch runner for OneDevice, Mirrored, MultiWorkerMirrored and TPU strategies, over
+    a run's `setup` (`tasks.train.training.TrainingSetup`: its strategy, model built with
+    its objective, optimizer, accumulation steps, examples a step and steps a call).
 
     One graph call runs up to `steps_per_call` steps (the idea of Keras's
     `steps_per_execution`), so Python dispatches once per call, not once per step. Each
@@ -371,6 +364,8 @@ def make_epoch_runner(
     three. With `jit_compile` (one device only: `tasks.distribute.strategy`), XLA compiles the step
     (the input and the loop stay outside it).
     """
+    strategy, built, optimizer = setup.strategy, setup.built, setup.optimizer
+    accum_steps, effective_batch = setup.accum_steps, setup.step_examples
     next_batches = replica_batches(strategy, dataset_fn)
     sums = _replica_sums(strategy, 2)
     graph = _StepsGraph(
@@ -385,7 +380,7 @@ def make_epoch_runner(
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:
         reset()
-        run_in_calls(train_steps, steps, steps_per_call, after_steps)
+        run_in_calls(train_steps, steps, setup.steps_per_call, after_steps)
         return float(sums[0].read_value()), float(sums[1].read_value())
 
     return run_epoch
@@ -485,17 +480,15 @@ def run_in_calls(
 
 
 def make_ps_epoch_runner(
-    strategy,
-    built: Built,
-    optimizer,
-    dataset_fn,
-    accum_steps: int,
-    worker_batch: int,
-    steps_per_call: int = 1,
+    setup: Any,
+    dataset_fn: Callable,
     jit_compile: bool = False,  # refused for this strategy by `select_strategy`
 ) -> EpochRunner:
-    """An epoch runner for ParameterServerStrategy: steps scheduled on workers as they free
-    up, one per closure (`steps_per_call` does not apply: the coordinator schedules)."""
+    """An epoch runner for ParameterServerStrategy over a run's `setup` (as
+    `make_epoch_runner`'s): steps scheduled on workers as they free up, one per closure
+    (its steps a call do not apply: the coordinator schedules)."""
+    strategy, built, optimizer = setup.strategy, setup.built, setup.optimizer
+    accum_steps, worker_batch = setup.accum_steps, setup.step_examples
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     per_worker = coordinator.create_per_worker_dataset(lambda: dataset_fn(None))
     iterator = iter(per_worker)

@@ -485,16 +485,7 @@ class TrainingSetup:
             from tfscale.tasks.train.fit_loop import make_fit_runner
 
             return make_fit_runner(self, dataset_fn)
-        return choice.spec.epoch_runner(
-            self.strategy,
-            self.built,
-            self.optimizer,
-            dataset_fn,
-            self.accum_steps,
-            self.step_examples,
-            self.steps_per_call,
-            choice.jit_compile,
-        )
+        return choice.spec.epoch_runner(self, dataset_fn, choice.jit_compile)
 
 
 def local_copy(cfg: TrainConfig, manifest: Manifest, accum_steps: int) -> Callable[..., Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tensorflow as tf
-from helpers import epoch_history, slowed, train_result
+from helpers import epoch_history, run_of, slowed, train_result
 
 from tfscale.tasks.data.preparation import prepare_dataset
 from tfscale.tasks.distribute.strategy import StrategyChoice
@@ -131,6 +131,13 @@ def train_config(digits, **train):
     return load_config(None, values).train, manifest, data_dir
 
 
+def train_run(digits, choice, **train):
+    """The digits run of `choice` with the `train` settings given."""
+    overrides, manifest, data_dir = digits
+    values = dict(overrides, **{f"train.{k}": v for k, v in train.items()})
+    return run_of(load_config(None, values), manifest, data_dir, choice)
+
+
 def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
     """An input pipeline slowed on purpose: 30 ms of work per batch."""
     return slowed(ds, 0.03)
@@ -139,12 +146,10 @@ def slow_map(ds: tf.data.Dataset) -> tf.data.Dataset:
 @pytest.mark.integration  # trains, times rounds or starts a process
 @pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_slowed_input_pipeline_is_input_bound(digits):
-    cfg, manifest, data_dir = train_config(
-        digits, model="cnn", batch_size_per_replica=64, cache=False, measure_rounds=5
+    run = train_run(
+        digits, ONE_CPU, model="cnn", batch_size_per_replica=64, cache=False, measure_rounds=5
     )
-    diagnosis = diagnose_run(
-        cfg, manifest, data_dir, ONE_CPU, [], steps=10, input_transform=slow_map
-    )
+    diagnosis = diagnose_run(run, steps=10, input_transform=slow_map)
     assert diagnosis.bottleneck == "input-bound", diagnosis
     assert diagnosis.input_examples_per_s < diagnosis.compute_examples_per_s
     assert any("cache" in a or "prepare" in a for a in diagnosis.advice)
@@ -153,8 +158,8 @@ def test_slowed_input_pipeline_is_input_bound(digits):
 @pytest.mark.integration  # trains, times rounds or starts a process
 @pytest.mark.serial  # classifies measured speeds: alone on the machine
 def test_tiny_model_with_tiny_batch_is_overhead_bound(digits):
-    cfg, manifest, data_dir = train_config(digits, model="mlp", batch_size_per_replica=2)
-    diagnosis = diagnose_run(cfg, manifest, data_dir, ONE_CPU, [], steps=30)
+    run = train_run(digits, ONE_CPU, model="mlp", batch_size_per_replica=2)
+    diagnosis = diagnose_run(run, steps=30)
     assert diagnosis.bottleneck == "overhead-bound", diagnosis
     assert "per-replica batch" in diagnosis.advice[0]
 
@@ -178,9 +183,8 @@ def test_large_model_on_in_memory_data_is_compute_bound(tmp_path):
         },
     )
     result = prepare_dataset(config, progress=False)
-    diagnosis = diagnose_run(
-        config.train, result.manifest, result.data_dir, ONE_CPU, ["avx512f"], steps=5
-    )
+    run = run_of(config, result.manifest, result.data_dir, ONE_CPU, ["avx512f"])
+    diagnosis = diagnose_run(run, steps=5)
     assert diagnosis.bottleneck == "compute-bound", diagnosis
     assert diagnosis.step_seconds > 0.004
 
@@ -204,11 +208,9 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
 
     set_up = module.set_up_training
     monkeypatch.setattr(module, "set_up_training", recorded)
-    cfg, manifest, data_dir = train_config(
-        digits, model="mlp", batch_size_per_replica=16, measure_rounds=4
-    )
     mirrored = StrategyChoice("mirrored", 2, 1, "float32", "test")
-    diagnosis = diagnose_run(cfg, manifest, data_dir, mirrored, [], steps=9)
+    run = train_run(digits, mirrored, model="mlp", batch_size_per_replica=16, measure_rounds=4)
+    diagnosis = diagnose_run(run, steps=9)
     assert built == [(2, 16), (1, 16), (1, 32)]
     r = diagnosis.round_rates
     assert {len(values) for values in r.rates.values()} == {4}  # train.measure_rounds
@@ -246,8 +248,8 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
         probes["gradient_bytes"] * 4,
     ]
     assert probes["replica_examples"] == 16 and probes["step_examples"] == 32
-    strong = dataclasses.replace(cfg, scaling="strong")
-    strong_rounds = diagnose_run(strong, manifest, data_dir, mirrored, [], steps=6).round_rates
+    strong = run.with_train(dataclasses.replace(run.train, scaling="strong"))
+    strong_rounds = diagnose_run(strong, steps=6).round_rates
     assert strong_rounds.baseline == "one_device_global_batch"
     assert strong_rounds.from_batch is None and strong_rounds.speedup is not None
 

@@ -71,16 +71,20 @@ def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_
 
 @pytest.mark.integration
 def test_the_rounds_time_tfscales_loop_beside_the_users_fit(digits):
+    from helpers import run_of
+
     from tfscale.tasks.distribute.hardware import detect_hardware
     from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.measure.probes import TFSCALE_LOOP, measure_rounds
 
     overrides, manifest, data_dir = digits
     values = {**overrides, "train.loop": "fit", "train.strategy": "one_device"}
-    cfg = dataclasses.replace(load_config(None, values).train, batch_size_per_replica=32)
+    config = load_config(None, values)
+    cfg = dataclasses.replace(config.train, batch_size_per_replica=32)
     cfg = dataclasses.replace(cfg, model="mlp", precision="float32", jit_compile=False)
     choice = select_strategy(detect_hardware(), cfg)
-    rates = measure_rounds(cfg, manifest, data_dir, choice, steps=20, rounds=3)
+    run = run_of(dataclasses.replace(config, train=cfg), manifest, data_dir, choice)
+    rates = measure_rounds(run, steps=20, rounds=3)
     assert len(rates.rates[TFSCALE_LOOP]) == len(rates.rates["end_to_end"]) == 3
     ours = rates.tfscale_over_fit
     assert ours is not None and ours.median > 0 and ours.low <= ours.median <= ours.high

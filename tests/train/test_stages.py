@@ -202,9 +202,8 @@ def test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven
 ):
     from tfscale.tasks.measure.diagnosis import diagnose_run, format_diagnosis
 
-    overrides, manifest, data_dir = digits
     run = pipeline_run(digits, tmp_path, strategy="pipeline", cut_after=[7])  # stage 2: logits
-    d = diagnose_run(run.train, manifest, data_dir, run.choice, [], steps=10)
+    d = diagnose_run(run, steps=10)
     text = format_diagnosis(d)
     for m, schedule in ((1, "0.50"), (4, "0.20"), (8, "0.11")):
         plural = "es" if m > 1 else ""
