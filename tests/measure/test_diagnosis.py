@@ -209,8 +209,8 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
     set_up = module.set_up_training
     monkeypatch.setattr(module, "set_up_training", recorded)
     mirrored = StrategyChoice("mirrored", 2, 1, "float32", "test")
-    run = train_run(digits, mirrored, model="mlp", batch_size_per_replica=16, measure_rounds=4)
-    diagnosis = diagnose_run(run, steps=9)
+    weak = train_run(digits, mirrored, model="mlp", batch_size_per_replica=16, measure_rounds=4)
+    diagnosis = diagnose_run(weak, steps=9)
     assert built == [(2, 16), (1, 16), (1, 32)]
     r = diagnosis.round_rates
     assert {len(values) for values in r.rates.values()} == {4}  # train.measure_rounds
@@ -248,7 +248,7 @@ def test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds(dig
         probes["gradient_bytes"] * 4,
     ]
     assert probes["replica_examples"] == 16 and probes["step_examples"] == 32
-    strong = run.with_train(dataclasses.replace(run.train, scaling="strong"))
+    strong = weak.with_train(dataclasses.replace(weak.train, scaling="strong"))
     strong_rounds = diagnose_run(strong, steps=6).round_rates
     assert strong_rounds.baseline == "one_device_global_batch"
     assert strong_rounds.from_batch is None and strong_rounds.speedup is not None
