@@ -138,8 +138,7 @@ class ScalingSummary(SpreadOver):
 
 
 def compare_runs(
-    baseline: TrainResult,
-    distributed: TrainResult,
+    trainings: tuple[TrainResult, TrainResult],
     evaluation: EvalResult,
     diagnosis: Diagnosis | None,
     scaling: str,
@@ -147,13 +146,15 @@ def compare_runs(
     repeats: tuple[list[dict], list[dict]] = ([], []),
     subject: str = "",
 ) -> ScalingSummary:
-    """Speedup is distributed examples/s over baseline examples/s; efficiency divides by
-    the devices (replicas, or a pipeline's stages; 1.0 is linear scaling).
+    """Speedup is the distributed training's examples/s over the baseline's (`trainings`:
+    the baseline, the distributed run); efficiency divides by the devices (replicas, or a
+    pipeline's stages; 1.0 is linear scaling).
 
     When the diagnosis measured both configurations in alternating rounds (a run in this
     process), every figure comes from those rounds: the throughputs are their medians, the
     speedup and its split the medians of the per-round ratios, with the speedup's range.
     Otherwise (a run across processes) the throughputs are the two trainings' own."""
+    baseline, distributed = trainings
     rounds = diagnosis.round_rates if diagnosis else None
     if rounds is not None and rounds.speedup is not None:
         figures = _figures_of_rounds(rounds, distributed.shape)
@@ -478,8 +479,7 @@ def compare_exported(
         Diagnosis(**json.loads(diagnosis_path.read_text())) if diagnosis_path.exists() else None
     )
     summary = compare_runs(
-        load_exported(baseline_dir),
-        load_exported(model_dir),
+        (load_exported(baseline_dir), load_exported(model_dir)),
         evaluation,
         diagnosis,
         scaling,
@@ -682,7 +682,7 @@ def summarize_study(
     subject = f"{run.train.model} on {run.manifest.dataset}"
     target = run.config.evaluate.target_accuracy
     summary = compare_runs(
-        baseline, distributed, evaluation, diagnosis, run.train.scaling, target, repeats, subject
+        trainings, evaluation, diagnosis, run.train.scaling, target, repeats, subject
     )
     choice = run.choice
     summary = dataclasses.replace(

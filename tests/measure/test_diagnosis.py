@@ -271,7 +271,7 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
     base, dist = (dataclasses.replace(r, examples_per_s=v) for r, v in ((base, 1000), (dist, 1500)))
     evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
-    summary = compare_runs(base, dist, evaluation, diagnosis, "weak", 0.9)
+    summary = compare_runs((base, dist), evaluation, diagnosis, "weak", 0.9)
     assert summary.speedup == pytest.approx(1.5)
     assert summary.scaling_efficiency == pytest.approx(0.75)
     assert summary.speedup_from_batch == pytest.approx(1.2)
@@ -282,7 +282,7 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
         "split                   1.20x from the larger global batch (one device) x 1.25x from more"
         in text
     )
-    strong = compare_runs(base, dist, evaluation, None, "strong", 0.9)
+    strong = compare_runs((base, dist), evaluation, None, "strong", 0.9)
     assert strong.speedup_from_batch is None and "from more devices" not in format_summary(
         strong, "ui"
     )
@@ -307,7 +307,7 @@ def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range(
         history=epoch_history(9, 1500, 1280, 1500, 1700),
     )
     evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
-    summary = compare_runs(base, dist, evaluation, None, "weak", 0.9)
+    summary = compare_runs((base, dist), evaluation, None, "weak", 0.9)
     assert (summary.speedup, summary.speedup_low, summary.speedup_high) == pytest.approx(
         (1.5, 1.5, 1.6)
     )
@@ -317,8 +317,10 @@ def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range(
     assert "1.50x (1.50-1.60)" in format_summary(summary, "ui")
     # one epoch after the first is no range: the trainings' own ratio, as before
     short = compare_runs(
-        dataclasses.replace(base, history=base.history[:2]),
-        dataclasses.replace(dist, history=dist.history[:2]),
+        (
+            dataclasses.replace(base, history=base.history[:2]),
+            dataclasses.replace(dist, history=dist.history[:2]),
+        ),
         evaluation,
         None,
         "weak",
@@ -356,7 +358,7 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     dist = dataclasses.replace(base, strategy="mirrored", replicas=2, global_batch=32)
     base, dist = (dataclasses.replace(x, examples_per_s=v) for x, v in ((base, 1), (dist, 9)))
     evaluation = type("Eval", (), {"test_accuracy": 0.9, "test_loss": 0.3})()
-    summary = compare_runs(base, dist, evaluation, diagnosis, "weak", 0.9)
+    summary = compare_runs((base, dist), evaluation, diagnosis, "weak", 0.9)
     assert (summary.baseline_examples_per_s, summary.distributed_examples_per_s) == (1000, 1500)
     assert (summary.speedup, summary.speedup_low, summary.speedup_high) == pytest.approx(
         (1.5, 1.397, 1.681), abs=1e-3

@@ -45,7 +45,7 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
     the ratio: 95% within x/ 1.43, about x/ 1.45 with the rounds'), says so, and holds 1, so
     neither surely finishes sooner (the rounds' alone, 1.20-1.28, said 2 replicas do)."""
     base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
-    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     assert (
         summary.time_to_target_speedup,
         summary.time_to_target_speedup_low,
@@ -86,11 +86,11 @@ def test_a_one_seed_interval_takes_where_each_crossing_fell_between_evaluations(
     lowers the speedup, so the interval reaches lower than with evaluations every step."""
     every = {"every_examples": 1000}
     sparse = compare_runs(
-        *_pair(_reached(4000, 4.1) | every, _reached(5000, 3.6) | every),
+        _pair(_reached(4000, 4.1) | every, _reached(5000, 3.6) | every),
         EVALUATION, None, "weak", 0.95,
     )  # fmt: skip
     dense = compare_runs(
-        *_pair(_reached(4000, 4.1), _reached(5000, 3.6)), EVALUATION, None, "weak", 0.95
+        _pair(_reached(4000, 4.1), _reached(5000, 3.6)), EVALUATION, None, "weak", 0.95
     )
     assert sparse.time_to_target_speedup == dense.time_to_target_speedup == pytest.approx(1.2)
     assert sparse.time_to_target_speedup_low < dense.time_to_target_speedup_low - 0.03
@@ -109,7 +109,7 @@ def test_with_several_seeds_where_each_crossing_fell_is_in_their_bootstrap_once(
         dist_seeds = [_reached(n, n / 1500) | extra for n in (6000, 4000, 9000, 5500)]
         base, dist = _pair(_reached(4000, 4.0) | extra, _reached(5000, 5000 / 1500) | extra)
         summary = compare_runs(
-            base, dist, EVALUATION, None, "weak", 0.95, repeats=(base_seeds, dist_seeds)
+            (base, dist), EVALUATION, None, "weak", 0.95, repeats=(base_seeds, dist_seeds)
         )
         intervals.append((summary.time_to_target_speedup_low, summary.time_to_target_speedup_high))
     assert intervals[0] == pytest.approx(intervals[1], rel=1e-12)
@@ -129,13 +129,13 @@ def test_with_several_seeds_where_each_crossing_fell_is_in_their_bootstrap_once(
 )  # fmt: skip
 def test_the_answer_follows_the_time_to_target_where_it_is_sure(base_examples, dist_examples, says):
     base, dist = _pair(_reached(base_examples, 4.0), _reached(dist_examples, 4.0))
-    assert says in compare_runs(base, dist, EVALUATION, None, "weak", 0.95).answer
+    assert says in compare_runs((base, dist), EVALUATION, None, "weak", 0.95).answer
 
 
 def test_the_answer_without_a_time_to_target_says_why_and_decides_on_examples_per_s():
     missed = {"reached": False, "best_accuracy": 0.9411, "best_examples": 14080}
     base, dist = _pair(_reached(4000, 4.1), missed)
-    answer = compare_runs(base, dist, EVALUATION, None, "weak", 0.955).answer
+    answer = compare_runs((base, dist), EVALUATION, None, "weak", 0.955).answer
     assert answer.endswith(
         "as fast as one device in examples/s: use 2 replicas; to 95.5% held-out accuracy, "
         "not compared: the 2 replicas did not reach it (best 0.9411 at 14,080 examples); more "
@@ -146,7 +146,7 @@ def test_the_answer_without_a_time_to_target_says_why_and_decides_on_examples_pe
 def test_a_target_one_training_missed_says_who_and_the_best_it_reached():
     missed = {"reached": False, "best_accuracy": 0.9411, "best_examples": 14080}
     base, dist = _pair(_reached(4000, 4.1), missed)
-    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.955)
+    summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.955)
     assert summary.time_to_target_speedup is None and summary.examples_to_target_distributed is None
     assert summary.to_target == (
         "time to 95.5% held-out accuracy: the 2 replicas did not reach it (best 0.9411 at "
@@ -155,7 +155,7 @@ def test_a_target_one_training_missed_says_who_and_the_best_it_reached():
 
 
 def test_no_evaluation_during_training_says_the_time_to_target_was_not_measured():
-    summary = compare_runs(*_pair({}, {}), EVALUATION, None, "weak", 0.95)
+    summary = compare_runs(_pair({}, {}), EVALUATION, None, "weak", 0.95)
     assert summary.time_to_target_speedup is None
     assert "not measured (evaluate.every_epochs is 0" in summary.to_target
 
@@ -170,7 +170,7 @@ def test_more_seeds_give_mlperfs_mean_and_widen_the_range_by_their_spread():
     dist_seeds = [_reached(n, n / 1500) for n in (6000, 4000, 9000, 5500)]
     base, dist = _pair(_reached(4000, 4.0), _reached(5000, 5000 / 1500))
     summary = compare_runs(
-        base, dist, EVALUATION, None, "weak", 0.95, repeats=(base_seeds, dist_seeds)
+        (base, dist), EVALUATION, None, "weak", 0.95, repeats=(base_seeds, dist_seeds)
     )
     assert summary.seeds == 5
     assert (summary.examples_to_target_baseline, summary.examples_to_target_distributed) == (
@@ -196,11 +196,11 @@ def test_more_seeds_give_mlperfs_mean_and_widen_the_range_by_their_spread():
     # one seed that never reached it counts as the slowest and is dropped, with the fastest
     # (4,000): 5,000, 5,500 and 9,000 kept, mean 6,500
     one_miss = [{"reached": False}, *dist_seeds[1:]]
-    dropped = compare_runs(base, dist, EVALUATION, None, "weak", 0.95, (base_seeds, one_miss))
+    dropped = compare_runs((base, dist), EVALUATION, None, "weak", 0.95, (base_seeds, one_miss))
     assert dropped.examples_to_target_distributed == pytest.approx(6500)
     assert dropped.to_target.endswith("the 2 replicas' 5,000-9,000)")
     missing = [{"reached": False}, {"reached": False}, *dist_seeds[2:]]
-    missed = compare_runs(base, dist, EVALUATION, None, "weak", 0.95, (base_seeds, missing))
+    missed = compare_runs((base, dist), EVALUATION, None, "weak", 0.95, (base_seeds, missing))
     assert missed.time_to_target_speedup is None
     assert "the 2 replicas missed it in 2 of 5 seeds; more epochs" in missed.to_target
 
@@ -225,7 +225,7 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
     )
     base.to_target["steps"] = 100
     summary = compare_runs(
-        base, dataclasses.replace(dist, lr_scaling="adascale"), EVALUATION, None, "weak", 0.95
+        (base, dataclasses.replace(dist, lr_scaling="adascale")), EVALUATION, None, "weak", 0.95
     )
     assert (summary.noise_scale, summary.noise_scale_adam) == pytest.approx((16.0, 40.0))
     assert (summary.noise_scale_low, summary.noise_scale_high) == pytest.approx((16.0, 16.0))
@@ -238,7 +238,7 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
         "spread, not measured here"
     ) in summary.to_target
     sgd = dataclasses.replace(dist, lr_scaling="linear", optimizer="SGD (momentum 0.9)")
-    linear = compare_runs(base, sgd, EVALUATION, None, "weak", 0.95)
+    linear = compare_runs((base, sgd), EVALUATION, None, "weak", 0.95)
     share = 2 / (4 / 3)
     at_optimum = 100 / (4 / 3 * (2 * share - share**2)) * 32
     assert linear.predicted_examples_to_target_distributed is None
@@ -250,7 +250,7 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
     # Adam's step at the doubled rate is 2 sqrt(4/3) = 2.309 SGD's (`Gain`): far below its
     # optimum 100/2.309 = 43.3 steps (1,386 examples); at it r = 2.309/1.333 = 1.732, a step
     # 1.333 (2r - r^2) = 0.619 of a base step: 161.6 steps, 5,171 examples
-    adam = compare_runs(base, dataclasses.replace(sgd, optimizer="Adam"), EVALUATION, None,
+    adam = compare_runs((base, dataclasses.replace(sgd, optimizer="Adam")), EVALUATION, None,
                         "weak", 0.95)  # fmt: skip
     assert "predicted 1,386-5,171 examples for 2 replicas at linear's rate" in adam.to_target
 
@@ -261,20 +261,20 @@ def test_the_recommendation_says_when_the_time_to_target_disagrees_with_examples
     beside the examples/s answer; where both agree (3,000 examples: 2.00x) it says that
     too, and where the interval holds 1 (7,000: 0.86x) it says nothing of it."""
     base, dist = _pair(_reached(4000, 4.0), _reached(12000, 4.7))
-    slower = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    slower = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     assert slower.recommendation == (
         "2 replicas: 1.50x (1.50-1.60) one device's speed, faster in every epoch; to the "
         "target, though, 2 replicas took longer: 0.50x (0.35-0.73) (one seed, assuming a 13% "
         "seed spread, not measured here; --seeds 5 to be sure)"
     )
     base, dist = _pair(_reached(4000, 4.1), _reached(3000, 3.6))
-    agrees = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    agrees = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     assert agrees.recommendation.endswith(
         "; to the target too: 2.00x (1.39-2.91) (one seed, assuming a 13% seed spread, not "
         "measured here; --seeds 5 to be sure)"
     )
     base, dist = _pair(_reached(4000, 4.1), _reached(7000, 3.6))
-    unsure = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    unsure = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     assert unsure.recommendation.endswith("faster in every epoch")
 
 
@@ -287,7 +287,7 @@ def test_every_text_of_the_speedup_chart_lies_inside_the_saved_png(tmp_path):
     from tfscale.tasks.report.summary import plot_speedup, speedup_figure
 
     base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
-    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     fig = speedup_figure(summary, base, dist)
     assert texts_outside(fig) == []
     # what the check catches: the label that was cut
@@ -439,8 +439,8 @@ def test_the_prediction_counts_gradient_accumulation_once():
     accum_dist = dataclasses.replace(
         plain_dist, per_replica_batch=8, global_batch=16, grad_accum_steps=2
     )
-    plain = compare_runs(plain_base, plain_dist, EVALUATION, None, "weak", 0.95)
-    accumulating = compare_runs(accum_base, accum_dist, EVALUATION, None, "weak", 0.95)
+    plain = compare_runs((plain_base, plain_dist), EVALUATION, None, "weak", 0.95)
+    accumulating = compare_runs((accum_base, accum_dist), EVALUATION, None, "weak", 0.95)
     assert plain.predicted_examples_to_target_distributed == pytest.approx(2400.0)
     assert accumulating.predicted_examples_to_target_distributed == pytest.approx(2400.0)
     assert "global batch 32 is past it: an example there does about 0.67 of one at 16" in (
@@ -455,7 +455,7 @@ def test_the_markdown_heading_says_the_time_to_target_verdict_beside_the_speedup
     from tfscale.tasks.report.summary import format_markdown
 
     slower = compare_runs(
-        *_pair(_reached(4000, 4.0), _reached(12000, 4.7)), EVALUATION, None, "weak", 0.95
+        _pair(_reached(4000, 4.0), _reached(12000, 4.7)), EVALUATION, None, "weak", 0.95
     )
     head = format_markdown(slower, "digits", ("MLflow", "http://x")).splitlines()[0]
     assert head == (
@@ -463,7 +463,7 @@ def test_the_markdown_heading_says_the_time_to_target_verdict_beside_the_speedup
         "held-out accuracy 0.50x (0.35-0.73): one device finishes sooner"
     )
     unsure = compare_runs(
-        *_pair(_reached(4000, 4.0), _reached(5000, 4.7)), EVALUATION, None, "weak", 0.95
+        _pair(_reached(4000, 4.0), _reached(5000, 4.7)), EVALUATION, None, "weak", 0.95
     )
     assert (
         format_markdown(unsure, "digits", ("MLflow", "http://x"))
@@ -491,14 +491,14 @@ def test_a_few_rounds_or_epochs_enter_the_time_as_a_t_interval_not_their_range()
     base = dataclasses.replace(base, history=epoch_history(90, 1000, 1000, 1000))
     dist = dataclasses.replace(dist, history=epoch_history(9, *(1000 * r for r in ratios)))
     seeds = ([_reached(4000, 4.0)] * 4, [_reached(5000, 4.0)] * 4)
-    by_epoch = compare_runs(base, dist, EVALUATION, None, "weak", 0.95, repeats=seeds)
+    by_epoch = compare_runs((base, dist), EVALUATION, None, "weak", 0.95, repeats=seeds)
     rates = {"one_device_replica_batch": [1000.0] * 3, "one_device_global_batch": [1000.0] * 3}
     rates |= {"end_to_end": [1000 * r for r in ratios]}
     rates |= {f"{k}_compute": v for k, v in rates.items()}
     rates |= {"compute": rates["end_to_end"], "input": [9e9] * 3}
     rounds = RoundRates(2, "weak", 32, rates).to_dict()
     diagnosis = Diagnosis("compute-bound", 9e9, 1.0, 1.0, 1.0, 2, 0.02, "e", rounds=rounds)
-    by_round = compare_runs(base, dist, EVALUATION, diagnosis, "weak", 0.95, repeats=seeds)
+    by_round = compare_runs((base, dist), EVALUATION, diagnosis, "weak", 0.95, repeats=seeds)
     for summary, over in ((by_epoch, "epochs"), (by_round, "rounds")):
         ends = (summary.time_to_target_speedup_low, summary.time_to_target_speedup_high)
         assert summary.time_to_target_speedup == pytest.approx(0.96)
@@ -535,7 +535,7 @@ def test_one_seed_says_the_spread_it_assumed_and_decides_only_at_the_highest(dis
     base, dist = _pair(_reached(4000, 4.0), _reached(dist_examples, 4.0))
     base = dataclasses.replace(base, history=epoch_history(90, 1000))
     dist = dataclasses.replace(dist, history=epoch_history(9, 1500))
-    summary = compare_runs(base, dist, EVALUATION, None, "weak", 0.95)
+    summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     point = 1420 / 930 * 4000 / dist_examples
     assert summary.time_to_target_speedup == pytest.approx(point)
     ends = (summary.time_to_target_speedup_low, summary.time_to_target_speedup_high)
