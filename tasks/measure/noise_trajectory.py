@@ -297,20 +297,20 @@ def _count(value: float) -> str:
 def rule_steps(
     path: Trajectory,
     steps_to_target: int,
-    base_batch: float,
-    batch: float,
+    batches: tuple[float, float],
     rule: str,
     headroom: float | None = None,
     noise_factor: float = 1.0,
     adaptive: bool = False,
 ) -> RuleSteps:
     """`predicted_steps_to` for a training at `batch` whose rate follows `rule` from the
-    base rate set for `base_batch`, each step's progress on the quadratic model
+    base rate set for `base_batch` (`batches`: the two), each step's progress on the quadratic model
     (`rule_progress`). `headroom` unknown: a point for `adascale` (its gain keeps the rate's
     share of its optimum, whatever that is), the range over headroom 0 to 1 for the rest.
     `noise_factor`: the noise scale's, where a calibration took it above the measured one
     (`tasks.train.noise_estimates.calibrated`); `adaptive`: an optimizer of Adam's kind,
     whose step at a rate grows with the batch (`Gain`)."""
+    base_batch, batch = batches
     gain = rule_gain(rule, base_batch, batch)
 
     def made(phi: float, share: float) -> float:

@@ -165,7 +165,7 @@ def noise_figures(baseline: TrainResult, distributed: TrainResult) -> dict[str, 
         base_batch, batch = effective_batch(baseline), effective_batch(distributed)
         rule = distributed.lr_scaling
         adaptive = is_adaptive(distributed.optimizer)
-        predicted = rule_steps(path, steps, base_batch, batch, rule, adaptive=adaptive)
+        predicted = rule_steps(path, steps, (base_batch, batch), rule, adaptive=adaptive)
         figures.update(
             predicted_examples_to_target_distributed=None
             if predicted.steps is None

@@ -308,12 +308,12 @@ def test_steps_for_a_fixed_rule_are_a_range_until_its_headroom_is_known():
     # h = 1: r = 1.5, (4/3)(3 - 2.25)/1 = 1, so 100 / 1 = 100 steps;
     # h = 0.5: r = 0.75, (4/3)(1.5 - 0.5625)/0.75 = 5/3, so 100 / (5/3) = 60 steps
     path = trajectory([_window(50, 10, 1.0, 32.0, small=16, big=32)])
-    linear = rule_steps(path, 100, 32, 64, "linear")
+    linear = rule_steps(path, 100, (32, 64), "linear")
     assert linear.steps is None
     assert (linear.low, linear.high) == pytest.approx((50.0, 100.0))
-    known = rule_steps(path, 100, 32, 64, "linear", headroom=0.5)
+    known = rule_steps(path, 100, (32, 64), "linear", headroom=0.5)
     assert known.steps == pytest.approx(60.0)
-    assert rule_steps(path, 100, 32, 64, "adascale").steps == pytest.approx(75.0)
+    assert rule_steps(path, 100, (32, 64), "adascale").steps == pytest.approx(75.0)
 
 
 def test_a_pair_made_at_a_headroom_reads_back_as_that_headroom_under_either_gain():
