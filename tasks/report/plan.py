@@ -22,7 +22,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfscale.tasks.core.errors import UsageError
 from tfscale.tasks.measure.noise_trajectory import (
@@ -342,7 +342,8 @@ def make_plan(
     one_step = model.compute_s(pricing.base_batch)
     one_steps = pricing.steps(pricing.base_batch)[0]
     one = (one_steps * one_step + costs.seconds(one_steps * pricing.base_batch), one_step)
-    rows, left_out = _rows(pricing, model, link, costs, devices, batches, one)
+    prices = Prices(pricing, model, link, costs)
+    rows, left_out = _rows(prices, devices, batches, one)
     if not rows:
         raise UsageError(
             f"every global batch priced leaves fewer than {MIN_STEPS_PER_EPOCH} steps an epoch "
@@ -351,7 +352,7 @@ def make_plan(
             "plan for fewer devices (--devices), or from a run on more data.",
         )
     best = min(range(len(rows)), key=lambda i: rows[i].time_s)
-    sources = _sources(metrics, model, pricing, costs, target, batches, left_out, told.source)
+    sources = _sources(metrics, prices, target, batches, left_out, told.source)
     sources["link"] = link_name if link is None else f"{link_name} ({link_gbit:g} Gbit/s)"
     metric = (metrics.get("to_target") or {}).get("metric", "accuracy")
     return Plan(
@@ -739,17 +740,23 @@ def evaluation_seconds(metrics: dict, step_s: float) -> float:
     return gaps[len(gaps) // 2] if gaps else 0.0
 
 
+class Prices(NamedTuple):
+    """What prices a configuration: its steps to the target (`pricing`), its step's time
+    from the cost model (`model`) on the `link` (bytes/s; None: the run's own), and the
+    run's fixed costs (`costs`: evaluations, epochs)."""
+
+    pricing: Pricing
+    model: Any
+    link: float | None
+    costs: FixedCosts
+
+
 def _rows(
-    pricing: Pricing,
-    model: Any,
-    link: float | None,
-    costs: FixedCosts,
-    devices: int,
-    batches: tuple[int, ...],
-    one: tuple[float, float],
+    prices: Prices, devices: int, batches: tuple[int, ...], one: tuple[float, float]
 ) -> tuple[list[PlanRow], dict[str, int]]:
     """Each (devices, per-replica batch) priced; and how many were left out, and why: too
     few steps an epoch, or (where the rule's headroom is unknown) a rate above the cap."""
+    pricing, costs = prices.pricing, prices.costs
     counts = sorted({*(2**i for i in range(devices.bit_length()) if 2**i <= devices), devices})
     rows, left_out = [], {"steps an epoch": 0, "rate": 0}
     for n in counts:
@@ -761,22 +768,16 @@ def _rows(
             if not pricing.priceable(batch):
                 left_out["rate"] += 1
                 continue
-            rows.append(_row(pricing, model, link, costs, n, b, batch, one))
+            rows.append(_row(prices, (n, b, batch), one))
     return rows, left_out
 
 
-def _row(
-    pricing: Pricing,
-    model: Any,
-    link: float | None,
-    costs: FixedCosts,
-    n: int,
-    b: int,
-    batch: int,
-    one: tuple[float, float],
-) -> PlanRow:
-    """One configuration: its step from the cost model, its steps from the pricing, its
-    time with the evaluations and epochs the steps take."""
+def _row(prices: Prices, shape: tuple[int, int, int], one: tuple[float, float]) -> PlanRow:
+    """One configuration (`shape`: its devices, per-replica batch and global examples a
+    step): its step from the cost model, its steps from the pricing, its time with the
+    evaluations and epochs the steps take."""
+    pricing, model, link, costs = prices
+    n, b, batch = shape
     priced = dataclasses.replace(model, per_replica_batch=b * pricing.accum)
     p = priced.predict(n, link, "weak")
     steps, low, high = pricing.steps(batch)
@@ -803,15 +804,14 @@ def _row(
 
 def _sources(
     metrics: dict,
-    model: Any,
-    pricing: Pricing,
-    costs: FixedCosts,
+    prices: Prices,
     target: float,
     batches: tuple[int, ...],
     left_out: dict[str, int],
     rule_source: str,
 ) -> dict[str, str]:
     """Where each figure came from, in words."""
+    pricing, model, _, costs = prices
     low, phi, high = pricing.noise
     accum = pricing.accum
     cap = pricing.base_rate * pricing.cap
