@@ -539,7 +539,7 @@ def set_up_training(
     base_batch = cfg.per_replica_batch * k  # the batch the base rate is for
     rule = learning_rate_rule(cfg, choice, effective / base_batch)
     (model, objective), optimizer, rate = _model_and_optimizer(
-        cfg, manifest, choice, strategy, effective, base_batch, rule, steps
+        cfg, manifest, choice, strategy, (base_batch, effective), rule, steps
     )
     return TrainingSetup(
         strategy, model, optimizer, replicas, workers, per_replica, global_batch, k,
@@ -579,17 +579,18 @@ def _model_and_optimizer(
     manifest: Manifest,
     choice: StrategyChoice,
     strategy: Any,
-    effective_batch: int,
-    base_batch: int,
+    batches: tuple[int, int],
     rule: Rate,
     steps: int,
 ) -> tuple[Built, Any, Rate]:
     """A seeded model placed as the strategy wants it, with its objective, and its
     optimizer (the model's compiled one, else Adam: `tasks.train.optimizers`) warming up over
     `cfg.warmup_epochs` from the base rate to it scaled by `rule` for the effective batch
-    against the base rate's batch (scaling the loss under mixed_float16), built in its scope; an
-    adaptive rule's rate times a gain variable the noise scale sets. A compiled optimizer
+    against the base rate's batch (`batches`: the base rate's, the effective one), scaling
+    the loss under mixed_float16, built in its scope; an adaptive rule's rate times a gain
+    variable the noise scale sets. A compiled optimizer
     whose rate is a schedule keeps it: rule `none`."""
+    base_batch, effective_batch = batches
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         ps_tasks = len(cluster_spec_of(strategy).get("ps", []))

@@ -156,7 +156,7 @@ def _built(digits, tmp_path, model: str, **train):
     cfg = load_config(None, values).train
     choice = select_strategy(report(), train_config(strategy="one_device"))
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    return _model_and_optimizer(cfg, manifest, choice, strategy, 64, 32, Rate("linear"), 10)
+    return _model_and_optimizer(cfg, manifest, choice, strategy, (32, 64), Rate("linear"), 10)
 
 
 @pytest.mark.unit
