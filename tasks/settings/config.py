@@ -80,7 +80,7 @@ class PrepareConfig:
     min_shards: int | None = _spec(None, lo=1, hi=100_000)
     test_fraction: float = _spec(0.2, lo=0.01, hi=0.99)
     seed: int = _spec(42, lo=0)
-    # a table's target column; an .npz's or a pipeline's label key (tasks.data.user_sources)
+    # a table's target column; an .npz's or a pipeline's label key (tasks/data/tables.py etc.)
     label: str = "label"
     # auto: read from the label's values (tasks/core/label_kinds.py: two values binary, text
     # classes, fractional floats real, integers classes unless many values for the rows)
