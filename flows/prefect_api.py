@@ -141,12 +141,13 @@ class TemporaryAPI:
         def follow() -> None:
             code = process.wait()
             if not self.closing.is_set() and process is self.process:
-                self.died = code
                 # Prefect's clients would retry the dead server for a minute (its crash
-                # report too) and its log handler print each failure: neither, now
+                # report too) and its log handler print each failure: neither, now; what
+                # puts it back is kept before `died` says there is something to put back
                 os.environ.update(WITHOUT_SERVER)
                 _point_prefect_at(self.url)
                 self.restore_logging = _quiet_about_the_server()
+                self.died = code
                 _thread.interrupt_main(self.interrupt)  # KeyboardInterrupt in the main thread
 
         threading.Thread(target=follow, daemon=True, name="prefect-api-watchdog").start()

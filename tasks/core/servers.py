@@ -36,9 +36,11 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 
 def owned_command(command: list[str]) -> list[str]:
-    """`command` behind the launcher that makes it die with this process (`LAUNCHER`;
-    `-S`: no site packages to import first)."""
-    return [sys.executable, "-S", "-c", LAUNCHER, str(os.getpid()), *command]
+    """`command` behind the launcher that makes it die with this process (`LAUNCHER`).
+    `-I`: the launcher imports the standard library's `ctypes`, `os`, `signal` and `sys`,
+    never a module of the working directory's of those names, and no site packages; the
+    server's own command then gets the environment as it is."""
+    return [sys.executable, "-I", "-c", LAUNCHER, str(os.getpid()), *command]
 
 
 def start_owned(
@@ -46,7 +48,9 @@ def start_owned(
 ) -> subprocess.Popen:
     """Starts `command` (its first item a path to an executable) as a server this process
     owns: its own session, ended with this process; its output to `out` (a file: both
-    streams; None: this process's own)."""
+    streams; None: this process's own). Called from the thread that lives as long as the
+    server should (the main thread): the kernel's signal follows the thread that started
+    the process."""
     err = subprocess.STDOUT if out is not None else None
     return subprocess.Popen(
         owned_command(command), env=env, stdout=out, stderr=err, start_new_session=True

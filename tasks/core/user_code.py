@@ -2,7 +2,9 @@
 `path/to/file.py:function` (a dataset's pipeline, a model's builder).
 
 A user's project may have modules of its own named `tasks` or `flows` (Celery and Invoke
-projects do): tfscale's code is `tfscale.tasks` and `tfscale.flows`, so the two never meet.
+projects do): tfscale's code is `tfscale.tasks` and `tfscale.flows`, never imported as
+`tasks` or `flows`, so it never takes the user's (docs/your-model.md says what an editable
+install leaves on the path).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from tfscale.tasks.settings.config import PrepareConfig
 Example = tuple[np.ndarray, int]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _CHUNK = 1024
+_CHUNK_BYTES = 16 << 20  # an image source's chunk holds at most this much (large photos)
 
 
 class DatasetError(UserError, ValueError):
@@ -31,8 +32,9 @@ class DatasetError(UserError, ValueError):
 
 class ImageSource:
     """A `Source` of one image and a class an example: `examples` gives them one at a time
-    in order, `batches` in chunks (the images a list: an image folder's may differ in shape
-    until one is read). Its label is the class, never a name the config gives."""
+    in order, `batches` in chunks of at most `_CHUNK` images and `_CHUNK_BYTES` (the images
+    a list: an image folder's may differ in shape until one is read). Its label is the
+    class, never a name the config gives."""
 
     named_label = False
 
@@ -40,13 +42,14 @@ class ImageSource:
         raise NotImplementedError
 
     def batches(self, split: str, start: int, stop: int) -> Iterator[Chunk]:
-        images, labels = [], []
+        images, labels, held = [], [], 0
         for image, label in self.examples(split, start, stop):
             images.append(image)
             labels.append(label)
-            if len(labels) == _CHUNK:
+            held += image.nbytes
+            if len(labels) == _CHUNK or held >= _CHUNK_BYTES:
                 yield {IMAGE: images}, np.asarray(labels)
-                images, labels = [], []
+                images, labels, held = [], [], 0
         if labels:
             yield {IMAGE: images}, np.asarray(labels)
 

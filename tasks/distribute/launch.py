@@ -110,7 +110,9 @@ def _run_workers(
             env["TFSCALE_PIN_CORE"] = str(index % (os.cpu_count() or 1))
         log_path = run_dir / f"worker-{index}.log"
         logs.append(log_path)
-        argv = [sys.executable, "-m", WORKER_MODULE, str(spec_path)]
+        # -P: the working directory is not put first on the path (as for the `tfscale`
+        # command itself), where a project's module named as a standard one would stand in
+        argv = [sys.executable, "-P", "-m", WORKER_MODULE, str(spec_path)]
         with open(log_path, "w") as log:
             procs.append(popen(index, argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     _wait(procs, logs, timeout_s)

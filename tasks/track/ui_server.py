@@ -20,6 +20,7 @@ def server_command(tracker: Any, host: str, port: int) -> tuple[list[str], dict[
     uri = tracker.uri
     command = [
         sys.executable,
+        "-P",  # not the working directory first: a project's `signal.py` is not the stdlib's
         "-m",
         "mlflow",
         "server",

@@ -28,7 +28,7 @@ OWNER = (
     "import sys, time\n"
     "from tfscale.tasks.core.servers import start_owned\n"
     "import subprocess\n"
-    "server = start_owned([sys.executable, '-c', sys.argv[1]], out=subprocess.PIPE)\n"
+    "server = start_owned([sys.executable, '-P', '-c', sys.argv[1]], out=subprocess.PIPE)\n"
     "print(server.stdout.readline().decode().strip(), flush=True)\n"
     "time.sleep(600)\n"
 )
@@ -49,9 +49,12 @@ def wait_gone(pids: list[int]) -> list[int]:
     return [pid for pid in pids if not gone(pid)]
 
 
-def test_a_server_dies_with_the_command_that_owns_it_even_when_the_command_is_killed():
+def test_a_server_dies_with_the_command_that_owns_it_even_when_the_command_is_killed(tmp_path):
+    """Also in a project with a module named as the launcher's (`signal.py`): the launcher
+    imports the standard library's, never the working directory's."""
+    (tmp_path / "signal.py").write_text("raise ImportError('the project's own signal.py')\n")
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, SERVER], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-P", "-c", OWNER, SERVER], stdout=subprocess.PIPE, text=True, cwd=tmp_path
     )
     try:
         server, worker = map(int, owner.stdout.readline().split())

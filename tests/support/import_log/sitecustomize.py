@@ -9,7 +9,8 @@ import sys
 
 def _record() -> None:
     ours = [name.partition(".")[2] for name in list(sys.modules) if name.startswith("tfscale.")]
-    modules = sorted(ours)  # as their paths in the repository read: tasks.x.y, flows.z
+    package = ["tfscale.__init__"] if "tfscale" in sys.modules else []  # tfscale/__init__.py
+    modules = sorted(ours + package)  # as their paths in the repository read: tasks.x.y
     with open(os.environ["TFSCALE_IMPORT_LOG"], "a") as log:
         log.write(json.dumps({"argv": sys.argv, "modules": modules}) + "\n")
 
