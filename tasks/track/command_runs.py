@@ -15,7 +15,6 @@ from tfscale.tasks.core.files import write_json_atomic
 from tfscale.tasks.execute.run_files import TRACKED_AS, study_of, trained_by
 from tfscale.tasks.settings.config import Config
 from tfscale.tasks.track import records
-from tfscale.tasks.track.records import choice_params, study_run_name
 from tfscale.tasks.track.tracking import Tracker, run_tags
 
 
@@ -52,9 +51,9 @@ def study_run(
     training that is neither, or is not tracked."""
     if tracker is None or not (baseline or against):
         return None
-    choice, name = compared.choice, study_run_name(compared)
+    choice, name = compared.choice, records.study_run_name(compared)
     # the runs table's columns, as params (never also as tags: one value, one name)
-    table = {**choice_params(choice), "replicas": choice.replicas, **params}
+    table = {**records.choice_params(choice), "replicas": choice.replicas, **params}
     if baseline:
         return tracker.open_study(name, tags, table)
     link = {

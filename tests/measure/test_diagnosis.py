@@ -114,21 +114,17 @@ def test_classify_in_place_from_measured_steps(figures, expected, named):
 def test_in_place_diagnosis_prints_measurements_as_measured(digits):
     from tfscale.tasks.measure.diagnosis import diagnose_in_place
 
-    cfg, manifest, _ = train_config(digits, model="mlp")
     choice = StrategyChoice("multi_worker", 2, 2, "float32", "test")
-    d = diagnose_in_place(probes(local_step_s=0.002, comm_s=0.007), cfg, manifest, choice, [])
+    run = train_run(digits, choice, model="mlp")
+    d = diagnose_in_place(
+        probes(local_step_s=0.002, comm_s=0.007), run.train, run.manifest, choice, []
+    )
     assert d.compute_examples_per_s == pytest.approx(6400)  # 64 examples per 10 ms step
     assert d.compute_1_replica_examples_per_s == pytest.approx(16000)  # 32 per 2 ms
     assert d.comm_share == pytest.approx(0.7) and d.sync_share == pytest.approx(0.1)
     text = format_diagnosis(d)
     assert "measured:   in 2 worker processes" in text and "ideal" not in text
     assert "input-only per worker 40,000, 40,000 ex/s" in text
-
-
-def train_config(digits, **train):
-    overrides, manifest, data_dir = digits
-    values = dict(overrides, **{f"train.{k}": v for k, v in train.items()})
-    return load_config(None, values).train, manifest, data_dir
 
 
 def train_run(digits, choice, **train):
