@@ -97,7 +97,13 @@ def swept(tmp_path_factory):
             "prepare.data_dir": str(tmp / "data"),
             "train.runs_dir": str(tmp / "runs"),
             "sweep.replicas": [1, 2],
-            "train.measure_rounds": 3,  # the cells' measurement at a few blocks' effort
+            # the cells' measurement at a few short blocks' effort (the claims read how the
+            # speedup is made of its rounds, never how fast); no gradient noise scale
+            # recorded and no held-out split evaluated while training: no claim reads them
+            "train.measure_rounds": 3,
+            "train.measure_steps": 10,
+            "train.noise_scale": False,
+            "evaluate.every_epochs": 0,
             "sweep.dataset_sizes": [256, 512],
             "sweep.model": "mlp",
             "sweep.epochs": 1,  # a row's rate, loss and forecast need one epoch's history
@@ -275,8 +281,12 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
             "sweep.strategy": "multi_worker",
             "sweep.link_gbit": [0, 0.1],
             # the 1-replica cell's rounds (its input's share, which no claim here reads) at
-            # a few blocks' effort; the worker cells' probes do not take rounds
+            # a few short blocks' effort; the worker cells' probes do not take rounds. No
+            # gradient noise scale recorded in any cell's step, no held-out evaluation
             "train.measure_rounds": 3,
+            "train.measure_steps": 10,
+            "train.noise_scale": False,
+            "evaluate.every_epochs": 0,
             "sweep.out_dir": str(tmp_path / "out"),
             "track.store_dir": str(tmp_path / "mlflow"),
         },
@@ -328,7 +338,12 @@ def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
             "prepare.data_dir": str(tmp_path / "data"),
             "train.runs_dir": str(tmp_path / "runs"),
             "sweep.strategy": "pipeline",
+            # the rounds at a few short blocks' effort: what is checked is how the speedup
+            # is made of them; no gradient noise scale, no held-out evaluation
             "train.measure_rounds": 3,
+            "train.measure_steps": 10,
+            "train.noise_scale": False,
+            "evaluate.every_epochs": 0,
             "sweep.replicas": [1, 2],
             "sweep.micro_batches": [1, 4],
             # 8 steps an epoch, one graph call; the stage probes time the micro-batch counts
