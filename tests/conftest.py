@@ -59,6 +59,33 @@ SLOWEST_FIRST = (
 )
 
 
+FAST_TIER = "unit"
+
+
+def fast_tier_workers(markexpr: str, numprocesses, environ=os.environ) -> int | None:
+    """How many xdist workers `pytest -m unit` takes where the command named none: the
+    fast tier on both cores (`TFSCALE_TEST_WORKERS`, default 2), as the suite's parallel
+    phase runs (in one process it took 2:04-2:10 on 2 cores, over its 2 minutes; on two,
+    69 s). None where anything else was asked: another marker expression, or `-n` given
+    (`-n 0`: one process)."""
+    if markexpr.strip() != FAST_TIER or numprocesses is not None:
+        return None
+    return int(environ.get("TFSCALE_TEST_WORKERS", "2"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Before xdist reads `-n` (this initial conftest's hook runs first): the fast tier's
+    workers (`fast_tier_workers`), where xdist is there to take them (not under
+    `-p no:xdist`) and this is not one of the workers (xdist resets a worker's `-n` to
+    none, which this would read as not given: each worker would start two more)."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    workers = fast_tier_workers(config.getoption("markexpr"), config.getoption("numprocesses"))
+    if workers:
+        config.option.numprocesses = workers
+
+
 def pytest_collection_modifyitems(items):
     """A test marked neither `integration` nor `cluster` is `unit`: the fast tier
     (`pytest -m unit`) is everything that stays in this process. A `cluster` test is also

@@ -173,3 +173,16 @@ def test_tensorflow_is_compiled_once_before_the_pace_is_measured(tmp_path, monke
     compiled.parent.mkdir()
     compiled.write_bytes(b"")
     assert suite.tensorflow_compiled() == "" and len(ran) == 1
+
+
+def test_the_fast_tier_takes_both_cores_unless_told_otherwise():
+    """`pytest -m unit` runs on two xdist workers (`TFSCALE_TEST_WORKERS` sets how many);
+    `-n` as given wins (`-n 0`: one process), and any other selection is left as asked."""
+    from conftest import fast_tier_workers
+
+    assert fast_tier_workers("unit", None, {}) == 2
+    assert fast_tier_workers(" unit ", None, {"TFSCALE_TEST_WORKERS": "3"}) == 3
+    assert fast_tier_workers("unit", 0, {}) is None  # -n 0
+    assert fast_tier_workers("unit", 4, {}) is None  # -n 4: xdist takes it as given
+    for other in ("", "serial", "not serial", "integration", "unit and not slow"):
+        assert fast_tier_workers(other, None, {}) is None, other
