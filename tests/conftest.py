@@ -70,7 +70,7 @@ def fast_tier_workers(markexpr: str, numprocesses, environ=os.environ) -> int | 
     (`-n 0`: one process)."""
     if markexpr.strip() != FAST_TIER or numprocesses is not None:
         return None
-    return int(environ.get("TFSCALE_TEST_WORKERS", "2"))
+    return int(environ.get("TFSCALE_TEST_WORKERS") or 2)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -186,3 +186,26 @@ def test_the_fast_tier_takes_both_cores_unless_told_otherwise():
     assert fast_tier_workers("unit", 4, {}) is None  # -n 4: xdist takes it as given
     for other in ("", "serial", "not serial", "integration", "unit and not slow"):
         assert fast_tier_workers(other, None, {}) is None, other
+
+
+def test_a_fast_tier_worker_starts_no_workers_of_its_own():
+    """xdist resets a worker's `-n` to none: read there as not given, each worker of
+    `pytest -m unit` would start two more, and those two more (it hung, starting them)."""
+    from types import SimpleNamespace
+
+    from conftest import pytest_cmdline_main
+
+    def config(**extra):
+        options = {"markexpr": "unit", "numprocesses": None}
+        plugins = SimpleNamespace(hasplugin=lambda name: name == "xdist")
+        return SimpleNamespace(
+            pluginmanager=plugins,
+            getoption=options.get,
+            option=SimpleNamespace(numprocesses=None),
+            **extra,
+        )
+
+    main, worker = config(), config(workerinput={"workerid": "gw0"})
+    pytest_cmdline_main(main)
+    pytest_cmdline_main(worker)
+    assert (main.option.numprocesses, worker.option.numprocesses) == (2, None)
