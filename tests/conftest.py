@@ -68,9 +68,11 @@ def fast_tier_workers(markexpr: str, numprocesses, environ=os.environ) -> int | 
     phase runs (in one process it took 2:04-2:10 on 2 cores, over its 2 minutes; on two,
     69 s). None where anything else was asked: another marker expression, or `-n` given
     (`-n 0`: one process)."""
+    import pace
+
     if markexpr.strip() != FAST_TIER or numprocesses is not None:
         return None
-    return int(environ.get("TFSCALE_TEST_WORKERS") or 2)
+    return pace.workers(environ)
 
 
 @pytest.hookimpl(tryfirst=True)

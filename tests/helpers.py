@@ -46,6 +46,9 @@ LEAST_WORK = {
     "train.noise_scale": False,
     "evaluate.every_epochs": 0,
 }
+# the same with the rounds a speedup's t-interval needs (TINY's 3), for the tests that read
+# how the speedup is made of its rounds, never how fast a step is
+ROUNDS_AT_LEAST_WORK = {**LEAST_WORK, "train.measure_rounds": TINY["train.measure_rounds"]}
 
 
 PACE = pace.current()  # how much slower than the reference machine (tests/suite.py)

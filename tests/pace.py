@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 VARIABLE = "TFSCALE_TEST_PACE"
+WORKERS_VARIABLE = "TFSCALE_TEST_WORKERS"
 REFERENCE = Path(__file__).resolve().parent / "support" / "pace.json"
 STEPS = 300
 CLAMP = 3.0  # the most the timeouts are scaled by
@@ -60,6 +61,13 @@ model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=Tru
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
 model.fit(data, steps_per_epoch={STEPS} // 3, epochs=3, verbose=0)
 """
+
+
+def workers(environ=os.environ) -> int:
+    """How many pytest-xdist workers the suite's parallel phase and the fast tier take:
+    `TFSCALE_TEST_WORKERS`, else (unset or empty) 2, as many as the workload's processes
+    and the reference machine's cores."""
+    return int(environ.get(WORKERS_VARIABLE) or 2)
 
 
 def measure(processes: int = 2) -> float:

@@ -58,7 +58,7 @@ def timeouts(factor: float) -> list[str]:
 
 
 def phases(args: list[str], factor: float = 1.0) -> list[tuple[str, list[str]]]:
-    workers = os.environ.get("TFSCALE_TEST_WORKERS", "2")
+    workers = str(pace.workers())
     args = [*timeouts(factor), *args]
     return [
         # whole modules (their fixtures run once), handed out in collection order, which

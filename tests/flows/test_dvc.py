@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, TINY, prefect_home, scaled, tiny_params
+from helpers import INNER_LIMIT_S, ROOT, ROUNDS_AT_LEAST_WORK, prefect_home, scaled, tiny_params
 
 from tfscale.tasks.measure.rounds import ratio_95
 
@@ -88,8 +88,7 @@ def lean() -> dict:
     with a test split of 128."""
     synthetic = yaml.safe_load((ROOT / "params.yaml").read_text())["prepare"]["synthetic"]
     return {
-        **LEAST_WORK,
-        "train.measure_rounds": TINY["train.measure_rounds"],  # the t-interval's 3
+        **ROUNDS_AT_LEAST_WORK,  # the t-interval's 3 rounds
         "prepare.synthetic": {
             **synthetic,
             "height": 8,

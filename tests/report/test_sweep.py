@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers import scaled
+from helpers import ROUNDS_AT_LEAST_WORK, scaled
 
 from tfscale.tasks.execute.sweep_cells import Cell, plan_cells
 from tfscale.tasks.measure.probes import RoundRates
@@ -100,10 +100,7 @@ def swept(tmp_path_factory):
             # the cells' measurement at a few short blocks' effort (the claims read how the
             # speedup is made of its rounds, never how fast); no gradient noise scale
             # recorded and no held-out split evaluated while training: no claim reads them
-            "train.measure_rounds": 3,
-            "train.measure_steps": 10,
-            "train.noise_scale": False,
-            "evaluate.every_epochs": 0,
+            **ROUNDS_AT_LEAST_WORK,
             "sweep.dataset_sizes": [256, 512],
             "sweep.model": "mlp",
             "sweep.epochs": 1,  # a row's rate, loss and forecast need one epoch's history
@@ -283,10 +280,7 @@ def test_sweep_over_emulated_links_checks_the_forecast(tmp_path):
             # the 1-replica cell's rounds (its input's share, which no claim here reads) at
             # a few short blocks' effort; the worker cells' probes do not take rounds. No
             # gradient noise scale recorded in any cell's step, no held-out evaluation
-            "train.measure_rounds": 3,
-            "train.measure_steps": 10,
-            "train.noise_scale": False,
-            "evaluate.every_epochs": 0,
+            **ROUNDS_AT_LEAST_WORK,
             "sweep.out_dir": str(tmp_path / "out"),
             "track.store_dir": str(tmp_path / "mlflow"),
         },
@@ -340,10 +334,7 @@ def test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes(tmp_path):
             "sweep.strategy": "pipeline",
             # the rounds at a few short blocks' effort: what is checked is how the speedup
             # is made of them; no gradient noise scale, no held-out evaluation
-            "train.measure_rounds": 3,
-            "train.measure_steps": 10,
-            "train.noise_scale": False,
-            "evaluate.every_epochs": 0,
+            **ROUNDS_AT_LEAST_WORK,
             "sweep.replicas": [1, 2],
             "sweep.micro_batches": [1, 4],
             # 8 steps an epoch, one graph call; the stage probes time the micro-batch counts
