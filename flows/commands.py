@@ -215,7 +215,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> int:
         print(f"{result.text()} ({result.examples} examples){by}; written to {path}")
         if args.baseline:
             baseline = Path(args.baseline)
-            _compare(config, baseline, model_dir, result, (tracker, run_id), manifest.dataset)
+            _compare(config, baseline, model_dir, result, (tracker, run_id), manifest)
     return 0
 
 
@@ -225,7 +225,7 @@ def _compare(
     model_dir: Path,
     result: Any,
     logged_on: tuple[Any, str],
-    dataset: str,
+    manifest: Any,
 ) -> None:
     """`tfscale evaluate --baseline DIR`: the evaluated model's run against the baseline's
     exported one, logged on the evaluation's run (`logged_on`: the tracker and the run's
@@ -233,12 +233,14 @@ def _compare(
     from tfscale.tasks.execute.run_files import study_of
     from tfscale.tasks.report.summary import compare_exported
     from tfscale.tasks.track import command_runs as mlflow_runs
+    from tfscale.tasks.train.to_target import target_of
 
-    summary = compare_exported(
-        baseline, model_dir, result, config.train.scaling, config.evaluate.target_accuracy
-    )
+    target = target_of(config.evaluate, manifest.spec.label)
+    summary = compare_exported(baseline, model_dir, result, config.train.scaling, target)
     tracker, run_id = logged_on
-    mlflow_runs.log_comparison(tracker, run_id, study_of(model_dir), result, summary, dataset)
+    mlflow_runs.log_comparison(
+        tracker, run_id, study_of(model_dir), result, summary, manifest.dataset
+    )
     print(
         f"speedup {summary.speedup_text} over the single-device baseline, scaling "
         f"efficiency {summary.scaling_efficiency:.2f}; written to {model_dir / 'scaling.json'}"

@@ -27,7 +27,7 @@ from tfscale.tasks.report.target_comparison import (
 from tfscale.tasks.settings.kinds import SpreadOver, shape_text
 from tfscale.tasks.train.evaluation import EvalResult
 from tfscale.tasks.train.result import TrainResult
-from tfscale.tasks.train.to_target import SEED_SPREAD_HIGHEST, target_text
+from tfscale.tasks.train.to_target import SEED_SPREAD_HIGHEST, Target, target_of, target_text
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def compare_runs(
     evaluation: EvalResult,
     diagnosis: Diagnosis | None,
     scaling: str,
-    target_accuracy: float,
+    target: float | Target,
     repeats: tuple[list[dict], list[dict]] = ([], []),
     subject: str = "",
 ) -> ScalingSummary:
@@ -153,17 +153,21 @@ def compare_runs(
     When the diagnosis measured both configurations in alternating rounds (a run in this
     process), every figure comes from those rounds: the throughputs are their medians, the
     speedup and its split the medians of the per-round ratios, with the speedup's range.
-    Otherwise (a run across processes) the throughputs are the two trainings' own."""
+    Otherwise (a run across processes) the throughputs are the two trainings' own.
+
+    `target`: what the trainings aimed at where they recorded nothing (no held-out
+    evaluation while training): the config's and the label's (`to_target.target_of`), or
+    an accuracy to reach."""
     baseline, distributed = trainings
     rounds = diagnosis.round_rates if diagnosis else None
     if rounds is not None and rounds.speedup is not None:
         figures = _figures_of_rounds(rounds, distributed.shape)
     else:
         figures = _figures_of_trainings(baseline, distributed, diagnosis)
-    aimed = baseline.to_target or {}  # the target the trainings aimed at, as they recorded it
-    target_accuracy = aimed.get("target", target_accuracy)
+    aimed = _aimed(baseline, target)
+    target_accuracy, metric = aimed.get("target"), aimed.get("metric", "accuracy")
     speed, kind = _speedup_for_time(rounds, baseline, distributed, figures["speedup"])
-    target = target_figures(baseline, distributed, target_accuracy, speed, repeats, kind)
+    target = target_figures(baseline, distributed, (target_accuracy, metric), speed, repeats, kind)
     if figures.get("recommendation"):
         figures["recommendation"] += _to_target_caveat(target, distributed.shape)
     summary = ScalingSummary(
@@ -176,7 +180,7 @@ def compare_runs(
         micro_batches=distributed.micro_batches,
         splits=distributed.splits,
         target_accuracy=target_accuracy,
-        target_metric=aimed.get("metric", "accuracy"),
+        target_metric=metric,
         **target,
         test_accuracy=evaluation.test_accuracy,
         test_loss=evaluation.test_loss,
@@ -187,6 +191,13 @@ def compare_runs(
         **figures,
     )
     return dataclasses.replace(summary, answer=answer_text(summary, subject))
+
+
+def _aimed(baseline: TrainResult, target: float | Target) -> dict[str, Any]:
+    """The target the trainings aimed at, as they recorded it; what they did not record,
+    `target`'s (a `Target`: its metric and value; a number: an accuracy to reach)."""
+    given = target if isinstance(target, Target) else Target("accuracy", target)
+    return {"target": given.value, "metric": given.metric, **(baseline.to_target or {})}
 
 
 def _bottleneck_fields(diagnosis: Diagnosis | None) -> dict[str, Any]:
@@ -470,7 +481,7 @@ def compare_exported(
     model_dir: Path,
     evaluation: EvalResult,
     scaling: str,
-    target_accuracy: float,
+    target: float | Target,
 ) -> ScalingSummary:
     """The study's comparison for exported runs (the DVC stages), also written as
     `scaling.json` beside the distributed model."""
@@ -483,7 +494,7 @@ def compare_exported(
         evaluation,
         diagnosis,
         scaling,
-        target_accuracy,
+        target,
     )
     write_json_atomic(model_dir / "scaling.json", summary.to_dict())
     return summary
@@ -680,7 +691,7 @@ def summarize_study(
     (`tasks.execute.trainings`), is listed with them."""
     baseline, distributed = trainings
     subject = f"{run.train.model} on {run.manifest.dataset}"
-    target = run.config.evaluate.target_accuracy
+    target = target_of(run.config.evaluate, run.manifest.spec.label)
     summary = compare_runs(
         trainings, evaluation, diagnosis, run.train.scaling, target, repeats, subject
     )

@@ -37,12 +37,13 @@ DRAWS = 2000  # the interval's draws
 def target_figures(
     baseline: TrainResult,
     distributed: TrainResult,
-    target: float,
+    target: tuple[float | None, str],
     speedup: Spread,
     repeats: tuple[list[dict], list[dict]] = ([], []),
     speedup_kind: str = "",
 ) -> dict[str, Any]:
-    """Examples and time to `target` of both trainings, and the time-to-target speedup:
+    """Examples and time to `target` (its value and metric, where the trainings recorded
+    none) of both trainings, and the time-to-target speedup:
     the examples/s `speedup` times the baseline's examples to target over the
     distributed's. With `repeats` (each training's `to_target` records for more seeds,
     `tasks.execute.trainings.repeat_to_target`) the examples and times are MLPerf's means over
@@ -192,7 +193,7 @@ NO_TARGET = "no evaluate.target for the"  # what a summary's answer reads the re
 def target_sentence(
     baseline: TrainResult,
     distributed: TrainResult,
-    target: float,
+    target: tuple[float | None, str],
     speedup: tuple[Spread, str],
     figures: dict[str, Any],
     examples: tuple[OverSeeds, OverSeeds],
@@ -204,12 +205,12 @@ def target_sentence(
     reached. `speedup`: the examples/s speedup and what its interval is, in words."""
     speedup, kind = speedup
     base, dist = baseline.to_target, distributed.to_target
-    metric = (base or {}).get("metric", "accuracy")
-    head = f"time to {target_text(metric, (base or {}).get('target', target))}"
+    value, metric = (base or {}).get("target", target[0]), (base or {}).get("metric", target[1])
+    if value is None:  # a metric with no target (a real-valued label's error): evaluated or not
+        return f"time to target: not measured: {NO_TARGET} {target_text(metric, None)}"
+    head = f"time to {target_text(metric, value)}"
     if not base or not dist:
         return f"{head}: not measured (evaluate.every_epochs is 0, or there is no test split)"
-    if base.get("target", target) is None:
-        return f"time to target: not measured: {NO_TARGET} {target_text(metric, None)}"
     missed = _missed(baseline, distributed, figures["seeds"], examples)
     if missed:
         return f"{head}: " + "; ".join(missed) + "; more epochs or a lower target"

@@ -160,6 +160,24 @@ def test_no_evaluation_during_training_says_the_time_to_target_was_not_measured(
     assert "not measured (evaluate.every_epochs is 0" in summary.to_target
 
 
+def test_a_real_valued_label_not_evaluated_while_training_names_its_error_not_accuracy():
+    """Nothing evaluated while training, on a real-valued label: the target its config and
+    label come to (the mean absolute error, no value) says why there is no time to target,
+    as an evaluated training's does, never an accuracy the label cannot have."""
+    from tfscale.tasks.train.to_target import Target
+
+    error = Target("mean_absolute_error", None, lower_is_better=True)
+    summary = compare_runs(_pair({}, {}), EVALUATION, None, "weak", error)
+    said = "no evaluate.target for the held-out mean absolute error"
+    assert summary.to_target == f"time to target: not measured: {said}"
+    assert summary.answer.endswith(f"; no time to target: {said}"), summary.answer
+    assert (summary.target_metric, summary.target_accuracy) == ("mean_absolute_error", None)
+    assert "accuracy" not in summary.answer
+    # an accuracy still to reach: not measured, as before
+    accuracy = compare_runs(_pair({}, {}), EVALUATION, None, "weak", Target("accuracy", 0.9))
+    assert accuracy.to_target.startswith("time to 90% held-out accuracy: not measured")
+
+
 def test_more_seeds_give_mlperfs_mean_and_widen_the_range_by_their_spread():
     """Five seeds a side (the first the study's own trainings): the baseline reached 95% at
     4,000, 3,000, 5,000, 4,500 and 3,500 examples (mean of the middle three: 4,000), 2 replicas
