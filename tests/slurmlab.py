@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helpers import scaled
+from helpers import INNER_LIMIT_S, scaled
 
 from tfscale.tasks.distribute import netlab
 
@@ -36,7 +36,11 @@ def install() -> str | None:
 
     def apt_get(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["apt-get", *args], env=env, capture_output=True, text=True, timeout=scaled(600)
+            ["apt-get", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=scaled(INNER_LIMIT_S),
         )
 
     done = apt_get("install", "-y", "-q", *PACKAGES)
@@ -152,7 +156,11 @@ class SlurmCluster:
         )
 
     def run(
-        self, *argv: str, check: bool = True, env: dict | None = None, timeout: float = scaled(600)
+        self,
+        *argv: str,
+        check: bool = True,
+        env: dict | None = None,
+        timeout: float = scaled(INNER_LIMIT_S),
     ):
         """A Slurm command (sbatch, scancel, scontrol, ...) from the controller's host."""
         done = subprocess.run(

@@ -87,11 +87,34 @@ def test_the_pace_is_clamped_at_3x_loudly_and_a_factor_below_1_refused(monkeypat
         assert "a factor below 1" in capsys.readouterr().err
 
 
+def inner_limits_above(limit: float, texts: dict[str, str]) -> list[str]:
+    """Each `scaled(N)` of a number above `limit` in `texts` (a file's name: its text), as
+    `name:line: scaled(N)`: a wait or subprocess limit the per-test limit ends first, so
+    its own message (which command, how long) never shows."""
+    import re
+
+    found = []
+    for name, text in texts.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            for value in re.findall(r"scaled\((\d+(?:\.\d+)?)\)", line):
+                if float(value) > limit:
+                    found.append(f"{name}:{number}: scaled({value})")
+    return found
+
+
 def test_no_inner_limit_outlasts_the_per_test_limit():
+    """Every wait and subprocess limit in the tests is `helpers.INNER_LIMIT_S` or less,
+    below faulthandler's and pytest-timeout's (tests/suite.py)."""
     import helpers
     import suite
 
     assert helpers.INNER_LIMIT_S < suite.FAULTHANDLER_S < suite.TIMEOUT_S
+    tests = Path(__file__).parent
+    texts = {str(p.relative_to(tests)): p.read_text() for p in sorted(tests.rglob("*.py"))}
+    del texts[Path(__file__).name]  # this file's own examples
+    assert inner_limits_above(helpers.INNER_LIMIT_S, texts) == []
+    planted = {"a.py": "x = 1\nproc.wait(timeout=scaled(600))\nscaled(270)\n"}
+    assert inner_limits_above(helpers.INNER_LIMIT_S, planted) == ["a.py:2: scaled(600)"]
 
 
 def test_ci_is_read_as_a_boolean(monkeypatch):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import tensorflow as tf
-from helpers import scaled
+from helpers import INNER_LIMIT_S, scaled
 
 from tfscale.tasks.core import internals
 
@@ -84,7 +84,7 @@ def test_the_cluster_barrier_refuses_at_once_where_no_cluster_coordinates():
     whose tasks exit 0: `tasks.core.process.wait_for_peers_at_exit`); elsewhere it must not
     wait out its timeout."""
     with pytest.raises(tf.errors.FailedPreconditionError, match="not enabled"):
-        internals.wait_for_cluster_tasks("a-barrier", timeout_s=scaled(600))
+        internals.wait_for_cluster_tasks("a-barrier", timeout_s=scaled(INNER_LIMIT_S))
 
 
 def test_only_a_successful_exit_of_a_cluster_task_waits_for_its_peers(monkeypatch):

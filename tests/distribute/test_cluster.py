@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from helpers import BIN, DEFAULTS, ROOT, needs, scaled
+from helpers import BIN, DEFAULTS, INNER_LIMIT_S, ROOT, needs, scaled
 
 from tfscale.tasks.core.network import free_ports
 from tfscale.tasks.distribute import netlab
@@ -334,7 +334,7 @@ def test_parameter_server_absorbs_a_lost_worker_and_a_lost_ps_fails_the_chief(cl
     servers = (("worker", 0), ("worker", 1), ("ps", 0))
     logged = {task: len(job.output(task)) for task in servers}  # the rerun's lines follow
     job.start()
-    assert job.wait(("chief", 0), timeout=scaled(300)) == 0, job.chief_log()
+    assert job.wait(("chief", 0), timeout=scaled(INNER_LIMIT_S)) == 0, job.chief_log()
     metrics = json.loads((job.run_dir() / "metrics.json").read_text())
     assert_resumed(metrics, done)
     # the rerun as a parameter-server cluster over four hosts runs: the chief alone runs

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import LEAST_WORK, ROOT, clone_as_it_is, scaled, tiny_params
+from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, clone_as_it_is, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def tfscale_run(clone: Path, params: Path) -> str:
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(clone), TF_CPP_MIN_LOG_LEVEL="2"),
-        timeout=scaled(600),
+        timeout=scaled(INNER_LIMIT_S),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
@@ -126,7 +126,7 @@ def test_a_second_uv_run_pays_nothing_the_install_paid_once(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=scaled(600),
+            timeout=scaled(INNER_LIMIT_S),
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs.append(proc)

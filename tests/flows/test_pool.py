@@ -54,7 +54,7 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
     refused = tmp_path / "refused"
     refused.mkdir()
     with pool_lab(0, tmp_path, spare=3) as lab:
-        code = sweep_on(lab, refused).wait(timeout=scaled(600))
+        code = sweep_on(lab, refused).wait(timeout=scaled(INNER_LIMIT_S))
         lab.start_worker(1)
         lab.start_worker(2)
         sweep = sweep_on(lab, tmp_path)

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import scaled
+from helpers import INNER_LIMIT_S, scaled
 
 from tfscale.tasks.core.errors import UsageError
 from tfscale.tasks.data.spec import FeatureSpec
@@ -305,7 +305,7 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store}/mlflow.db")
     store.mkdir()
     proc = subprocess.run(
-        argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=scaled(600)
+        argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=scaled(INNER_LIMIT_S)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr

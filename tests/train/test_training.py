@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from helpers import ROOT, scaled
+from helpers import INNER_LIMIT_S, ROOT, scaled
 
 from tfscale.tasks.distribute.hardware import detect_hardware
 from tfscale.tasks.distribute.launch import WorkerError
@@ -354,7 +354,7 @@ def run_cli(args: list[str]) -> str:
         capture_output=True,
         text=True,
         env=env,
-        timeout=scaled(300),
+        timeout=scaled(INNER_LIMIT_S),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -399,7 +399,7 @@ def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        timeout=scaled(600),
+        timeout=scaled(INNER_LIMIT_S),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -447,7 +447,7 @@ def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
     def other() -> str:
         argv = [sys.executable, "-c", script, str(run_dir)]
         return subprocess.run(
-            argv, capture_output=True, text=True, check=True, timeout=scaled(600)
+            argv, capture_output=True, text=True, check=True, timeout=scaled(INNER_LIMIT_S)
         ).stdout
 
     with hold(run_dir), hold(run_dir):  # this process may take it again (train, then measure)
