@@ -102,6 +102,27 @@ def inner_limits_above(limit: float, texts: dict[str, str]) -> list[str]:
     return found
 
 
+def test_the_reference_is_the_median_of_single_samples_with_what_it_ran_on(tmp_path, monkeypatch):
+    """`python tests/pace.py --record` keeps the median of 5 single samples (a run measures
+    one), each sample, and the TensorFlow and Keras it ran with, dated."""
+    import datetime
+    import importlib.metadata
+    import json
+
+    import pace
+
+    samples = iter([15.0, 11.0, 13.0, 19.0, 12.0])
+    monkeypatch.setattr(pace, "measure", lambda: next(samples))
+    monkeypatch.setattr(pace, "REFERENCE", tmp_path / "pace.json")
+    assert pace.record() == 13.0  # not the best (11), not the mean (14)
+    kept = json.loads((tmp_path / "pace.json").read_text())
+    assert (kept["seconds"], kept["samples"]) == (13.0, [15.0, 11.0, 13.0, 19.0, 12.0])
+    assert kept["tensorflow"] == importlib.metadata.version("tensorflow")
+    assert kept["keras"] == importlib.metadata.version("keras")
+    assert kept["date"] == datetime.date.today().isoformat()
+    assert kept["measured_as"].startswith("median of 5 runs, one sample each")
+
+
 def test_no_inner_limit_outlasts_the_per_test_limit():
     """Every wait and subprocess limit in the tests is `helpers.INNER_LIMIT_S` or less,
     below faulthandler's and pytest-timeout's (tests/suite.py)."""
