@@ -232,12 +232,15 @@ def test_the_fast_tier_takes_both_cores_unless_told_otherwise():
         assert fast_tier_workers(other, None, {}) is None, other
 
 
-def test_a_fast_tier_worker_starts_no_workers_of_its_own():
+def test_a_fast_tier_worker_starts_no_workers_of_its_own(monkeypatch):
     """xdist resets a worker's `-n` to none: read there as not given, each worker of
     `pytest -m unit` would start two more, and those two more (it hung, starting them)."""
     from types import SimpleNamespace
 
+    import pace
     from conftest import pytest_cmdline_main
+
+    monkeypatch.delenv(pace.WORKERS_VARIABLE, raising=False)  # the default: 2
 
     def config(**extra):
         options = {"markexpr": "unit", "numprocesses": None}

@@ -154,18 +154,14 @@ def compare_runs(
     process), every figure comes from those rounds: the throughputs are their medians, the
     speedup and its split the medians of the per-round ratios, with the speedup's range.
     Otherwise (a run across processes) the throughputs are the two trainings' own.
-
-    `target`: what the trainings aimed at where they recorded nothing (no held-out
-    evaluation while training): the config's and the label's (`to_target.target_of`), or
-    an accuracy to reach."""
+    `target`: what they aimed at where they recorded none (`_aimed`)."""
     baseline, distributed = trainings
     rounds = diagnosis.round_rates if diagnosis else None
     if rounds is not None and rounds.speedup is not None:
         figures = _figures_of_rounds(rounds, distributed.shape)
     else:
         figures = _figures_of_trainings(baseline, distributed, diagnosis)
-    aimed = _aimed(baseline, target)
-    target_accuracy, metric = aimed.get("target"), aimed.get("metric", "accuracy")
+    target_accuracy, metric = _aimed(baseline, target)
     speed, kind = _speedup_for_time(rounds, baseline, distributed, figures["speedup"])
     target = target_figures(baseline, distributed, (target_accuracy, metric), speed, repeats, kind)
     if figures.get("recommendation"):
@@ -193,11 +189,12 @@ def compare_runs(
     return dataclasses.replace(summary, answer=answer_text(summary, subject))
 
 
-def _aimed(baseline: TrainResult, target: float | Target) -> dict[str, Any]:
-    """The target the trainings aimed at, as they recorded it; what they did not record,
-    `target`'s (a `Target`: its metric and value; a number: an accuracy to reach)."""
+def _aimed(baseline: TrainResult, target: float | Target) -> tuple[float | None, str]:
+    """The target's value and metric as the trainings recorded them; what they did not
+    record, `target`'s (a `Target`; a number: an accuracy to reach)."""
     given = target if isinstance(target, Target) else Target("accuracy", target)
-    return {"target": given.value, "metric": given.metric, **(baseline.to_target or {})}
+    recorded = baseline.to_target or {}
+    return recorded.get("target", given.value), recorded.get("metric", given.metric)
 
 
 def _bottleneck_fields(diagnosis: Diagnosis | None) -> dict[str, Any]:
