@@ -132,29 +132,14 @@ NOT_IN_UNIT = (
 )
 
 
-LEAKY = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")  # what a test's flow run or store sets
-
-
 @pytest.fixture(autouse=True)
 def tracking_and_api_as_found():
-    """MLflow's tracking URI (its variable and the process-wide one `set_tracking_uri`
-    keeps) and `PREFECT_API_URL` put back as the test found them: a flow run sets the API
-    URL to its own server (`flows.prefect_api`), and the next test in the worker would
-    otherwise talk to a server that is gone, or track into another test's store."""
-    import sys
+    """Every test ends with MLflow's tracking URI and `PREFECT_API_URL` as it found them
+    (`helpers.tracking_and_api_restored`)."""
+    from helpers import tracking_and_api_restored
 
-    saved = {name: os.environ.get(name) for name in LEAKY}
-    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
-    uri = getattr(utils, "_tracking_uri", None)
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
-    if utils is not None and utils._tracking_uri != uri:
-        utils._tracking_uri = uri
+    with tracking_and_api_restored():
+        yield
 
 
 @pytest.fixture(autouse=True)

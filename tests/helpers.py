@@ -113,6 +113,32 @@ def on_a_free_port(
     raise AssertionError("unreachable")
 
 
+LEAKY = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")  # what a test's flow run or store sets
+
+
+@contextlib.contextmanager
+def tracking_and_api_restored():
+    """MLflow's tracking URI (its variable and the process-wide one `set_tracking_uri`
+    keeps) and `PREFECT_API_URL` put back as the block found them, whatever it set: a flow
+    run sets the API URL to its own server (`flows.prefect_api`), and the next test in the
+    worker would otherwise talk to a server that is gone, or track into another test's
+    store (conftest's `tracking_and_api_as_found` wraps every test in it)."""
+    saved = {name: os.environ.get(name) for name in LEAKY}
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    uri = getattr(utils, "_tracking_uri", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+        if utils is not None and utils._tracking_uri != uri:
+            utils._tracking_uri = uri
+
+
 PREFECT_DB = "prefect.db"  # Prefect's database in its home, unless told otherwise
 
 
@@ -226,16 +252,27 @@ def slowed(dataset, seconds: float):
 _EXECVE = os.execve
 
 
+class StandInTerminal(io.StringIO):
+    """A captured stream that says it is a terminal (`isatty()`): what a progress bar asks
+    before it shows (tqdm, `tasks.core.progress`), where the test session's streams are
+    none. (A bar on a real pseudo-terminal: tests/track/test_tracking.py.)"""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def run_main(
     argv: list[str],
     cwd: Path,
     env: dict[str, str] | None = None,
     on_error: Callable[[Exception], None] | None = None,
+    terminal: bool = False,
 ) -> tuple[int, str, str]:
     """`tfscale ARGV` as `flows.cli.main` runs it, in this process: in `cwd` with `env` set,
     its standard streams and log lines captured, `on_error` told of each error it reports;
     the working directory, environment and logging put back after. (A process of its own
     costs a TensorFlow import; a test pays for one only where the process is the claim.)
+    With `terminal`, its captured standard error stands in for a terminal (`StandInTerminal`).
 
     MLflow and Prefect set up their logging once, when first imported, closing every
     handler they find: they are imported here first, before any stream is redirected."""
@@ -256,7 +293,7 @@ def run_main(
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     root = logging.getLogger()
     saved_log = (root.handlers[:], root.level)
-    out, err = io.StringIO(), io.StringIO()
+    out, err = io.StringIO(), (StandInTerminal() if terminal else io.StringIO())
     try:
         os.chdir(cwd)
         os.environ.update(env or {})

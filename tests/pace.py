@@ -63,11 +63,12 @@ model.fit(data, steps_per_epoch={STEPS} // 3, epochs=3, verbose=0)
 """
 
 
-def workers(environ=os.environ) -> int:
+def workers(environ=os.environ, default: int = 2) -> int:
     """How many pytest-xdist workers the suite's parallel phase and the fast tier take:
-    `TFSCALE_TEST_WORKERS`, else (unset or empty) 2, as many as the workload's processes
-    and the reference machine's cores."""
-    return int(environ.get(WORKERS_VARIABLE) or 2)
+    `TFSCALE_TEST_WORKERS`, else (unset or empty) `default`: the fast tier's 2, as many as
+    the reference machine's cores; the suite's parallel phase passes its own
+    (`suite.PARALLEL_WORKERS`)."""
+    return int(environ.get(WORKERS_VARIABLE) or default)
 
 
 def measure(processes: int = 2) -> float:

@@ -22,12 +22,20 @@ def test_ci_runs_the_readmes_test_command():
     assert ci[-1] == run
 
 
-def test_the_suite_runs_a_parallel_phase_then_a_serial_one():
+def test_the_suite_runs_a_parallel_phase_then_a_serial_one(monkeypatch):
+    """Its parallel phase on 3 workers (`TFSCALE_TEST_WORKERS` unset), the fast tier's 2
+    where it is unset too."""
+    import pace
     import suite
 
+    monkeypatch.delenv(pace.WORKERS_VARIABLE, raising=False)
     (first, parallel), (second, serial) = suite.phases(["-k", "dvc"])
     assert (first, second) == ("parallel", "serial")
-    assert parallel[:2] == ["-m", "not serial"] and "-n" in parallel
+    assert parallel[:2] == ["-m", "not serial"]
+    assert parallel[parallel.index("-n") + 1] == "3" and pace.workers() == 2
+    monkeypatch.setenv(pace.WORKERS_VARIABLE, "4")
+    (_, four), _ = suite.phases([])
+    assert four[four.index("-n") + 1] == "4"
     assert serial[:2] == ["-m", "serial"] and "no:xdist" in serial
     assert parallel[-2:] == serial[-2:] == ["-k", "dvc"]  # the caller's arguments, to both
 
@@ -256,3 +264,65 @@ def test_a_fast_tier_worker_starts_no_workers_of_its_own(monkeypatch):
     pytest_cmdline_main(main)
     pytest_cmdline_main(worker)
     assert (main.option.numprocesses, worker.option.numprocesses) == (2, None)
+
+
+def test_a_test_leaves_the_tracking_uri_and_the_prefect_api_as_it_found_them(monkeypatch):
+    """What a flow run sets in the test's worker (its API's URL, MLflow's tracking URI,
+    process-wide) is put back when the test ends, set or unset before."""
+    from helpers import tracking_and_api_restored
+
+    import mlflow
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////before/mlflow.db")
+    before = mlflow.get_tracking_uri()
+    with tracking_and_api_restored():
+        monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
+        mlflow.set_tracking_uri("sqlite:////during/mlflow.db")  # sets the variable too
+        assert mlflow.get_tracking_uri() == "sqlite:////during/mlflow.db"
+    assert "PREFECT_API_URL" not in os.environ
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:////before/mlflow.db"
+    assert mlflow.get_tracking_uri() == before
+
+
+class _Started:
+    """A stand-in for a server's process: what `on_a_free_port` asks of one."""
+
+    def __init__(self):
+        self.killed = False
+
+    def poll(self):
+        return None if not self.killed else -9
+
+    def kill(self):
+        self.killed = True
+
+    def wait(self, timeout=None):
+        return -9
+
+
+def test_a_server_that_lost_its_port_starts_again_on_another_and_any_other_failure_fails():
+    """`on_a_free_port`: a port taken between its choice and the server's bind (the server
+    says the address is in use) is given up for another, at most 3 times; anything else
+    fails at once, naming what the server said."""
+    from helpers import on_a_free_port
+
+    tried = []
+
+    def start(port):
+        tried.append(port)
+        return _Started()
+
+    def lost_once(port, process):
+        return "OSError: [Errno 98] Address already in use" if len(tried) == 1 else None
+
+    port, process = on_a_free_port(start, lost_once)
+    assert len(tried) == 2 and port == tried[1] and not process.killed
+    tried.clear()
+    with pytest.raises(AssertionError, match=r"did not start: boom"):
+        on_a_free_port(start, lambda port, process: "boom")
+    assert len(tried) == 1
+    tried.clear()
+    with pytest.raises(AssertionError, match="Address already in use"):
+        on_a_free_port(start, lambda port, process: "[Errno 98] Address already in use")
+    assert len(tried) == 3

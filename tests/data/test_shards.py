@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import DEFAULTS
+from helpers import DEFAULTS, run_main
 
 from tfscale.flows.cli import main
 from tfscale.tasks.data.datasets import DatasetError
@@ -114,6 +115,19 @@ def test_synthetic_ranges_match_a_full_pass_across_chunks(make_config):
     assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in pairs)
 
 
+def test_synthetic_images_have_the_channels_asked_for(tmp_path):
+    """`--channels 1`: grey images (the default is 3), in shards that read back at that depth."""
+    data_dir = tmp_path / "tfrecords"
+    argv = ["--params", DEFAULTS, "prepare", "--dataset", "synthetic", "--data-dir", str(data_dir)]
+    argv += ["--examples", "64", "--test-examples", "16", "--image-size", "4", "--channels", "1"]
+    code, _, err = run_main(argv, tmp_path)
+    assert code == 0, err
+    manifest = verify_shards(data_dir / "synthetic-64-4x4x1")
+    assert manifest.shape == (4, 4, 1)
+    images, _ = read_split(manifest, data_dir / "synthetic-64-4x4x1", "train")
+    assert images.shape == (64, 4, 4, 1)
+
+
 def test_rerun_with_same_params_rewrites_nothing(make_config):
     config = make_config()
     prepare_dataset(config, progress=False)
@@ -121,6 +135,30 @@ def test_rerun_with_same_params_rewrites_nothing(make_config):
     again = prepare_dataset(config, progress=False)
     assert (again.written, again.reused) == (0, len(again.manifest.shards))
     assert {p: p.stat().st_mtime_ns for p in dataset_dir(config).iterdir()} == mtimes
+
+
+def test_force_rewrites_every_shard_of_an_up_to_date_dataset(tmp_path):
+    argv = ["--params", DEFAULTS, "prepare", "--data-dir", str(tmp_path / "tfrecords")]
+    assert run_main(argv, tmp_path)[0] == 0
+    shards = sorted((tmp_path / "tfrecords" / "digits").glob("*.tfrecord"))
+    for shard in shards:  # dated 1970: a shard written again is dated now
+        os.utime(shard, ns=(0, 0))
+    code, out, err = run_main([*argv, "--force"], tmp_path)
+    assert code == 0, err
+    assert f"written    {len(shards)} shards" in out and "; 0 reused" in out
+    assert all(shard.stat().st_mtime_ns > 0 for shard in shards)
+
+
+def test_no_progress_keeps_the_bar_off_a_stand_in_terminal_that_shows_it_otherwise(tmp_path):
+    """A prepare's bar shows on a terminal only: standard error stands in for one here
+    (`helpers.StandInTerminal`), and `--no-progress` keeps the bar off it."""
+    shown = {}
+    for name, flags in (("bar", []), ("no bar", ["--no-progress"])):
+        argv = ["--params", DEFAULTS, "prepare", "--data-dir", str(tmp_path / name), *flags]
+        code, _, err = run_main(argv, tmp_path, terminal=True)
+        assert code == 0, err
+        shown[name] = "writing digits" in err
+    assert shown == {"bar": True, "no bar": False}
 
 
 def test_interrupted_prepare_leaves_no_manifest_and_resumes(make_config, monkeypatch):
@@ -229,6 +267,27 @@ def test_training_batches_are_static_and_seeded(make_config):
         == 1437 // 100
     )
     assert not np.array_equal(first_labels(1), first_labels(2))
+
+
+def test_a_shuffle_buffer_of_one_keeps_the_order_the_shards_are_read_in(make_config):
+    """`train.shuffle_buffer` examples are held to shuffle. The 4 training shards are read
+    interleaved, one example of each in turn: with a buffer of 1 the first batch of 4 is
+    the first example of each shard; with 4096, examples from anywhere in the split."""
+    from tfscale.tasks.train.training import train_dataset_fn
+
+    result = prepare_dataset(make_config(prepare__num_shards=4), progress=False)
+    manifest, data_dir = result.manifest, result.data_dir
+    counts = [s.examples for s in manifest.shards if s.split == "train"]
+    images, _ = read_split(manifest, data_dir, "train")  # in the manifest's order
+    firsts = {images[i].tobytes() for i in np.cumsum([0, *counts[:-1]])}
+
+    def first_batch(buffer: int) -> set[bytes]:
+        train = make_config(prepare__num_shards=4, train__shuffle_buffer=buffer).train
+        dataset = train_dataset_fn(train, manifest, data_dir, batch=4)(None)
+        return {image.tobytes() for image in next(iter(dataset))[0].numpy()}
+
+    assert first_batch(1) == firsts
+    assert first_batch(4096) != firsts
 
 
 def test_image_folder_round_trip(tmp_path, make_config):

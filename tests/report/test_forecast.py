@@ -186,6 +186,20 @@ def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
     assert (run_dir / "forecast_efficiency.png").stat().st_size > 10_000
 
 
+def test_forecast_writes_its_json_and_charts_to_the_out_dir_leaving_the_run_as_it_was(
+    tmp_path, capsys
+):
+    run_dir, out_dir = tmp_path / "run", tmp_path / "elsewhere"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
+    argv = ["--params", DEFAULTS, "forecast", "--run-dir", str(run_dir), "--workers", "1,2"]
+    assert main([*argv, "--out-dir", str(out_dir), "--no-track"]) == 0
+    charts = ["forecast_speedup.png", "forecast_efficiency.png"]
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["forecast.json", *charts])
+    assert [p.name for p in run_dir.iterdir()] == ["metrics.json"]
+    assert f"written: {out_dir / 'forecast.json'}" in capsys.readouterr().out
+
+
 def test_a_rate_with_no_cost_per_byte_reads_so_and_is_null_in_json():
     """Devices in one process: the all-reduce did not grow with its size."""
     flat = dict(synthetic_probes(), comm_s_by_bytes=[[1e4, 2e-4], [1e5, 2e-4], [1e6, 2e-4]])
@@ -524,6 +538,17 @@ def test_a_plans_point_lies_inside_its_interval_when_the_noise_scale_rises():
     five = make_plan(run, 8, "ethernet-10g", 10.0, study={**_study(), "seeds": 5})
     (same,) = [r for r in five.rows if (r.devices, r.per_replica_batch) == (2, BATCH)]
     assert (same.steps_low, same.steps_high) == pytest.approx((100 / 1.1585, 115.85), rel=1e-4)
+
+
+def test_plan_json_prints_plan_json_in_place_of_the_table(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(json.dumps(_planned_run()))
+    argv = ["--params", DEFAULTS, "plan", "--run-dir", str(run_dir), "--devices", "2"]
+    assert main([*argv, "--json", "--no-track"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # the JSON alone: no table, no other line
+    assert printed == json.loads((run_dir / "plan.json").read_text())
+    assert {row["devices"] for row in printed["rows"]} == {1, 2}
 
 
 def test_a_plan_searches_only_the_batches_that_fit_a_devices_memory():

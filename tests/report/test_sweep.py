@@ -46,6 +46,26 @@ def test_speedup_divides_by_the_groups_one_replica_cell():
     assert [r.scaling_efficiency for r in rows] == [1.0, 0.75, 1.0, 1.0]
 
 
+def test_each_scaling_mode_is_an_axis_with_its_own_one_replica_baseline():
+    """`sweep.scaling: [weak, strong]`: each mode's cells train at its batches (weak keeps
+    the per-replica batch, strong the global one), and divide by its own 1-replica cell."""
+    from tfscale.tasks.execute.sweep_cells import cell_config
+    from tfscale.tasks.train.training import batch_sizes
+
+    grid = {"sweep.replicas": [2], "sweep.dataset_sizes": [100], "sweep.batch_sizes": [16]}
+    config = load_config(None, {**grid, "sweep.scaling": ["weak", "strong"]})
+    cells = plan_cells(config)
+    batches = [(c.scaling, batch_sizes(cell_config(config, c).train, c.replicas)) for c in cells]
+    assert batches == [
+        ("weak", (16, 16)), ("weak", (16, 32)), ("strong", (16, 16)), ("strong", (8, 16))
+    ]  # fmt: skip
+    results = [
+        {"examples_per_s": v, "strategy": "s", "bottleneck": "b", "run_dir": "d"}
+        for v in (100.0, 150.0, 80.0, 100.0)
+    ]
+    assert [r.speedup for r in tabulate(cells, results)] == [1.0, 1.5, 1.0, 1.25]
+
+
 def test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batches():
     """Cells planted on S = 100 (1 + 64/B): one replica at 16 and 32 per replica, two at
     both (weak: global 32 and 64), so global batches 16, 32, 64; the two cells at 32 average.

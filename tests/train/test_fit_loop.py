@@ -63,6 +63,9 @@ def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_
     assert all(h["examples_per_s"] > 0 and 0 < h["accuracy"] <= 1 for h in history)
     assert history[1]["loss"] < history[0]["loss"]
     assert json.loads((run_dir / "evaluations.json").read_text())  # the held-out clock ran
+    # --no-diagnose: no bottleneck diagnosis after it, printed, written or measured for
+    assert "bottleneck:" not in out and not list(run_dir.glob("diagnosis.*"))
+    assert not metrics["probes"]
     # the saved model reads back (evaluated again at another batch size), as the loop's own
     code, out, err = run_main(["--params", str(params), "evaluate", "--batch-size", "7"], tmp_path)
     assert code == 0, err[-2000:]
