@@ -11,9 +11,11 @@ and restored (`up`), and shaped to a rate with `tbf` on both ends of the host's 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,11 +109,24 @@ class Hosts:
             path.write_text(f"127.0.0.1 localhost\n{names}")
 
     def delete(self) -> None:
-        """Deletes every namespace made (their veth ends go with them)."""
+        """Deletes every namespace made (their veth ends go with them), after ending what
+        still runs on it: a process left there (a job step a failure stranded) would outlive
+        its host, detached from every namespace's name."""
         for ns in reversed(self.namespaces):
+            end_processes_in(ns)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
         self.namespaces.clear()
+
+
+def end_processes_in(ns: str) -> list[int]:
+    """SIGKILLs every process in namespace `ns` (`ip netns pids`); returns their ids."""
+    listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    pids = [int(pid) for pid in listed.stdout.split() if pid.isdigit()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 _made = itertools.count()
