@@ -200,12 +200,8 @@ class SlurmCluster:
                 proc.wait(timeout=scaled(20))
             except subprocess.TimeoutExpired:
                 proc.kill()
-        # the job steps' processes left on the nodes, if any
-        subprocess.run(
-            ["pkill", "-f", f"slurmstepd.*{self.hosts.tag}"],
-            capture_output=True,
-            timeout=scaled(60),
-        )
+        # a job step still running (slurmstepd, its task) ends with its node's host
+        # (`netlab.Hosts.delete`)
 
 
 @contextmanager
