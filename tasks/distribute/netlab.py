@@ -11,14 +11,13 @@ and restored (`up`), and shaped to a rate with `tbf` on both ends of the host's 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,14 +118,12 @@ class Hosts:
         self.namespaces.clear()
 
 
-def end_processes_in(ns: str) -> list[int]:
-    """SIGKILLs every process in namespace `ns` (`ip netns pids`); returns their ids."""
+def end_processes_in(ns: str) -> None:
+    """SIGKILLs every process in namespace `ns` (`ip netns pids`)."""
     listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-    pids = [int(pid) for pid in listed.stdout.split() if pid.isdigit()]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return pids
+    for pid in filter(str.isdigit, listed.stdout.split()):
+        with suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 _made = itertools.count()

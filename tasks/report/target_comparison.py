@@ -42,8 +42,8 @@ def target_figures(
     repeats: tuple[list[dict], list[dict]] = ([], []),
     speedup_kind: str = "",
 ) -> dict[str, Any]:
-    """Examples and time to `target` (its value and metric, where the trainings recorded
-    none) of both trainings, and the time-to-target speedup:
+    """Examples and time to `target` (its value and metric: the trainings' recorded ones,
+    else the config's) of both trainings, and the time-to-target speedup:
     the examples/s `speedup` times the baseline's examples to target over the
     distributed's. With `repeats` (each training's `to_target` records for more seeds,
     `tasks.execute.trainings.repeat_to_target`) the examples and times are MLPerf's means over
@@ -205,7 +205,7 @@ def target_sentence(
     reached. `speedup`: the examples/s speedup and what its interval is, in words."""
     speedup, kind = speedup
     base, dist = baseline.to_target, distributed.to_target
-    value, metric = (base or {}).get("target", target[0]), (base or {}).get("metric", target[1])
+    value, metric = target  # as the trainings recorded it, else as given (`summary._aimed`)
     if value is None:  # a metric with no target (a real-valued label's error): evaluated or not
         return f"time to target: not measured: {NO_TARGET} {target_text(metric, None)}"
     head = f"time to {target_text(metric, value)}"
