@@ -46,6 +46,7 @@ class Run:
         self.commands: dict[int, list[str]] = {}  # read while they live
         self.owners: dict[int, str] = {}  # a server's: tfscale's own, or Prefect's ephemeral
         self.alive: dict[int, tuple[float, float]] = {}  # a server's first and last sight
+        self.parents: dict[int, int] = {}  # each process's parent, read while it lives
         self._done = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -69,6 +70,7 @@ class Run:
                 except psutil.NoSuchProcess:
                     continue
                 self.started.setdefault(child.pid, child)
+                self.parents.setdefault(child.pid, child.ppid())
                 if command or child.pid not in self.commands:
                     self.commands[child.pid] = command
                 if "uvicorn" in command and child.pid not in self.owners:
@@ -79,8 +81,14 @@ class Run:
             time.sleep(0.05)
 
     def servers(self) -> list[psutil.Process]:
-        """The API servers it started (uvicorn serving Prefect's app), in start order."""
-        return [self.started[pid] for pid, cmd in self.commands.items() if "uvicorn" in cmd]
+        """The API servers it started (uvicorn serving Prefect's app), in start order: not
+        a process a server forked (it carries the server's command line too)."""
+        pids = {pid for pid, cmd in self.commands.items() if "uvicorn" in cmd}
+        return [self.started[pid] for pid in self.commands if pid in pids - self.forked(pids)]
+
+    def forked(self, pids: set[int]) -> set[int]:
+        """Those of `pids` whose parent is one of them."""
+        return {pid for pid in pids if self.parents.get(pid) in pids}
 
     def wait_for_line(self, start: str, timeout_s: float = 180) -> str:
         deadline = time.monotonic() + scaled(timeout_s)
