@@ -186,9 +186,29 @@ def deploy_cell_flow(pool: str) -> str:
 
 
 def live_workers(client: Any, pool: str, now: datetime) -> dict[str, bool]:
-    """Each worker of the pool by name: whether its heartbeats still arrive."""
+    """Each worker of the pool by name: whether its heartbeats still arrive (none where the
+    server has no pool of that name: a worker started on it would have made it)."""
+    try:
+        client.read_work_pool(pool)
+    except ObjectNotFound:
+        return {}
     workers = client.read_workers_for_work_pool(pool)
     return {w.name: not worker_lost(w, now) for w in workers}
+
+
+def check_live_worker(pool: str, client: Any = None) -> None:
+    """Raises PoolError, naming the command that starts one, where `pool` has no live
+    worker: the sweep asks before it prepares, tracks or submits anything (on a client of
+    its own), and again just before it submits."""
+    if client is None:
+        with get_client(sync_client=True) as own:
+            return check_live_worker(pool, own)
+    if not any(live_workers(client, pool, datetime.now(UTC)).values()):
+        raise PoolError(
+            f"work pool {pool!r} has no live worker",
+            f"start one on each host that should train: PREFECT_API_URL=<this server> "
+            f"prefect worker start --pool {pool} --type process --limit 1",
+        )
 
 
 def worker_lost(worker: Any, now: datetime) -> bool:
@@ -218,12 +238,7 @@ def run_cells_on_pool(
     deployment_id = deploy_cell_flow(pool)
     cells = _PoolCells(pool, deployment_id, cell_configs, digests, labels, sweep_dir, token)
     with get_client(sync_client=True) as client:
-        if not any(live_workers(client, pool, datetime.now(UTC)).values()):
-            raise PoolError(
-                f"work pool {pool!r} has no live worker",
-                f"start one on each host that should train: PREFECT_API_URL=<this server> "
-                f"prefect worker start --pool {pool} --type process --limit 1",
-            )
+        check_live_worker(pool, client)
         attempts = [cells.submit(i, 1) for i in range(len(cell_configs))]
         status("pool", f"{len(attempts)} cells submitted to work pool {pool!r}")
         results: dict[int, dict] = {}

@@ -102,6 +102,8 @@ def run_sweep(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     quiet_run_logs()
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)
+    if config.sweep.work_pool:  # no live worker: refused before anything is prepared or run
+        pool.check_live_worker(config.sweep.work_pool)
     report = detect_task()
     devices_task(config, report)
     cells = plan_task(config)

@@ -2,7 +2,7 @@
 server on one network namespace, process workers on others, the submitter (`tfscale
 sweep --pool`) beside the server. The cells train on two hosts, each row and MLflow child
 run names its host, and a worker whose host dies mid-cell has its cell run again: the
-sweep completes with every row. With no live worker, it stops before submitting."""
+sweep completes with every row. With no live worker, it stops before it does anything."""
 
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ def hosts_possible():
 def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_host(
     tmp_path, hosts_possible
 ):
-    """With no worker yet, the sweep stops before submitting, naming the command that
-    starts one. Then hosts 1 and 2 take a cell each; host 2 dies in its cell; a worker
-    started on host 3 joins. The lost cell runs again, and every row names host 1 or
-    host 3."""
+    """With no worker yet, the sweep stops before it prepares, tracks or submits anything,
+    naming the command that starts one. Then hosts 1 and 2 take a cell each; host 2 dies
+    in its cell; a worker started on host 3 joins. The lost cell runs again, and every row
+    names host 1 or host 3."""
     from mlflow import MlflowClient
 
     refused = tmp_path / "refused"
@@ -80,7 +80,8 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
 
 
 def assert_refused(code: int, tmp: Path) -> None:
-    """The sweep stopped before submitting: one clear error, no table, a failed run."""
+    """The sweep stopped before anything: one clear error; no data prepared, no MLflow
+    run, no table, no cell submitted (none left for the workers started next)."""
     from mlflow import MlflowClient
     from tfscale.flows.pool import PoolError
 
@@ -88,11 +89,10 @@ def assert_refused(code: int, tmp: Path) -> None:
     assert code == PoolError.exit_code, out[-3000:]
     assert "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
     assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
-    assert "submitted" not in out  # no cell left for the workers started next
-    assert not (tmp / "sweep" / "sweep.csv").exists()
+    assert "submitted" not in out and "prepare " not in out, out[-3000:]
+    assert not (tmp / "tfrecords").exists() and not (tmp / "sweep").exists()
     client = MlflowClient(f"sqlite:///{tmp}/mlflow/mlflow.db")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [r.info.status for r in runs] == ["FAILED"]
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
 # -- the pieces, in this process ------------------------------------------------------
@@ -130,6 +130,35 @@ def test_a_worker_is_lost_after_three_missed_heartbeats_and_never_sooner_than_th
     assert worker_lost(worker(LOST_MIN_S + 1, 2), now)
     assert worker_lost(worker(91, None), now)  # no interval reported: Prefect's default 30 s
     assert not worker_lost(SimpleNamespace(last_heartbeat_time=None), now)
+
+
+def test_a_pool_the_server_has_not_made_has_no_live_worker_and_a_beating_one_has():
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from prefect.exceptions import ObjectNotFound
+
+    from tfscale.flows.pool import PoolError, check_live_worker
+
+    class Client:  # the two answers the server gives: no such pool, or its workers
+        def __init__(self, workers):
+            self.workers = workers
+
+        def read_work_pool(self, pool):
+            if self.workers is None:
+                raise ObjectNotFound(http_exc=Exception(pool))
+
+        def read_workers_for_work_pool(self, pool):
+            return self.workers
+
+    beating = SimpleNamespace(
+        name="w1", last_heartbeat_time=datetime.now(UTC), heartbeat_interval_seconds=30
+    )
+    check_live_worker("p", Client([beating]))
+    for workers in (None, []):
+        with pytest.raises(PoolError, match="work pool 'p' has no live worker") as info:
+            check_live_worker("p", Client(workers))
+        assert "prefect worker start --pool p" in info.value.fix
 
 
 def test_a_cell_refuses_a_host_that_does_not_share_the_sweep_or_the_data(tmp_path, digits):
