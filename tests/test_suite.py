@@ -169,16 +169,16 @@ def test_the_suite_prints_each_phase_against_its_share_and_the_slowest_tests(tmp
     within = suite.phase_line("serial", 0, 4.0, 1.9)
     assert "after 4.0 min, within its 4.5-min share of the 15-min bound (pace x1.90)" in within
     assert "2.0x its 4.5-min share" in suite.phase_line("serial", 1, 9.0, 1.0)
-    assert suite.phase_line("parallel", 0, 9.0, 1.0, 0.874).endswith(
-        "(pace x1.00; the CPUs 87% busy)"
+    assert suite.phase_line("parallel", 0, 9.0, 1.0, suite.Busy(0.874, 1117.4)).endswith(
+        "(pace x1.00; the CPUs 87% busy, 1,117 CPU-s)"
     )
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 10 40 800 50 5 5 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
     before = suite.cpu_ticks(stat)
     assert before == (160, 1010)  # idle (800) and iowait (50) are not busy
     stat.write_text("cpu  400 10 90 900 60 5 5 0 0 0\n")
-    assert suite.busy_share(before, suite.cpu_ticks(stat)) == 350 / 460
-    assert suite.cpu_ticks(tmp_path / "none") is None and suite.busy_share(None, before) is None
+    assert suite.busy_between(before, suite.cpu_ticks(stat), hertz=100) == (350 / 460, 3.5)
+    assert suite.cpu_ticks(tmp_path / "none") is None and suite.busy_between(None, before) is None
     cases = "".join(
         f'<testcase classname="tests.flows.test_pool" name="test_{i}" time="{i * 10}.5"/>'
         for i in range(12)
