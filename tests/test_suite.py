@@ -14,12 +14,15 @@ pytestmark = pytest.mark.unit
 
 
 def test_ci_runs_the_readmes_test_command():
+    """`.ci/run` runs the README's command, says how long it all took, and exits with its
+    code."""
     readme = (ROOT / "README.md").read_text()
     command = readme.split("# 2. Run the tests\n", 1)[1].splitlines()[0]
     run = command.split(" && ")[-1]
     assert run == "python3 -m uv run --locked python tests/suite.py"
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert ci[-1] == run
+    assert f"{run} || code=$?" in ci and ci[-1] == 'exit "$code"'
+    assert ci[-2].startswith('echo "== CI: exit $code after')
 
 
 def test_the_suite_runs_a_parallel_phase_then_a_serial_one(monkeypatch):
