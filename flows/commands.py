@@ -374,15 +374,17 @@ def plan(config: Config, args: argparse.Namespace) -> int:
 
 def sweep(config: Config, args: argparse.Namespace) -> int:
     """The sweep's flow run; a grid it cannot plan (`plan_cells`: links without worker
-    processes) is refused first, before a Prefect API starts or TensorFlow imports."""
+    processes), or a work pool with no server other hosts reach or no live worker, is
+    refused first, before a Prefect API starts or TensorFlow imports."""
     from tfscale.tasks.execute.sweep_cells import plan_cells
     from tfscale.tasks.report.scaling_grid import CriticalBatch, format_table
 
     plan_cells(config)
     if config.sweep.work_pool:
-        from tfscale.flows.pool import check_server
+        from tfscale.flows.pool import check_live_worker, check_server
 
         check_server()  # before the flow: the pool's workers cannot reach a temporary one
+        check_live_worker(config.sweep.work_pool)  # the flow asks again (a deployment's)
     rows = _run_flow("tfscale.flows.sweep", "sweep_flow", config)
     print()
     print(format_table(rows))

@@ -28,6 +28,23 @@ HEALTHY = (
     "import sys; from tasks.core.network import wait_healthy\n"
     "sys.exit(wait_healthy(sys.argv[1], float(sys.argv[2]), interval_s=0.5) is not None)\n"
 )
+# run on the server's host: returns once every worker named is live in the pool (its
+# heartbeat has reached the server), as the sweep judges it (`flows.pool.live_workers`)
+LIVE = (
+    "import sys, time\n"
+    "from datetime import UTC, datetime\n"
+    "from prefect.client.orchestration import get_client\n"
+    "from tfscale.flows.pool import live_workers\n"
+    "pool, deadline, names = sys.argv[1], time.monotonic() + float(sys.argv[2]), sys.argv[3:]\n"
+    "live = {}\n"
+    "with get_client(sync_client=True) as client:\n"
+    "    while time.monotonic() < deadline:\n"
+    "        live = live_workers(client, pool, datetime.now(UTC))\n"
+    "        if all(live.get(name) for name in names):\n"
+    "            sys.exit(0)\n"
+    "        time.sleep(0.5)\n"
+    "sys.exit(f'workers {names} not live in pool {pool} within {sys.argv[2]} s: {live}')\n"
+)
 # the sweep the pool's benchmark runs: digits MLP, 1 and 2 replicas x batch 32, 64 (four
 # cells, two for each of two workers; the test runs the two of batch 32)
 GRID = {
@@ -87,6 +104,14 @@ class PoolLab:
             stderr=subprocess.STDOUT,
         )
 
+    def wait_live(self, *hosts: int) -> None:
+        """Returns once the workers on `hosts` are live in the pool (a sweep started before
+        their first heartbeat reaches the server finds no live worker and stops)."""
+        names = [f"w{i}" for i in hosts]
+        check = self.on(0, [sys.executable, "-c", LIVE, self.pool, str(scaled(120)), *names])
+        logs = "".join(self.log(f"worker-{i}").read_text()[-1500:] for i in hosts)
+        assert check.returncode == 0, check.stderr[-2000:] + logs
+
     def on(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         """`argv` run to its end on host `i`, its output captured."""
         kwargs.setdefault("timeout", 300)
@@ -142,14 +167,17 @@ def wait_for_text(path: Path, text: str, timeout_s: float, count: int = 1) -> No
 def pool_lab(
     workers: int, tmp: Path, pool: str = "tfscale-test", spare: int = 0
 ) -> Iterator[PoolLab]:
-    """A server on host 0, `workers` workers on hosts 1..workers and `spare` hosts after
-    them with no worker yet (`start_worker`), all stopped and the hosts deleted on exit."""
+    """A server on host 0, `workers` workers on hosts 1..workers, live once it yields, and
+    `spare` hosts after them with no worker yet (`start_worker`), all stopped and the hosts
+    deleted on exit."""
     with netlab.namespace_hosts(workers + spare + 1) as hosts:
         lab = PoolLab(hosts, tmp, pool)
         try:
             lab.start_server()
             for i in range(1, workers + 1):
                 lab.start_worker(i)
+            if workers:
+                lab.wait_live(*range(1, workers + 1))
             yield lab
         finally:
             lab.stop()

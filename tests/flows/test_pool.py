@@ -57,8 +57,9 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
         code = sweep_on(lab, refused).wait(timeout=scaled(INNER_LIMIT_S))
         lab.start_worker(1)
         lab.start_worker(2)
+        assert_refused(code, refused)  # while the workers start
+        lab.wait_live(1, 2)  # the sweep asks for a live worker before anything else
         sweep = sweep_on(lab, tmp_path)
-        assert_refused(code, refused)  # while the workers and the sweep start
         wait_for_text(lab.log("worker-2"), "cell on", 300)  # mid-cell: training has begun
         lab.kill_host(2)
         lab.start_worker(3)
@@ -80,8 +81,9 @@ def test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_h
 
 
 def assert_refused(code: int, tmp: Path) -> None:
-    """The sweep stopped before anything: one clear error; no data prepared, no MLflow
-    run, no table, no cell submitted (none left for the workers started next)."""
+    """The sweep stopped before anything: one clear error; TensorFlow not loaded, no data
+    prepared, no MLflow run, no table, no cell submitted (none left for the workers started
+    next)."""
     from mlflow import MlflowClient
     from tfscale.flows.pool import PoolError
 
@@ -90,6 +92,7 @@ def assert_refused(code: int, tmp: Path) -> None:
     assert "error: work pool 'tfscale-test' has no live worker" in out, out[-3000:]
     assert "prefect worker start --pool tfscale-test" in out and "Traceback" not in out
     assert "submitted" not in out and "prepare " not in out, out[-3000:]
+    assert "loading TensorFlow" not in out, out[-3000:]  # refused before the flow starts
     assert not (tmp / "tfrecords").exists() and not (tmp / "sweep").exists()
     client = MlflowClient(f"sqlite:///{tmp}/mlflow/mlflow.db")
     assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
