@@ -198,8 +198,9 @@ def live_workers(client: Any, pool: str, now: datetime) -> dict[str, bool]:
 
 def check_live_worker(pool: str, client: Any = None) -> None:
     """Raises PoolError, naming the command that starts one, where `pool` has no live
-    worker: the sweep asks before it prepares, tracks or submits anything (on a client of
-    its own), and again just before it submits."""
+    worker (`client`: a client of its own where None). `tfscale sweep --pool` asks before
+    its flow starts, the flow at its start (a deployment's run asks there first), and
+    again just before it submits."""
     if client is None:
         with get_client(sync_client=True) as own:
             return check_live_worker(pool, own)
