@@ -186,14 +186,20 @@ def deploy_cell_flow(pool: str) -> str:
 
 
 def live_workers(client: Any, pool: str, now: datetime) -> dict[str, bool]:
-    """Each worker of the pool by name: whether its heartbeats still arrive (none where the
-    server has no pool of that name: a worker started on it would have made it)."""
+    """Each worker of the pool by name: whether its heartbeats still arrive."""
+    workers = client.read_workers_for_work_pool(pool)
+    return {w.name: not worker_lost(w, now) for w in workers}
+
+
+def workers_now(client: Any, pool: str) -> dict[str, bool]:
+    """`live_workers` now; none where the server has not made the pool yet (a worker
+    started on it makes it; reading its workers answers 404). The sweep's watching loop
+    reads `live_workers` alone: its pool was made before it submitted."""
     try:
         client.read_work_pool(pool)
     except ObjectNotFound:
         return {}
-    workers = client.read_workers_for_work_pool(pool)
-    return {w.name: not worker_lost(w, now) for w in workers}
+    return live_workers(client, pool, datetime.now(UTC))
 
 
 def check_live_worker(pool: str, client: Any = None) -> None:
@@ -204,7 +210,7 @@ def check_live_worker(pool: str, client: Any = None) -> None:
     if client is None:
         with get_client(sync_client=True) as own:
             return check_live_worker(pool, own)
-    if not any(live_workers(client, pool, datetime.now(UTC)).values()):
+    if not any(workers_now(client, pool).values()):
         raise PoolError(
             f"work pool {pool!r} has no live worker",
             f"start one on each host that should train: PREFECT_API_URL=<this server> "

@@ -29,17 +29,16 @@ HEALTHY = (
     "sys.exit(wait_healthy(sys.argv[1], float(sys.argv[2]), interval_s=0.5) is not None)\n"
 )
 # run on the server's host: returns once every worker named is live in the pool (its
-# heartbeat has reached the server), as the sweep judges it (`flows.pool.live_workers`)
+# heartbeat has reached the server), as the sweep judges it (`flows.pool.workers_now`)
 LIVE = (
     "import sys, time\n"
-    "from datetime import UTC, datetime\n"
     "from prefect.client.orchestration import get_client\n"
-    "from tfscale.flows.pool import live_workers\n"
+    "from tfscale.flows.pool import workers_now\n"
     "pool, deadline, names = sys.argv[1], time.monotonic() + float(sys.argv[2]), sys.argv[3:]\n"
     "live = {}\n"
     "with get_client(sync_client=True) as client:\n"
     "    while time.monotonic() < deadline:\n"
-    "        live = live_workers(client, pool, datetime.now(UTC))\n"
+    "        live = workers_now(client, pool)  # none until the workers make the pool\n"
     "        if all(live.get(name) for name in names):\n"
     "            sys.exit(0)\n"
     "        time.sleep(0.5)\n"

@@ -84,7 +84,8 @@ class Run:
         """The API servers it started (uvicorn serving Prefect's app), in start order: not
         a process a server forked (it carries the server's command line too)."""
         pids = {pid for pid, cmd in self.commands.items() if "uvicorn" in cmd}
-        return [self.started[pid] for pid in self.commands if pid in pids - self.forked(pids)]
+        own = pids - self.forked(pids)
+        return [self.started[pid] for pid in self.commands if pid in own]
 
     def forked(self, pids: set[int]) -> set[int]:
         """Those of `pids` whose parent is one of them."""
