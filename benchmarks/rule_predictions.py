@@ -23,7 +23,8 @@ point: its row is shown, never counted as a test.
     uv run python benchmarks/rule_predictions.py [--tasks synthetic,digits,table]
         [--optimizers adam,sgd] [--rules linear,sqrt] [--seeds 5] [--judge-seeds 10]
         [--project DIR]    # go on with an earlier run's project: its trainings are kept
-        [--results FILE]   # report from saved results, training nothing
+        [--results FILE]   # report from saved results, training nothing (with --seeds N,
+                           # its first N predictor seeds: 5 by default, as a study has them)
         [--smoke]          # one judged batch (4B), to see it run end to end
     # in parts, into one project (each part adds to DIR/results.json):
     uv run python benchmarks/rule_predictions.py --project DIR --tasks synthetic --rules sqrt
@@ -563,6 +564,19 @@ def untrained(side: Side, seeds: dict) -> str:
     return f"trained so far: {', '.join(short)}" if short else ""
 
 
+def first_predictor_seeds(results: dict, count: int) -> dict:
+    """`results` as its first `count` predictor seeds alone would give them: saved results
+    may hold more (benchmarks/results/ keeps 10, to tell the model's error from the luck of
+    a study's 5); fewer than `count` is refused, naming what they hold."""
+    predictor = results["seeds"]["predictor"]
+    if len(predictor) < count:
+        raise SystemExit(
+            f"error: the results hold {len(predictor)} predictor seeds, not {count}: "
+            f"pass --seeds {len(predictor)} or fewer"
+        )
+    return {**results, "seeds": {**results["seeds"], "predictor": predictor[:count]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
@@ -576,7 +590,7 @@ def main() -> None:
     parser.add_argument("--project", type=Path, help="go on with an earlier run's trainings")
     args = parser.parse_args()
     if args.results:
-        results = json.loads(args.results.read_text())
+        results = first_predictor_seeds(json.loads(args.results.read_text()), args.seeds)
     else:
         project = args.project or Path(tempfile.mkdtemp(prefix="tfscale-judge-"))
         results = measure(args, project)

@@ -71,7 +71,9 @@ JUDGED = {
     "sqrt": "judged on three tasks, 10 unseen seeds a batch at 0.5x, 4x and 8x the base "
     "batch: its 95% interval held every row. With Adam (a synthetic task, digits' CNN) the "
     "points ran 0.95-1.41x the measured, pessimistic at 4x and 8x (1.21-1.41x) where the "
-    "two-point hyperbola came within the judge's noise floor (0.93-1.00x; floor 0.78-1.14). "
+    "two-point hyperbola came within the judge's noise floor (0.93-1.00x; floor 0.78-1.14); "
+    "calibrated on 10 seeds instead of 5, still 1.12-1.33x there: the model's error, not the "
+    "seeds' luck. "
     "On a table task with SGD 0.86-1.26x, but its floor (0.5-3.6) passes any predictor "
     "within 2x",
 }

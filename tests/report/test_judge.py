@@ -188,3 +188,25 @@ def test_a_part_reports_what_it_has_and_says_what_it_lacks(capsys):
     assert "toy-adam, sqrt: not reported yet, trained so far: batch 256 1 of 4" in out
     assert "toy-adam, linear: not reported yet, trained so far: the base 3 of 3" not in out
     assert "the pair 0 of 3" in out
+
+
+def test_saved_results_are_reported_at_their_first_predictor_seeds():
+    """Saved results with 3 predictor seeds reported at 2: the pair's MLPerf mean (hence the
+    hyperbola) is the first two seeds' mean, 300 steps with seed 2 at 400; with all three it
+    is their middle one, 200; more seeds than the results hold are refused."""
+    results = _results()
+    results["trainings"] = [
+        t | {"to_target": {"reached": True, "steps": 400}}
+        if (t["batch"], t["seed"]) == (64, 2) else t
+        for t in results["trainings"]
+    ]  # fmt: skip
+    two = judge.first_predictor_seeds(results, 2)
+    assert two["seeds"] == {"predictor": [1, 2], "judge": [11, 12, 13, 14]}
+    assert results["seeds"]["predictor"] == [1, 2, 3]  # the saved results as they were
+    pair = judge.side_of(two, KEY, "sqrt").pair
+    assert [t["seed"] for t in pair] == [1, 2]
+    assert judge.mlperf([judge.steps_of(t) for t in pair]) == 300
+    every = judge.side_of(results, KEY, "sqrt").pair
+    assert judge.mlperf([judge.steps_of(t) for t in every]) == 200  # of 3: the middle one
+    with pytest.raises(SystemExit, match="hold 3 predictor seeds, not 4: pass --seeds 3"):
+        judge.first_predictor_seeds(results, 4)
