@@ -5,6 +5,7 @@ figure is worked by hand in its comment."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -272,25 +273,38 @@ def test_how_well_says_how_adams_step_is_priced_and_what_the_judge_found():
     assert "an approximation judged on two tasks" in adam.sources["how well"]
     assert "approximation" not in sgd.sources["how well"]
     assert "judged on three tasks" in sgd.sources["how well"]
-    assert "its 95% interval held every row" in sgd.sources["how well"]
+    assert "its 95% interval held 8 of 9 rows" in sgd.sources["how well"]
+    assert "its pair read by the noise scale first" in adam.sources["how well"]
     assert "the judge's noise floor 0.76-1.20" in sgd.sources["how well"]
 
 
 def test_adams_steps_are_priced_with_its_step_growing_by_the_root_of_a_larger_batchs_gain():
     """Adam divides its step by the root of its second moment, so at one rate a batch M's
-    step is sqrt(g*) = sqrt((1 + 64/32)/(1 + 64/M)) SGD's (`Gain`). The pair: 150 steps at
-    32, 100 at 64 under linear (gain 2), phi 64 (g* 1.5). SGD: k = 2/1.5, q = 1.5/1.5,
-    h = 2(k - q)/(k^2 - q) = 0.8571; at 256 (gain capped at 2, g* 3/1.25 = 2.4) r = 0.8571 x
-    2/2.4 = 0.7143, progress 2.4(2r - r^2)/(2h - h^2) = 2.25, steps 100 x 1.5/2.25 = 66.67.
-    Adam: k = 2 sqrt(1.5)/1.5, h = 0.7596; at 256 the step is 2 sqrt(2.4) = 3.098, r =
-    0.9806, progress 2.546, steps 58.91: the larger batch's own step gains, as Adam's do."""
+    step is sqrt(g*) = sqrt((1 + phi/32)/(1 + phi/M)) SGD's (`Gain`). The pair: 150 steps at
+    32, 100 at 64 under linear (gain 2), phi 64 (g* 1.5). SGD, read headroom first: k =
+    2/1.5, q = 1.5/1.5, h = 2(k - q)/(k^2 - q) = 0.8571; at 256 (gain capped at 2, g* 3/1.25
+    = 2.4) r = 0.8571 x 2/2.4 = 0.7143, progress 2.4(2r - r^2)/(2h - h^2) = 2.25, steps 100
+    x 1.5/2.25 = 66.67. Adam, read noise scale first (`_noise_first`): at headroom 1 the pair
+    is g* k(2 - k) with k = 2/sqrt(g*), i.e. 4 sqrt(g*) - 4 = 1.5, so g* = 1.375^2 =
+    1.890625 = (1 + 2y)/(1 + y), y = phi'/64 = 0.890625/0.109375 = 8.142857 (the factor);
+    at 256, g* = (1 + 16.2857)/(1 + 2.0357) = 5.6941, the step 2 sqrt(5.6941) = 4.7725, k =
+    0.83814, progress 5.6941 x k(2 - k) = 5.5449, steps 100 x 1.5/5.5449 = 27.05. Its
+    other reading, headroom first (k = 2 sqrt(1.5)/1.5, h = 0.7596; at 256 58.91 steps), is
+    among the calibration's ends: the interval at 256 runs past it."""
     from tfscale.tasks.report.plan import pricing_of
 
     sgd, _ = pricing_of(_run(), 100, BATCH, _pair(150))
-    adam, _ = pricing_of(_run(optimizer="Adam"), 100, BATCH, _pair(150))
+    adam, told = pricing_of(_run(optimizer="Adam"), 100, BATCH, _pair(150))
     assert (sgd.adaptive, adam.adaptive) == (False, True)
     assert sgd.headroom == pytest.approx(0.8571, abs=1e-4)
-    assert adam.headroom == pytest.approx(0.7596, abs=1e-4)
     assert sgd.point(256) == pytest.approx(66.67, abs=0.01)
-    assert adam.point(256) == pytest.approx(58.91, abs=0.01)
+    assert (adam.headroom, adam.calibration.factor) == (1.0, pytest.approx(8.142857, abs=1e-5))
+    assert adam.point(256) == pytest.approx(27.05, abs=0.01)
+    other = next(
+        c for c in adam.ends if c.factor == 1.0 and c.headroom == pytest.approx(0.7596, abs=1e-4)
+    )
+    assert dataclasses.replace(adam, calibration=other).point(256) == pytest.approx(58.91, abs=0.01)
+    assert adam.steps(256)[2] > 58.91
+    assert "assumed a base rate at its optimum, which needs the noise scale 8.14x" in told.assumed
+    assert "Adam's kind" in told.assumed and "the intervals run over both" in told.assumed
     assert adam.point(64) == pytest.approx(100.0)  # the pair given back
