@@ -26,6 +26,7 @@ point: its row is shown, never counted as a test.
         [--results FILE]   # report from saved results, training nothing (with --seeds N,
                            # its first N predictor seeds: 5 by default, as a study has them)
         [--smoke]          # one judged batch (4B), to see it run end to end
+        [--judge-from SEED] [--judged 0.5,4,8]  # fresh judge seeds, at these batches
     # in parts, into one project (each part adds to DIR/results.json):
     uv run python benchmarks/rule_predictions.py --project DIR --tasks synthetic --rules sqrt
     # the trainings done so far are kept in benchmarks/results/rule_predictions.json: copied
@@ -198,9 +199,9 @@ def measure(args: argparse.Namespace, project: Path) -> dict:
     results = json.loads(out.read_text()) if out.exists() else {"trainings": [], "runs": []}
     seeds = {
         "predictor": list(range(42, 42 + args.seeds)),
-        "judge": list(range(1042, 1042 + args.judge_seeds)),
+        "judge": list(range(args.judge_from, args.judge_from + args.judge_seeds)),
     }
-    results.update(seeds=seeds, judged=list(SMOKE if args.smoke else JUDGED))
+    results.update(seeds=seeds, judged=list(SMOKE if args.smoke else args.judged))
     for task in chosen(args):
         folder = project / task.key
         params = prepared(task, folder)
@@ -564,6 +565,15 @@ def untrained(side: Side, seeds: dict) -> str:
     return f"trained so far: {', '.join(short)}" if short else ""
 
 
+def chosen_seeds(results: dict, args: argparse.Namespace) -> dict:
+    """Saved results as `args` asks to report them: the first `--seeds` predictor seeds
+    (`first_predictor_seeds`), the judge's `--judge-seeds` from `--judge-from` (fresh
+    seeds, trained after a change was chosen on the first ones) at the `--judged` batches."""
+    results = first_predictor_seeds(results, args.seeds)
+    judge = list(range(args.judge_from, args.judge_from + args.judge_seeds))
+    return {**results, "seeds": {**results["seeds"], "judge": judge}, "judged": args.judged}
+
+
 def first_predictor_seeds(results: dict, count: int) -> dict:
     """`results` as its first `count` predictor seeds alone would give them: saved results
     may hold more (benchmarks/results/ keeps 10, to tell the model's error from the luck of
@@ -577,6 +587,10 @@ def first_predictor_seeds(results: dict, count: int) -> dict:
     return {**results, "seeds": {**results["seeds"], "predictor": predictor[:count]}}
 
 
+def _scales(text: str) -> list[float]:
+    return [float(v) for v in text.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
@@ -584,13 +598,17 @@ def main() -> None:
     parser.add_argument("--rules", default="linear,sqrt")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--judge-seeds", type=int, default=10)
+    parser.add_argument("--judge-from", type=int, default=1042, help="the judge's first seed")
+    parser.add_argument(
+        "--judged", type=_scales, default=list(JUDGED), help="batches over the base: 0.5,4,8"
+    )
     parser.add_argument("--draws", type=int, default=DRAWS)
     parser.add_argument("--smoke", action="store_true", help="one judged batch (4B)")
     parser.add_argument("--results", type=Path, help="a results.json to report, training none")
     parser.add_argument("--project", type=Path, help="go on with an earlier run's trainings")
     args = parser.parse_args()
     if args.results:
-        results = first_predictor_seeds(json.loads(args.results.read_text()), args.seeds)
+        results = chosen_seeds(json.loads(args.results.read_text()), args)
     else:
         project = args.project or Path(tempfile.mkdtemp(prefix="tfscale-judge-"))
         results = measure(args, project)

@@ -210,3 +210,17 @@ def test_saved_results_are_reported_at_their_first_predictor_seeds():
     assert judge.mlperf([judge.steps_of(t) for t in every]) == 200  # of 3: the middle one
     with pytest.raises(SystemExit, match="hold 3 predictor seeds, not 4: pass --seeds 3"):
         judge.first_predictor_seeds(results, 4)
+
+
+def test_fresh_judge_seeds_are_reported_alone_at_the_batches_asked():
+    """`--judge-from 13 --judge-seeds 2 --judged 0.5,4`: the judge's seeds 13 and 14 only,
+    at 16 and 128 (128's seeds 13 and 14 needed 160 and 170: their mean 165, not the four's
+    MLPerf mean 155), and no calibration row."""
+    import argparse
+
+    args = argparse.Namespace(seeds=3, judge_from=13, judge_seeds=2, judged=[0.5, 4.0])
+    chosen = judge.chosen_seeds(_results(), args)
+    assert chosen["seeds"] == {"predictor": [1, 2, 3], "judge": [13, 14]}
+    rows = judge.rows_of(judge.side_of(chosen, KEY, "sqrt"), _plan, draws=20)
+    assert [(r.batch, r.measured) for r in rows] == [(16, 500), (128, 165)]
+    assert all(r.test for r in rows)
