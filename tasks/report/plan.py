@@ -66,7 +66,7 @@ JUDGED = {
     "steps). With Adam (a synthetic task, digits' CNN) the points ran 0.71-1.36x the "
     "measured, closer than the two-point hyperbola where they differ at 4x and 8x (0.89x and "
     "0.71x against 1.60x and 1.80x on the synthetic task, 1.08x and 1.22x against 0.64x and "
-    "0.39x on digits; 1.10x and 1.13x on 10 fresh digits seeds), 1.36x pessimistic at 0.5x "
+    "0.39x on digits; on 10 fresh seeds 0.68-1.13x), 1.36x pessimistic at 0.5x "
     "on the synthetic task, whose predictor's seeds ran 1.19x the judge's at their "
     "configuration; the judge's noise floor 0.76-1.20. On a table task with SGD "
     "0.93-1.02x, but its floor (0.5-3.6) passes any predictor within 2x",
@@ -74,7 +74,7 @@ JUDGED = {
     "batch: its 95% interval held every row. With Adam (a synthetic task, digits' CNN) the "
     "points ran 0.89-0.95x the measured at 4x and 8x, within the judge's noise floor as the "
     "two-point hyperbola's (0.93-1.00x; floor 0.78-1.14), 1.33x pessimistic at 0.5x on the "
-    "synthetic task; on 10 fresh digits seeds 0.87-1.06x. On a table task with SGD "
+    "synthetic task; on 10 fresh seeds a batch 0.87-1.24x. On a table task with SGD "
     "0.86-1.26x, but its floor (0.5-3.6) passes any predictor within 2x",
 }
 ADAPTIVE_STEP = (
@@ -82,7 +82,7 @@ ADAPTIVE_STEP = (
     "root of the batch's step progress (it divides by its second moment's root, the noise "
     "scale read as each coordinate's), an approximation judged on two tasks, and its pair "
     "read by the noise scale first (read the other way, the points at 4x and 8x ran 1.2-1.4x "
-    "the measured; chosen on the judge's seeds, judged again on fresh ones on digits)"
+    "the measured; chosen on the judge's seeds, judged again on fresh ones)"
 )
 
 
