@@ -199,7 +199,7 @@ def measure(args: argparse.Namespace, project: Path) -> dict:
     results = json.loads(out.read_text()) if out.exists() else {"trainings": [], "runs": []}
     seeds = {
         "predictor": list(range(42, 42 + args.seeds)),
-        "judge": list(range(args.judge_from, args.judge_from + args.judge_seeds)),
+        "judge": judge_seeds(args),
     }
     results.update(seeds=seeds, judged=list(SMOKE if args.smoke else args.judged))
     for task in chosen(args):
@@ -570,8 +570,13 @@ def chosen_seeds(results: dict, args: argparse.Namespace) -> dict:
     (`first_predictor_seeds`), the judge's `--judge-seeds` from `--judge-from` (fresh
     seeds, trained after a change was chosen on the first ones) at the `--judged` batches."""
     results = first_predictor_seeds(results, args.seeds)
-    judge = list(range(args.judge_from, args.judge_from + args.judge_seeds))
-    return {**results, "seeds": {**results["seeds"], "judge": judge}, "judged": args.judged}
+    seeds = {**results["seeds"], "judge": judge_seeds(args)}
+    return {**results, "seeds": seeds, "judged": args.judged}
+
+
+def judge_seeds(args: argparse.Namespace) -> list[int]:
+    """The judge's seeds: `--judge-seeds` of them from `--judge-from`."""
+    return list(range(args.judge_from, args.judge_from + args.judge_seeds))
 
 
 def first_predictor_seeds(results: dict, count: int) -> dict:

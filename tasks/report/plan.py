@@ -39,7 +39,9 @@ from tfscale.tasks.train.noise_estimates import (
     Gain,
     calibrated,
     factor_at_optimum,
+    headroom_from,
     is_adaptive,
+    keeps_share,
     planned_gain,
     rule_progress,
     sampled_batch,
@@ -535,19 +537,18 @@ def _read(
     for along the same two branches (the headroom at the measured noise scale, else the
     noise scale at headroom 1), so the plan gives the pair back. An optimizer of Adam's
     kind takes the branches the other way round (`_noise_first`)."""
-    if _noise_first(phi, batches, gain):
-        at_optimum = _at_optimum(phi, batches, gain, measured, ramp)
-        if at_optimum is not None:
-            return at_optimum
+    noise_first = _noise_first(phi, batches, gain)
+    at_optimum = _at_optimum(phi, batches, gain, measured, ramp) if noise_first else None
+    if at_optimum is not None:
+        return at_optimum
     if not ramp[0]:
         return _read_once(phi, batches, gain, measured, model)
-    grid = [2 * (i + 0.5) / GRID for i in range(GRID)]
-    headroom = _root(lambda h: _pair_made(phi, batches, gain, ramp, h, 1.0) - measured, grid)
-    if headroom is not None:
-        return Calibration(headroom, 1.0)
-    return _at_optimum(phi, batches, gain, measured, ramp) or _read_once(
-        phi, batches, gain, measured, model
-    )
+    at_measured = _at_measured_noise(phi, batches, gain, measured, ramp)
+    if at_measured is not None:
+        return at_measured
+    if not noise_first:  # read already, and None, where the noise scale came first
+        at_optimum = _at_optimum(phi, batches, gain, measured, ramp)
+    return at_optimum or _read_once(phi, batches, gain, measured, model)
 
 
 def _noise_first(phi: float, batches: tuple[float, float], gain: Gain) -> bool:
@@ -563,10 +564,7 @@ def _noise_first(phi: float, batches: tuple[float, float], gain: Gain) -> bool:
     seeds its predictor never saw; read this way, 0.89-0.95x under `sqrt`, a choice made
     after seeing them: docs/time-to-accuracy.md.) SGD's pair is read headroom first
     (`calibrated`)."""
-    if not gain.adaptive:
-        return False
-    best = step_progress(phi, *batches)
-    return abs(gain.at(phi, *batches) / best - 1) >= 1e-6
+    return gain.adaptive and not keeps_share(phi, *batches, gain.at(phi, *batches))
 
 
 def _pair_made(
@@ -639,10 +637,10 @@ def _at_measured_noise(
     optimum in [0, 2) that gives `measured` (`headroom_from`, or along a grid with a
     warm-up); None where none does."""
     if not ramp[0]:
-        headroom, factor = calibrated(phi, *batches, lambda q: gain.at(q, *batches), measured)
-        return Calibration(headroom, 1.0) if headroom is not None and factor == 1.0 else None
-    grid = [2 * (i + 0.5) / GRID for i in range(GRID)]
-    headroom = _root(lambda h: _pair_made(phi, batches, gain, ramp, h, 1.0) - measured, grid)
+        headroom = headroom_from(phi, *batches, gain.at(phi, *batches), measured)
+    else:
+        grid = [2 * (i + 0.5) / GRID for i in range(GRID)]
+        headroom = _root(lambda h: _pair_made(phi, batches, gain, ramp, h, 1.0) - measured, grid)
     return None if headroom is None else Calibration(headroom, 1.0)
 
 

@@ -238,14 +238,20 @@ def calibrated(
       optimum).
 
     Each returned (headroom, factor) gives the pair back to 1e-6."""
-    best = step_progress(noise_scale, base_batch, batch)
-    if abs(gain_at(noise_scale) / best - 1) < 1e-6:
+    if keeps_share(noise_scale, base_batch, batch, gain_at(noise_scale)):
         return None, 1.0
     headroom = headroom_from(noise_scale, base_batch, batch, gain_at(noise_scale), measured)
     if headroom is not None:
         return headroom, 1.0
     factor = factor_at_optimum(noise_scale, base_batch, batch, gain_at, measured)
     return (None, NOT_EXPLAINED) if factor is None else (1.0, factor)
+
+
+def keeps_share(noise_scale: float, base_batch: float, batch: float, gain: float) -> bool:
+    """Whether a rate `gain` times the base at `batch` keeps the base rate's share of its
+    optimum (it is the optimum's own growth, `step_progress`): a pair then says nothing of
+    that share, and `calibrated` reads neither unknown from it."""
+    return abs(gain / step_progress(noise_scale, base_batch, batch) - 1) < 1e-6
 
 
 FACTOR_BOUND = 64.0  # the widest noise factor a pair is read at, either way
