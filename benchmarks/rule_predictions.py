@@ -62,6 +62,7 @@ JUDGED = (0.5, 2, 4, 8)  # the judge's batches over the base; 2 is the calibrati
 SMOKE = (4,)
 DRAWS = 200  # bootstrap draws a row's interval takes
 KEPT = ("to_target", "global_batch", "grad_accum_steps", "steps_per_epoch")
+PREDICTOR_FROM = 42  # the predictor's first seed, the judge's from 1042 (`--judge-from`)
 PREDICTOR_KEPT = ("gradient_noise", "evaluations")  # only the predictor's need them
 FLOOR_SLACK = math.log(1.1)  # "within the noise floor plus 10%"
 
@@ -197,8 +198,9 @@ def measure(args: argparse.Namespace, project: Path) -> dict:
     (its finished ones kept), added to `project`/results.json."""
     out = project / "results.json"
     results = json.loads(out.read_text()) if out.exists() else {"trainings": [], "runs": []}
+    first = PREDICTOR_FROM if args.predictor_from is None else args.predictor_from
     seeds = {
-        "predictor": list(range(42, 42 + args.seeds)),
+        "predictor": list(range(first, first + args.seeds)),
         "judge": judge_seeds(args),
     }
     results.update(seeds=seeds, judged=list(SMOKE if args.smoke else args.judged))
@@ -566,10 +568,11 @@ def untrained(side: Side, seeds: dict) -> str:
 
 
 def chosen_seeds(results: dict, args: argparse.Namespace) -> dict:
-    """Saved results as `args` asks to report them: the first `--seeds` predictor seeds
-    (`first_predictor_seeds`), the judge's `--judge-seeds` from `--judge-from` (fresh
-    seeds, trained after a change was chosen on the first ones) at the `--judged` batches."""
-    results = first_predictor_seeds(results, args.seeds)
+    """Saved results as `args` asks to report them: `--seeds` predictor seeds from
+    `--predictor-from` (`predictor_seeds`), the judge's `--judge-seeds` from `--judge-from`
+    (fresh seeds, trained after a change was chosen on the first ones) at the `--judged`
+    batches."""
+    results = predictor_seeds(results, args.seeds, args.predictor_from)
     seeds = {**results["seeds"], "judge": judge_seeds(args)}
     return {**results, "seeds": seeds, "judged": args.judged}
 
@@ -579,17 +582,21 @@ def judge_seeds(args: argparse.Namespace) -> list[int]:
     return list(range(args.judge_from, args.judge_from + args.judge_seeds))
 
 
-def first_predictor_seeds(results: dict, count: int) -> dict:
-    """`results` as its first `count` predictor seeds alone would give them: saved results
-    may hold more (benchmarks/results/ keeps 10, to tell the model's error from the luck of
-    a study's 5); fewer than `count` is refused, naming what they hold."""
+def predictor_seeds(results: dict, count: int, first: int | None = None) -> dict:
+    """`results` as `count` of its predictor seeds alone would give them, from `first` (its
+    first by default): saved results may hold more (benchmarks/results/ keeps 10, to tell
+    the model's error from the luck of a study's 5, and to judge again from the other 5);
+    fewer there than `count` is refused, naming what they hold."""
     predictor = results["seeds"]["predictor"]
-    if len(predictor) < count:
+    start = predictor.index(first) if first in predictor else 0
+    chosen = predictor[start : start + count]
+    if first is not None and first not in predictor or len(chosen) < count:
         raise SystemExit(
-            f"error: the results hold {len(predictor)} predictor seeds, not {count}: "
-            f"pass --seeds {len(predictor)} or fewer"
+            f"error: the results hold the predictor seeds {predictor[0]}-{predictor[-1]}, "
+            f"not {count} from {predictor[start] if first is None else first}: pass "
+            f"--seeds {len(predictor) - start} or fewer, or --predictor-from one of them"
         )
-    return {**results, "seeds": {**results["seeds"], "predictor": predictor[:count]}}
+    return {**results, "seeds": {**results["seeds"], "predictor": chosen}}
 
 
 def _scales(text: str) -> list[float]:
@@ -601,7 +608,12 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--optimizers", default="adam,sgd")
     parser.add_argument("--rules", default="linear,sqrt")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help="the predictor's seeds")
+    parser.add_argument(
+        "--predictor-from",
+        type=int,
+        help=f"the predictor's first seed ({PREDICTOR_FROM} to train; saved results': theirs)",
+    )
     parser.add_argument("--judge-seeds", type=int, default=10)
     parser.add_argument("--judge-from", type=int, default=1042, help="the judge's first seed")
     parser.add_argument(

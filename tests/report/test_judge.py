@@ -190,17 +190,18 @@ def test_a_part_reports_what_it_has_and_says_what_it_lacks(capsys):
     assert "the pair 0 of 3" in out
 
 
-def test_saved_results_are_reported_at_their_first_predictor_seeds():
+def test_saved_results_are_reported_at_the_predictor_seeds_asked():
     """Saved results with 3 predictor seeds reported at 2: the pair's MLPerf mean (hence the
     hyperbola) is the first two seeds' mean, 300 steps with seed 2 at 400; with all three it
-    is their middle one, 200; more seeds than the results hold are refused."""
+    is their middle one, 200; from seed 2, seeds 2 and 3; more seeds than the results hold
+    from there, or a first seed they do not hold, are refused."""
     results = _results()
     results["trainings"] = [
         t | {"to_target": {"reached": True, "steps": 400}}
         if (t["batch"], t["seed"]) == (64, 2) else t
         for t in results["trainings"]
     ]  # fmt: skip
-    two = judge.first_predictor_seeds(results, 2)
+    two = judge.predictor_seeds(results, 2)
     assert two["seeds"] == {"predictor": [1, 2], "judge": [11, 12, 13, 14]}
     assert results["seeds"]["predictor"] == [1, 2, 3]  # the saved results as they were
     pair = judge.side_of(two, KEY, "sqrt").pair
@@ -208,8 +209,16 @@ def test_saved_results_are_reported_at_their_first_predictor_seeds():
     assert judge.mlperf([judge.steps_of(t) for t in pair]) == 300
     every = judge.side_of(results, KEY, "sqrt").pair
     assert judge.mlperf([judge.steps_of(t) for t in every]) == 200  # of 3: the middle one
-    with pytest.raises(SystemExit, match="hold 3 predictor seeds, not 4: pass --seeds 3"):
-        judge.first_predictor_seeds(results, 4)
+    with pytest.raises(SystemExit, match="seeds 1-3, not 4 from 1: pass --seeds 3 or fewer"):
+        judge.predictor_seeds(results, 4)
+    later = judge.predictor_seeds(results, 2, first=2)  # `--predictor-from 2 --seeds 2`
+    assert later["seeds"]["predictor"] == [2, 3]
+    pair = judge.side_of(later, KEY, "sqrt").pair
+    assert judge.mlperf([judge.steps_of(t) for t in pair]) == 300  # (400 + 200)/2
+    with pytest.raises(SystemExit, match="not 2 from 3: pass --seeds 1 or fewer"):
+        judge.predictor_seeds(results, 2, first=3)
+    with pytest.raises(SystemExit, match="not 2 from 7: .* or --predictor-from one of them"):
+        judge.predictor_seeds(results, 2, first=7)
 
 
 def test_fresh_judge_seeds_are_reported_alone_at_the_batches_asked():
@@ -218,7 +227,9 @@ def test_fresh_judge_seeds_are_reported_alone_at_the_batches_asked():
     MLPerf mean 155), and no calibration row."""
     import argparse
 
-    args = argparse.Namespace(seeds=3, judge_from=13, judge_seeds=2, judged=[0.5, 4.0])
+    args = argparse.Namespace(
+        seeds=3, predictor_from=None, judge_from=13, judge_seeds=2, judged=[0.5, 4.0]
+    )
     chosen = judge.chosen_seeds(_results(), args)
     assert chosen["seeds"] == {"predictor": [1, 2, 3], "judge": [13, 14]}
     rows = judge.rows_of(judge.side_of(chosen, KEY, "sqrt"), _plan, draws=20)
