@@ -8,7 +8,9 @@ directory are as it found them.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _STATE = Path(tempfile.mkdtemp(prefix="tfscale-tests-"))
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)  # each session's, at its end
 # before Prefect, Keras or matplotlib is imported: they read these when they start
 for _name, _dir in (("PREFECT_HOME", "prefect"), ("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "mpl")):
     os.environ[_name] = str(_STATE / _dir)
@@ -109,6 +112,38 @@ def pytest_collection_modifyitems(items):
         cluster = item.get_closest_marker("cluster")
         if cluster and cluster.kwargs.get("alone", True):  # (alone=False): may run beside others
             item.add_marker(pytest.mark.serial)
+
+
+# a test's CPU-seconds from its setup's start (`cpu_seconds`), read at its teardown's end
+CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def cpu_seconds() -> float:
+    """This process's CPU-seconds with those of the child processes it waited for (theirs,
+    in turn, hold their own children's); a child not waited for is not counted."""
+    import resource
+
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[CPU_AT_SETUP] = cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Each test's CPU-seconds, its fixtures' and its processes' with it, as the `cpu_s`
+    property of its JUnit record: in the parallel phase a test's time is partly its
+    neighbours', its CPU its own (`tests/suite.py` lists the ten that took most)."""
+    yield
+    if CPU_AT_SETUP in item.stash:
+        spent = cpu_seconds() - item.stash[CPU_AT_SETUP]
+        item.user_properties.append(("cpu_s", round(spent, 2)))
 
 
 def pytest_runtest_logreport(report):

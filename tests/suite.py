@@ -22,7 +22,9 @@ After each phase it prints the phase's time against its share of the suite's 15-
 bound (`SHARES_MIN`, on the reference machine; the pace it measured and how busy the CPUs
 were beside it), and at the end the ten slowest tests of both phases with their share of
 the bound (read back from each phase's JUnit XML, whose times hold a test's setup, call
-and teardown): a regression shows at once, and where.
+and teardown), and the ten that took the most CPU (in the parallel phase, whose CPUs are
+busy, a test's time is partly its neighbours'; its CPU is its own): a regression shows at
+once, and where.
 
 `pytest -m unit` stays the fast tier to run while working; plain `pytest` runs everything
 in one serial process.
@@ -160,6 +162,35 @@ def durations(report: Path) -> list[tuple[float, str]]:
     return found
 
 
+def cpu_costs(report: Path) -> list[tuple[float, str]]:
+    """(CPU-seconds, test id) of each test a phase's JUnit XML holds: its `cpu_s` property
+    (tests/conftest.py: its process's and the processes it waited for, from its setup to
+    its teardown); none where the phase wrote no report or the test no such property."""
+    if not report.exists():
+        return []
+    found = []
+    for case in ElementTree.parse(report).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        for prop in case.iter("property"):
+            if prop.get("name") == "cpu_s":
+                found.append((float(prop.get("value") or 0), f"{module}.py::{case.get('name')}"))
+    return found
+
+
+def costliest_lines(tests: list[tuple[float, str]], count: int = SLOWEST) -> list[str]:
+    """The `count` tests that took the most CPU, each with its share of all the tests'."""
+    total = sum(cpu for cpu, _ in tests)
+    if not total:
+        return []
+    lines = [
+        f"== the {min(count, len(tests))} tests that took the most CPU (with the processes "
+        f"they waited for; share of the tests' {total:,.0f} CPU-s):"
+    ]
+    for cpu, test in sorted(tests, reverse=True)[:count]:
+        lines.append(f"   {cpu:6.1f} CPU-s  {cpu / total:5.1%}  {test}")
+    return lines
+
+
 def slowest_lines(tests: list[tuple[float, str]], count: int = SLOWEST) -> list[str]:
     """The `count` slowest tests, each with its share of the bound."""
     lines = [f"== the {min(count, len(tests))} slowest tests (share of the {BOUND_MIN}-min bound):"]
@@ -209,8 +240,9 @@ def main(args: list[str]) -> int:
     except ValueError as exc:
         print(f"== error: {exc}", file=sys.stderr, flush=True)
         return 2
-    codes, tests = [], []
-    reports = Path(tempfile.mkdtemp(prefix="tfscale-suite-"))
+    codes, tests, costs = [], [], []
+    folder = tempfile.TemporaryDirectory(prefix="tfscale-suite-")  # the phases' reports
+    reports = Path(folder.name)
     for name, options in phases(args, factor):
         report = reports / f"{name}.xml"
         started, ticks = time.monotonic(), cpu_ticks()
@@ -221,7 +253,9 @@ def main(args: list[str]) -> int:
         print(phase_line(name, code, minutes, factor, busy), flush=True)
         codes.append(code)
         tests += durations(report)
-    print("\n".join(slowest_lines(tests)), flush=True)
+        costs += cpu_costs(report)
+    folder.cleanup()
+    print("\n".join(slowest_lines(tests) + costliest_lines(costs)), flush=True)
     return outcome(codes)
 
 

@@ -197,6 +197,44 @@ def test_the_suite_prints_each_phase_against_its_share_and_the_slowest_tests(tmp
     assert lines[-1].endswith("test_2")  # test_0 and test_1, the fastest, left out
 
 
+def test_the_suite_lists_the_tests_that_took_the_most_cpu(tmp_path):
+    """Each test's `cpu_s` property (tests/conftest.py) read back from a phase's JUnit XML;
+    the ten that took the most listed first, each with its share of all the tests' CPU:
+    test_11's 22 of the 132 CPU-s of 0 + 2 + ... + 22 is 16.7%."""
+    import suite
+
+    cases = "".join(
+        f'<testcase classname="tests.flows.test_dvc" name="test_{i}" time="1.0">'
+        f'<properties><property name="cpu_s" value="{2 * i}"/></properties></testcase>'
+        for i in range(12)
+    )
+    report = tmp_path / "parallel.xml"
+    report.write_text(
+        f"<testsuites><testsuite>{cases}<testcase name='x'/></testsuite></testsuites>"
+    )
+    costs = suite.cpu_costs(report)
+    assert len(costs) == 12 and (22.0, "tests/flows/test_dvc.py::test_11") in costs
+    assert suite.cpu_costs(tmp_path / "none.xml") == [] and suite.costliest_lines([]) == []
+    lines = suite.costliest_lines(costs)
+    assert lines[0].endswith("share of the tests' 132 CPU-s):") and len(lines) == 11
+    assert lines[1].split() == ["22.0", "CPU-s", "16.7%", "tests/flows/test_dvc.py::test_11"]
+    assert lines[-1].endswith("test_2")
+
+
+def test_each_test_records_the_cpu_it_took(request):
+    """The conftest's clock counts this process's CPU (and its waited-for children's, as
+    the kernel adds them): 0.3 s spun here adds at least that much."""
+    import time
+
+    import conftest
+
+    before, started = conftest.cpu_seconds(), time.process_time()
+    while time.process_time() - started < 0.3:
+        pass
+    assert conftest.cpu_seconds() - before >= 0.3
+    assert conftest.CPU_AT_SETUP in request.node.stash  # read again at its teardown
+
+
 def test_the_suites_processes_write_the_bytecode_they_compile(monkeypatch):
     """Told never to write bytecode (CI's machines), the phases' processes would each
     compile every module they import again: the suite unsets it for them, and says so."""

@@ -425,8 +425,8 @@ def pricing_of(
     rule's recorded rate is its base rate. A fixed rule no study beside the run calibrates
     is priced as `adascale`, whose steps the noise scale predicts whatever the headroom.
     The steps are the study's MLPerf mean over its seeds where it ran several (their doubt
-    a mean's, from their own spread: `_seeds_doubt`), else the run's own crossing (a seed's doubt: dividing it by seeds it did not
-    use understated it sqrt(3)-fold at 5)."""
+    a mean's, from their own spread: `_seeds_doubt`), else the run's own crossing (a
+    seed's doubt: dividing it by seeds it did not use understated it sqrt(3)-fold at 5)."""
     path, noise = _noise_of(metrics, steps_run)
     run_batch = metrics["global_batch"] * metrics.get("grad_accum_steps", 1)
     followed = metrics.get("lr_scaling") or "linear"

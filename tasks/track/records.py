@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import re
+import tempfile
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -149,19 +150,19 @@ def log_study(tracker: Tracker, parent_id: str, record: StudyRecord) -> None:
         metrics={k: rounded(v) for k, v in record.forecast.items()},
         params={**common, **distributed_params},
     )
-    artifacts = [
-        write_json_artifact("hardware.json", run.report.to_dict()),
-        write_json_artifact("manifest.json", json.loads(run.manifest.to_json())),
-        write_json_artifact("summary.json", record.summary.to_dict()),
-        *(
-            record.files[k]
-            for k in ("speedup_chart", "confusion_matrix", "evaluation")
-            if k in record.files
-        ),
+    files = [
+        *(record.files[k] for k in ("speedup_chart", "confusion_matrix", "evaluation")
+          if k in record.files),
         record.files["diagnosis"],
         *(path for key, path in record.files.items() if key.startswith("forecast")),
-    ]
-    tracker.log_artifacts(parent_id, artifacts)
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tfscale-artifacts-") as folder:  # none left
+        written = [
+            write_json_artifact(folder, "hardware.json", run.report.to_dict()),
+            write_json_artifact(folder, "manifest.json", json.loads(run.manifest.to_json())),
+            write_json_artifact(folder, "summary.json", record.summary.to_dict()),
+        ]
+        tracker.log_artifacts(parent_id, [*written, *files])
     feature = run.manifest.feature
     model_id = tracker.log_model(parent_id, record.distributed.model_path, feature)
     summary = record.summary

@@ -573,8 +573,9 @@ def _ui_record(store_dir: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def write_json_artifact(name: str, value: Any) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="tfscale-")) / name
+def write_json_artifact(folder: str | Path, name: str, value: Any) -> Path:
+    """`value` as JSON in `folder`/`name`, to log: a folder its caller removes once logged."""
+    path = Path(folder) / name
     path.write_text(json.dumps(value, indent=2, default=str))
     return path
 

@@ -10,7 +10,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import requests
@@ -100,10 +102,14 @@ def flow_run(tmp_path_factory):
     collect.emit = lambda record: lines.append(record.getMessage())
     collect.addFilter(lambda record: getattr(record, STATUS_MARK, False))
     logging.getLogger().addHandler(collect)
+    temp = tmp / "temp"  # the process's temporary folder while the first run runs
+    temp.mkdir()
     try:
-        states = [scaling_study(config, return_state=True)]
+        with mock.patch.object(tempfile, "tempdir", str(temp)):
+            states = [scaling_study(config, return_state=True)]
     finally:
         logging.getLogger().removeHandler(collect)
+    left_in_temp = sorted(p.name for p in temp.iterdir() if p.name.startswith("tfscale"))
     baseline_metrics = next((tmp / "runs" / "digits").glob("one_device-*/metrics.json"))
     stamp = baseline_metrics.stat().st_mtime_ns
     ui = UI(tmp)  # boots while the second run trains
@@ -124,6 +130,7 @@ def flow_run(tmp_path_factory):
             "flow_run_ids": [state.state_details.flow_run_id for state in states],
             "stage_lines": lines,
             "baseline_reused": reused,
+            "left_in_temp": left_in_temp,
             "baseline_retrained": baseline_metrics.exists(),
             "reprepared": (tmp / "tfrecords" / "digits" / "manifest.json").exists(),
             "ui": ui,
@@ -290,6 +297,7 @@ def test_flow_logs_parent_and_children_with_metrics_and_artifacts(flow_run):
     for key in ("input", "compute", "end_to_end"):
         assert metrics[f"diagnosis_{key}_examples_per_s"] > 0
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert flow_run["left_in_temp"] == []  # the JSON artifacts' folder removed once logged
     assert {
         "hardware.json",
         "manifest.json",
