@@ -523,6 +523,21 @@ def goals(rows: list[Row]) -> dict[str, tuple[int, int]]:
     }
 
 
+def mean_errors(rows: list[Row]) -> str:
+    """Beside the goals, which count rows: where tfscale's point claims (differs from the
+    hyperbola's by more than the floor), the mean of |log(predicted / measured)| of each
+    ('' where no row claims): how far each is off over those rows together."""
+    claims = [r for r in rows if r.test and r.claims]
+    if not claims:
+        return ""
+    ours, theirs = (sum(map(f, claims)) / len(claims) for f in (
+        lambda r: r.error(r.plan[0]), lambda r: r.error(r.hyperbola)))  # fmt: skip
+    return (
+        f"where it claims, the mean |log(predicted / measured)| over {len(claims)} rows: "
+        f"tfscale {ours:.3f}, the hyperbola {theirs:.3f}"
+    )
+
+
 def verdicts(counts: dict[str, tuple[int, int]]) -> list[str]:
     """A line per goal, met or missed (coverage: at least 90%; the others: every row)."""
     lines = []
@@ -549,7 +564,7 @@ def report(results: dict, pricer: Pricer = plan_pricer, draws: int = DRAWS) -> l
         rows = rows_of(side, pricer, draws)
         print(table(side, rows))
         every += rows
-    print("\n" + "\n".join(verdicts(goals(every))))
+    print("\n" + "\n".join([*verdicts(goals(every)), *filter(None, [mean_errors(every)])]))
     return every
 
 

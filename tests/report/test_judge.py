@@ -147,6 +147,14 @@ def test_a_point_away_from_the_hyperbola_claims_and_must_beat_it():
     assert wrong.claims and not wrong.good
     counts = judge.goals([row, wrong])
     assert judge.verdicts(counts)[1] == "beats the hyperbola where it claims to: 1/2: missed"
+    # measured 100 and 120: tfscale's errors 0 and |log(100/120)| = 0.182, the
+    # hyperbola's |log(150/100)| = 0.405 and |log(150/120)| = 0.223
+    near = judge.Row(256, True, 120, (100, 90, 110), (0.0, 0.0), (1.0, 0.95, 1.05), 150, 40, 300)
+    assert judge.mean_errors([row, near]) == (
+        "where it claims, the mean |log(predicted / measured)| over 2 rows: "
+        "tfscale 0.091, the hyperbola 0.314"
+    )
+    assert judge.mean_errors(_rows()) == ""  # no row claims
 
 
 def test_a_goal_with_no_test_rows_is_undecided_not_missed():
