@@ -530,8 +530,8 @@ def mean_errors(rows: list[Row]) -> str:
     claims = [r for r in rows if r.test and r.claims]
     if not claims:
         return ""
-    ours, theirs = (sum(map(f, claims)) / len(claims) for f in (
-        lambda r: r.error(r.plan[0]), lambda r: r.error(r.hyperbola)))  # fmt: skip
+    ours = sum(r.error(r.plan[0]) for r in claims) / len(claims)
+    theirs = sum(r.error(r.hyperbola) for r in claims) / len(claims)
     return (
         f"where it claims, the mean |log(predicted / measured)| over {len(claims)} rows: "
         f"tfscale {ours:.3f}, the hyperbola {theirs:.3f}"

@@ -150,31 +150,31 @@ def busy_between(
     return Busy(busy / (after[1] - before[1]), busy / hertz)
 
 
+def junit_cases(report: Path) -> list[tuple[ElementTree.Element, str]]:
+    """Each test a phase's JUnit XML holds, with its id (`tests/flows/test_dvc.py::name`);
+    none when the phase wrote none."""
+    if not report.exists():
+        return []
+    cases = ElementTree.parse(report).iter("testcase")
+    return [(c, f"{c.get('classname', '').replace('.', '/')}.py::{c.get('name')}") for c in cases]
+
+
 def durations(report: Path) -> list[tuple[float, str]]:
     """(seconds, test id) of each test a phase's JUnit XML holds: setup, call and teardown
     (a module's fixtures count in its first test's); none when the phase wrote none."""
-    if not report.exists():
-        return []
-    found = []
-    for case in ElementTree.parse(report).iter("testcase"):
-        module = case.get("classname", "").replace(".", "/")
-        found.append((float(case.get("time") or 0), f"{module}.py::{case.get('name')}"))
-    return found
+    return [(float(case.get("time") or 0), test) for case, test in junit_cases(report)]
 
 
 def cpu_costs(report: Path) -> list[tuple[float, str]]:
     """(CPU-seconds, test id) of each test a phase's JUnit XML holds: its `cpu_s` property
     (tests/conftest.py: its process's and the processes it waited for, from its setup to
     its teardown); none where the phase wrote no report or the test no such property."""
-    if not report.exists():
-        return []
-    found = []
-    for case in ElementTree.parse(report).iter("testcase"):
-        module = case.get("classname", "").replace(".", "/")
-        for prop in case.iter("property"):
-            if prop.get("name") == "cpu_s":
-                found.append((float(prop.get("value") or 0), f"{module}.py::{case.get('name')}"))
-    return found
+    return [
+        (float(prop.get("value") or 0), test)
+        for case, test in junit_cases(report)
+        for prop in case.iter("property")
+        if prop.get("name") == "cpu_s"
+    ]
 
 
 def costliest_lines(tests: list[tuple[float, str]], count: int = SLOWEST) -> list[str]:

@@ -457,11 +457,11 @@ def _run_steps(study: dict | None, steps_run: int, run_batch: int) -> tuple[floa
     mean where the study ran several at this target (`examples_to_target_distributed`),
     its doubt the seeds' own (`_seeds_doubt`), else its own crossing with a seed's
     (`SEED_SPREAD`, assumed: one seed cannot show its spread)."""
-    seeds = (study or {}).get("seeds", 1)
-    mean = (study or {}).get("examples_to_target_distributed")
+    study = study or {}
+    seeds, mean = study.get("seeds", 1), study.get("examples_to_target_distributed")
     if seeds < 2 or not mean:
         return float(steps_run), 1.96 * SEED_SPREAD
-    sides = (study or {}).get("examples_to_target_by_seed") or [[], []]
+    sides = study.get("examples_to_target_by_seed") or [[], []]
     return mean / run_batch, _seeds_doubt(sides[-1], seeds)
 
 
