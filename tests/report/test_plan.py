@@ -278,7 +278,7 @@ def test_how_well_says_how_adams_step_is_priced_and_what_the_judge_found():
     assert "judged on three tasks" in sgd.sources["how well"]
     assert "its 95% interval held every row" in sgd.sources["how well"]
     sqrt = make_plan(_run("sqrt"), 2, "ethernet-10g", 10.0, study=study)
-    assert "its 95% interval held 8 of 9 rows" in sqrt.sources["how well"]
+    assert "its 95% interval held every row" in sqrt.sources["how well"]
     assert "its pair read by the noise scale first" in adam.sources["how well"]
     assert "the judge's noise floor 0.76-1.20" in sgd.sources["how well"]
 
@@ -295,7 +295,17 @@ def test_adams_steps_are_priced_with_its_step_growing_by_the_root_of_a_larger_ba
     at 256, g* = (1 + 16.2857)/(1 + 2.0357) = 5.6941, the step 2 sqrt(5.6941) = 4.7725, k =
     0.83814, progress 5.6941 x k(2 - k) = 5.5449, steps 100 x 1.5/5.5449 = 27.05. Its
     other reading, headroom first (k = 2 sqrt(1.5)/1.5, h = 0.7596; at 256 58.91 steps), is
-    among the calibration's ends: the interval at 256 runs past it."""
+    among the calibration's ends: the interval at 256 runs past it.
+
+    The plan weighs the pair's factor with the measured noise scale (`_weighed`): one seed a
+    side spreads the ratio by exp(1.96 x 0.13 sqrt(2)) = 1.4338, to 1.0462-2.1507. No factor
+    gives 2.1507 at headroom 1 (the ratio tends to 4 sqrt(2) - 4 = 1.657), so the pair's
+    spread is unbounded and the weighing keeps the factor nearest the measured within the
+    pair's interval: its low end's, g* = (1 + 1.0462/4)^2 = 1.5915, y = 0.5915/0.4085 =
+    1.4479. At 256, phi' = 92.66: g* = 3.8956/1.3620 = 2.8603, the step 2 sqrt(g*) =
+    3.3825, k = 1.18256, progress 2.8603 x k(2 - k) = 2.7650; at 64 the pair's low end,
+    1.0462: steps 100 x 1.0462/2.7650 = 37.83. The base batch's row, 104.6, is not the
+    measured 150, which its interval holds."""
     from tfscale.tasks.report.plan import pricing_of
 
     sgd, _ = pricing_of(_run(), 100, BATCH, _pair(150))
@@ -303,13 +313,42 @@ def test_adams_steps_are_priced_with_its_step_growing_by_the_root_of_a_larger_ba
     assert (sgd.adaptive, adam.adaptive) == (False, True)
     assert sgd.headroom == pytest.approx(0.8571, abs=1e-4)
     assert sgd.point(256) == pytest.approx(66.67, abs=0.01)
-    assert (adam.headroom, adam.calibration.factor) == (1.0, pytest.approx(8.142857, abs=1e-5))
-    assert adam.point(256) == pytest.approx(27.05, abs=0.01)
+    pair = next(c for c in adam.ends if c.factor == pytest.approx(8.142857, abs=1e-5))
+    assert pair.headroom == 1.0  # the pair's own reading, an end of the interval
+    assert dataclasses.replace(adam, calibration=pair).point(256) == pytest.approx(27.05, abs=0.01)
+    assert (adam.headroom, adam.calibration.factor) == (1.0, pytest.approx(1.4479, abs=1e-3))
+    assert adam.point(256) == pytest.approx(37.83, abs=0.01)
+    low, high = adam.steps(32)[1:]
+    assert adam.point(32) == pytest.approx(104.6, abs=0.1) and low < 150 < high
     other = next(
         c for c in adam.ends if c.factor == 1.0 and c.headroom == pytest.approx(0.7596, abs=1e-4)
     )
     assert dataclasses.replace(adam, calibration=other).point(256) == pytest.approx(58.91, abs=0.01)
     assert adam.steps(256)[2] > 58.91
-    assert "assumed a base rate at its optimum, which needs the noise scale 8.14x" in told.assumed
+    assert (
+        "assumed a base rate at its optimum and the noise scale 1.45x the measured: the "
+        "pair alone needs 8.14x, weighed with the measured" in told.assumed
+    )
     assert "Adam's kind" in told.assumed and "the intervals run over both" in told.assumed
     assert adam.point(64) == pytest.approx(100.0)  # the pair given back
+
+
+def test_a_pair_read_noise_scale_first_is_weighed_with_the_measured_by_its_own_interval():
+    """`_weighed`: the factor's log from the pair, of the spread its interval's ends give
+    it, averaged with 0 (the measured) of NOISE_PRIOR's (ln 2/1.96 = 0.35365) by their
+    precisions, and kept within the ends. Ends 1.2 and 4.8 about 2.4: spread ln 4/3.92 =
+    0.35365, the prior's, so the weights are equal: sqrt(2.4) = 1.5492. Ends 2 and 8 about
+    4: the same spread, sqrt(4) = 2, the low end. A high end read at a headroom (no factor
+    gives it): the spread unbounded, the weight 0, and the factor its low end's, 1.94. Read
+    headroom first, or at factor 1, it is as read."""
+    from tfscale.tasks.report.plan import NOISE_PRIOR, _weighed
+
+    assert NOISE_PRIOR == pytest.approx(0.35365, abs=1e-5)
+    ends = [Calibration(1.0, 1.2), Calibration(1.0, 4.8)]
+    assert _weighed(Calibration(1.0, 2.4), ends).factor == pytest.approx(1.5492, abs=1e-4)
+    ends = [Calibration(1.0, 2.0), Calibration(1.0, 8.0)]
+    assert _weighed(Calibration(1.0, 4.0), ends).factor == pytest.approx(2.0)
+    ends = [Calibration(1.0, 1.94), Calibration(0.63, 1.0)]
+    assert _weighed(Calibration(1.0, 5.67), ends) == Calibration(1.0, 1.94)
+    for point in (Calibration(0.8, 1.0), Calibration(1.0, 1.0), Calibration(hyperbola=80.0)):
+        assert _weighed(point, ends) == point
