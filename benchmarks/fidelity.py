@@ -203,7 +203,31 @@ def write_case_files(folder: Path) -> None:
     np.savez(folder / "table.npz", x=x, y=y)
 
 
+class StartsApart(AssertionError):
+    """fit's model did not start from tfscale's weights."""
+
+
+SEEDED_TRIES = 2
+
+
 def compare(
+    folder: Path, case: str, strategy: str, steps: int = 20, epochs: int = 5, noise: bool = False
+) -> Fidelity:
+    """`compare_once`, once more where the two models did not start alike: Keras draws a
+    model's initial seeds from Python's global `random` (`make_default_seed`), which a
+    thread left by other work in the process (a client's jittered retry, in a test
+    session) may draw from between a seed and a build. A start that differs twice is
+    not that, and fails."""
+    for attempt in range(1, SEEDED_TRIES + 1):
+        try:
+            return compare_once(folder, case, strategy, steps, epochs, noise)
+        except StartsApart:
+            if attempt == SEEDED_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def compare_once(
     folder: Path, case: str, strategy: str, steps: int = 20, epochs: int = 5, noise: bool = False
 ) -> Fidelity:
     """Trains `case` from `folder` (`write_case_files`) with tfscale's loop and with
@@ -243,7 +267,7 @@ def compare(
     with setup.strategy.scope():
         fitted = model_for_data(config.train.model, manifest.spec).model
     if weights_digest(fitted) != start:
-        raise AssertionError(f"{case}: fit's model does not start from tfscale's weights")
+        raise StartsApart(f"{case}: fit's model does not start from tfscale's weights")
     batches = epochs * setup.steps * setup.replicas
     train = _same_examples(dataset_fn, config.train.seed, batches, setup.global_batch)
     losses = StepLosses()
