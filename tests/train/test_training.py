@@ -20,7 +20,7 @@ from tfscale.tasks.distribute.hardware import detect_hardware
 from tfscale.tasks.distribute.launch import WorkerError
 from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.distribute.strategy import select_strategy
-from tfscale.tasks.execute.trainings import run_training, train_and_diagnose
+from tfscale.tasks.execute.trainings import run_training
 from tfscale.tasks.settings.config import load_config
 from tfscale.tasks.train.training import batch_sizes, train_model
 
@@ -217,10 +217,14 @@ def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
     assert np.isfinite(result.history[0]["loss"]) and result.history[0]["accuracy"] > 0.2
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster(alone=False)  # local processes, no speed claimed
 def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path):
+    """Two worker processes on this host train in lock-step: the same weights, the same
+    globally reduced loss and accuracy, only the chief's outputs kept. (Diagnosed in the
+    worker processes, its class read from measured speeds, and the forecast fitted to such
+    a run: test_sweep's emulated links, alone on the machine.)"""
     run = configure(digits, tmp_path, strategy="multi_worker", workers=2)
-    result, diagnosis = train_and_diagnose(run, 20)
+    result = run_training(run)
     run_dir = Path(result.run_dir)
     results = [json.loads((run_dir / f"worker-{i}-result.json").read_text()) for i in range(2)]
     digests = [r["weights_digest"] for r in results]
@@ -233,31 +237,6 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["strategy"] == "multi_worker" and len(metrics["history"]) == 2
     assert not list(run_dir.glob(".worker-1-checkpoints"))  # only the chief keeps outputs
-    # diagnosed in the two worker processes: a tiny model's step is mostly its all-reduce
-    # and synchronisation, which is not the healthy (compute-bound) state
-    assert diagnosis.measured_in == "2 worker processes"
-    assert diagnosis.bottleneck in ("communication-bound", "overhead-bound"), diagnosis
-    assert diagnosis.comm_seconds > 0 and len(diagnosis.input_examples_per_s_by_worker) == 2
-    assert (
-        json.loads((run_dir / "diagnosis.json").read_text())["bottleneck"] == diagnosis.bottleneck
-    )
-    # the forecast is fitted to this run's own measurements, and a link adds to a 2-worker
-    # step the wire time of the ring's bytes, 2(N-1)/N of the gradients, beyond the waiting
-    # it overlaps (the measured step's rest): at 0.1 Gbit/s more than that waiting
-    from tfscale.tasks.report.forecast import MEASURED
-    from tfscale.tasks.report.forecast_report import forecast_run
-
-    forecast, written = forecast_run(run_dir, [1, 2, 4], [10.0, 0.1], [], "weak")
-    model = forecast.model
-    assert (model.gradient_bytes, model.measured_workers) == (result.probes["gradient_bytes"], 2)
-    assert model.per_replica_batch == result.probes["replica_examples"] == 32
-    measured = forecast.predictions[MEASURED][1]
-    for name, gbit in (("10 Gbit/s", 10.0), ("0.1 Gbit/s", 0.1)):
-        wire_s = model.gradient_bytes * 2 * (2 - 1) / 2 / (gbit * 1e9 / 8)
-        added = forecast.predictions[name][1].step_s - measured.step_s
-        assert added == pytest.approx(max(wire_s - model.sync_s, 0.0), abs=1e-12), name
-    assert wire_s > model.sync_s  # 0.1 Gbit/s: the wire outlasts the waiting
-    assert len(written) == 3 and all(path.exists() for path in written)
 
 
 @pytest.mark.cluster(alone=False)  # one process; the diagnosis's class not asserted
