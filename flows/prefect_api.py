@@ -176,8 +176,23 @@ class TemporaryAPI:
             self.restore_logging()
 
 
+# `python -m uvicorn ARGS`, its app's module imported first with the garbage collector paused
+# and then frozen, as tfscale imports TensorFlow (`tasks.core.process.collector_paused`):
+# 0.9 of the import's 5.5 CPU-s
+UVICORN = (
+    "import gc, runpy, sys\n"
+    "gc.disable()\n"
+    "import prefect.server.api.server\n"
+    "gc.freeze()\n"
+    "gc.enable()\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_module('uvicorn', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def _start_server(port: int, log) -> subprocess.Popen:
-    """Prefect's own temporary-server command (prefect.server.api.server)."""
+    """Prefect's own temporary-server command (prefect.server.api.server) under uvicorn
+    (`UVICORN`)."""
 
     prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
     env = dict(
@@ -189,7 +204,8 @@ def _start_server(port: int, log) -> subprocess.Popen:
     )
     command = [
         sys.executable,
-        "-m",
+        "-c",
+        UVICORN,
         "uvicorn",
         "--app-dir",
         str(prefect_dir.parent),
