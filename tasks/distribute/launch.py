@@ -153,20 +153,26 @@ def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout_s: float) -> 
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
-            for index, proc in enumerate(procs):
-                if proc.poll() not in (None, 0):
-                    raise _exit_error(index, proc.returncode, logs[index])
+            _raise_first_cause(procs, logs)
             if time.monotonic() > deadline:
                 raise WorkerError(f"workers still running after {timeout_s:.0f} s; stopped them.")
             time.sleep(POLL_S)
-        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            raise _exit_error(failed[0], procs[failed[0]].returncode, logs[failed[0]])
+        _raise_first_cause(procs, logs)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _raise_first_cause(procs: list[subprocess.Popen], logs: list[Path]) -> None:
+    """The error of a worker that failed, where one has: one killed by a signal before one
+    that exited with an error (a peer lost, its collective fails in well under a poll's
+    0.5 s: both are seen at once, and the error names the cause), else the first."""
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+    if failed:
+        index, code = min(failed, key=lambda found: (found[1] >= 0, found[0]))
+        raise _exit_error(index, code, logs[index])
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -218,14 +218,32 @@ def test_mixed_float16_scales_the_loss_under_mirrored(digits, tmp_path):
 
 
 @pytest.mark.cluster(alone=False)  # local processes, no speed claimed
-def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path):
+def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path, monkeypatch):
     """Two worker processes on this host train in lock-step: the same weights, the same
-    globally reduced loss and accuracy, only the chief's outputs kept. (Diagnosed in the
-    worker processes, its class read from measured speeds, and the forecast fitted to such
-    a run: test_sweep's emulated links, alone on the machine.)"""
+    globally reduced loss and accuracy, only the chief's outputs kept. On a host with 4 GPUs
+    (faked: this machine has none) each sees 2 through CUDA_VISIBLE_DEVICES; more workers
+    than GPUs is a usage error. (Diagnosed in the worker processes, its class read from
+    measured speeds, and the forecast fitted to such a run: test_sweep's emulated links,
+    alone on the machine.)"""
+    import tensorflow as tf
+
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.distribute.launch import gpu_shares
+
     run = configure(digits, tmp_path, strategy="multi_worker", workers=2)
+    real = tf.config.list_physical_devices
+    fake = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",
+        lambda kind=None: fake if kind == "GPU" else real(kind),
+    )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     result = run_training(run)
     run_dir = Path(result.run_dir)
+    logs = [(run_dir / f"worker-{i}.log").read_text() for i in range(2)]
+    assert "worker 0: CUDA_VISIBLE_DEVICES=0,1" in logs[0]
+    assert "worker 1: CUDA_VISIBLE_DEVICES=2,3" in logs[1]
     results = [json.loads((run_dir / f"worker-{i}-result.json").read_text()) for i in range(2)]
     digests = [r["weights_digest"] for r in results]
     assert digests[0] == digests[1] != ""
@@ -237,6 +255,10 @@ def test_multi_worker_two_processes_end_with_identical_weights(digits, tmp_path)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["strategy"] == "multi_worker" and len(metrics["history"]) == 2
     assert not list(run_dir.glob(".worker-1-checkpoints"))  # only the chief keeps outputs
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert gpu_shares(3) == ["4", "5", "6"]
+    with pytest.raises(UsageError, match="5 workers for 4 GPUs"):
+        gpu_shares(5)
 
 
 @pytest.mark.cluster(alone=False)  # one process; the diagnosis's class not asserted
@@ -285,6 +307,24 @@ def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
         for p in psutil.Process().children(recursive=True)
         if "tfscale.flows.worker" in " ".join(p.cmdline())
     ]
+
+
+def test_the_launchers_error_names_the_worker_killed_not_the_peer_it_failed(tmp_path):
+    """A killed worker's peer fails its collective at once: seen together in one poll, the
+    error names the one killed by a signal, whatever its index; else the first that failed."""
+    from types import SimpleNamespace
+
+    from tfscale.tasks.distribute.launch import _raise_first_cause
+
+    def exited(*codes):
+        return [SimpleNamespace(poll=lambda c=c: c, returncode=c) for c in codes]
+
+    logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
+    with pytest.raises(WorkerError, match="worker 1 exited with code -9"):
+        _raise_first_cause(exited(1, -9, None), logs)
+    with pytest.raises(WorkerError, match="worker 0 exited with code 1"):
+        _raise_first_cause(exited(1, 2, None), logs)
+    _raise_first_cause(exited(0, None, 0), logs)  # none failed: nothing raised
 
 
 def wait_for_worker(index: int, tmp_path: Path) -> psutil.Process:
@@ -337,35 +377,6 @@ def run_cli(args: list[str]) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
-
-
-@pytest.mark.cluster(alone=False)  # local processes, no speed claimed
-def test_local_workers_split_the_gpus_between_them(digits, tmp_path, monkeypatch):
-    """On a host with 4 GPUs (faked: this machine has none), 2 local workers see 2 each
-    through CUDA_VISIBLE_DEVICES; more workers than GPUs is a usage error."""
-    import tensorflow as tf
-
-    from tfscale.tasks.core.errors import UsageError
-
-    run = configure(digits, tmp_path, strategy="multi_worker", workers=2, epochs=1)
-    real = tf.config.list_physical_devices
-    fake = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
-    monkeypatch.setattr(
-        tf.config,
-        "list_physical_devices",
-        lambda kind=None: fake if kind == "GPU" else real(kind),
-    )
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    result = run_training(run)
-    logs = [(Path(result.run_dir) / f"worker-{i}.log").read_text() for i in range(2)]
-    assert "worker 0: CUDA_VISIBLE_DEVICES=0,1" in logs[0]
-    assert "worker 1: CUDA_VISIBLE_DEVICES=2,3" in logs[1]
-    from tfscale.tasks.distribute.launch import gpu_shares
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    assert gpu_shares(3) == ["4", "5", "6"]
-    with pytest.raises(UsageError, match="5 workers for 4 GPUs"):
-        gpu_shares(5)
 
 
 @pytest.mark.cluster(alone=False)  # local processes, no speed claimed
