@@ -269,15 +269,15 @@ def open_ui_line(tracker: Any) -> str:
 
 def _run_flow(module: str, name: str, config: Config) -> Any:
     """Runs a flow against a Prefect API that boots (unless PREFECT_API_URL names one)
-    while the flow's module imports TensorFlow (`collector_paused`, with what it imports)."""
+    while the flow's module imports TensorFlow (`startup_imports`, with what it imports)."""
     from tfscale.flows.prefect_api import api_url, temporary_api
-    from tfscale.tasks.core.process import collector_paused, import_tensorflow
+    from tfscale.tasks.core.process import import_tensorflow, startup_imports
     from tfscale.tasks.core.progress import status
 
     with temporary_api() as api:
         started = "while a Prefect API starts" if api.process else f"(Prefect API {api_url()})"
         status("start", f"loading TensorFlow {started}")
-        with collector_paused():
+        with startup_imports():
             import_tensorflow()
             flow = getattr(importlib.import_module(module), name)
         api.wait()

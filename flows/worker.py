@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from tfscale.tasks.core.process import collector_paused, set_up_worker
+from tfscale.tasks.core.process import set_up_worker, startup_imports
 
 
 def main(spec_path: str) -> int:
@@ -18,7 +18,7 @@ def main(spec_path: str) -> int:
     core = os.environ.get("TFSCALE_PIN_CORE")
     set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
     # after the worker's set-up: its threads and devices are fixed when TensorFlow starts
-    with collector_paused():  # TensorFlow's import, at three quarters of its CPU
+    with startup_imports():  # TensorFlow's import, at three quarters of its CPU
         from tfscale.tasks.distribute.run import Role, Run
         from tfscale.tasks.execute.trainings import train_and_probe
 
