@@ -204,6 +204,7 @@ def _start_server(port: int, log) -> subprocess.Popen:
     )
     command = [
         sys.executable,
+        "-P",  # the working directory not on the path: a project's own `prefect` never loads
         "-c",
         UVICORN,
         "uvicorn",

@@ -10,15 +10,17 @@ import os
 import sys
 from pathlib import Path
 
-from tfscale.tasks.core.process import set_up_worker, startup_imports
+from tfscale.tasks.core.process import collector_paused, set_up_worker
 
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     core = os.environ.get("TFSCALE_PIN_CORE")
-    set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
-    # after the worker's set-up: its threads and devices are fixed when TensorFlow starts
-    with startup_imports():  # TensorFlow's import, at three quarters of its CPU
+    # a process of its own: TensorFlow's import (in the set-up) and its modules' with the
+    # collector paused, what they made frozen after
+    with collector_paused():
+        set_up_worker(int(core) if core is not None else None, spec.get("threads", 0))
+        # after the worker's set-up: its threads and devices are fixed when TensorFlow starts
         from tfscale.tasks.distribute.run import Role, Run
         from tfscale.tasks.execute.trainings import train_and_probe
 

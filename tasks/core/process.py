@@ -22,8 +22,9 @@ here and nowhere else:
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells);
 - `startup_imports()` around a process's first import of TensorFlow (`import_tensorflow`,
-  a flow's module, a worker's): Python's garbage collector paused for it, and what it
-  made frozen after (`collector_paused`), a quarter of the import's CPU saved.
+  a flow's module), and `collector_paused()` around a worker process's set-up and
+  imports: Python's garbage collector paused for them, and what they made frozen after,
+  a quarter of the import's CPU saved.
 
 Two blocks change process-wide state for their own span, elsewhere, and put it back:
 `flows.prefect_api.temporary_api()` points PREFECT_API_URL at the server it owns
@@ -279,13 +280,15 @@ def startup_imports() -> AbstractContextManager[None]:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while the block imports (TensorFlow and
     Keras make 670,000 objects and leave 4,000 in cycles: the collector's passes over them
-    were a quarter of the import's CPU, 1.9 of 7.4 CPU-s), then everything alive frozen
-    (`gc.freeze`): the collector's later passes, while the process trains, skip the
+    were a quarter of the import's CPU, 1.9 of 7.4 CPU-s), then every object the collector
+    tracks frozen (`gc.freeze`; the import's own cycles too, garbage from before the block
+    collected first): the collector's later passes, while the process trains, skip the
     modules' objects for good. The collector's state as found after. For a process's
-    start, where little garbage is left to freeze with them (`startup_imports`)."""
+    start, where the collection before is of little (`startup_imports`)."""
     import gc
 
     enabled = gc.isenabled()
+    gc.collect()
     gc.disable()
     try:
         yield

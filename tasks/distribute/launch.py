@@ -166,13 +166,20 @@ def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout_s: float) -> 
 
 
 def _raise_first_cause(procs: list[subprocess.Popen], logs: list[Path]) -> None:
-    """The error of a worker that failed, where one has: one killed by a signal before one
-    that exited with an error (a peer lost, its collective fails in well under a poll's
-    0.5 s: both are seen at once, and the error names the cause), else the first."""
+    """The error of a worker that failed, where one has: a preempted one first (its advice
+    is to run again), then one killed by a signal before one that exited with an error (a
+    peer lost, its collective fails in well under a poll's 0.5 s: both are seen at once),
+    else the first; the others that failed in the same poll are named after it."""
     failed = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
-    if failed:
-        index, code = min(failed, key=lambda found: (found[1] >= 0, found[0]))
-        raise _exit_error(index, code, logs[index])
+    if not failed:
+        return
+    failed.sort(key=lambda found: (found[1] != EXIT_PREEMPTED, found[1] >= 0, found[0]))
+    (index, code), others = failed[0], failed[1:]
+    error = _exit_error(index, code, logs[index])
+    if others:
+        also = ", ".join(f"worker {i} with code {c}" for i, c in others)
+        error = WorkerError(f"{error.message}\n(in the same poll: {also})", error.fix)
+    raise error
 
 
 def _tail(path: Path, lines: int = 15) -> str:

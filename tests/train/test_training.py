@@ -311,7 +311,8 @@ def test_a_dead_worker_stops_the_job_with_a_clear_error(digits, tmp_path):
 
 def test_the_launchers_error_names_the_worker_killed_not_the_peer_it_failed(tmp_path):
     """A killed worker's peer fails its collective at once: seen together in one poll, the
-    error names the one killed by a signal, whatever its index; else the first that failed."""
+    error names the one killed by a signal, whatever its index, and the others after it;
+    a preempted worker before either (its advice: run again); else the first that failed."""
     from types import SimpleNamespace
 
     from tfscale.tasks.distribute.launch import _raise_first_cause
@@ -320,10 +321,15 @@ def test_the_launchers_error_names_the_worker_killed_not_the_peer_it_failed(tmp_
         return [SimpleNamespace(poll=lambda c=c: c, returncode=c) for c in codes]
 
     logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
-    with pytest.raises(WorkerError, match="worker 1 exited with code -9"):
+    with pytest.raises(WorkerError, match="worker 1 exited with code -9") as raised:
         _raise_first_cause(exited(1, -9, None), logs)
+    assert "(in the same poll: worker 0 with code 1)" in raised.value.message
     with pytest.raises(WorkerError, match="worker 0 exited with code 1"):
         _raise_first_cause(exited(1, 2, None), logs)
+    # a preempted worker first, its advice kept: run again, it resumes
+    with pytest.raises(WorkerError, match="worker 2 was preempted") as raised:
+        _raise_first_cause(exited(-9, None, 42), logs)
+    assert "resumes" in raised.value.fix
     _raise_first_cause(exited(0, None, 0), logs)  # none failed: nothing raised
 
 
