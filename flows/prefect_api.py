@@ -176,15 +176,14 @@ class TemporaryAPI:
             self.restore_logging()
 
 
-# `python -m uvicorn ARGS`, its app's module imported first with the garbage collector paused
-# and then frozen, as tfscale imports TensorFlow (`tasks.core.process.collector_paused`):
-# 0.9 of the import's 5.5 CPU-s
+# `python -m uvicorn ARGS`, its app's module imported first as tfscale imports TensorFlow,
+# the garbage collector paused and what it made frozen after (`collector_paused`): 0.9 of
+# the import's 5.5 CPU-s
 UVICORN = (
-    "import gc, runpy, sys\n"
-    "gc.disable()\n"
-    "import prefect.server.api.server\n"
-    "gc.freeze()\n"
-    "gc.enable()\n"
+    "import runpy, sys\n"
+    "from tfscale.tasks.core.process import collector_paused\n"
+    "with collector_paused():\n"
+    "    import prefect.server.api.server\n"
     "sys.argv = sys.argv[1:]\n"
     "runpy.run_module('uvicorn', run_name='__main__', alter_sys=True)\n"
 )

@@ -151,20 +151,20 @@ class PoolLab:
                 proc.wait(timeout=scaled(10))
 
 
-def first_with_text(paths: dict[int, Path], text: str, timeout_s: float, count: int = 1) -> int:
-    """The key of the first of `paths` whose file holds `text` `count` times (a worker's
-    log, when it takes a cell); fails with their tails."""
+def first_with_text(paths: dict[int, Path], text: str, timeout_s: float) -> int:
+    """The key of the first of `paths` whose file holds `text` (a worker's log, when it
+    takes a cell); fails with their tails."""
     deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         for key, path in paths.items():
-            if path.exists() and path.read_text(errors="replace").count(text) >= count:
+            if path.exists() and text in path.read_text(errors="replace"):
                 return key
         time.sleep(0.2)
     tails = {
         str(path): path.read_text(errors="replace")[-1500:] if path.exists() else "(no file)"
         for path in paths.values()
     }
-    raise AssertionError(f"{text!r} {count}x not in any of {tails} within {timeout_s:.0f} s")
+    raise AssertionError(f"{text!r} not in any of {tails} within {timeout_s:.0f} s")
 
 
 @contextmanager

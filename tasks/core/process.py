@@ -21,10 +21,11 @@ here and nowhere else:
   (MultiWorkerMirrored): `exit_now` then ends it only when every task is done;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells);
-- `startup_imports()` around a process's first import of TensorFlow (`import_tensorflow`,
-  a flow's module), and `collector_paused()` around a worker process's set-up and
-  imports: Python's garbage collector paused for them, and what they made frozen after,
-  a quarter of the import's CPU saved.
+- `collector_paused()` around a process's first import of TensorFlow (`import_tensorflow`;
+  a worker process's set-up and imports; `startup_imports()` for a flow's module, which
+  leaves the collector alone where TensorFlow was imported already): Python's garbage
+  collector paused for them, and what they made frozen after, a quarter of the import's
+  CPU saved.
 
 Two blocks change process-wide state for their own span, elsewhere, and put it back:
 `flows.prefect_api.temporary_api()` points PREFECT_API_URL at the server it owns
@@ -238,13 +239,14 @@ def import_tensorflow() -> None:
     """Imports TensorFlow with its C++ start-up lines ("Could not find cuda drivers",
     "All log messages before absl::InitializeLog()") kept off the console: they are
     written to file descriptor 2 before any log level applies. A failed import shows
-    them. Verbose runs show them always. The import runs `startup_imports`."""
+    them. Verbose runs show them always. The import, the process's first of TensorFlow,
+    runs `collector_paused`."""
     import sys
 
     if "tensorflow" in sys.modules:
         return
     if verbose():
-        with startup_imports():
+        with collector_paused():
             import tensorflow  # noqa: F401
 
         return
@@ -252,7 +254,7 @@ def import_tensorflow() -> None:
 
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink, startup_imports():
+    with tempfile.TemporaryFile() as sink, collector_paused():
         os.dup2(sink.fileno(), 2)
         try:
             import tensorflow  # noqa: F401
