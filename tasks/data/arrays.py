@@ -1,6 +1,7 @@
 """Arrays as a source: an `.npz` saved with `np.savez` (`x` and `y`; `x_train`, `y_train`,
 `x_test` and `y_test`; or named arrays with the label under `prepare.label`), read as a
-stream (`tasks.data.streams`) a block of rows at a time.
+stream (`tasks.data.streams`) a block of rows at a time. A label the user names wins over
+the `x`/`y` forms; arrays either form would leave out are refused, never dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tfscale.tasks.data.user_sources import (
     stream_source,
 )
 from tfscale.tasks.settings.config import PrepareConfig
+
+DEFAULT_LABEL = PrepareConfig().label  # named by the config's default, not by the user
 
 
 def npz_source(path: Path, cfg: PrepareConfig) -> StreamSource:
@@ -61,14 +64,23 @@ def _npz_parts(path: Path, label: str) -> dict[str | None, tuple[dict[str, Any],
             "save the arrays with numpy.savez(path, x=..., y=...)",
         ) from None
     refuse_weights(path, list(arrays), "array")
+    split_form, pair = {"x_train", "y_train", "x_test", "y_test"}, {"x", "y"}
+    form = split_form if split_form <= arrays.keys() else pair if pair <= arrays.keys() else None
+    named = label in arrays and (label != DEFAULT_LABEL or form is None)
+    if form is not None and not named and (others := sorted(arrays.keys() - form)):
+        raise DatasetError(
+            f"{path} holds {', '.join(others)} beside {', '.join(sorted(form))}: as "
+            f"{' and '.join(sorted(form))} alone, tfscale would leave them out",
+            "name the label array with --label (every other array is then a feature), "
+            f"or save {', '.join(sorted(form))} alone",
+        )
     parts: dict[str | None, tuple[dict[str, Any], np.ndarray]]
-    if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
+    if named:
+        parts = {None: ({k: v for k, v in arrays.items() if k != label}, arrays[label])}
+    elif form is split_form:
         parts = {s: ({"x": arrays[f"x_{s}"]}, arrays[f"y_{s}"]) for s in ("train", "test")}
-    elif {"x", "y"} <= arrays.keys():
+    elif form is pair:
         parts = {None: ({"x": arrays["x"]}, arrays["y"])}
-    elif label in arrays:
-        named = {k: v for k, v in arrays.items() if k != label}
-        parts = {None: (named, arrays[label])}
     else:
         raise DatasetError(
             f"{path} holds {', '.join(arrays) or 'no arrays'}: expected x and y, x_train, "
@@ -76,16 +88,19 @@ def _npz_parts(path: Path, label: str) -> dict[str | None, tuple[dict[str, Any],
             "save it with numpy.savez(path, x=..., y=...), or name the label array with --label",
         )
     for split, (features, labels) in parts.items():
-        lengths = {name: len(a) for name, a in {**features, "label": labels}.items()}
-        if len(set(lengths.values())) > 1 or not features:
-            where = f" ({split})" if split else ""
-            shown = ", ".join(f"{n} {k}" for n, k in lengths.items())
-            raise DatasetError(
-                f"{path}{where}: the arrays differ in length ({shown}); each needs a row per "
-                "example",
-                "save arrays of equal length",
-            )
+        _check_lengths(path, split, features, labels)
     return parts
+
+
+def _check_lengths(path: Path, split: str | None, features: dict, labels: np.ndarray) -> None:
+    lengths = [(name, len(a)) for name, a in features.items()] + [("label", len(labels))]
+    if len({n for _, n in lengths}) > 1 or not features:
+        where = f" ({split})" if split else ""
+        shown = ", ".join(f"{n} {k}" for n, k in lengths)
+        raise DatasetError(
+            f"{path}{where}: the arrays differ in length ({shown}); each needs a row per example",
+            "save arrays of equal length",
+        )
 
 
 def _array_feature(name: str, array: np.ndarray) -> Feature:

@@ -75,7 +75,7 @@ def build_dataset(
     if spec.is_image:
         ds = ds.batch(batch_size, drop_remainder=training)
         ds = ds.map(
-            lambda s: parse_images(s, spec.shape, static, spec.images_as_stored),
+            lambda s: parse_images(s, spec.shape, static),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
     else:  # parsed in blocks of batches, then cut into batches: the same batches, in order

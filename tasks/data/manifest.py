@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tfscale.tasks.core.errors import UserError
+from tfscale.tasks.data.records import FORMAT
 from tfscale.tasks.data.spec import FeatureSpec
 
 MANIFEST_NAME = "manifest.json"
@@ -43,8 +44,6 @@ class Manifest:
     # the features a model of one input takes as one vector (`FeatureSpec.packed`): the
     # model's, never the file's, so neither the JSON nor the digest holds it
     packed: tuple[str, ...] = field(default=(), compare=False)
-    # images as stored, uint8 in 0-255 (`FeatureSpec.images_as_stored`): a user's model's
-    images_as_stored: bool = field(default=False, compare=False)
 
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
@@ -54,8 +53,8 @@ class Manifest:
         """The features and the label, as prepare recorded them (and as the model takes
         them: `packed`)."""
         spec = FeatureSpec.from_dict(self.feature)
-        if self.packed or self.images_as_stored:
-            return replace(spec, packed=self.packed, images_as_stored=self.images_as_stored)
+        if self.packed:
+            return replace(spec, packed=self.packed)
         return spec
 
     @property
@@ -102,7 +101,6 @@ def _plain(manifest: Manifest) -> dict[str, Any]:
     manifests read and hash as they always did."""
     raw = asdict(manifest)
     raw.pop("packed")
-    raw.pop("images_as_stored")
     for shard in raw["shards"]:
         if shard.get("sums") is None:
             shard.pop("sums", None)
@@ -127,7 +125,7 @@ def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
             f"run 'tfscale prepare --dataset {name}' first."
         )
     try:
-        return Manifest.from_json(path.read_text())
+        manifest = Manifest.from_json(path.read_text())
     except EditedManifest as exc:
         raise ShardError(
             f"{path} was edited after prepare wrote it ({exc}); its shards cannot be trusted. "
@@ -138,6 +136,13 @@ def load_manifest(data_dir: str | Path, dataset: str | None = None) -> Manifest:
         raise ShardError(
             f"{path} is not a valid manifest ({exc}); re-run 'tfscale prepare'."
         ) from None
+    if not manifest.spec.is_image and manifest.params.get("records") != FORMAT:
+        raise ShardError(
+            f"{data_dir} was prepared by an earlier tfscale, whose records kept the label "
+            "under a key a feature could share; re-run 'tfscale prepare --dataset "
+            f"{dataset or manifest.dataset}' (it rewrites them)."
+        )
+    return manifest
 
 
 def sha256_of(path: Path) -> str:

@@ -1,7 +1,9 @@
 """One example as a `tf.train.Example`, for any features: how shards are written, and read
 back after batching.
 
-Each feature is stored under its own name, and the label under `label`:
+Each feature is stored under `feature/` and its own name, and the label under `label`, so no
+name a user gives a column, an array or a pipeline's key can meet the label's (a column named
+`label` is `feature/label`):
 
 | feature                              | stored as                        | read back as          |
 |--------------------------------------|----------------------------------|-----------------------|
@@ -30,6 +32,12 @@ import numpy as np
 from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
 
 LABEL = "label"
+FORMAT = 2  # records' layout: 2 keeps each feature under `feature/NAME` (1: under its name)
+
+
+def key(name: str) -> str:
+    """The record's key of the feature `name`."""
+    return f"feature/{name}"
 
 
 def storage(feature: Feature) -> str:
@@ -63,7 +71,7 @@ def _example(spec: FeatureSpec, row: dict[str, Any], label: Any) -> bytes:
     example = example_pb2.Example()
     out = example.features.feature
     for feature in spec.features:
-        _fill(out[feature.name], storage(feature), row[feature.name])
+        _fill(out[key(feature.name)], storage(feature), row[feature.name])
     _fill(out[LABEL], label_storage(spec.label), label)
     return example.SerializeToString(deterministic=True)
 
@@ -134,8 +142,8 @@ class _Template:
         cls, spec: FeatureSpec, features: dict[str, Any], labels: np.ndarray
     ) -> _Template | None:
         parts = []
-        columns = {**features, LABEL: labels}
-        kinds = {f.name: storage(f) for f in spec.features}
+        columns = _columns(features, labels)
+        kinds = {key(f.name): storage(f) for f in spec.features}
         kinds[LABEL] = label_storage(spec.label)
         for name in sorted(columns, key=lambda n: n.encode()):
             kind = kinds[name]
@@ -150,13 +158,18 @@ class _Template:
         return cls(parts)
 
     def encode(self, features: dict[str, Any], labels: np.ndarray) -> list[bytes]:
-        columns = {**features, LABEL: labels}
+        columns = _columns(features, labels)
         rows = np.tile(self.layout, (len(labels), 1))
         for name, kind, offset, width in self.holes:
             values = columns[name].reshape(len(labels), -1)
             data = values.astype("<f4" if kind == "float" else np.uint8)
             rows[:, offset : offset + width] = data.view(np.uint8).reshape(len(labels), width)
         return [row.tobytes() for row in rows]
+
+
+def _columns(features: dict[str, Any], labels: np.ndarray) -> dict[str, Any]:
+    """A chunk's values by their records' keys."""
+    return {**{key(name): values for name, values in features.items()}, LABEL: labels}
 
 
 def parse_spec(spec: FeatureSpec) -> dict[str, Any]:
@@ -168,12 +181,12 @@ def parse_spec(spec: FeatureSpec) -> dict[str, Any]:
         kind = storage(feature)
         if feature.variable:
             dtype = {"float": tf.float32, "int": tf.int64, "bytes": tf.string}[kind]
-            out[feature.name] = tf.io.RaggedFeature(dtype)
+            out[key(feature.name)] = tf.io.RaggedFeature(dtype)
         elif kind in ("raw", "bytes"):
-            out[feature.name] = tf.io.FixedLenFeature([], tf.string)
+            out[key(feature.name)] = tf.io.FixedLenFeature([], tf.string)
         else:
             dtype = tf.float32 if kind == "float" else tf.int64
-            out[feature.name] = tf.io.FixedLenFeature(list(feature.shape), dtype)
+            out[key(feature.name)] = tf.io.FixedLenFeature(list(feature.shape), dtype)
     dtype = tf.float32 if label_storage(spec.label) == "float" else tf.int64
     out[LABEL] = tf.io.FixedLenFeature(list(spec.label.shape), dtype)
     return out
@@ -192,7 +205,7 @@ def parse_records(
     rows = batch_size or -1
     features = {}
     for feature in spec.features:
-        value = parsed[feature.name]
+        value = parsed[key(feature.name)]
         kind = storage(feature)
         if feature.variable:
             value = value.to_tensor(shape=[None, *feature.max_shape])
@@ -231,13 +244,11 @@ def encode_image(image: Any, label: int) -> bytes:
 
 
 def parse_images(
-    serialized: Any,
-    shape: tuple[int, ...],
-    batch_size: int | None = None,
-    as_stored: bool = False,
+    serialized: Any, shape: tuple[int, ...], batch_size: int | None = None
 ) -> tuple[Any, Any]:
-    """Parses a batch of serialized examples into float images in [0, 1] (`as_stored`:
-    uint8 in 0-255, as the spec says) and int32 labels.
+    """Parses a batch of serialized examples into images as stored, uint8 in 0-255 (as the
+    spec says; every model takes them so, a built-in scaling them itself), and int32
+    labels.
 
     A `batch_size` makes the batch dimension static (training batches, as TPUs need).
     """
@@ -253,6 +264,4 @@ def parse_images(
     images = tf.io.decode_raw(parsed["image"], tf.uint8)
     images = tf.reshape(images, [batch_size or -1, *shape])
     labels = tf.reshape(tf.cast(parsed["label"], tf.int32), [batch_size or -1])
-    if as_stored:
-        return images, labels
-    return tf.cast(images, tf.float32) / 255.0, labels
+    return images, labels

@@ -27,7 +27,7 @@ from tfscale.tasks.data.manifest import (
     sha256_of,
     shard_problems,
 )
-from tfscale.tasks.data.records import LABEL, encode_chunk, encode_image
+from tfscale.tasks.data.records import FORMAT, LABEL, encode_chunk, encode_image, key
 from tfscale.tasks.data.spec import IMAGE, FeatureSpec
 from tfscale.tasks.data.streams import Source
 from tfscale.tasks.settings.config import PrepareConfig, config_to_dict
@@ -95,6 +95,8 @@ def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) ->
     if held_out:  # an image folder's test split is not its test/ folder
         params["held_out"] = held_out
     params["source_version"] = source.version
+    if not source.spec.is_image:  # named features: their records' layout (`records.FORMAT`)
+        params["records"] = FORMAT
     return params
 
 
@@ -171,7 +173,7 @@ def _records(source: Source, shard: ShardPlan, sums: _Sums | None) -> Iterator[b
     spec = source.spec
     for features, labels in source.batches(shard.split, shard.start, shard.stop):
         if sums is not None:
-            sums.add({**features, LABEL: labels})
+            sums.add(features, labels)
         if spec.is_image:
             for image, label in zip(features[IMAGE], labels, strict=True):
                 yield encode_image(image, int(label))
@@ -180,17 +182,18 @@ def _records(source: Source, shard: ShardPlan, sums: _Sums | None) -> Iterator[b
 
 
 class _Sums:
-    """Per float feature: the values seen, their sum and their sum of squares."""
+    """Per float feature (and a real label): the values seen, their sum and their sum of
+    squares, by the records' keys (`records.key`, `LABEL`)."""
 
     def __init__(self, spec: FeatureSpec):
         self.names = [f.name for f in spec.features if f.dtype.startswith("float")]
-        if spec.label.kind == "regression":
-            self.names.append(LABEL)
-        self.totals: dict[str, list[float]] = {n: [0, 0.0, 0.0] for n in self.names}
+        self.label = spec.label.kind == "regression"
+        keys = [key(n) for n in self.names] + ([LABEL] if self.label else [])
+        self.totals: dict[str, list[float]] = {k: [0, 0.0, 0.0] for k in keys}
 
-    def add(self, features: dict[str, Any]) -> None:
-        for name in self.names:
-            values = features[name]
+    def add(self, features: dict[str, Any], labels: np.ndarray) -> None:
+        columns = [(key(n), features[n]) for n in self.names]
+        for name, values in columns + ([(LABEL, labels)] if self.label else []):
             if values.dtype == object:  # lengths vary: one array per row
                 values = np.concatenate([np.ravel(v) for v in values]) if len(values) else values
             values = np.asarray(values, np.float64)
@@ -209,7 +212,7 @@ def with_statistics(spec: FeatureSpec, shards: list[ShardInfo]) -> FeatureSpec:
         return spec
     features = []
     for feature in spec.features:
-        moments = _moments([t[feature.name] for t in train if feature.name in t])
+        moments = _moments([t[key(feature.name)] for t in train if key(feature.name) in t])
         features.append(replace(feature, mean=moments[0], std=moments[1]) if moments else feature)
     label = spec.label
     if label.kind == "regression":

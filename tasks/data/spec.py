@@ -154,9 +154,6 @@ class FeatureSpec:
     features: tuple[Feature, ...]
     label: Label = field(default_factory=Label)
     packed: tuple[str, ...] = ()
-    # an image as stored (uint8, 0-255), as the spec says it is: what a user's model gets;
-    # False: float32 in [0, 1], what the built-in image models take
-    images_as_stored: bool = False
 
     @property
     def numbers(self) -> tuple[Feature, ...]:

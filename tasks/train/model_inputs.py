@@ -1,9 +1,9 @@
-"""How a model takes the data's features, decided by the model: a model of one input over
-a table's numeric columns takes them as one vector (what `df.values` gives `model.fit`); a
-user's model takes images as the spec says they are (uint8, 0-255). The manifest a
-training, an evaluation or a check reads its batches through is `as_model_takes` of the
-model (`tasks.data.spec.FeatureSpec.packed`, `images_as_stored`), never written to the
-file."""
+"""How a model takes the data's features, decided by the model's inputs, never its name: a
+model of one input over a table's numeric columns takes them as one vector (what
+`df.values` gives `model.fit`). Images reach every model as the spec says they are (uint8,
+0-255; the built-in models scale them themselves). The manifest a training, an evaluation
+or a check reads its batches through is `as_model_takes` of the model
+(`tasks.data.spec.FeatureSpec.packed`), never written to the file."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import dataclasses
 from typing import Any
 
 from tfscale.tasks.data.spec import FeatureSpec
-
-BUILT_IN_IMAGE_MODELS = ("cnn", "resnet", "mlp", "embedding")  # they take images in [0, 1]
 
 
 def one_input_width(model: Any) -> int | None:
@@ -45,9 +43,6 @@ def packed_features(model: Any, spec: FeatureSpec) -> tuple[str, ...]:
 def as_model_takes(manifest: Any, model: Any) -> Any:
     """The manifest whose batches give `model` its features as it takes them: one vector
     of the numeric features for a model of one input over them (`packed_features`), else
-    as recorded; images as the spec says they are (uint8, 0-255) for any model but a
-    built-in (`cnn`, `resnet`, which take them in [0, 1])."""
+    as recorded."""
     spec = FeatureSpec.from_dict(manifest.feature)
-    packed = packed_features(model, spec)
-    as_stored = spec.is_image and getattr(model, "name", "") not in BUILT_IN_IMAGE_MODELS
-    return dataclasses.replace(manifest, packed=packed, images_as_stored=as_stored)
+    return dataclasses.replace(manifest, packed=packed_features(model, spec))

@@ -73,7 +73,9 @@ def users_objects(source: str) -> dict[str, Any]:
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, ps_tasks: int = 0
 ) -> keras.Model:
-    """A fresh model whose last layer gives float32 logits (also under mixed precision).
+    """A fresh model of images as stored (uint8, 0-255; scaled to [0, 1] as its first
+    layer, so that no caller decides how to feed it) whose last layer gives float32 logits
+    (also under mixed precision).
 
     Args:
         ps_tasks: parameter servers the model's variables live on (0: none); a table of
@@ -84,8 +86,9 @@ def build_model(
     """
     if name not in MODELS:
         raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
-    inputs = keras.Input(shape=input_shape)
-    features = MODELS[name](inputs, ps_tasks) if name == "embedding" else MODELS[name](inputs)
+    inputs = keras.Input(shape=input_shape, dtype="uint8")
+    x = layers.Rescaling(1 / 255.0, name="to_unit_range")(inputs)
+    features = MODELS[name](x, ps_tasks) if name == "embedding" else MODELS[name](x)
     logits = layers.Dense(num_classes, dtype="float32", name="logits")(features)
     return keras.Model(inputs, logits, name=name)
 

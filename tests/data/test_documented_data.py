@@ -114,8 +114,8 @@ def test_a_blank_text_cell_is_the_empty_string_a_value_like_any_other(tmp_path, 
 @pytest.mark.unit
 def test_the_image_models_train_on_a_uint8_npz_of_images_with_class_labels(tmp_path):
     """An `.npz` of uint8 images (`N x H x W x C`) with class labels is stored as the
-    built-in image sets are: the image format, so `cnn` and `resnet` build on it and get
-    its images in [0, 1], as on digits."""
+    built-in image sets are: the image format, so `cnn` and `resnet` build on it, get
+    its uint8 images as stored and scale them to [0, 1] in their first layer, as on digits."""
     import keras
 
     from tfscale.tasks.train.model_inputs import as_model_takes
@@ -130,8 +130,9 @@ def test_the_image_models_train_on_a_uint8_npz_of_images_with_class_labels(tmp_p
         model = model_for_data(name, spec).model
         taken = as_model_takes(result.manifest, model)
         x, y = next(iter(build_dataset(taken, result.data_dir, "train", 16, training=False)))
-        assert x.dtype == "float32" and 0.0 <= float(x.numpy().min())
-        assert float(x.numpy().max()) <= 1.0 and float(x.numpy().max()) > 0.5
+        assert x.dtype == "uint8"
+        scaled = model.get_layer("to_unit_range")(x)
+        assert 0.0 <= float(scaled.numpy().min()) and 0.5 < float(scaled.numpy().max()) <= 1.0
         assert keras.ops.shape(model(x))[-1] == 3
 
 

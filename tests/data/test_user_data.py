@@ -208,7 +208,7 @@ def test_arrays_by_x_and_y_by_their_own_splits_and_by_name(tmp_path):
     assert result.manifest.spec.is_image  # the image format: read as images are
     test, labels = read_all(result, "test")
     assert (
-        np.allclose(test, images[40:] / 255.0) and labels.tolist() == (np.arange(10) % 3).tolist()
+        np.array_equal(test, images[40:]) and labels.tolist() == (np.arange(10) % 3).tolist()
     )
 
     tags = (rng.random((80, 4)) > 0.5).astype(np.int64)
@@ -677,12 +677,11 @@ def test_a_pipeline_that_changes_between_reads_is_refused_and_a_seeded_one_never
 
 
 @pytest.mark.unit
-def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_scaled(
-    digits, tmp_path
-):
+def test_every_model_gets_images_as_the_spec_says_whatever_its_name(digits, tmp_path):
     """The spec says uint8: a user's model gets uint8 in 0-255, whether the images are a
-    built-in set or an `.npz` of uint8 images with a class or a binary label; `cnn` and
-    `resnet` get float32 in [0, 1], as they always did."""
+    built-in set or an `.npz` of uint8 images with a class or a binary label, and named
+    like a built-in (`cnn`) or not; a built-in takes the same uint8 and scales it to
+    [0, 1] as its own first layer."""
     import keras
 
     from tfscale.tasks.train.model_inputs import as_model_takes
@@ -693,14 +692,19 @@ def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_sca
     assert spec.features[0].dtype == "uint8"
     inputs = keras.Input(spec.shape, dtype="uint8")
     scaled = keras.layers.Rescaling(1 / 255)(inputs)
-    mine = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(scaled)))
-    x, _ = next(iter(build_dataset(as_model_takes(manifest, mine), data_dir, "test", 64, False)))
-    assert x.dtype == "uint8" and int(x.numpy().max()) > 1
+    for name in ("digits_net", "cnn", "mlp", "resnet", "embedding"):
+        mine = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(scaled)), name=name)
+        taken = as_model_takes(manifest, mine)
+        x, _ = next(iter(build_dataset(taken, data_dir, "test", 64, False)))
+        assert x.dtype == "uint8" and int(x.numpy().max()) > 1, name
     built_in = model_for_data("cnn", spec).model
     x, _ = next(
         iter(build_dataset(as_model_takes(manifest, built_in), data_dir, "test", 64, False))
     )
-    assert x.dtype == "float32" and float(x.numpy().max()) <= 1.0
+    assert x.dtype == "uint8" and built_in.inputs[0].dtype == "uint8"
+    first = keras.Model(built_in.inputs, built_in.get_layer("to_unit_range").output)
+    scaled_x = first(x).numpy()
+    assert np.allclose(scaled_x, x.numpy() / 255.0) and scaled_x.max() > 0.5
 
     images = np.random.default_rng(0).integers(0, 256, (60, 8, 8, 1), dtype=np.uint8)
     for label in (np.arange(60) % 3, np.arange(60) % 2):  # a class label, then a binary one
@@ -709,3 +713,63 @@ def test_a_users_model_gets_images_as_the_spec_says_and_a_built_in_gets_them_sca
         as_taken = dataclasses.replace(result, manifest=as_model_takes(result.manifest, mine))
         got, _ = read_all(as_taken, "test")
         assert got.dtype == np.uint8 and got.max() > 1, label.max()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("form", ["csv", "npz"])
+def test_a_feature_named_as_tfscales_own_keys_keeps_its_values_beside_the_label(tmp_path, form):
+    """Columns and arrays named `label`, `weight`, `image`, `x` and `y` are features like any
+    other: the shards hold their values, never the target's, and their statistics are
+    theirs (a real-valued target, whose statistics the shards add up too)."""
+    rng = np.random.default_rng(3)
+    names = ["label", "weight", "image", "x", "y"]
+    columns = {name: rng.normal(10 * i, 1 + i, 200) for i, name in enumerate(names)}
+    columns["row"] = np.arange(200, dtype=np.float64)
+    target = rng.normal(-50.0, 5.0, 200)
+    if form == "csv":
+        import pandas as pd
+
+        pd.DataFrame({**columns, "target": target}).to_csv(tmp_path / "t.csv", index=False)
+    else:
+        np.savez(tmp_path / "t.npz", target=target, **columns)
+    result = prepare(tmp_path, str(tmp_path / f"t.{form}"), label="target")
+    spec = result.manifest.spec
+    assert sorted(f.name for f in spec.features) == sorted([*names, "row"])
+    assert spec.label.kind == "regression"
+    features, labels = read_all(result, "train")
+    rows = features["row"].astype(int)
+    for name in names:
+        assert np.allclose(features[name], columns[name][rows], atol=1e-4), name
+        feature = next(f for f in spec.features if f.name == name)
+        assert feature.mean == pytest.approx(features[name].mean(), abs=1e-3), name
+    assert np.allclose(labels, target[rows], atol=1e-4)
+    assert spec.label.mean == pytest.approx(labels.mean(), abs=1e-3)
+
+
+@pytest.mark.unit
+def test_arrays_beside_x_and_y_are_refused_not_left_out_and_a_named_label_wins(tmp_path):
+    rng = np.random.default_rng(4)
+    x, noise = rng.normal(size=(100, 3)), rng.normal(size=100)
+    y = (x[:, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "xy.npz", x=x, y=y, label=noise)
+    with pytest.raises(DatasetError, match=r"holds label beside x, y.*leave them out") as caught:
+        prepare(tmp_path, str(tmp_path / "xy.npz"))
+    assert "--label" in caught.value.fix
+    result = prepare(tmp_path, str(tmp_path / "xy.npz"), label="y")
+    assert sorted(f.name for f in result.manifest.spec.features) == ["label", "x"]
+
+
+@pytest.mark.unit
+def test_shards_of_the_earlier_record_layout_are_refused_and_prepare_rewrites_them(tmp_path):
+    from tfscale.tasks.data.manifest import MANIFEST_NAME, Manifest, ShardError, load_manifest
+
+    path, _ = wine_csv(tmp_path)
+    result = prepare(tmp_path, str(path), label="target")
+    params = {k: v for k, v in result.manifest.params.items() if k != "records"}
+    earlier = dataclasses.replace(result.manifest, params=params)
+    (Path(result.data_dir) / MANIFEST_NAME).write_text(earlier.file_text())
+    with pytest.raises(ShardError, match=r"prepared by an earlier tfscale.*prepare --dataset"):
+        load_manifest(result.data_dir)
+    again = prepare(tmp_path, str(path), label="target")
+    assert again.written == len(again.manifest.shards)
+    assert load_manifest(again.data_dir).params["records"] == 2
