@@ -114,15 +114,12 @@ def evaluate_keras_model(
 
 
 def _objective(model: Any, manifest: Manifest) -> Any:
-    """The model's objective: read from its compile (a user's model, trained or read back
-    from its file), else the label kind's (a built-in model's, as `model_for_data` built
-    it with)."""
-    from tfscale.tasks.train.objectives import Objective
+    """The model's objective as Keras reads the model: its compile where it has one, else
+    the label kind's, on its outputs as its last activation says (probabilities after a
+    softmax or sigmoid, logits otherwise), a model read back uncompiled included."""
     from tfscale.tasks.train.user_models import objective_from
 
-    if getattr(model, "compiled", False):
-        return objective_from(model, manifest.spec)
-    return Objective(manifest.spec.label)
+    return objective_from(model, manifest.spec)
 
 
 def _own_metrics(objective: Any) -> dict[str, Any]:

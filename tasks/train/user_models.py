@@ -174,7 +174,13 @@ def objective_from(model: Any, spec: FeatureSpec, ref: str = "") -> Objective:
 
 
 def _ends_in_probabilities(model: Any) -> bool:
+    """Whether the model's last layer is a softmax or a sigmoid: a `Dense(activation=)`,
+    an `Activation` or a `Softmax` layer."""
+    import keras
+
     last = model.layers[-1] if model.layers else None
+    if isinstance(last, keras.layers.Softmax):
+        return True
     activation = getattr(last, "activation", None)
     return getattr(activation, "__name__", "") in ("softmax", "sigmoid")
 

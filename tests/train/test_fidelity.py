@@ -109,3 +109,52 @@ def test_a_start_apart_once_is_compared_again_and_twice_fails(monkeypatch):
     with pytest.raises(fidelity.StartsApart):
         fidelity.compare(Path("cases"), "train_step", "mirrored")
     assert len(calls) == 2
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("ending", ["dense_sigmoid", "activation_layer"])
+def test_a_model_saved_uncompiled_is_evaluated_on_the_probabilities_it_outputs(
+    tmp_path, ending
+):
+    """A binary model ending in a sigmoid, saved without a compile and read back by
+    `tfscale evaluate`: its outputs are probabilities, so its accuracy is Keras's
+    `binary_accuracy` at 0.5 and its loss `binary_crossentropy` on them, not on logits."""
+    import keras
+    import numpy as np
+    import pandas as pd
+
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.evaluation import evaluate_model
+    from tfscale.tasks.train.model_inputs import as_model_takes
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 3))
+    y = (x @ [1.5, -1.0, 0.5] + rng.normal(size=300) > 0.4).astype(int)
+    pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
+    values = {"prepare.dataset": str(tmp_path / "t.csv"), "prepare.label": "y"}
+    values["prepare.data_dir"] = str(tmp_path / "tfrecords")
+    result = prepare_dataset(load_config(None, values), progress=False)
+    keras.utils.set_random_seed(1)
+    inputs = {name: keras.Input((), name=name) for name in ("a", "b", "c")}
+    joined = keras.layers.Concatenate()([keras.layers.Reshape((1,))(v) for v in inputs.values()])
+    if ending == "dense_sigmoid":
+        outputs = keras.layers.Dense(1, activation="sigmoid")(joined)
+    else:
+        outputs = keras.layers.Activation("sigmoid")(keras.layers.Dense(1)(joined))
+    model = keras.Model(inputs, outputs)
+    model.save(tmp_path / "model.keras")
+    test = build_dataset(
+        as_model_takes(result.manifest, model), result.data_dir, "test", 64, training=False
+    )
+    truth = np.concatenate([labels.numpy() for _, labels in test])
+    probabilities = model.predict(test, verbose=0).reshape(-1)
+    found = evaluate_model(str(tmp_path / "model.keras"), result.manifest, result.data_dir, 64)
+    expected = float(np.mean((probabilities > 0.5) == truth))
+    assert found.test_accuracy == pytest.approx(expected, abs=1e-9)
+    assert abs(expected - truth.mean()) > 0.05  # not the positive rate by another route
+    loss = keras.losses.BinaryCrossentropy()(truth.reshape(-1, 1), probabilities.reshape(-1, 1))
+    assert found.test_loss == pytest.approx(float(loss), rel=1e-4)
