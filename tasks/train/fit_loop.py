@@ -132,23 +132,47 @@ class EpochRecords(keras.callbacks.Callback):
         self.written(record)
 
 
+def dividing(steps: int, per_call: int) -> int:
+    """The most steps up to `per_call` that divide `steps`: Keras's `fit` runs whole
+    executions of `steps_per_execution` steps (an epoch of 45 steps at 10 runs 50), so an
+    epoch of exactly `steps` needs an execution that divides it."""
+    return max(k for k in range(1, max(min(per_call, steps), 1) + 1) if steps % k == 0)
+
+
 def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
     """An epoch runner (`steps.make_epoch_runner`'s contract) of `fit` calls over
     `dataset_fn` (each replica's batches, taken in turn as global batches): `run(steps)`
-    trains `steps` steps with `fit` and returns (the loss summed over them, the summed
-    score of their examples), as tfscale's runner does; `run.clock.seconds` is the last
-    call's steps' own time."""
+    trains exactly `steps` steps with `fit` (whole executions of `steps_per_call`, then the
+    remainder as one execution, each execution's function traced once and kept) and
+    returns (the loss summed over them, the summed score of their examples), as tfscale's
+    runner does; `run.clock.seconds` is the last call's steps' own time."""
     model = setup.model
     compile_for_fit(setup.built, setup.optimizer, setup.steps_per_call)
     data = fit_input(lambda ctx: dataset_fn(ctx).rebatch(setup.global_batch), setup.objective)
     clock = FirstStepClock()
+    traced: dict[int, Any] = {}
 
-    def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
-        logs = model.fit(
+    def fit_steps(steps: int, per_execution: int) -> dict[str, list[float]]:
+        if model.steps_per_execution != per_execution:
+            traced[model.steps_per_execution] = model.train_function
+            model.steps_per_execution = per_execution
+            model.train_function = traced.get(per_execution)  # None: `fit` traces it
+        return model.fit(
             data, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[clock]
         ).history
+
+    def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):
+        whole, rest = divmod(steps, setup.steps_per_call)
+        parts = [(whole * setup.steps_per_call, setup.steps_per_call), (rest, rest)]
+        loss = score = seconds = 0.0
+        for n, per_execution in (p for p in parts if p[0]):
+            logs = fit_steps(n, per_execution)
+            loss += logs["loss"][-1] * n
+            score += logs[SCORE][-1] * n * setup.step_examples
+            seconds += clock.seconds
+        clock.seconds = seconds
         after_steps(steps)
-        return logs["loss"][-1] * steps, logs[SCORE][-1] * steps * setup.step_examples
+        return loss, score
 
     run_epoch.clock = clock
     return run_epoch

@@ -139,12 +139,14 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
         EpochRecords,
         compile_for_fit,
         compiled_as_given,
+        dividing,
         fit_input,
     )
 
     cfg, chief = run.train, run.role.chief
     as_given = compiled_as_given(setup.model)
-    compile_for_fit(setup.built, setup.optimizer, cfg.steps_per_call)
+    # whole executions that divide the epoch: fit's epoch is then exactly `setup.steps`
+    compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, cfg.steps_per_call))
     dataset_fn = train_dataset_fn(cfg, setup.manifest, run.data_dir, setup.global_batch)
     clock = _target_clock(run, setup, 0)
 

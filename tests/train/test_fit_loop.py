@@ -91,3 +91,38 @@ def test_the_rounds_time_tfscales_loop_beside_the_users_fit(digits):
     assert len(rates.rates[TFSCALE_LOOP]) == len(rates.rates["end_to_end"]) == 3
     ours = rates.tfscale_over_fit
     assert ours is not None and ours.median > 0 and ours.low <= ours.median <= ours.high
+
+
+@pytest.mark.integration
+def test_the_fit_loop_trains_exactly_the_steps_it_counts(digits, tmp_path):
+    """Keras's `fit` runs whole executions of `steps_per_execution` steps (44 steps an
+    epoch at 10 a call would run 50): each epoch trains exactly the configured steps, its
+    record and the held-out clock count them, and a measuring block of 23 steps is 23."""
+    from helpers import run_of
+
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.train.fit_loop import make_fit_runner
+    from tfscale.tasks.train.training import train_dataset_fn, train_model
+
+    overrides, manifest, data_dir = digits
+    values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.loop": "fit"}
+    values.update({"train.strategy": "one_device", "train.model": "mlp", "train.epochs": 2})
+    values.update({"train.batch_size_per_replica": 32, "train.steps_per_call": 10})
+    config = load_config(None, values)
+    run = run_of(config, manifest, data_dir, select_strategy(detect_hardware(), config.train))
+    trained = train_model(run)
+    setup = trained.setup
+    assert setup.steps % 10 != 0  # 1,437 examples: 44 steps of 32
+    assert int(setup.optimizer.iterations.numpy()) == 2 * setup.steps
+    history = json.loads((run.run_dir / "history.json").read_text())
+    assert [h["examples"] for h in history] == [setup.steps * 32] * 2
+    evaluations = json.loads((run.run_dir / "evaluations.json").read_text())
+    assert evaluations and all(e["examples"] == e["steps"] * 32 for e in evaluations)
+    assert max(e["steps"] for e in evaluations) <= 2 * setup.steps
+    dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.per_replica)
+    run_epoch = make_fit_runner(setup, dataset_fn)
+    before = int(setup.optimizer.iterations.numpy())
+    run_epoch(23)
+    run_epoch(23)  # the remainder's execution, traced once, taken again
+    assert int(setup.optimizer.iterations.numpy()) - before == 46
