@@ -180,8 +180,11 @@ def cwd_importable() -> None:
 
 
 def _import_file(path: Path) -> Any:
-    """A Python file as a module of its own name, its folder importable for its siblings."""
-    name = "tfscale_user_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    """A Python file as a module of its own name, its folder importable for its siblings:
+    the file as it is now (the name holds its contents' hash, so a long-lived process, a
+    notebook's, imports an edited file again)."""
+    where = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    name = f"tfscale_user_{where}_{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
     if str(path.parent) not in sys.path:

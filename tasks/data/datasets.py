@@ -356,7 +356,7 @@ def dataset_slug(dataset: str) -> str:
     """The directory name a dataset's shards live under: a folder's or a file's name, a
     function's `module_function`, a TFDS name with `_` for `/`."""
     if Path(dataset).is_dir() or Path(dataset).suffix.lower() in (".csv", ".parquet", ".npz"):
-        return Path(dataset).name
+        return Path(dataset).resolve().name or "root"  # `.` and `..` by the folder's name
     if ":" in dataset:  # package.module:function or path/to/file.py:function
         module, function = dataset.rsplit(":", 1)
         return f"{Path(module).name}_{function}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,13 @@ from tfscale.tasks.data.datasets import (
     folder_source,
 )
 from tfscale.tasks.data.pipelines import pipeline_source
-from tfscale.tasks.data.shards import PrepareResult, plan_shards, prepare_params, write_shards
+from tfscale.tasks.data.shards import (
+    PrepareResult,
+    plan_shards,
+    prepare_params,
+    remove_written,
+    write_shards,
+)
 from tfscale.tasks.data.streams import Source, StreamSource
 from tfscale.tasks.data.tables import table_source
 from tfscale.tasks.data.tfds_source import tfds_source
@@ -88,8 +93,8 @@ def prepare_dataset(config: Config, *, force: bool = False, progress: bool = Tru
     """
     source = open_source(config.prepare)
     out_dir = dataset_dir(config)
-    if force and out_dir.exists():
-        shutil.rmtree(out_dir)
+    if force:
+        remove_written(out_dir)  # its own files only: whatever else is there stays
     plan = plan_shards(source, config.prepare, config.min_shards)
     return write_shards(
         source, out_dir, plan, prepare_params(source, config.prepare, plan), progress

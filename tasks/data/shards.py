@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -260,11 +260,39 @@ def _journal_text(params: dict[str, Any], done: dict[str, ShardInfo]) -> str:
     return json.dumps({"params": params, "done": {f: asdict(i) for f, i in done.items()}})
 
 
+# the names tfscale writes in a dataset's folder: its shards, their temporary names while
+# written (`core.files.atomic_path`), its journal and manifest; nothing else there is ours
+SHARD_NAME = re.compile(r"[a-z_]+-\d{5}-of-\d{5}\.tfrecord")
+TEMPORARY_NAME = re.compile(r"\.(.+)\.tmp")
+
+
+def written_by_tfscale(name: str) -> bool:
+    """Whether a file of this name in a dataset's folder is one tfscale writes."""
+    if name in (MANIFEST_NAME, JOURNAL_NAME) or SHARD_NAME.fullmatch(name):
+        return True
+    temporary = TEMPORARY_NAME.fullmatch(name)
+    return temporary is not None and written_by_tfscale(temporary.group(1))
+
+
 def _remove_strays(out_dir: Path, keep: set[str]) -> None:
+    """Removes the shards of an earlier plan and interrupted writes: files of tfscale's
+    own names only (`written_by_tfscale`); any other file stays."""
     for path in out_dir.iterdir():
-        stray = path.suffix == ".tfrecord" and path.name not in keep
-        if stray or path.name.endswith(".tmp"):
-            path.unlink() if path.is_file() else shutil.rmtree(path)
+        ours = path.is_file() and written_by_tfscale(path.name)
+        if ours and path.name not in keep and path.name not in (MANIFEST_NAME, JOURNAL_NAME):
+            path.unlink()
+
+
+def remove_written(out_dir: Path) -> None:
+    """Removes what tfscale wrote in a dataset's folder (`written_by_tfscale`), and the
+    folder once empty: a file tfscale did not write is never deleted."""
+    if not out_dir.is_dir():
+        return
+    for path in out_dir.iterdir():
+        if path.is_file() and written_by_tfscale(path.name):
+            path.unlink()
+    if not any(out_dir.iterdir()):
+        out_dir.rmdir()
 
 
 def _progress_bar(total: int, name: str, enabled: bool) -> Any:

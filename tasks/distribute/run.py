@@ -48,6 +48,14 @@ class Run:
     choice: StrategyChoice
     report: HardwareReport
     role: Role = field(default_factory=Role)
+    # what the model is made of (`model_fingerprint`), taken once as the run is made: an
+    # edit to the model's file while it trains changes neither its directory nor its
+    # workers' (they take it with the run's spec)
+    made_of: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.made_of:
+            object.__setattr__(self, "made_of", model_fingerprint(self.config.train.model))
 
     @property
     def train(self) -> TrainConfig:
@@ -72,9 +80,8 @@ class Run:
         for words in ("reason", "measured", "measured_verdict", "proposed"):
             choice.pop(words)  # what was measured and said of it, not what trains
         parts = [train, self.manifest.digest, choice, code_version()]
-        made_of = model_fingerprint(self.config.train.model)
-        if made_of != self.config.train.model:  # a user's model: its file's contents too
-            parts.append(made_of)
+        if self.made_of != self.config.train.model:  # a user's model: its file's contents too
+            parts.append(self.made_of)
         key = json.dumps(parts, sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         name = f"{self.choice.kind}-{self.choice.replicas}x-{self.choice.precision}-{digest}"
@@ -90,8 +97,11 @@ class Run:
         return dataclasses.replace(self, choice=choice)
 
     def with_train(self, train: TrainConfig) -> Run:
-        """This run on another training config (as `auto` settles its batch)."""
-        return dataclasses.replace(self, config=dataclasses.replace(self.config, train=train))
+        """This run on another training config (as `auto` settles its batch); another
+        model is taken as it is now."""
+        made_of = self.made_of if train.model == self.train.model else ""
+        config = dataclasses.replace(self.config, train=train)
+        return dataclasses.replace(self, config=config, made_of=made_of)
 
     def with_role(self, role: Role) -> Run:
         return dataclasses.replace(self, role=role)
@@ -103,6 +113,7 @@ class Run:
             "data_dir": self.data_dir,
             "choice": self.choice.to_dict(),
             "report": self.report.to_dict(),
+            "made_of": self.made_of,
         }
 
     @classmethod
@@ -114,4 +125,5 @@ class Run:
             StrategyChoice(**spec["choice"]),
             report_from_dict(spec["report"]),
             role,
+            spec.get("made_of", ""),
         )

@@ -150,6 +150,35 @@ def test_force_rewrites_every_shard_of_an_up_to_date_dataset(tmp_path):
     assert all(shard.stat().st_mtime_ns > 0 for shard in shards)
 
 
+def test_force_on_the_current_folder_deletes_no_file_tfscale_did_not_write(tmp_path):
+    """`prepare --dataset . --force` from an image folder: its shards go under the folder's
+    own name (never the data folder itself), and a forced or changed prepare removes only
+    the files tfscale wrote, whatever else the data folder or the dataset's folder holds."""
+    from PIL import Image
+
+    pets = tmp_path / "pets"
+    for i in range(8):
+        path = pets / ("cat", "dog")[i % 2] / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4, 3), 30 * i, np.uint8)).save(path)
+    store = tmp_path / "store"
+    theirs = [store / "notes.txt", store / "other" / "mine.tfrecord", store / "pets" / "a.txt"]
+    theirs += [store / "pets" / "mine.tfrecord", store / "pets" / ".draft.tmp", pets / "x.txt"]
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("the user's")
+    argv = ["--params", DEFAULTS, "prepare", "--dataset", ".", "--data-dir", str(store)]
+    for flags in ([], ["--force"], ["--force", "--num-shards", "2"]):
+        code, out, err = run_main([*argv, *flags], pets)
+        assert code == 0, err
+        assert all(path.read_text() == "the user's" for path in theirs), flags
+    assert sum(verify_shards(store / "pets").splits.values()) == 8
+    assert sorted(p.name for p in (store / "pets").glob("*.tfrecord")) == [
+        "mine.tfrecord", "test-00000-of-00002.tfrecord", "test-00001-of-00002.tfrecord",
+        "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord",
+    ]  # fmt: skip
+
+
 def test_no_progress_keeps_the_bar_off_a_stand_in_terminal_that_shows_it_otherwise(tmp_path):
     """A prepare's bar shows on a terminal only: standard error stands in for one here
     (`helpers.StandInTerminal`), and `--no-progress` keeps the bar off it."""

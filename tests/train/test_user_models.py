@@ -988,3 +988,39 @@ def test_the_readme_model_takes_every_docs_table_and_one_of_text_dates_and_blank
             with pytest.raises(ModelError) as refused:
                 check_user_model(*args)
             assert refused.value.fix.startswith("if the label is not"), (name, refused.value)
+
+
+@pytest.mark.unit
+def test_a_model_file_edited_is_taken_as_it_is_now_and_a_run_keeps_its_folder(
+    digits, tmp_path, monkeypatch
+):
+    """A long-lived process (a notebook's) imports a model file again once it changed;
+    a run's folder is fixed as the run is made, in its workers' spec too, so an edit
+    while it trains cannot move it."""
+    from helpers import report
+
+    from tfscale.tasks.core.user_code import load_function
+    from tfscale.tasks.distribute.run import Role, Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+
+    monkeypatch.chdir(tmp_path)
+    source = textwrap.dedent(
+        """
+        import keras
+
+        def build():
+            return keras.Sequential([keras.Input((4,)), keras.layers.Dense(UNITS)])
+        """
+    )
+    (tmp_path / "net.py").write_text(source.replace("UNITS", "8"))
+    overrides, manifest, data_dir = digits
+    config = load_config(None, {**overrides, "train.model": "net.py:build"})
+    run = Run(config, manifest, data_dir, select_strategy(report(), config.train), report())
+    folder = run.run_dir
+    assert load_function("net.py:build", "model")[0]().count_params() == 40
+    (tmp_path / "net.py").write_text(source.replace("UNITS", "64"))
+    assert load_function("net.py:build", "model")[0]().count_params() == 320
+    assert run.run_dir == folder == run.with_choice(run.choice).run_dir
+    assert Run.from_spec(json.loads(json.dumps(run.to_spec())), Role()).run_dir == folder
+    again = Run(config, manifest, data_dir, run.choice, run.report)
+    assert again.run_dir != folder  # a run made now takes the file as it is now
