@@ -11,6 +11,7 @@ manifest records what was filled or dropped (`Feature.blanks`, `Feature.missing`
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.spec import FeatureSpec
-from tfscale.tasks.data.streams import Chunk, rows_of
+from tfscale.tasks.data.streams import Chunk, add_to_digest, rows_of
 
 Read = Callable[[str | None], Iterator[Chunk]]
 
@@ -42,10 +43,12 @@ def checked(
     labels: dict[str | None, np.ndarray],
     missing: str,
     training_rows: Callable[[np.ndarray], np.ndarray],
+    digests: dict[str | None, str],
 ) -> tuple[FeatureSpec, Read, dict[str | None, np.ndarray]]:
     """The source's spec, reader and labels with its blanks handled (`missing`: refuse,
     mean, zero or drop). `labels` are each stream's (None: one stream to be split) as the
-    first read gave them; `training_rows(labels)` is the bool per row of a stream's
+    first read gave them, `digests` its features' digests where taken
+    (`streams.add_to_digest`); `training_rows(labels)` is the bool per row of a stream's
     training rows, where a stream is split by a draw.
 
     Raises:
@@ -56,7 +59,9 @@ def checked(
     seen = _Pass({n: 0 for n in floats})
     for stream, first in labels.items():
         train = training_rows(first) if stream is None else np.full(len(first), stream != "test")
-        _read_stream(name, read, stream, first, train, seen)
+        again = _read_stream(name, read, stream, first, train, seen)
+        if stream in digests and again != digests[stream]:
+            raise _other_examples(name, stream, "the same labels, other feature values")
     found = {n: c for n, c in seen.cells.items() if c}
     if not found:
         return spec, read, labels
@@ -86,11 +91,12 @@ def _read_stream(
     first: np.ndarray,
     train: np.ndarray,
     seen: _Pass,
-) -> None:
+) -> str:
     """One stream's pass: its blanks counted, its training rows summed, and its labels
-    compared with the first read's."""
-    flags, labels, row = [], [], 0
+    compared with the first read's. Returns its features' digest."""
+    flags, labels, row, digest = [], [], 0, hashlib.sha256()
     for features, raw in read(stream):
+        add_to_digest(digest, features)
         count = len(raw)
         blank = np.zeros(count, bool)
         in_train = train[row : row + count]
@@ -107,15 +113,23 @@ def _read_stream(
         row += count
     again = np.concatenate(labels) if labels else np.zeros(0)
     if len(again) != len(first) or not np.array_equal(again, first):
-        where = f" (its {stream!r} split)" if stream else ""
-        raise DatasetError(
-            f"{name}{where} gives other examples each time it is read ({len(first)} examples, "
-            f"then {len(again)}, their labels in another order): its splits would share "
-            "examples (an unseeded shuffle?)",
-            "seed it (.shuffle(n, seed=...)) or remove it: tfscale shuffles the training "
-            "split itself, seeded, each epoch",
-        )
+        shown = f"{len(first)} examples, then {len(again)}, their labels in another order"
+        raise _other_examples(name, stream, shown)
     seen.rows[stream] = np.concatenate(flags) if flags else np.zeros(0, bool)
+    return digest.hexdigest()
+
+
+def _other_examples(name: str, stream: str | None, shown: str) -> DatasetError:
+    where = f" (its {stream!r} split)" if stream else ""
+    return DatasetError(
+        f"{name}{where} gives other examples each time it is read ({shown}): its splits "
+        "would share examples, or the held-out split be augmented too (an unseeded shuffle, "
+        "a random map?)",
+        "seed it (.shuffle(n, seed=...)) or remove it: tfscale shuffles the training split "
+        "itself, seeded, each epoch; put augmentation in the model, as Keras's "
+        "preprocessing layers do (keras.layers.RandomFlip, RandomRotation), active in "
+        "training only",
+    )
 
 
 def _fill_value(seen: _Pass, feature: str, missing: str) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 from tfscale.tasks.core.user_code import load_function, one_line
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.spec import Feature
-from tfscale.tasks.data.streams import Chunk, StreamSource
+from tfscale.tasks.data.streams import Chunk, StreamSource, add_to_digest
 from tfscale.tasks.data.user_sources import (
     CHUNK_ROWS,
     dtype_name,
@@ -125,7 +125,8 @@ def datasets_source(
         return _numpy_chunks((remake() if remake else datasets)[split], label_key, name)
 
     labels_by_split = {split: scan.labels for split, scan in scans.items()}
-    return stream_source(name, version, features, coding, labels_by_split, cfg, read)
+    digests = {split: scan.digest for split, scan in scans.items()}
+    return stream_source(name, version, features, coding, labels_by_split, cfg, read, digests)
 
 
 def _shape_text(shape: tuple) -> str:
@@ -133,23 +134,25 @@ def _shape_text(shape: tuple) -> str:
 
 
 class _Scan:
-    def __init__(self, features: dict[str, tuple[str, tuple]], labels, longest):
+    def __init__(self, features: dict[str, tuple[str, tuple]], labels, longest, digest):
         self.features, self.labels, self.longest = features, labels, longest
+        self.digest = digest  # of its features' values, as read (`streams.add_to_digest`)
 
 
 def _scan(ds: Any, label_key: str, name: str) -> _Scan:
     features = _element_features(ds.element_spec, label_key, name)
     longest = {n: np.zeros(len(shape), np.int64) for n, (_, shape) in features.items()}
-    labels = []
+    labels, digest = [], hashlib.sha256()
     for rows, raw in _numpy_chunks(ds, label_key, name):
         labels.append(raw)
+        add_to_digest(digest, rows)
         for n, (_, shape) in features.items():
             if None in shape:
                 for value in rows[n]:
                     longest[n] = np.maximum(longest[n], np.shape(value))
     if not labels:
         raise DatasetError(f"{name} gave no examples", "return a dataset with examples")
-    return _Scan(features, np.concatenate(labels), longest)
+    return _Scan(features, np.concatenate(labels), longest, digest.hexdigest())
 
 
 def _element_features(element: Any, label_key: str, name: str) -> dict[str, tuple[str, tuple]]:

@@ -39,6 +39,18 @@ class Source(Protocol):
     def batches(self, split: str, start: int, stop: int) -> Iterator[Chunk]: ...
 
 
+def add_to_digest(digest: Any, features: dict[str, Any]) -> None:
+    """A chunk's feature values, in order, into `digest` (a `hashlib` hash): two reads
+    that gave the same values in the same chunks give the same digest."""
+    for values in features.values():  # by position: a lone image array is renamed
+        array = np.asarray(values) if not isinstance(values, list) else None
+        if array is not None and array.dtype != object:
+            digest.update(np.ascontiguousarray(array).tobytes())
+            continue
+        for value in values:  # text or sequences of varying length, one per example
+            digest.update(value if isinstance(value, bytes) else np.asarray(value).tobytes())
+
+
 def rows_of(features: dict[str, Any], index: Any) -> dict[str, Any]:
     return {name: values[index] for name, values in features.items()}
 

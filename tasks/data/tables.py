@@ -147,10 +147,15 @@ def _label_column(path: Path, label: str, types: dict[str, str]) -> np.ndarray:
 
     parts = [batch.column(0) for batch in _table_batches(path, types, [label])]
     column = pa.chunked_array(parts) if parts else pa.chunked_array([], pa.float64())
-    if column.null_count:
+    blank = column.null_count
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        import pyarrow.compute as pcomp
+
+        blank += int(pcomp.sum(pcomp.equal(pcomp.utf8_trim_whitespace(column), "")).as_py() or 0)
+    if blank:
         raise DatasetError(
-            f"{path}: column {label!r} has {column.null_count} empty value(s); every example "
-            "needs a label",
+            f"{path}: column {label!r} has {blank} empty value(s); every example needs a "
+            "label (a blank text would be a class of its own)",
             "fill them or drop those rows",
         )
     return column.to_numpy()

@@ -52,11 +52,13 @@ def stream_source(
     labels: dict[str | None, np.ndarray],
     cfg: PrepareConfig,
     read: Callable[[str | None], Iterator[Chunk]],
+    digests: dict[str | None, str] | None = None,
 ) -> StreamSource:
     """The stream source of `features` and the label `coding` encodes: `read(split)` gives
     chunks of raw labels, by the source's own splits or (`None`) one stream to be split by
-    a seeded draw over its raw `labels`. A lone array of images takes the name `image`
-    (`named_features`)."""
+    a seeded draw over its raw `labels`; `digests`, each stream's features' digest on its
+    first read (`streams.add_to_digest`), where a later read might differ (a pipeline's).
+    A lone array of images takes the name `image` (`named_features`)."""
     spec = FeatureSpec(named_features(features, coding.label.kind), coding.label)
     rename = {old.name: new.name for old, new in zip(features, spec.features, strict=True)}
 
@@ -72,7 +74,13 @@ def stream_source(
             "give it more rows",
         )
     spec, chunks, encoded = checked(
-        name, spec, chunks, encoded, cfg.missing, lambda rows: ~held_out_rows(spec, rows, cfg)
+        name,
+        spec,
+        chunks,
+        encoded,
+        cfg.missing,
+        lambda rows: ~held_out_rows(spec, rows, cfg),
+        digests or {},
     )
     if None in encoded:
         return split_stream(name, version, spec, encoded[None], cfg, chunks)

@@ -137,14 +137,20 @@ def test_the_image_models_train_on_a_uint8_npz_of_images_with_class_labels(tmp_p
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("kind", ["numbers", "text"])
 @pytest.mark.parametrize("source", ["csv", "parquet"])
-def test_empty_labels_are_refused_at_prepare_naming_the_column_and_count(tmp_path, source):
-    """A table whose label column has empty values: prepare stops with one error naming
-    the file, the column and how many, and the fix, before a shard is written."""
+def test_empty_labels_are_refused_at_prepare_naming_the_column_and_count(tmp_path, source, kind):
+    """A table whose label column has empty values (a number's blank; a text's blank or
+    spaces, never a class ""): prepare stops with one error naming the file, the column
+    and how many, and the fix, before a shard is written."""
     import pandas as pd
 
     frame = pd.DataFrame({"a": np.arange(30.0), "label": [float(i % 2) for i in range(30)]})
-    frame.loc[[3, 17], "label"] = np.nan
+    if kind == "text":
+        frame["label"] = [("no", "yes")[i % 2] for i in range(30)]
+        frame.loc[[3, 17], "label"] = ["", " "]
+    else:
+        frame.loc[[3, 17], "label"] = np.nan
     path = tmp_path / f"t.{source}"
     frame.to_csv(path, index=False) if source == "csv" else frame.to_parquet(path)
     with pytest.raises(DatasetError, match=r"column 'label' has 2 empty value\(s\)") as caught:

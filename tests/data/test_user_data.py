@@ -654,6 +654,16 @@ def unseeded():
 
 def seeded():
     return rows(7)
+
+
+def noisy():  # the labels as read each time, the features not
+    return rows(7).map(lambda x, y: (x + tf.random.uniform([1]), y))
+
+
+def flipped():  # a guide's augmentation, as a map over the examples
+    images = tf.reshape(tf.range(180 * 4, dtype=tf.float32), [180, 2, 2, 1])
+    ds = tf.data.Dataset.from_tensor_slices((images, tf.range(180) % 3))
+    return ds.map(lambda x, y: (tf.image.random_flip_left_right(x), y))
 """
 
 
@@ -662,13 +672,18 @@ def test_a_pipeline_that_changes_between_reads_is_refused_and_a_seeded_one_never
     tmp_path, monkeypatch
 ):
     """An unseeded `.shuffle` gives other examples at each read: refused, where prepare
-    wrote 26 of 36 test rows into train as well. A seeded one (Keras's reshuffle each
+    wrote 26 of 36 test rows into train as well; so is a random map (noise, a flip), which
+    would be drawn once and reach the held-out split too. A seeded shuffle (Keras's reshuffle each
     iteration included) gives the same examples each time: no row in both splits."""
     (tmp_path / "pipes.py").write_text(PIPELINES)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DatasetError, match="other examples each time it is read") as e:
         prepare(tmp_path, "pipes.py:unseeded")
     assert "seed=" in e.value.fix
+    for changing in ("noisy", "flipped"):  # a random map: the features differ, not labels
+        with pytest.raises(DatasetError, match="other feature values") as e:
+            prepare(tmp_path, f"pipes.py:{changing}")
+        assert "put augmentation in the model" in e.value.fix
     result = prepare(tmp_path, "pipes.py:seeded")
     train, _ = read_all(result, "train")
     test, _ = read_all(result, "test")
