@@ -48,9 +48,10 @@ def load_trained_model(path: str, source: str = "") -> keras.Model:
 
 
 def users_objects(source: str) -> dict[str, Any]:
-    """The Keras classes (layers, models, losses, metrics) of the user's module whose
-    function `source` names, imported now; none for a built-in or a saved file, or where
-    the module is not there (Keras then names the class it cannot find)."""
+    """The Keras classes (layers, models, losses, metrics) and the functions (a loss or a
+    metric written as one) of the user's module whose function `source` names, imported
+    now, as Keras's `custom_objects` takes them; none for a built-in or a saved file, or
+    where the module is not there (Keras then names what it cannot find)."""
     from tfscale.tasks.core.user_code import is_function_ref, load_function
 
     if not source or not is_function_ref(source):
@@ -63,10 +64,12 @@ def users_objects(source: str) -> dict[str, Any]:
 
     kinds = (keras.layers.Layer, keras.losses.Loss, keras.metrics.Metric)
     module = inspect.unwrap(function).__globals__  # not `load_function`'s wrapper's
+    own = module.get("__name__")
     return {
         name: value
         for name, value in module.items()
-        if isinstance(value, type) and issubclass(value, kinds)
+        if (isinstance(value, type) and issubclass(value, kinds))
+        or (inspect.isfunction(value) and value.__module__ == own)
     }
 
 

@@ -136,9 +136,10 @@ def _load_saved(path: str) -> Any:
         custom = "custom" in text.lower() or "Could not locate" in text
         raise ModelError(
             f"--model {path} did not load: {text}",
-            "register its custom layers and functions with "
-            "@keras.saving.register_keras_serializable and give each a get_config, or pass "
-            "a function that builds the model (--model file.py:function)"
+            "a .keras file holds its custom layers' and functions' names, not their code "
+            "(registered or not, the module defining them must be imported first): pass "
+            "the function that builds the model (--model file.py:function), whose module "
+            "defines them, each layer with a get_config"
             if custom
             else "save it again with model.save('model.keras'), or pass a function that "
             "builds the model (--model file.py:function)",
@@ -155,17 +156,20 @@ def objective_from(model: Any, spec: FeatureSpec, ref: str = "") -> Objective:
     if not getattr(model, "compiled", False) or getattr(model, "loss", None) is None:
         return Objective(spec.label, from_logits)
     loss = model.loss
+    if isinstance(loss, (list, tuple, dict)) and len(loss) == 1 and len(model.outputs or ()) == 1:
+        loss = next(iter(loss.values() if isinstance(loss, dict) else loss))  # Keras's own
     if isinstance(loss, (list, tuple, dict)):
         raise ModelError(
             f"--model {ref or model.name} is compiled with {len(loss)} losses; tfscale's "
             "data has one label, so every output but one would train on nothing",
             "give the model one output, compiled with one loss",
         )
-    loss = keras.losses.get(loss) if isinstance(loss, str) else loss
+    named = isinstance(loss, str)
+    loss = keras.losses.get(loss) if named else loss
     kwargs = getattr(loss, "_fn_kwargs", None)
     if isinstance(kwargs, dict) and "from_logits" in kwargs:
         from_logits = bool(kwargs["from_logits"])
-    elif isinstance(model.loss, str):
+    elif named:
         from_logits = False  # Keras's losses by name take probabilities
     metrics = model.get_compile_config().get("metrics") or ()
     if isinstance(metrics, dict):

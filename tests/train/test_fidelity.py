@@ -121,23 +121,12 @@ def test_a_model_saved_uncompiled_is_evaluated_on_the_probabilities_it_outputs(
     `binary_accuracy` at 0.5 and its loss `binary_crossentropy` on them, not on logits."""
     import keras
     import numpy as np
-    import pandas as pd
 
     from tfscale.tasks.data.inputs import build_dataset
-    from tfscale.tasks.data.preparation import prepare_dataset
-    from tfscale.tasks.settings.config import load_config
     from tfscale.tasks.train.evaluation import evaluate_model
     from tfscale.tasks.train.model_inputs import as_model_takes
 
-    rng = np.random.default_rng(5)
-    x = rng.normal(size=(300, 3))
-    y = (x @ [1.5, -1.0, 0.5] + rng.normal(size=300) > 0.4).astype(int)
-    pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}).to_csv(
-        tmp_path / "t.csv", index=False
-    )
-    values = {"prepare.dataset": str(tmp_path / "t.csv"), "prepare.label": "y"}
-    values["prepare.data_dir"] = str(tmp_path / "tfrecords")
-    result = prepare_dataset(load_config(None, values), progress=False)
+    result = _binary_table(tmp_path)
     keras.utils.set_random_seed(1)
     inputs = {name: keras.Input((), name=name) for name in ("a", "b", "c")}
     joined = keras.layers.Concatenate()([keras.layers.Reshape((1,))(v) for v in inputs.values()])
@@ -158,3 +147,46 @@ def test_a_model_saved_uncompiled_is_evaluated_on_the_probabilities_it_outputs(
     assert abs(expected - truth.mean()) > 0.05  # not the positive rate by another route
     loss = keras.losses.BinaryCrossentropy()(truth.reshape(-1, 1), probabilities.reshape(-1, 1))
     assert found.test_loss == pytest.approx(float(loss), rel=1e-4)
+
+
+def _binary_table(tmp_path):
+    """A prepared table of 300 rows, three columns and a binary label `y`."""
+    import numpy as np
+    import pandas as pd
+
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.settings.config import load_config
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 3))
+    y = (x @ [1.5, -1.0, 0.5] + rng.normal(size=300) > 0.4).astype(int)
+    pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
+    values = {"prepare.dataset": str(tmp_path / "t.csv"), "prepare.label": "y"}
+    values["prepare.data_dir"] = str(tmp_path / "tfrecords")
+    return prepare_dataset(load_config(None, values), progress=False)
+
+
+@pytest.mark.unit
+def test_a_one_output_model_compiled_with_a_dict_loss_is_read_as_keras_reads_it(tmp_path):
+    """`compile(loss={"diagnosis": ...})` on a model of one output named `diagnosis`:
+    Keras trains it with that loss, and so does tfscale (its held-out loss is Keras's)."""
+    import keras
+
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.train.evaluation import evaluate_keras_model
+    from tfscale.tasks.train.model_inputs import as_model_takes
+
+    result = _binary_table(tmp_path)
+    keras.utils.set_random_seed(2)
+    inputs = {name: keras.Input((), name=name) for name in ("a", "b", "c")}
+    joined = keras.layers.Concatenate()([keras.layers.Reshape((1,))(v) for v in inputs.values()])
+    outputs = keras.layers.Dense(1, activation="sigmoid", name="diagnosis")(joined)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss={"diagnosis": "binary_crossentropy"})
+    taken = as_model_takes(result.manifest, model)
+    test = build_dataset(taken, result.data_dir, "test", 64, training=False)
+    expected = model.evaluate(test, verbose=0)
+    found = evaluate_keras_model(model, result.manifest, result.data_dir, 64)
+    assert found.test_loss == pytest.approx(expected, rel=1e-5)

@@ -823,16 +823,28 @@ CUSTOM_LAYER = textwrap.dedent(
         model = OwnStep(inputs, keras.layers.Dense(1)(x))
         model.compile(keras.optimizers.SGD(1e-3, momentum=0.9), "binary_crossentropy")
         return model
+
+    def weighted_bce(y_true, y_pred):  # a loss as the Keras guide writes one: a function
+        y_true = keras.ops.cast(y_true, y_pred.dtype)
+        each = keras.losses.binary_crossentropy(y_true, y_pred, from_logits=True)
+        return each * (1.0 + keras.ops.squeeze(y_true, -1))
+
+    def own_loss(spec):
+        inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+        x = keras.layers.Concatenate()(list(inputs.values()))
+        model = keras.Model(inputs, keras.layers.Dense(1)(x))
+        model.compile(optimizer="adam", loss=weighted_bce)
+        return model
     """
 )
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("function", ["build", "own_step"])
+@pytest.mark.parametrize("function", ["build", "own_step", "own_loss"])
 def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path, function):
     """`tfscale evaluate --batch-size` reads the trained file back (the training recorded
     its evaluation at another batch size): the model's own module is imported first, so
-    its unregistered layer loads."""
+    its unregistered layer and its loss written as a function load."""
     from helpers import run_main, tiny_params
 
     cancer_csv(tmp_path)
