@@ -88,6 +88,18 @@ def fit_input(dataset_fn: Callable, objective: Objective) -> tf.data.Dataset:
     return dataset_fn(None).map(lambda x, y: (x, objective.keras_labels(y)))
 
 
+def logged_score(logs: dict[str, Any], name: str) -> float:
+    """The label kind's score `fit` logged: tfscale's metric (`SCORE`), or where the
+    model's own `train_step` returns its logs without it, the score it logs by Keras's
+    name (`keras_meaning`), else NaN."""
+    from tfscale.tasks.train.keras_meaning import logged_value
+
+    value = logs.get(SCORE)
+    if value is None:
+        value = logged_value(logs, name)
+    return float("nan") if value is None else float(value)
+
+
 class EpochRecords(keras.callbacks.Callback):
     """Each epoch of one `fit` call as tfscale's loop records it (`training._timed_epoch`):
     its loss and score, its seconds without the held-out evaluations, which it runs at the
@@ -101,8 +113,10 @@ class EpochRecords(keras.callbacks.Callback):
         step_examples: int,
         stop_at_target: bool,
         written: Callable[[dict[str, float]], None],
+        score_name: str = "accuracy",
     ):
         super().__init__()
+        self.score_name = score_name  # the label kind's (`Label.score`)
         self.clock, self.steps, self.step_examples = clock, steps, step_examples
         self.stop_at_target, self.written = stop_at_target, written
         self.history: list[dict[str, float]] = []
@@ -126,7 +140,7 @@ class EpochRecords(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self.started - self.evaluating
         examples = self.done * self.step_examples
-        loss, score = float(logs["loss"]), float(logs[SCORE])
+        loss, score = float(logs["loss"]), logged_score(logs, self.score_name)
         record = self.clock.epoch_record(epoch + 1, self.first, loss, score, seconds, examples)
         self.history.append(record)
         self.written(record)
@@ -168,7 +182,8 @@ def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
         for n, per_execution in (p for p in parts if p[0]):
             logs = fit_steps(n, per_execution)
             loss += logs["loss"][-1] * n
-            score += logs[SCORE][-1] * n * setup.step_examples
+            last = {name: values[-1] for name, values in logs.items()}
+            score += logged_score(last, setup.objective.label.score) * n * setup.step_examples
             seconds += clock.seconds
         clock.seconds = seconds
         after_steps(steps)

@@ -110,14 +110,35 @@ def run_own_train_step(model: Any, objective: Any, x: Any, labels: Any) -> tuple
 
 def _logged(logs: Any, name: str) -> tf.Tensor:
     """A value the step returned by name, float32; NaN where it returned none such."""
-    value = _log(logs, name)
+    value = logged_value(logs, name)
     return tf.constant(float("nan")) if value is None else tf.cast(value, tf.float32)
 
 
-def _log(logs: Any, name: str) -> Any:
+# the names Keras gives a score's metric (`compile(metrics=["mae"])` logs `mae`)
+SCORE_NAMES = {"accuracy": ("accuracy", "acc"), "mean_absolute_error": ("mae",)}
+
+
+def logged_value(logs: Any, name: str) -> Any:
+    """The value the step logged under `name` (or a name Keras gives its metric), its logs
+    flattened as Keras flattens them (a guide's `{m.name: m.result() for m in
+    self.metrics}` nests the compiled metrics under `compile_metrics`)."""
     if not isinstance(logs, dict):
         return None
-    value = logs.get(name)
-    if value is None and name == "accuracy":
-        value = next((v for k, v in logs.items() if k.endswith("accuracy")), None)
+    flat = _flattened(logs)
+    value = flat.get(name)
+    names = SCORE_NAMES.get(name, ())
+    if value is None and names:
+        found = (v for k, v in flat.items() if k in names or k.endswith(f"_{name}"))
+        value = next(found, None)
     return value
+
+
+def _flattened(logs: dict) -> dict:
+    """Nested dicts of logs as one, their inner keys kept (as Keras's `fit` reports them)."""
+    flat = {}
+    for key, value in logs.items():
+        if isinstance(value, dict):
+            flat.update(_flattened(value))
+        else:
+            flat[key] = value
+    return flat

@@ -155,7 +155,10 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
             _write_json(run.run_dir / "evaluations.json", [asdict(e) for e in clock.evaluations])
             _write_json(run.run_dir / "history.json", records.history)
 
-    records = EpochRecords(clock, setup.steps, setup.step_examples, cfg.stop_at_target, written)
+    score = setup.objective.label.score
+    records = EpochRecords(
+        clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score
+    )
     setup.model.fit(
         fit_input(dataset_fn, setup.objective),
         epochs=cfg.epochs,

@@ -840,11 +840,17 @@ CUSTOM_LAYER = textwrap.dedent(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("function", ["build", "own_step", "own_loss"])
-def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path, function):
+@pytest.mark.parametrize(
+    "function, loop",
+    [("build", "tfscale"), ("own_step", "tfscale"), ("own_loss", "tfscale"), ("own_step", "fit")],
+)
+def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(
+    tmp_path, function, loop
+):
     """`tfscale evaluate --batch-size` reads the trained file back (the training recorded
     its evaluation at another batch size): the model's own module is imported first, so
-    its unregistered layer and its loss written as a function load."""
+    its unregistered layer and its loss written as a function load. Under `--loop fit` a
+    `train_step` returning its loss alone trains too (its score NaN, said as such)."""
     from helpers import run_main, tiny_params
 
     cancer_csv(tmp_path)
@@ -853,7 +859,7 @@ def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path
     data = ["--dataset", "cancer.csv", "--label", "target"]
     assert run_main([*params, "prepare", *data], tmp_path)[0] == 0
     train = [*params, "train", *data, "--model", f"scaled.py:{function}", "--no-diagnose"]
-    train += ["--strategy", "one_device"]
+    train += ["--strategy", "one_device", "--loop", loop]
     code, out, err = run_main(train, tmp_path)
     assert code == 0, err[-2000:]
     code, out, err = run_main([*params, "evaluate", *data, "--batch-size", "7"], tmp_path)
@@ -1036,3 +1042,67 @@ def test_a_model_file_edited_is_taken_as_it_is_now_and_a_run_keeps_its_folder(
     assert Run.from_spec(json.loads(json.dumps(run.to_spec())), Role()).run_dir == folder
     again = Run(config, manifest, data_dir, run.choice, run.report)
     assert again.run_dir != folder  # a run made now takes the file as it is now
+
+
+GUIDE_STEP = textwrap.dedent(
+    """
+    import keras
+    import tensorflow as tf
+
+    class GuideStep(keras.Model):  # "Customizing what happens in fit()", its first step
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(grads, self.trainable_variables)
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+    """
+)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "kind, loss, metric", [("class", "sparse_categorical_crossentropy", "accuracy"),
+                           ("regression", "mse", "mae")],
+)  # fmt: skip
+def test_a_guide_style_train_steps_nested_logs_give_its_score_as_keras_flattens_them(
+    tmp_path, kind, loss, metric
+):
+    """The guide's step returns `{m.name: m.result() for m in self.metrics}`, its compiled
+    metrics nested under `compile_metrics`: the train score is read from them, by Keras's
+    name for it (`mae` for the mean absolute error), never NaN."""
+    import importlib.util
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfscale.tasks.data.spec import Label
+    from tfscale.tasks.train.keras_meaning import run_own_train_step
+    from tfscale.tasks.train.objectives import Objective
+
+    (tmp_path / "guide.py").write_text(GUIDE_STEP)
+    spec = importlib.util.spec_from_file_location("guide_step", tmp_path / "guide.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    keras.utils.set_random_seed(0)
+    units = 3 if kind == "class" else 1
+    inputs = keras.Input((4,))
+    model = module.GuideStep(
+        inputs, keras.layers.Dense(units, activation="softmax" if units > 1 else None)(inputs)
+    )
+    model.compile(optimizer="sgd", loss=loss, metrics=[metric])
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+    labels = np.arange(8) % 3 if kind == "class" else x[:, :1]
+    label = Label(kind, (), ("0", "1", "2")) if kind == "class" else Label(kind, (1,))
+    objective = Objective(label, from_logits=False)
+    _, score = run_own_train_step(model, objective, tf.constant(x), tf.constant(labels))
+    logged = model.get_metrics_result()[metric]
+    assert float(score) == pytest.approx(float(logged) * 8, rel=1e-5)
