@@ -30,6 +30,11 @@ def own_train_step(model: Any) -> bool:
     return _overrides(model, "train_step")
 
 
+def own_test_step(model: Any) -> bool:
+    """Whether the model overrides Keras's `test_step` (its own evaluation)."""
+    return _overrides(model, "test_step")
+
+
 def keras_loss(model: Any) -> bool:
     """Whether Keras's `compute_loss` gives the model's loss: it was compiled with a loss,
     or overrides `compute_loss`. Otherwise the label kind's default loss stands in for the

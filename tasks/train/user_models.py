@@ -222,6 +222,7 @@ def check_user_model(
     rows = max(1, min(32, manifest.splits["train"]))
     features, labels = next(iter(build_dataset(manifest, data_dir, "train", rows, training=False)))
     outputs = _check_inputs(ref, model, spec, features)
+    _check_test_step(ref, model)
     _check_kind(ref, objective, spec.label.kind)
     _check_loss(ref, objective, labels, outputs)
     _check_target(objective, evaluate)
@@ -317,6 +318,21 @@ def _failure_line(exc: BaseException) -> str:
     inner = re.search(r"Error encountered:\s*\n\s*(.+)", text)
     cause = inner[1].strip() if inner else one_line(exc)
     return f"{layer[1]}.call: {cause}" if layer else f"{type(exc).__name__}: {cause}"
+
+
+def _check_test_step(ref: str, model: Any) -> None:
+    """A model's own `test_step` (an evaluation of its own, several passes with dropout
+    on, say) is not what tfscale's held-out evaluation runs: refused before any training."""
+    from tfscale.tasks.train.keras_meaning import own_test_step
+
+    if own_test_step(model):
+        raise ModelError(
+            f"--model {ref} overrides test_step, its own evaluation; tfscale evaluates the "
+            "held-out split as Keras's default test_step does (the model's call, its "
+            "compiled loss and metrics), so the figures would not be its own",
+            "remove test_step to be evaluated as Keras evaluates by default, and run your "
+            "own evaluation with model.evaluate on the model.keras the run saves",
+        )
 
 
 def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:

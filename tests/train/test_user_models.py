@@ -267,6 +267,24 @@ BAD = {
             return model
         """
     ),
+    "mc_dropout": textwrap.dedent(
+        """
+        import keras
+        class MonteCarlo(keras.Model):  # an evaluation of 8 passes with dropout on
+            def test_step(self, data):
+                x, y = data
+                y_pred = keras.ops.mean(
+                    keras.ops.stack([self(x, training=True) for _ in range(8)]), axis=0
+                )
+                return self.compute_metrics(x, y, y_pred)
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Dropout(0.5)(keras.layers.Concatenate()(list(inputs.values())))
+            model = MonteCarlo(inputs, keras.layers.Dense(1)(x))
+            model.compile(optimizer="adam", loss="binary_crossentropy")
+            return model
+        """
+    ),
     "own_optimizers": textwrap.dedent(
         """
         import keras
@@ -348,6 +366,7 @@ BAD = {
             2,
         ),
         ("damaged.keras", [], r"damaged.keras did not load", 2),
+        ("bad.py:mc_dropout", [], r"overrides test_step, its own evaluation", 2),
         ("model.h5", [], r"train.model: expected mlp, cnn", 2),
     ],
 )
