@@ -615,8 +615,8 @@ def _example_input(model: Any, feature: dict | None = None) -> Any:
 
     def zero(tensor: Any) -> Any:
         shape = (1, *[d or 1 for d in tensor.shape[1:]])
-        if str(tensor.dtype) == "string":
-            return np.full(shape, "", dtype=object)
+        if str(tensor.dtype) == "string":  # a string tensor: Keras takes no object array
+            return tf.fill(shape, "")
         return np.zeros(shape, dtype=str(tensor.dtype))
 
     return tf.nest.map_structure(zero, declared)

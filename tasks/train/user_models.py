@@ -107,8 +107,10 @@ def example_batch(spec: FeatureSpec) -> Any:
 
     def zero(feature: Any) -> Any:
         shape = (1, *feature.padded_shape)
-        if feature.dtype == "string":
-            return np.full(shape, "", dtype=object)
+        if feature.dtype == "string":  # a string tensor: Keras takes no numpy object array
+            import tensorflow as tf
+
+            return tf.fill(shape, "")
         dtype = {"uint8": "uint8", "int32": "int32", "int64": "int64", "bool": "bool"}
         return np.zeros(shape, dtype=dtype.get(feature.dtype, "float32"))
 

@@ -207,9 +207,7 @@ def test_arrays_by_x_and_y_by_their_own_splits_and_by_name(tmp_path):
     assert result.manifest.splits == {"test": 10, "train": 40}
     assert result.manifest.spec.is_image  # the image format: read as images are
     test, labels = read_all(result, "test")
-    assert (
-        np.array_equal(test, images[40:]) and labels.tolist() == (np.arange(10) % 3).tolist()
-    )
+    assert np.array_equal(test, images[40:]) and labels.tolist() == (np.arange(10) % 3).tolist()
 
     tags = (rng.random((80, 4)) > 0.5).astype(np.int64)
     np.savez(tmp_path / "named.npz", age=rng.random(80), words=rng.random((80, 3)), tags=tags)
@@ -708,7 +706,9 @@ def test_every_model_gets_images_as_the_spec_says_whatever_its_name(digits, tmp_
     inputs = keras.Input(spec.shape, dtype="uint8")
     scaled = keras.layers.Rescaling(1 / 255)(inputs)
     for name in ("digits_net", "cnn", "mlp", "resnet", "embedding"):
-        mine = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(scaled)), name=name)
+        mine = keras.Model(
+            inputs, keras.layers.Dense(10)(keras.layers.Flatten()(scaled)), name=name
+        )
         taken = as_model_takes(manifest, mine)
         x, _ = next(iter(build_dataset(taken, data_dir, "test", 64, False)))
         assert x.dtype == "uint8" and int(x.numpy().max()) > 1, name
@@ -776,7 +776,7 @@ def test_arrays_beside_x_and_y_are_refused_not_left_out_and_a_named_label_wins(t
 
 @pytest.mark.unit
 def test_shards_of_the_earlier_record_layout_are_refused_and_prepare_rewrites_them(tmp_path):
-    from tfscale.tasks.data.manifest import MANIFEST_NAME, Manifest, ShardError, load_manifest
+    from tfscale.tasks.data.manifest import MANIFEST_NAME, ShardError, load_manifest
 
     path, _ = wine_csv(tmp_path)
     result = prepare(tmp_path, str(path), label="target")

@@ -113,9 +113,7 @@ def test_a_start_apart_once_is_compared_again_and_twice_fails(monkeypatch):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("ending", ["dense_sigmoid", "activation_layer"])
-def test_a_model_saved_uncompiled_is_evaluated_on_the_probabilities_it_outputs(
-    tmp_path, ending
-):
+def test_a_model_saved_uncompiled_is_evaluated_on_the_probabilities_it_outputs(tmp_path, ending):
     """A binary model ending in a sigmoid, saved without a compile and read back by
     `tfscale evaluate`: its outputs are probabilities, so its accuracy is Keras's
     `binary_accuracy` at 0.5 and its loss `binary_crossentropy` on them, not on logits."""

@@ -863,9 +863,7 @@ CUSTOM_LAYER = textwrap.dedent(
     "function, loop",
     [("build", "tfscale"), ("own_step", "tfscale"), ("own_loss", "tfscale"), ("own_step", "fit")],
 )
-def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(
-    tmp_path, function, loop
-):
+def test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size(tmp_path, function, loop):
     """`tfscale evaluate --batch-size` reads the trained file back (the training recorded
     its evaluation at another batch size): the model's own module is imported first, so
     its unregistered layer and its loss written as a function load. Under `--loop fit` a
@@ -1125,3 +1123,48 @@ def test_a_guide_style_train_steps_nested_logs_give_its_score_as_keras_flattens_
     _, score = run_own_train_step(model, objective, tf.constant(x), tf.constant(labels))
     logged = model.get_metrics_result()[metric]
     assert float(score) == pytest.approx(float(logged) * 8, rel=1e-5)
+
+
+STRING_LOOKUP = textwrap.dedent(
+    """
+    import keras
+
+    def build(spec):  # keras-io's structured data example: a StringLookup on a text input
+        inputs = {
+            f.keras_name: keras.Input((1,), name=f.keras_name, dtype=f.dtype)
+            for f in spec.features
+        }
+        thal = keras.layers.StringLookup(
+            vocabulary=["fixed", "normal", "reversible"], output_mode="one_hot"
+        )(inputs["thal"])
+        age = keras.layers.Normalization(mean=50.0, variance=100.0)(inputs["age"])
+        x = keras.layers.Concatenate()([thal, age])
+        model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+        model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+        return model
+    """
+)
+
+
+@pytest.mark.unit
+def test_a_compiled_model_with_a_string_input_is_readied_for_tfscales_step():
+    """A compiled model taking text (a `StringLookup`) is built for a batch of the data's
+    features before its first step, as `fit` builds it: the text as a string tensor (a
+    numpy object array is no dtype Keras takes)."""
+    import keras
+    import numpy as np
+
+    from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
+    from tfscale.tasks.train.keras_meaning import attach
+    from tfscale.tasks.train.objectives import Built
+    from tfscale.tasks.train.user_models import example_batch, example_labels, objective_from
+
+    features = (Feature("thal", "string", ()), Feature("age", "float32", ()))
+    spec = FeatureSpec(features, Label("binary", (), ("0", "1")))
+    scope: dict = {}
+    exec(STRING_LOOKUP, scope)
+    model = scope["build"](spec)
+    attach(Built(model, objective_from(model, spec)), keras.optimizers.Adam(),
+           example_batch(spec), example_labels(spec))  # fmt: skip
+    text = np.array([["normal"], ["fixed"]], dtype=object)
+    assert model({"thal": text, "age": np.ones((2, 1), "float32")}).shape == (2, 1)
