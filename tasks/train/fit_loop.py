@@ -153,6 +153,24 @@ def dividing(steps: int, per_call: int) -> int:
     return max(k for k in range(1, max(min(per_call, steps), 1) + 1) if steps % k == 0)
 
 
+def fit_epochs(
+    setup: Any, dataset_fn: Callable, epochs: int, per_call: int, callbacks: list[Any]
+) -> Any:
+    """Trains `epochs` epochs of `setup.steps` steps in one `fit` call over `dataset_fn`'s
+    global batches (Keras reshuffles each epoch; its iterator runs on across the
+    held-out evaluations), in whole executions that divide an epoch (`dividing`), so that
+    an epoch is exactly its steps. Returns Keras's `History`."""
+    compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, per_call))
+    return setup.model.fit(
+        fit_input(dataset_fn, setup.objective),
+        epochs=epochs,
+        steps_per_epoch=setup.steps,
+        verbose=0,
+        shuffle=False,  # the input is shuffled by its seed, each epoch anew
+        callbacks=callbacks,
+    )
+
+
 def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
     """An epoch runner (`steps.make_epoch_runner`'s contract) of `fit` calls over
     `dataset_fn` (each replica's batches, taken in turn as global batches): `run(steps)`

@@ -137,16 +137,12 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     its own (no checkpoints to resume from, no gradient noise scale: Keras's step)."""
     from tfscale.tasks.train.fit_loop import (
         EpochRecords,
-        compile_for_fit,
         compiled_as_given,
-        dividing,
-        fit_input,
+        fit_epochs,
     )
 
     cfg, chief = run.train, run.role.chief
     as_given = compiled_as_given(setup.model)
-    # whole executions that divide the epoch: fit's epoch is then exactly `setup.steps`
-    compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, cfg.steps_per_call))
     dataset_fn = train_dataset_fn(cfg, setup.manifest, run.data_dir, setup.global_batch)
     clock = _target_clock(run, setup, 0)
 
@@ -159,14 +155,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     records = EpochRecords(
         clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score
     )
-    setup.model.fit(
-        fit_input(dataset_fn, setup.objective),
-        epochs=cfg.epochs,
-        steps_per_epoch=setup.steps,
-        verbose=0,
-        shuffle=False,  # the input is shuffled by its seed, each epoch anew
-        callbacks=[records],
-    )
+    fit_epochs(setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records])
     as_given()
     model_path = _saved(run, setup, None)
     result = _result(setup, run.choice, run.run_dir, model_path, records.history, 0)

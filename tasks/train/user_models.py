@@ -231,6 +231,7 @@ def check_user_model(
     _check_rebuilds(ref, model)
     if run is not None:
         _check_how_trained(ref, model, *run)
+        _check_fit_takes(ref, spec, *run)
     _check_own_step(ref, Built(model, objective), features, labels)
 
 
@@ -334,6 +335,20 @@ def _check_test_step(ref: str, model: Any) -> None:
             "compiled loss and metrics), so the figures would not be its own",
             "remove test_step to be evaluated as Keras evaluates by default, and run your "
             "own evaluation with model.evaluate on the model.keras the run saves",
+        )
+
+
+def _check_fit_takes(ref: str, spec: FeatureSpec, train: Any, choice: Any) -> None:
+    """Keras's `fit` under Mirrored takes no text input: TensorFlow fails as it distributes
+    the batch (`AddN` of strings), after the model check and before a step."""
+    text = [f.name for f in spec.features if f.dtype == "string"]
+    if train.loop == "fit" and choice.replicas > 1 and text:
+        raise ModelError(
+            f"--model {ref} takes text ({', '.join(text)}), which Keras's fit under "
+            f"{choice.kind} over {choice.replicas} replicas cannot distribute (TensorFlow "
+            "has no AddN of strings)",
+            "train it with tfscale's loop (--loop tfscale), which distributes text, or "
+            "--loop fit on one device (--strategy one_device)",
         )
 
 

@@ -1168,3 +1168,26 @@ def test_a_compiled_model_with_a_string_input_is_readied_for_tfscales_step():
            example_batch(spec), example_labels(spec))  # fmt: skip
     text = np.array([["normal"], ["fixed"]], dtype=object)
     assert model({"thal": text, "age": np.ones((2, 1), "float32")}).shape == (2, 1)
+
+
+@pytest.mark.unit
+def test_text_under_kerass_fit_over_replicas_is_refused_before_training():
+    """Keras's `fit` under Mirrored fails on a text input as it distributes the batch:
+    `--loop fit` over 2 replicas is refused with the loops and strategies that train it."""
+    from helpers import report
+
+    from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.train.user_models import _check_fit_takes
+
+    features = (Feature("thal", "string", ()), Feature("age", "float32", ()))
+    spec = FeatureSpec(features, Label("binary", (), ("0", "1")))
+    for strategy, refused in (("mirrored", True), ("one_device", False)):
+        train = load_config(None, {"train.loop": "fit", "train.strategy": strategy}).train
+        choice = select_strategy(report(), train)
+        if not refused:
+            _check_fit_takes("lookup.py:build", spec, train, choice)
+            continue
+        with pytest.raises(ModelError, match=r"takes text \(thal\).*fit under mirrored") as e:
+            _check_fit_takes("lookup.py:build", spec, train, choice)
+        assert "--loop tfscale" in e.value.fix and "--strategy one_device" in e.value.fix
