@@ -349,10 +349,11 @@ def compare_once(
         trained = setup.steps
 
     keras.utils.set_random_seed(config.train.seed)
-    # Keras's fit takes no text under Mirrored (an AddN of strings as it distributes the
-    # batch): the user's fit then runs on one device at the same global batch, the same
-    # arithmetic for a model without BatchNormalization
-    scope = setup.strategy if case not in TEXT_CASES else tf.distribute.get_strategy()
+    # Keras's fit takes no text over replicas (an AddN of strings as it distributes the
+    # batch): the user's fit then runs outside the strategy at the same global batch, the
+    # same arithmetic for a model without BatchNormalization
+    apart = case in TEXT_CASES and setup.replicas > 1
+    scope = tf.distribute.get_strategy() if apart else setup.strategy
     with scope.scope():
         built = model_for_data(config.train.model, manifest.spec)
         fitted = built.model

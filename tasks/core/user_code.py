@@ -202,5 +202,9 @@ def _import_file(path: Path) -> Any:
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception's message, its first line (at most 300 characters)."""
-    return (str(exc).strip().splitlines() or [""])[0][:300]
+    """An exception's message, its first line (at most 300 characters), without the
+    terminal's colour codes Keras puts in some."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    return (text.strip().splitlines() or [""])[0][:300]

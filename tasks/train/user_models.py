@@ -92,9 +92,46 @@ def user_model(ref: str, spec: FeatureSpec) -> Built:
             f"--model {ref} returned {type(model).__name__}, not a keras.Model",
             "return the model (keras.Sequential, keras.Model(inputs, outputs) or a subclass)",
         )
+    _refuse_own_optimizers(ref, model)  # the documented refusal first, before any build
     if not model.built or not model.weights:  # a subclassed model: its variables, now
-        model(example_batch(spec), training=False)
+        try:
+            model(example_batch(spec), training=False)
+        except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
+            raise ModelError(
+                f"--model {ref} does not build on this data's features: {_failure_line(exc)}",
+                "give the model a call() that takes the features (a dict by name, or one "
+                "tensor), and build it in the function",
+            ) from exc
     return Built(model, objective_from(model, spec, ref))
+
+
+OWN_OPTIMIZERS_FIX = (
+    "tfscale sets the rate and measures through the optimizer compile() gives the model: "
+    "apply the gradients with self.optimizer; a model trained by several optimizers of its "
+    "own (a GAN) is trained outside tfscale, whose loops (--loop tfscale and fit) both "
+    "measure through model.optimizer"
+)
+
+
+def _refuse_own_optimizers(ref: str, model: Any) -> None:
+    """A model with its own `train_step` holding optimizers other than `model.optimizer`
+    (Keras's GAN example: `compile(d_optimizer, g_optimizer, loss_fn)`) updates through
+    them: refused as it is returned, whatever else it lacks."""
+    import keras
+
+    from tfscale.tasks.train.keras_meaning import own_train_step
+
+    optimizer = getattr(model, "optimizer", None)
+    others = [
+        name for name, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
+    ]  # fmt: skip
+    if others and own_train_step(model):
+        raise ModelError(
+            f"--model {ref}: its train_step does not update through model.optimizer but "
+            f"through {', '.join(others)}",
+            OWN_OPTIMIZERS_FIX,
+        )
 
 
 def example_batch(spec: FeatureSpec) -> Any:
@@ -400,8 +437,7 @@ def _check_own_step(ref: str, built: Built, features: Any, labels: Any) -> None:
         raise ModelError(
             f"--model {ref}: its train_step does not update through model.optimizer"
             + (f" but through {', '.join(others)}" if others else ""),
-            "tfscale sets the rate and measures through the optimizer compile() gives the "
-            "model: apply the gradients with self.optimizer, or train it with model.fit",
+            OWN_OPTIMIZERS_FIX,
         )
 
 
