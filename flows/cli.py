@@ -42,6 +42,12 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
         "blank numeric cells: refuse (the default: names the columns) | mean | zero (fill, "
         "the mean over the training split) | drop (the rows)",
     ),
+    "--color-mode": (
+        "prepare.color_mode",
+        str,
+        "an image folder's images as Keras's image_dataset_from_directory reads them: rgb "
+        "(the default, 3 channels) | grayscale (1) | rgba (4)",
+    ),
     "--data-dir": ("prepare.data_dir", str, "root of the prepared datasets (data/tfrecords)"),
     "--num-shards": ("prepare.num_shards", int, "shards per split (default: from the shard size)"),
     "--target-shard-mb": ("prepare.target_shard_mb", float, "aim for shards of this size"),

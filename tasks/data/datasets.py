@@ -21,7 +21,9 @@ from tfscale.tasks.data.streams import Chunk
 from tfscale.tasks.settings.config import PrepareConfig
 
 Example = tuple[np.ndarray, int]
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# the files Keras's image_dataset_from_directory reads (its ALLOWLIST_FORMATS)
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+COLOR_MODES = {"grayscale": "L", "rgb": "RGB", "rgba": "RGBA"}  # PIL's mode of each
 _CHUNK = 1024
 _CHUNK_BYTES = 16 << 20  # an image source's chunk holds at most this much (large photos)
 
@@ -168,8 +170,9 @@ class FolderSource(ImageSource):
         self.splits = {s: len(f) for s, f in self.files.items()}
 
     def examples(self, split: str, start: int, stop: int) -> Iterator[Example]:
+        mode = {1: "L", 3: "RGB", 4: "RGBA"}[self.spec.shape[-1]]
         for path, label in self.files[split][start:stop]:
-            image = _read_image(path, self.spec.shape[-1])
+            image = _read_image(path, mode)
             if image.shape != self.spec.shape:
                 raise DatasetError(
                     f"{path}: expected an image of shape {self.spec.shape} like the rest of "
@@ -190,8 +193,9 @@ def folder_source(root: Path, cfg: PrepareConfig) -> FolderSource:
     """An image folder in one of three layouts: `<root>/train/<class>/*` with
     `<root>/test/<class>/*`; the same with `validation/` for `test/` (held out as the test
     split); or the class folders directly under `<root>` (flat), `cfg.test_fraction` of
-    each class held out by a seeded draw (`cfg.seed`). Images are .png or .jpg of one size;
-    folders whose names start with `.` are skipped.
+    each class held out by a seeded draw (`cfg.seed`). Images are the files Keras reads
+    (.bmp, .gif, .jpeg, .jpg, .png) of one size, read in `cfg.color_mode` (rgb by
+    default, as Keras reads them); folders whose names start with `.` are skipped.
 
     Raises:
         DatasetError: the folder is in none of the layouts, mixes them, or has no held-out
@@ -204,7 +208,7 @@ def folder_source(root: Path, cfg: PrepareConfig) -> FolderSource:
     else:
         classes = [d.name for d in class_dirs]
         files, held_out = _drawn_split(root, class_dirs, cfg), "drawn"
-    probe = _read_image(files["train"][0][0], None)
+    probe = _read_image(files["train"][0][0], COLOR_MODES[cfg.color_mode])
     spec = FeatureSpec.image(tuple(probe.shape), tuple(classes))
     return FolderSource(root, spec, files, held_out)
 
@@ -266,7 +270,7 @@ def _layout(root: Path) -> tuple[list[Path], list[Path]]:
             f"move its images into {misplaced}/<class>/ folders",
         )
     if not splits and not classes:
-        raise DatasetError(f"{root} holds no .png or .jpg images in class folders", _LAYOUTS)
+        raise DatasetError(f"{root} holds no images (.bmp, .gif, .jpeg, .jpg, .png) in class folders", _LAYOUTS)
     if splits:
         return [d for d in folders if d.name.lower() in SPLIT_FOLDERS], []
     return [], folders
@@ -335,12 +339,24 @@ def _drawn_split(
     }
 
 
-def _read_image(path: Path, channels: int | None) -> np.ndarray:
-    from PIL import Image
+def _read_image(path: Path, mode: str) -> np.ndarray:
+    """The image at `path` in PIL's `mode` (L, RGB or RGBA: `prepare.color_mode`), as
+    Keras's `image_dataset_from_directory` converts it (a gif: its first frame).
 
-    with Image.open(path) as img:
-        mode = {1: "L", 3: "RGB"}.get(channels or 0, "L" if img.mode in ("L", "1") else "RGB")
-        array = np.asarray(img.convert(mode), dtype=np.uint8)
+    Raises:
+        DatasetError: the file is not an image PIL reads, naming it.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            array = np.asarray(img.convert(mode), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError) as exc:
+        raise DatasetError(
+            f"{path} is not an image tfscale can read ({type(exc).__name__}), though "
+            "named as one",
+            "remove it from the folder, or save it again as .png or .jpg",
+        ) from None
     return array[..., None] if array.ndim == 2 else array
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tfscale.tasks.core.files import atomic_path, write_text_atomic
+from tfscale.tasks.data.datasets import FolderSource
 from tfscale.tasks.data.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -90,6 +91,8 @@ def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) ->
     if not source.named_label:  # an image source: no label to name
         params.pop("label")
         params.pop("label_kind")
+    if not isinstance(source, FolderSource):  # only a folder's images have a colour mode
+        params.pop("color_mode")
     params["shards"] = {s: sum(p.split == s for p in plan) for s in source.splits}
     held_out = getattr(source, "held_out", "")
     if held_out:  # an image folder's test split is not its test/ folder

@@ -88,6 +88,9 @@ class PrepareConfig:
     # blank numeric cells: refuse (name the columns), or fill with the training split's
     # mean or zero, or drop the rows that have any
     missing: Literal["refuse", "mean", "zero", "drop"] = "refuse"
+    # an image folder's images as Keras's image_dataset_from_directory reads them: rgb (its
+    # default: greyscale files too, as 3 channels), grayscale (1) or rgba (4)
+    color_mode: Literal["rgb", "grayscale", "rgba"] = "rgb"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -22,6 +22,7 @@ from tfscale.tasks.data.preparation import (
     prepare_dataset,
     prepared_line,
 )
+from tfscale.tasks.settings.config import load_config
 
 
 def read_split(manifest, data_dir, split, **kw):
@@ -415,7 +416,7 @@ def test_train_and_test_folders_say_nothing_of_a_held_out_split(tmp_path, make_c
         ({"test/cat": 2, "validation/dog": 2}, "no training images", "put them there"),
         ({"cat": 1, "dog": 1}, "cat, dog hold fewer than 2 images", "add images to them"),
         ({"cat": 3, "dog": 1}, "class folder(s) dog hold fewer", "add images to them"),
-        ({}, "holds no .png or .jpg images", "<root>/<class>/*"),
+        ({}, "holds no images (.bmp, .gif, .jpeg, .jpg, .png)", "<root>/<class>/*"),
         (
             {"cat": 2, "train/dog": 2},
             "mixes split folders (train) with folders of images (cat)",
@@ -489,3 +490,32 @@ def test_tfds_by_name_with_the_download_mocked(make_config):
     images, labels = read_split(manifest, result.data_dir, "train")
     assert images.shape == (12, 28, 28, 1) and labels.max() < 10
     verify_shards(result.data_dir)
+
+
+def test_an_image_folder_is_read_as_kerass_image_dataset_from_directory_reads_it(tmp_path):
+    """Greyscale files sorted first do not decide the channels: rgb by default, as Keras's
+    `image_dataset_from_directory`, `--color-mode grayscale` asked for; .bmp and .gif are
+    read as Keras reads them; a file named .png that is not an image is named."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "mixed"
+    for i in range(12):
+        cls = ("a", "b")[i % 2]
+        suffix = (".png", ".bmp", ".gif", ".jpg")[i % 4]
+        (folder / cls).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+        image = Image.fromarray(pixels).convert("L") if i < 3 else Image.fromarray(pixels)
+        image.save(folder / cls / f"{i:02d}{suffix}")
+    shapes = {}
+    for mode in ("rgb", "grayscale", "rgba"):
+        values = {"prepare.dataset": str(folder), "prepare.color_mode": mode}
+        values["prepare.data_dir"] = str(tmp_path / mode)
+        result = prepare_dataset(load_config(None, values), progress=False)
+        assert sum(result.manifest.splits.values()) == 12  # every file Keras reads
+        shapes[mode] = result.manifest.spec.shape
+    assert shapes == {"rgb": (6, 6, 3), "grayscale": (6, 6, 1), "rgba": (6, 6, 4)}
+    (folder / "a" / "notes.png").write_text("not an image")
+    values = {"prepare.dataset": str(folder), "prepare.data_dir": str(tmp_path / "again")}
+    with pytest.raises(DatasetError, match=r"notes.png is not an image tfscale can read"):
+        prepare_dataset(load_config(None, values), progress=False)
