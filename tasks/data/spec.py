@@ -235,7 +235,18 @@ class FeatureSpec:
         return f"{', '.join(shown)}; {label}"
 
 
+def date_resolution_s(days: float) -> float:
+    """How far a float32 count of days near `days` may be from the time it stands for,
+    in seconds (half the gap between neighbouring float32 values)."""
+    import numpy as np
+
+    return float(np.spacing(np.float32(abs(days)))) * 86_400 / 2
+
+
 def _describe(feature: Feature) -> str:
     dims = "x".join("?" if d is None else str(d) for d in feature.shape)
-    kind = "date as days since 1970" if feature.date else feature.dtype
+    kind = feature.dtype
+    if feature.date:
+        furthest = abs(feature.mean or 0.0) + 3 * (feature.std or 0.0)
+        kind = f"date as days since 1970 (to +-{date_resolution_s(furthest):.0f} s)"
     return f"{feature.name} {dims + ' ' if dims else ''}{kind}"

@@ -100,7 +100,7 @@ def _arrow_types(types: dict[str, str]) -> dict[str, Any]:
         "number": pa.float64(),
         "bool": pa.bool_(),
         "string": pa.string(),
-        "date": pa.timestamp("s"),
+        "date": pa.string(),  # parsed as pandas parses it (`_days`): a zone, a fraction
     }
     return {name: kinds[kind] for name, kind in types.items()}
 
@@ -172,11 +172,46 @@ def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str) -> Chunk
             text = pcomp.cast(values, pa.string()).fill_null("")
             columns[feature.name] = np.asarray(text.to_numpy(zero_copy_only=False), object)
         elif feature.date:
-            seconds = pcomp.cast(pcomp.cast(values, pa.timestamp("s")), pa.int64())
-            days = seconds.to_numpy(zero_copy_only=False).astype(np.float64) / 86_400
-            columns[feature.name] = days.astype(np.float32)  # a blank date: NaN
+            columns[feature.name] = _days(values, feature.name)  # a blank date: NaN
         else:
             numbers = pcomp.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
             columns[feature.name] = numbers.astype(np.float32)
     raw = batch.column(batch.schema.get_field_index(label)).to_numpy(zero_copy_only=False)
     return columns, raw
+
+
+def _days(values: Any, name: str) -> np.ndarray:
+    """Dates or time stamps as float32 days since 1970-01-01 UTC: a CSV's text parsed as
+    pandas parses it (`Z`, `+01:00`, fractions of a second; a zone's time as UTC, a time
+    without one as given), a Parquet column's own type to the nanosecond. float32 keeps a
+    day count of today's to about a minute and a half (`spec.date_resolution_s`).
+
+    Raises:
+        DatasetError: a value pandas does not read as a time, naming the column.
+    """
+    import pandas as pd
+    import pyarrow as pa
+
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        text = pd.Series(values.to_pandas(), dtype=object).replace("", None)
+        try:
+            stamps = pd.to_datetime(text, format="ISO8601", utc=True)
+        except (ValueError, TypeError) as exc:
+            raise DatasetError(
+                f"column {name!r} holds a value that is not a date or a time stamp "
+                f"({str(exc).splitlines()[0]})",
+                "write every value as a date or time stamp (ISO 8601: 2024-05-01, "
+                "2024-05-01T10:30:00Z), or leave it empty",
+            ) from None
+        utc = stamps.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")
+        nanoseconds = utc.astype(np.int64).astype(np.float64)
+        nanoseconds[np.isnat(utc)] = np.nan
+    else:
+        import pyarrow.compute as pcomp
+
+        if pa.types.is_date(values.type):
+            values = pcomp.cast(values, pa.timestamp("s"))
+        unit = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}[values.type.unit]
+        counts = pcomp.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
+        nanoseconds = np.asarray(counts, np.float64) * unit
+    return (nanoseconds / 86_400e9).astype(np.float32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -788,3 +789,36 @@ def test_shards_of_the_earlier_record_layout_are_refused_and_prepare_rewrites_th
     again = prepare(tmp_path, str(path), label="target")
     assert again.written == len(again.manifest.shards)
     assert load_manifest(again.data_dir).params["records"] == 2
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("source", ["csv", "parquet"])
+def test_time_stamps_are_read_as_pandas_reads_them_and_their_resolution_said(tmp_path, source):
+    """`Z`, `+01:00` and fractions of a second are parsed as pandas parses them (the
+    instant, in UTC), in a CSV and in a Parquet file of sub-second datetimes; a blank is a
+    blank cell; the features line says how near float32 days keep them."""
+    import pandas as pd
+
+    stamps = ["2024-05-01T10:30:00Z", "2024-05-01T11:30:00+01:00", "2024-05-02T10:30:00.25Z"]
+    stamps = stamps * 20
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"t": stamps, "x": rng.normal(size=60), "y": np.arange(60) % 2})
+    path = tmp_path / f"t.{source}"
+    if source == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame["t"] = pd.to_datetime(frame["t"], format="ISO8601", utc=True)
+        frame.to_parquet(path)
+    result = prepare(tmp_path, str(path), label="y")
+    assert re.search(r"t date as days since 1970 \(to \+-84 s\)", result.manifest.spec.describe())
+    train, _ = read_all(result, "train")
+    test, _ = read_all(result, "test")
+    days = np.concatenate([train["t"], test["t"]])
+    expected = pd.to_datetime(pd.Series(stamps), format="ISO8601", utc=True)
+    expected = expected.dt.tz_convert(None).to_numpy("datetime64[ns]").astype(np.int64) / 86_400e9
+    assert sorted(set(days.tolist())) == sorted(set(expected.astype(np.float32).tolist()))
+    assert len(set(days.tolist())) == 2  # 10:30Z and 11:30+01:00 are one instant
+    frame = pd.DataFrame({"t": ["2024-05-01T10:00:00Z", ""] * 15, "y": np.arange(30) % 2})
+    frame.to_csv(tmp_path / "gaps.csv", index=False)
+    with pytest.raises(DatasetError, match=r"blank cells \('t' 15\)"):
+        prepare(tmp_path, str(tmp_path / "gaps.csv"), label="y")
