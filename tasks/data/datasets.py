@@ -270,7 +270,10 @@ def _layout(root: Path) -> tuple[list[Path], list[Path]]:
             f"move its images into {misplaced}/<class>/ folders",
         )
     if not splits and not classes:
-        raise DatasetError(f"{root} holds no images (.bmp, .gif, .jpeg, .jpg, .png) in class folders", _LAYOUTS)
+        raise DatasetError(
+            f"{root} holds no images (.bmp, .gif, .jpeg, .jpg, .png) in class folders",
+            _LAYOUTS,
+        )
     if splits:
         return [d for d in folders if d.name.lower() in SPLIT_FOLDERS], []
     return [], folders
@@ -353,8 +356,7 @@ def _read_image(path: Path, mode: str) -> np.ndarray:
             array = np.asarray(img.convert(mode), dtype=np.uint8)
     except (UnidentifiedImageError, OSError) as exc:
         raise DatasetError(
-            f"{path} is not an image tfscale can read ({type(exc).__name__}), though "
-            "named as one",
+            f"{path} is not an image tfscale can read ({type(exc).__name__}), though named as one",
             "remove it from the folder, or save it again as .png or .jpg",
         ) from None
     return array[..., None] if array.ndim == 2 else array
