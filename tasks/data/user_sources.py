@@ -60,6 +60,7 @@ def stream_source(
     first read (`streams.add_to_digest`), where a later read might differ (a pipeline's).
     A lone array of images takes the name `image` (`named_features`)."""
     spec = FeatureSpec(named_features(features, coding.label.kind), coding.label)
+    _refuse_same_keras_names(name, spec)
     rename = {old.name: new.name for old, new in zip(features, spec.features, strict=True)}
 
     def chunks(split: str | None) -> Iterator[Chunk]:
@@ -86,6 +87,25 @@ def stream_source(
         return split_stream(name, version, spec, encoded[None], cfg, chunks)
     splits = {split: len(raw) for split, raw in encoded.items()}
     return StreamSource(name, version, spec, splits, chunks)
+
+
+def _refuse_same_keras_names(name: str, spec: FeatureSpec) -> None:
+    """Two features whose names Keras takes as one (`a b` and `a/b` are both `a_b` as an
+    input's name) would be one input of a model keyed by Keras's names.
+
+    Raises:
+        DatasetError: naming both features and the name they share.
+    """
+    seen: dict[str, str] = {}
+    for feature in spec.features:
+        other = seen.setdefault(feature.keras_name, feature.name)
+        if other != feature.name:
+            raise DatasetError(
+                f"{name}: features {other!r} and {feature.name!r} are both "
+                f"{feature.keras_name!r} as Keras names an input (it takes letters, digits, "
+                "_, . and - only)",
+                f"rename one of {other!r} and {feature.name!r} in the data",
+            )
 
 
 def held_out_rows(spec: FeatureSpec, labels: np.ndarray, cfg: PrepareConfig) -> np.ndarray:

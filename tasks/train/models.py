@@ -116,6 +116,14 @@ def model_for_data(name: str, spec: FeatureSpec, ps_tasks: int = 0) -> Built:
         raise UsageError(f"Unknown model {name!r}; expected one of {', '.join(MODELS)}")
     if name != "mlp":
         shown = ", ".join(f.name for f in spec.features[:4])
+        images = [f for f in spec.features if f.dtype == "uint8" and len(f.shape) == 3]
+        if len(spec.features) == 1 and images and spec.label.kind == "binary":
+            raise UsageError(
+                f"The {name} model takes images with a class label; this data's images "
+                f"({shown}) have a label of two values, read as binary",
+                "prepare it again with --label-kind class (prepare.label_kind) for the "
+                "image models, or train it with --model mlp",
+            )
         raise UsageError(
             f"The {name} model needs images; this data's features are {shown}"
             + (", ..." if len(spec.features) > 4 else ""),

@@ -300,8 +300,14 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
             f"{one_line(exc)}; the model's inputs are {_inputs_of(model)}, the data's "
             f"features {_features_of(spec)}",
             "give the model one input per feature, named as spec.features' keras_name and "
-            f"shaped as the feature, or one input of shape ({len(spec.numbers)},) "
-            "over the numeric features in the data's order (the function receives the spec)",
+            "shaped as the feature"
+            + (
+                f", or one input of shape ({len(spec.numbers)},) over the numeric features "
+                "in the data's order"
+                if len(spec.numbers) > 1
+                else ""
+            )
+            + " (the function receives the spec)",
         ) from exc
     if isinstance(outputs, (list, tuple, dict)) and len(outputs) > 1:
         raise ModelError(

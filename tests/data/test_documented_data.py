@@ -157,3 +157,20 @@ def test_empty_labels_are_refused_at_prepare_naming_the_column_and_count(tmp_pat
         prepare(tmp_path, str(path))
     assert "fill them or drop those rows" in caught.value.fix
     assert not list(tmp_path.rglob("*.tfrecord"))
+
+
+@pytest.mark.unit
+def test_two_class_images_read_as_binary_get_the_fix_that_works_for_the_image_models(tmp_path):
+    """A uint8 image `.npz` with a label of two values is read as binary: `--model cnn`
+    is refused with `--label-kind class`, which makes it the image format cnn takes."""
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.train.models import model_for_data
+
+    images = np.random.default_rng(0).integers(0, 256, (40, 8, 8, 1), dtype=np.uint8)
+    np.savez(tmp_path / "i.npz", x=images, y=np.arange(40) % 2)
+    spec = prepare(tmp_path, str(tmp_path / "i.npz")).manifest.spec
+    with pytest.raises(UsageError, match="label of two values, read as binary") as caught:
+        model_for_data("cnn", spec)
+    assert "--label-kind class" in caught.value.fix
+    again = prepare(tmp_path / "as_classes", str(tmp_path / "i.npz"), label_kind="class")
+    assert model_for_data("cnn", again.manifest.spec).model.output_shape[-1] == 2

@@ -822,3 +822,15 @@ def test_time_stamps_are_read_as_pandas_reads_them_and_their_resolution_said(tmp
     frame.to_csv(tmp_path / "gaps.csv", index=False)
     with pytest.raises(DatasetError, match=r"blank cells \('t' 15\)"):
         prepare(tmp_path, str(tmp_path / "gaps.csv"), label="y")
+
+
+@pytest.mark.unit
+def test_columns_keras_would_name_alike_are_refused_naming_both(tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({"a b": np.arange(20.0), "a/b": np.arange(20.0), "y": np.arange(20) % 2})
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(DatasetError, match=r"features 'a b' and 'a/b' are both 'a_b'") as e:
+        prepare(tmp_path, str(tmp_path / "t.csv"), label="y")
+    assert "rename one of 'a b' and 'a/b'" in e.value.fix
+    assert not list(tmp_path.rglob("*.tfrecord"))
