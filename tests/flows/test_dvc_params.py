@@ -29,7 +29,7 @@ GRID = "a cell takes it from the sweep's grid (sweep.*)"
 # a sweep's cells train on synthetic data of their sizes; only a size of 0 reads the
 # prepared dataset, which few grids have (the user's file then re-runs prepare, not it)
 SYNTHETIC = "read only by a cell of size 0 (sweep.dataset_sizes): cells are synthetic"
-PREPARED_KEYS = "dataset files test_fraction label label_kind missing"
+PREPARED_KEYS = "dataset files test_fraction label label_kind missing color_mode"
 GRID_KEYS = (
     "model epochs batch_size_per_replica scaling precision replicas workers strategy link_gbit"
     " stages micro_batches"
