@@ -91,14 +91,33 @@ def prepare_dataset(config: Config, *, force: bool = False, progress: bool = Tru
         force: rewrite every shard even when the existing ones are up to date.
         progress: show a progress bar while writing.
     """
-    source = open_source(config.prepare)
     out_dir = dataset_dir(config)
+    _refuse_inside_the_data(config.prepare.dataset, out_dir)
+    source = open_source(config.prepare)
     if force:
         remove_written(out_dir)  # its own files only: whatever else is there stays
     plan = plan_shards(source, config.prepare, config.min_shards)
     return write_shards(
         source, out_dir, plan, prepare_params(source, config.prepare, plan), progress
     )
+
+
+def _refuse_inside_the_data(dataset: str, out_dir: Path) -> None:
+    """The shards never go into the user's own data folder (a rerun would read them as a
+    class folder, and the folder is theirs).
+
+    Raises:
+        DatasetError: `out_dir` is the dataset's folder or inside it.
+    """
+    folder = Path(dataset)
+    if not folder.is_dir():
+        return
+    folder, target = folder.resolve(), out_dir.resolve()
+    if target == folder or folder in target.parents:
+        raise DatasetError(
+            f"the shards of {dataset} would be written into the dataset's own folder ({target})",
+            "give a --data-dir (prepare.data_dir) outside the dataset's folder",
+        )
 
 
 def prepared_line(result: PrepareResult, *, reused: bool = False) -> str:

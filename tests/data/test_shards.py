@@ -180,6 +180,42 @@ def test_force_on_the_current_folder_deletes_no_file_tfscale_did_not_write(tmp_p
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("form", [".", "..", "trailing slash", "symlink", "inside"])
+def test_each_path_form_of_an_image_folder_keeps_the_users_files_under_force(tmp_path, form):
+    """`.`, `..`, a trailing slash and a symlink all name the folder by its real name, its
+    shards beside a user's file that `--force` leaves; a data folder inside the image
+    folder itself is refused before anything is written."""
+    from PIL import Image
+
+    pets = tmp_path / "pets"
+    for i in range(8):
+        path = pets / ("cat", "dog")[i % 2] / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4, 3), 30 * i, np.uint8)).save(path)
+    (tmp_path / "link").symlink_to(pets)
+    cwd, dataset, store = {
+        ".": (pets, ".", tmp_path / "store"),
+        "..": (pets / "cat", "..", tmp_path / "store"),
+        "trailing slash": (tmp_path, "pets/", tmp_path / "store"),
+        "symlink": (tmp_path, "link", tmp_path / "store"),
+        "inside": (tmp_path, "pets", pets / "shards"),
+    }[form]
+    store.mkdir(parents=True, exist_ok=True)
+    (store / "notes.txt").write_text("the user's")
+    argv = ["--params", DEFAULTS, "prepare", "--dataset", dataset, "--data-dir", str(store)]
+    code, out, err = run_main([*argv, "--force"], cwd)
+    assert (store / "notes.txt").read_text() == "the user's"
+    if form == "inside":
+        assert code == 1 and "into the dataset's own folder" in err, err
+        assert not list(pets.rglob("*.tfrecord"))
+        return
+    assert code == 0, err
+    assert sorted(p.name for p in store.iterdir()) == ["notes.txt", "pets"]
+    (store / "pets" / "mine.txt").write_text("the user's too")
+    assert run_main([*argv, "--force"], cwd)[0] == 0
+    assert (store / "pets" / "mine.txt").read_text() == "the user's too"
+
+
 def test_no_progress_keeps_the_bar_off_a_stand_in_terminal_that_shows_it_otherwise(tmp_path):
     """A prepare's bar shows on a terminal only: standard error stands in for one here
     (`helpers.StandInTerminal`), and `--no-progress` keeps the bar off it."""
