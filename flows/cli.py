@@ -6,6 +6,7 @@ Flags override `params.yaml`; each subcommand's `--help` lists its own.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -404,12 +405,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def finite(text: str) -> float:
+    """A float flag's value: a finite number (NaN passes every bound; inf is no setting)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number: {text!r}")
+    return value
+
+
 def _numbers(kind: Callable[[str], Any]) -> Callable[[str], list]:
+    what = {int: "whole numbers", finite: "finite numbers"}.get(kind, "values")
+
     def parse(text: str) -> list:
+        wrong = argparse.ArgumentTypeError(f"expected a comma-separated list of {what}: {text!r}")
         try:
-            return [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {text!r}") from None
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except (ValueError, argparse.ArgumentTypeError):
+            raise wrong from None
+        if not values:
+            raise wrong
+        return values
 
     parse.__name__ = f"{kind.__name__}s"
     return parse
@@ -476,13 +491,13 @@ def _add_plan(sub: Any) -> None:
     )
     plan.add_argument(
         "--target",
-        type=float,
+        type=finite,
         help="held-out accuracy (default: the run's evaluate.target_accuracy); the run must "
         "have reached it",
     )
     plan.add_argument(
         "--device-memory-mb",
-        type=float,
+        type=finite,
         default=0.0,
         help="a device's memory: only the per-replica batches whose weights, Adam's slots and "
         "activations fit it (0: not checked)",
@@ -502,7 +517,7 @@ def _add_forecast_grid(forecast: Any) -> None:
     )
     forecast.add_argument(
         "--link-gbit",
-        type=_numbers(float),
+        type=_numbers(finite),
         default=[],
         metavar="G,G,...",
         help="link rates in Gbit/s to forecast besides the measured one",

@@ -85,8 +85,8 @@ def link_named(text: str) -> tuple[str, float]:
             f"unknown link {text!r}",
             f"use measured, a rate in Gbit/s, or one of: {', '.join(LINK_PRESETS)}.",
         ) from None
-    if gbit <= 0:
-        raise UsageError(f"a link of {gbit:g} Gbit/s", "give a rate above 0.")
+    if not gbit > 0 or gbit == float("inf"):  # NaN is neither above 0 nor at most 0
+        raise UsageError(f"--link: a link of {gbit:g} Gbit/s", "give a finite rate above 0.")
     return f"{gbit:g} Gbit/s", gbit
 
 

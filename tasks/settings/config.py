@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, is_dataclass
@@ -395,6 +396,8 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
         raise ConfigError(
             f"{key}: expected a web address such as http://127.0.0.1:5000; got {value!r}"
         )
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every bound
+        raise ConfigError(f"{key}: expected a finite number; got {value!r}")
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is not None and value < lo or hi is not None and value > hi:
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
