@@ -68,7 +68,8 @@ def checked(
     if missing == "refuse":
         shown = ", ".join(f"{n!r} {c}" for n, c in found.items())
         raise DatasetError(
-            f"{name} has blank cells ({shown}), which would reach the model as NaN",
+            f"{name} has blank cells ({shown}), which would reach the model as NaN (a blank: "
+            "empty, NaN, inf, or a number past float32's 3.4e38)",
             "fill them in the data, or say what to do with them: --missing mean or zero "
             "(filled, the mean over the training split) or drop (the rows) (prepare.missing)",
         )
@@ -102,7 +103,7 @@ def _read_stream(
         in_train = train[row : row + count]
         for feature in seen.cells:
             values = np.asarray(features[feature], np.float64).reshape(count, -1)
-            nan = np.isnan(values)
+            nan = ~np.isfinite(values)  # a blank, an infinity, a number past float32's range
             seen.cells[feature] += int(nan.sum())
             blank |= nan.any(axis=1)
             taken = np.where(nan, 0, values)[in_train].sum(0)
@@ -149,7 +150,7 @@ def _filling(read: Read, fills: dict[str, np.ndarray]) -> Read:
             for name, value in fills.items():
                 column = np.asarray(out[name])
                 flat = column.reshape(len(column), -1)
-                flat = np.where(np.isnan(flat), value.astype(column.dtype), flat)
+                flat = np.where(~np.isfinite(flat), value.astype(column.dtype), flat)
                 out[name] = flat.reshape(column.shape).astype(column.dtype)
             yield out, labels
 

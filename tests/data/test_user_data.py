@@ -839,3 +839,20 @@ def test_columns_keras_would_name_alike_are_refused_naming_both(tmp_path):
         prepare(tmp_path, str(tmp_path / "t.csv"), label="y")
     assert "rename one of 'a b' and 'a/b'" in e.value.fix
     assert not list(tmp_path.rglob("*.tfrecord"))
+
+
+@pytest.mark.unit
+def test_infinities_and_numbers_past_float32_are_blanks_refused_or_filled(tmp_path):
+    """`inf` and `1e308` (inf in float32) are blank cells: refused naming the column and
+    count, or filled from the training split's mean with `--missing mean`."""
+    import pandas as pd
+
+    values = np.arange(40.0)
+    values[[3, 9]] = [np.inf, 1e308]
+    pd.DataFrame({"x": values, "y": np.arange(40) % 2}).to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(DatasetError, match=r"blank cells \('x' 2\)"):
+        prepare(tmp_path, str(tmp_path / "t.csv"), label="y")
+    result = prepare(tmp_path, str(tmp_path / "t.csv"), label="y", missing="mean")
+    train, _ = read_all(result, "train")
+    test, _ = read_all(result, "test")
+    assert np.isfinite(np.concatenate([train, test])).all()  # one feature: its values
