@@ -208,6 +208,12 @@ def folder_source(root: Path, cfg: PrepareConfig) -> FolderSource:
     else:
         classes = [d.name for d in class_dirs]
         files, held_out = _drawn_split(root, class_dirs, cfg), "drawn"
+    if len(classes) < 2:
+        raise DatasetError(
+            f"{root} holds one class ({', '.join(classes)}): a model learns nothing from it "
+            "(loss 0, accuracy 1)",
+            "give a folder per class, two classes or more",
+        )
     probe = _read_image(files["train"][0][0], COLOR_MODES[cfg.color_mode])
     spec = FeatureSpec.image(tuple(probe.shape), tuple(classes))
     return FolderSource(root, spec, files, held_out)

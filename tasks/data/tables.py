@@ -78,6 +78,14 @@ def _table_types(path: Path) -> dict[str, str]:
             f"{path} is not a table tfscale can read ({first})",
             "give a CSV with a header row, or a Parquet file",
         ) from None
+    names = [f.name for f in schema]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DatasetError(
+            f"{path}: column name(s) {', '.join(map(repr, twice))} appear more than once; "
+            "one of each would be lost",
+            "give every column a name of its own",
+        )
     return {f.name: _kind_of(f.type) for f in schema}
 
 

@@ -67,6 +67,7 @@ def stream_source(
         for rows, raw in read(split):
             yield {rename[n]: v for n, v in rows.items()}, coding.encode(raw)
 
+    _refuse_one_class(name, coding, labels)
     encoded = {split: coding.encode(raw) for split, raw in labels.items()}
     if None in encoded and len(encoded[None]) < 2:
         raise DatasetError(
@@ -87,6 +88,26 @@ def stream_source(
         return split_stream(name, version, spec, encoded[None], cfg, chunks)
     splits = {split: len(raw) for split, raw in encoded.items()}
     return StreamSource(name, version, spec, splits, chunks)
+
+
+def _refuse_one_class(name: str, coding: LabelCoding, raw: dict) -> None:
+    """A class or binary label of one value teaches nothing (loss 0, accuracy 1).
+
+    Raises:
+        DatasetError: the label has one value over every split, naming it.
+    """
+    if coding.label.kind not in ("class", "binary") or not raw:
+        return
+    values = np.concatenate([np.asarray(v).reshape(len(v), -1) for v in raw.values()])
+    if len(values) == 0 or (values != values[0]).any():
+        return
+    shown = values[0].tolist()
+    shown = shown[0] if len(shown) == 1 else shown
+    raise DatasetError(
+        f"{name}: every example has the same label ({shown!r}): a model learns nothing "
+        "from it (loss 0, accuracy 1)",
+        "give examples of two classes or more, or check --label",
+    )
 
 
 def _refuse_same_keras_names(name: str, spec: FeatureSpec) -> None:

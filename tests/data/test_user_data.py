@@ -856,3 +856,28 @@ def test_infinities_and_numbers_past_float32_are_blanks_refused_or_filled(tmp_pa
     train, _ = read_all(result, "train")
     test, _ = read_all(result, "test")
     assert np.isfinite(np.concatenate([train, test])).all()  # one feature: its values
+
+
+@pytest.mark.unit
+def test_data_that_cannot_teach_is_refused_naming_why(tmp_path):
+    """One label value (a table's, an image folder's one class folder) and a column name
+    given twice, each refused at prepare before a shard is written."""
+    import pandas as pd
+    from PIL import Image
+
+    frame = pd.DataFrame({"x": np.arange(20.0), "y": ["yes"] * 20})
+    frame.to_csv(tmp_path / "one.csv", index=False)
+    with pytest.raises(DatasetError, match=r"every example has the same label \('yes'\)"):
+        prepare(tmp_path, str(tmp_path / "one.csv"), label="y")
+    (tmp_path / "twice.csv").write_text(
+        "a,a,y\n" + "".join(f"{i},{-i},{i % 2}\n" for i in range(20))
+    )
+    with pytest.raises(DatasetError, match=r"column name\(s\) 'a' appear more than once"):
+        prepare(tmp_path, str(tmp_path / "twice.csv"), label="y")
+    for i in range(6):
+        path = tmp_path / "cats" / "cat" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4, 3), i, np.uint8)).save(path)
+    with pytest.raises(DatasetError, match=r"holds one class \(cat\)"):
+        prepare(tmp_path, str(tmp_path / "cats"))
+    assert not list(tmp_path.rglob("*.tfrecord"))
