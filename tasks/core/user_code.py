@@ -9,12 +9,13 @@ install leaves on the path).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,16 @@ def load_function(
             module = _import_file(path)
         else:
             cwd_importable()
-            module = importlib.import_module(module_name)
+            with no_arguments(module_name):
+                module = importlib.import_module(module_name)
     except UserError:
         raise
+    except SystemExit as exc:  # a script's own argument parsing, a sys.exit at import
+        raise error(
+            f"{module_name} (from --{what} {ref}) exited while tfscale imported it ({exited(exc)})",
+            "guard the script's own code with if __name__ == '__main__': (tfscale imports "
+            "the module for its function; it sees no command-line arguments)",
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - the user's module: whatever it raises
         raise error(
             f"{module_name} (from --{what} {ref}) did not import: "
@@ -194,11 +202,30 @@ def _import_file(path: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        with no_arguments(path):
+            spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise
     return module
+
+
+def exited(exc: SystemExit) -> str:
+    """`sys.exit(0)`, `sys.exit(2)`, `sys.exit('message')`: what a SystemExit was."""
+    return f"sys.exit({exc.code!r})" if exc.code is not None else "sys.exit()"
+
+
+@contextlib.contextmanager
+def no_arguments(path: Path | str) -> Iterator[None]:
+    """tfscale's own command line hidden from the user's module as it is imported: its
+    `sys.argv` is the module's path alone, as `python file.py` with no arguments gives
+    it, so an argument parser at import sees none of tfscale's flags."""
+    saved = sys.argv
+    sys.argv = [str(path)]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def one_line(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.label_kinds import KINDS, mismatch_fix
-from tfscale.tasks.core.user_code import is_function_ref, load_function, one_line
+from tfscale.tasks.core.user_code import exited, is_function_ref, load_function, one_line
 from tfscale.tasks.data.spec import FeatureSpec
 from tfscale.tasks.train.model_inputs import as_model_takes
 from tfscale.tasks.train.objectives import Built, Objective, loss_name
@@ -82,6 +82,11 @@ def user_model(ref: str, spec: FeatureSpec) -> Built:
         ]
         try:
             model = function(spec) if takes else function()
+        except SystemExit as exc:  # never tfscale's own exit, in silence
+            raise ModelRaised(
+                f"--model {ref} exited ({exited(exc)}) instead of returning a model",
+                "return the model from the function; end nothing there",
+            ) from exc
         except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
             raise ModelRaised(
                 f"--model {ref} raised {type(exc).__name__}: {one_line(exc)}",

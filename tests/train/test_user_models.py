@@ -267,6 +267,13 @@ BAD = {
             return model
         """
     ),
+    "exits": textwrap.dedent(
+        """
+        import sys
+        def build(spec):
+            sys.exit(0)
+        """
+    ),
     "mc_dropout": textwrap.dedent(
         """
         import keras
@@ -390,6 +397,8 @@ BAD = {
         ),
         ("damaged.keras", [], r"damaged.keras did not load", 2),
         ("bad.py:mc_dropout", [], r"overrides test_step, its own evaluation", 2),
+        ("bad.py:exits", [], r"exited \(sys.exit\(0\)\) instead of returning a model", 1),
+        ("args.py:build", [], r"exited while tfscale imported it \(sys.exit\(2\)\)", 2),
         ("bad.py:gan", [], r"through model.optimizer but through d_optimizer, g_optimizer", 2),
         (
             "bad.py:gan",
@@ -409,6 +418,10 @@ def test_a_bad_model_is_refused_in_one_line_before_anything_is_written(
 
     (tmp_path / "bad.py").write_text(_bad_module())
     (tmp_path / "broken.py").write_text("def build(:\n")
+    (tmp_path / "args.py").write_text(  # a training script, its flags parsed at import
+        "import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--lr')\n"
+        "parser.add_argument('rest')\nargs = parser.parse_args()\ndef build(spec): ...\n"
+    )
     (tmp_path / "damaged.keras").write_bytes(b"PK\x03\x04 not a zip")
     cancer_csv(tmp_path)
     params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
