@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -244,12 +245,22 @@ def _from_tf_config(text: str) -> ClusterInfo:
     try:
         config = json.loads(text)
         spec, task = config.get("cluster") or {}, config.get("task") or {}
-        task_type, index = task.get("type", "worker"), int(task.get("index", 0))
-        jobs = {job: list(spec.get(job) or []) for job in ("chief", "worker", "ps")}
+        task_type, index = task.get("type", "worker"), task.get("index", 0)
+        if isinstance(index, bool) or not isinstance(index, (int, str)):
+            raise ValueError(f"task index {index!r} is not a whole number")
+        index = int(index)
+        jobs = {job: _addresses(spec, job) for job in ("chief", "worker", "ps")}
     except (ValueError, TypeError, AttributeError) as exc:
         raise UsageError(
             f"TF_CONFIG is not a valid cluster description ({exc})", _TF_CONFIG_FIX
         ) from exc
+    unknown = sorted(set(spec) - {"chief", "worker", "ps", "evaluator"})
+    if unknown or task_type not in ("chief", "worker", "ps", "evaluator"):
+        named = f"job(s) {', '.join(unknown)}" if unknown else f"task type {task_type!r}"
+        raise UsageError(
+            f"TF_CONFIG names {named}: TensorFlow knows chief, worker, ps and evaluator",
+            _TF_CONFIG_FIX,
+        )
     if not any(jobs.values()):
         raise UsageError("TF_CONFIG names no chief, worker or ps tasks", _TF_CONFIG_FIX)
     tasks = jobs.get(task_type)
@@ -269,6 +280,21 @@ def _from_tf_config(text: str) -> ClusterInfo:
         task_type=task_type,
         task_index=index,
     )
+
+
+def _addresses(spec: dict, job: str) -> list[str]:
+    """A job's task addresses: a list of `host:port` strings (a lone string would be one
+    task per character).
+
+    Raises:
+        ValueError: the job is not such a list, naming the job and what it is.
+    """
+    tasks = spec.get(job) or []
+    if not isinstance(tasks, list) or not all(
+        isinstance(t, str) and re.fullmatch(r"\[?[^\s/]+\]?:\d{1,5}", t) for t in tasks
+    ):
+        raise ValueError(f'cluster "{job}" is {tasks!r}, not a list of "host:port" strings')
+    return list(tasks)
 
 
 def hardware_line(report: HardwareReport) -> str:

@@ -111,6 +111,14 @@ def test_cluster_from_tf_config():
         ('{"cluster": {"worker": ["a:1"]', "not a valid cluster description"),
         ('["a:1"]', "not a valid cluster description"),
         ('{"cluster": {"worker": ["a:1"]}, "task": {"index": "one"}}', "not a valid"),
+        (  # a string, not a list: one task per character, before
+            '{"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker", "index": 0}}',
+            'cluster "worker" is \'127.0.0.1:1\', not a list of "host:port"',
+        ),
+        ('{"cluster": {"worker": ["a"]}, "task": {"index": 0}}', "not a list of"),
+        ('{"cluster": {"workers": ["a:1"]}, "task": {"index": 0}}', "job(s) workers"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "boss"}}', "task type 'boss'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"index": 0.5}}', "not a valid"),
     ],
 )
 def test_a_task_outside_its_cluster_is_a_usage_error_naming_tf_config(tf_config, says):
