@@ -77,12 +77,13 @@ def study(
 
     with console(verbose):
         overrides = {_dotted(name): value for name, value in settings.items()}
-        config = load_config(params, overrides)
+        named = params is not None and str(params) != str(DEFAULT_PARAMS)  # never a typo's defaults
+        config = load_config(params, overrides, named=named)
         folder = Path(config.prepare.data_dir).parent / "notebook"
         label = config.prepare.label
         overrides["prepare.dataset"] = _dataset_ref(data, folder, label)
         overrides["train.model"] = _model_ref(model, folder)
-        config = load_config(params, overrides)
+        config = load_config(params, overrides, named=named)
         _check_in_process(config)
         with _said_of(_passed(data, label), config.prepare.dataset):
             summary = scaling_study(config, return_state=True).result()

@@ -1235,3 +1235,16 @@ def test_text_under_kerass_fit_over_replicas_is_refused_before_training():
         with pytest.raises(ModelError, match=r"takes text \(thal\).*fit under mirrored") as e:
             _check_fit_takes("lookup.py:build", spec, train, choice)
         assert "--loop tfscale" in e.value.fix and "--strategy one_device" in e.value.fix
+
+
+@pytest.mark.unit
+def test_the_notebook_refuses_a_params_file_that_is_not_there(tmp_path, monkeypatch):
+    """`study(..., params="typo.yml")` stops as the CLI's `--params typo.yml` does, before
+    anything runs on settings nobody chose."""
+    from tfscale.flows.notebook import study
+    from tfscale.tasks.settings.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"typo.yml: no such file"):
+        study("mlp", "digits", params="typo.yml")
+    assert not list(tmp_path.iterdir())
