@@ -129,16 +129,20 @@ def _stage_alone(
         total = 0.0
         for part, y in zip(tf.split(x, micro), tf.split(labels, micro), strict=True):
             with tf.device(device):
+                floating = part.dtype.is_floating  # the first stage's input: uint8 images
                 with tf.GradientTape() as tape:
-                    tape.watch(part)
+                    if floating:
+                        tape.watch(part)
                     out = stage(part, training=True)
                     target = (
                         tf.reduce_sum(objective.loss(y, out))
                         if last
                         else tf.reduce_sum(tf.cast(out, tf.float32))
                     )
-                grads = tape.gradient(target, [part, *stage.trainable_variables])
-                total += tf.reduce_sum(tf.cast(grads[0], tf.float32))
+                sources = [part] if floating else []
+                grads = tape.gradient(target, [*sources, *stage.trainable_variables])
+                for grad in [g for g in grads if g is not None][:1]:  # the work, not pruned
+                    total += tf.reduce_sum(tf.cast(grad, tf.float32))
         return total
 
     return run

@@ -67,7 +67,8 @@ def _forward(
         with tf.device(devices[s]):
             x = tf.identity(x)  # the activation moves to this stage's device
             with tf.GradientTape() as tape:
-                tape.watch(x)
+                if x.dtype.is_floating:  # the first stage's input may be uint8 images
+                    tape.watch(x)
                 out = stage(x, training=True)
                 if s == last:
                     loss, target = loss_of(out)
