@@ -168,6 +168,19 @@ NOT_IN_UNIT = (
 
 
 @pytest.fixture(autouse=True)
+def kerass_default_dtype_policy():
+    """Every test starts from Keras's default dtype policy, float32: a training sets the
+    policy its run chose for the whole process (`process.use_precision`; `auto` takes
+    mixed_bfloat16 on a CPU with AMX), which a model a later test builds in the same worker
+    would otherwise take (a float32 gradient norm then off by bfloat16's 3e-3)."""
+    import sys
+
+    if "keras" in sys.modules:
+        sys.modules["keras"].mixed_precision.set_global_policy("float32")
+    yield
+
+
+@pytest.fixture(autouse=True)
 def tracking_and_api_as_found():
     """Every test ends with MLflow's tracking URI and `PREFECT_API_URL` as it found them
     (`helpers.tracking_and_api_restored`)."""
