@@ -405,6 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def port(text: str) -> int:
+    """A port flag's value: a whole number from 1 to 65535."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535: {text!r}")
+    return value
+
+
 def finite(text: str) -> float:
     """A float flag's value: a finite number (NaN passes every bound; inf is no setting)."""
     value = float(text)
@@ -606,7 +614,7 @@ def _add_server_commands(sub: Any) -> None:
     )
     ui.add_argument(
         "--port",
-        type=int,
+        type=port,
         help="port (track.ui_url's: 5000 by default); links follow it while it serves",
     )
     serve = sub.add_parser(

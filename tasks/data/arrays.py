@@ -93,6 +93,12 @@ def _npz_parts(path: Path, label: str) -> dict[str | None, tuple[dict[str, Any],
 
 
 def _check_lengths(path: Path, split: str | None, features: dict, labels: np.ndarray) -> None:
+    scalars = [name for name, a in [*features.items(), ("label", labels)] if np.ndim(a) == 0]
+    if scalars:
+        raise DatasetError(
+            f"{path}: {', '.join(scalars)} hold(s) one value, not a row per example",
+            "save arrays of a row per example: numpy.savez(path, x=rows, y=labels)",
+        )
     lengths = [(name, len(a)) for name, a in features.items()] + [("label", len(labels))]
     if len({n for _, n in lengths}) > 1 or not features:
         where = f" ({split})" if split else ""
