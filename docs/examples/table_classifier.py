@@ -4,7 +4,8 @@ import keras
 
 
 def build(spec):
-    inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+    # keyed by Keras's names, as Keras wants a dict's keys to be its inputs' names
+    inputs = {f.keras_name: keras.Input(shape=(1,), name=f.keras_name) for f in spec.features}
     x = keras.layers.Concatenate()(list(inputs.values()))
     mean = [f.mean for f in spec.features]
     x = keras.layers.Normalization(mean=mean, variance=[f.std**2 for f in spec.features])(x)

@@ -44,6 +44,7 @@ class Manifest:
     # the features a model of one input takes as one vector (`FeatureSpec.packed`): the
     # model's, never the file's, so neither the JSON nor the digest holds it
     packed: tuple[str, ...] = field(default=(), compare=False)
+    keras_names: bool = field(default=False, compare=False)  # `FeatureSpec.keras_names`
 
     def files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
@@ -53,8 +54,8 @@ class Manifest:
         """The features and the label, as prepare recorded them (and as the model takes
         them: `packed`)."""
         spec = FeatureSpec.from_dict(self.feature)
-        if self.packed:
-            return replace(spec, packed=self.packed)
+        if self.packed or self.keras_names:
+            return replace(spec, packed=self.packed, keras_names=self.keras_names)
         return spec
 
     @property
@@ -101,6 +102,7 @@ def _plain(manifest: Manifest) -> dict[str, Any]:
     manifests read and hash as they always did."""
     raw = asdict(manifest)
     raw.pop("packed")
+    raw.pop("keras_names")
     for shard in raw["shards"]:
         if shard.get("sums") is None:
             shard.pop("sums", None)

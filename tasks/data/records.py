@@ -213,7 +213,7 @@ def parse_records(
             value = tf.reshape(tf.io.decode_raw(value, tf.uint8), [rows, *feature.shape])
         elif kind == "int" and feature.dtype != "int64":
             value = tf.cast(value, tf.as_dtype("int32" if feature.dtype != "bool" else "bool"))
-        features[feature.name] = value
+        features[spec.key_of(feature)] = value
     labels = parsed[LABEL]
     if spec.label.kind in ("class", "binary"):
         labels = tf.cast(labels, tf.int32)
@@ -225,7 +225,7 @@ def parse_records(
         columns = [tf.reshape(tf.cast(features[n], tf.float32), [rows]) for n in spec.packed]
         return tf.stack(columns, axis=-1), labels
     if len(spec.features) == 1:
-        return features[spec.features[0].name], labels
+        return features[spec.key_of(spec.features[0])], labels
     return features, labels
 
 

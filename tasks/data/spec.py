@@ -40,7 +40,8 @@ class Feature:
     def keras_name(self) -> str:
         """The name as a Keras input takes it: the feature's own, with each character
         Keras refuses in a name (`/`, spaces, ...) as `_` (`od280/od315` is `od280_od315`).
-        A model of named inputs still takes the data by the feature's `name`."""
+        A model whose dict of inputs is keyed by these names takes the data keyed so
+        (`FeatureSpec.keras_names`); one keyed by `name`, by `name`."""
         return re.sub(r"[^0-9A-Za-z_.-]", "_", self.name)
 
     @property
@@ -154,6 +155,13 @@ class FeatureSpec:
     features: tuple[Feature, ...]
     label: Label = field(default_factory=Label)
     packed: tuple[str, ...] = ()
+    # a model of named inputs keyed by Keras's names (`Feature.keras_name`, as Keras wants a
+    # dict's keys to be its inputs' names) gets its features keyed so; else by `name`
+    keras_names: bool = False
+
+    def key_of(self, feature: Feature) -> str:
+        """The key a feature has in the batches the model takes."""
+        return feature.keras_name if self.keras_names else feature.name
 
     @property
     def numbers(self) -> tuple[Feature, ...]:

@@ -40,9 +40,24 @@ def packed_features(model: Any, spec: FeatureSpec) -> tuple[str, ...]:
     return numbers
 
 
+def keyed_by_keras_names(model: Any, spec: FeatureSpec) -> bool:
+    """Whether the model's dict of inputs is keyed by Keras's names of the features (which
+    Keras wants a dict's keys to be: `Feature.keras_name`) where they differ from the
+    data's names (`mean radius` as `mean_radius`)."""
+    structure = getattr(model, "_inputs_struct", None)
+    if not isinstance(structure, dict):
+        return False
+    names = {f.name for f in spec.features}
+    keras_names = {f.keras_name for f in spec.features}
+    return names != keras_names and set(structure) == keras_names
+
+
 def as_model_takes(manifest: Any, model: Any) -> Any:
     """The manifest whose batches give `model` its features as it takes them: one vector
-    of the numeric features for a model of one input over them (`packed_features`), else
-    as recorded."""
+    of the numeric features for a model of one input over them (`packed_features`), keyed
+    by Keras's names for a model whose inputs are (`keyed_by_keras_names`), else as
+    recorded."""
     spec = FeatureSpec.from_dict(manifest.feature)
-    return dataclasses.replace(manifest, packed=packed_features(model, spec))
+    packed = packed_features(model, spec)
+    keras_names = not packed and keyed_by_keras_names(model, spec)
+    return dataclasses.replace(manifest, packed=packed, keras_names=keras_names)

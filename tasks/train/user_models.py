@@ -156,7 +156,7 @@ def example_batch(spec: FeatureSpec) -> Any:
         dtype = {"uint8": "uint8", "int32": "int32", "int64": "int64", "bool": "bool"}
         return np.zeros(shape, dtype=dtype.get(feature.dtype, "float32"))
 
-    values = {f.name: zero(f) for f in spec.features}
+    values = {spec.key_of(f): zero(f) for f in spec.features}
     return next(iter(values.values())) if len(values) == 1 else values
 
 

@@ -1248,3 +1248,31 @@ def test_the_notebook_refuses_a_params_file_that_is_not_there(tmp_path, monkeypa
     with pytest.raises(ConfigError, match=r"typo.yml: no such file"):
         study("mlp", "digits", params="typo.yml")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.unit
+def test_a_dict_of_inputs_keyed_by_kerass_names_gets_its_columns_without_a_warning(tmp_path):
+    """The docs' pattern, keyed by `keras_name` (`mean radius` as `mean_radius`, `a/b` as
+    `a_b`): the batches are keyed so, each input gets its own column, and Keras warns of
+    nothing as the model is checked and called."""
+    import warnings
+
+    import pandas as pd
+
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.user_models import user_model
+
+    frame = pd.DataFrame({"mean radius": np.arange(30.0), "a/b": -np.arange(30.0)})
+    frame["target"] = np.arange(30) % 2
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    result = prepare_dataset(config_for(tmp_path, str(tmp_path / "t.csv"), "mlp"), progress=False)
+    shutil.copy(EXAMPLES / "table_classifier.py", tmp_path / "table_classifier.py")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a UserWarning of Keras's fails the test
+        model, _ = user_model(f"{tmp_path / 'table_classifier.py'}:build", result.manifest.spec)
+        taken = as_model_takes(result.manifest, model)
+        x, _ = next(iter(build_dataset(taken, result.data_dir, "train", 8, training=False)))
+        model(x)
+    assert sorted(x) == ["a_b", "mean_radius"]
+    assert (x["mean_radius"].numpy() == -x["a_b"].numpy()).all()
