@@ -494,7 +494,15 @@ def test_a_test_fraction_leaving_nothing_to_train_on_is_refused(tmp_path, make_c
 def test_prepare_refuses_a_folder_of_train_only_before_any_training(tmp_path, capsys):
     root = tmp_path / "pets"
     write_images(root, {"train/cat": 2, "train/dog": 2})
-    argv = ["--params", DEFAULTS, "prepare", "--dataset", str(root), "--data-dir", str(tmp_path)]
+    argv = [
+        "--params",
+        DEFAULTS,
+        "prepare",
+        "--dataset",
+        str(root),
+        "--data-dir",
+        str(tmp_path / "store"),
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert f"{root} has no held-out split" in err and "validation/" in err
