@@ -79,18 +79,28 @@ def checked(
     )
     spec = replace(spec, features=noted)
     if missing == "drop":
-        keep = {stream: ~rows for stream, rows in seen.rows.items()}
-        left = sum(int(k.sum()) for k in keep.values())
-        if left < 2 or any(not k.any() for k in keep.values()):
-            raise DatasetError(
-                f"{name}: --missing drop leaves {left} example(s) of "
-                f"{sum(len(k) for k in keep.values())}: every row (of a split) has a blank",
-                "fill them instead (--missing mean or zero), or drop the mostly blank "
-                f"column(s) ({', '.join(found)}) from the data",
-            )
+        keep = _kept_rows(name, seen, list(found))
         return spec, _dropping(read, keep), {s: v[keep[s]] for s, v in labels.items()}
     fills = {n: _fill_value(seen, n, missing) for n in found}
     return spec, _filling(read, fills), labels
+
+
+def _kept_rows(name: str, seen: _Pass, blank: list[str]) -> dict[str | None, np.ndarray]:
+    """Each stream's rows without a blank, for `--missing drop`.
+
+    Raises:
+        DatasetError: dropping would leave fewer than 2 examples, or a split empty.
+    """
+    keep = {stream: ~rows for stream, rows in seen.rows.items()}
+    left = sum(int(k.sum()) for k in keep.values())
+    if left < 2 or any(not k.any() for k in keep.values()):
+        raise DatasetError(
+            f"{name}: --missing drop leaves {left} example(s) of "
+            f"{sum(len(k) for k in keep.values())}: every row (of a split) has a blank",
+            "fill them instead (--missing mean or zero), or drop the mostly blank "
+            f"column(s) ({', '.join(blank)}) from the data",
+        )
+    return keep
 
 
 def _read_stream(
