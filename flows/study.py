@@ -16,7 +16,6 @@ from tfscale.tasks.core import process
 from tfscale.tasks.core.progress import status
 from tfscale.tasks.core.user_code import model_fingerprint
 from tfscale.tasks.data import preparation
-from tfscale.tasks.data.manifest import shards_present
 from tfscale.tasks.distribute import hardware, strategy
 from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.execute import trainings
@@ -41,7 +40,7 @@ def _prepare_task(config: config_mod.Config, source: str = ""):
 
 def prepare_task(config: config_mod.Config):
     """Prepare, reusing the cached result only while its shards are still on disk."""
-    present = shards_present(preparation.dataset_dir(config))
+    present = preparation.shards_reusable(config)  # their sha256 checked: a corrupted one named
     source = preparation.source_fingerprint(config.prepare)
     prepared = cached(_prepare_task, config, files_present=present)(config, source)
     status("prepare", preparation.prepared_line(prepared, reused=present))

@@ -12,6 +12,7 @@ Anything else is a bug.
 from __future__ import annotations
 
 import errno
+import re
 
 
 class UserError(Exception):
@@ -57,9 +58,18 @@ _SYSTEM_FIX = (
 
 def system_error(exc: BaseException) -> UserError | None:
     """The `UserError` for a full disk or a read-only or forbidden directory, whether
-    Python (an `OSError`) or TensorFlow (its own error types) met it; None otherwise."""
+    Python (an `OSError`) or TensorFlow (its own error types) met it, or for a corrupted
+    record TensorFlow met reading a shard; None otherwise."""
     code = exc.errno if isinstance(exc, OSError) else None
     text = str(exc)
+    if type(exc).__name__ == "DataLossError" or "corrupted record at" in text:
+        found = re.search(r"corrupted record at \d+", text)
+        where = found.group(0) if found else text.splitlines()[0][:200] if text else ""
+        return UserError(
+            f"a shard holds a corrupted record, met while reading it ({where})",
+            "find it with 'tfscale verify', then write it again with 'tfscale prepare "
+            "--force'",
+        )
     for number, marker, what in _SYSTEM:
         if code == number or marker in text:
             where = getattr(exc, "filename", None) or text.split(";")[0].strip()

@@ -13,6 +13,7 @@ from tfscale.tasks.data.datasets import (
     dataset_slug,
     folder_source,
 )
+from tfscale.tasks.data.manifest import shards_present, verify_shards
 from tfscale.tasks.data.pipelines import pipeline_source
 from tfscale.tasks.data.shards import (
     PrepareResult,
@@ -81,6 +82,22 @@ def dataset_dir(config: Config) -> Path:
         if (s.signal, s.label_noise) != (0.75, 0.0):  # a task of another difficulty
             slug += f"-signal{s.signal:g}-noise{s.label_noise:g}"
     return Path(config.prepare.data_dir) / slug
+
+
+def shards_reusable(config: Config) -> bool:
+    """Whether the configured dataset's shards are on disk to be reused: the manifest and
+    every shard at its size, each shard's sha256 then checked (a shard corrupted in place
+    is named here, before any training reads it; digits' 8 shards take milliseconds, a
+    gigabyte about a second).
+
+    Raises:
+        ShardError: a shard's sha256 does not match the manifest, naming it and the fix.
+    """
+    out_dir = dataset_dir(config)
+    if not shards_present(out_dir):
+        return False
+    verify_shards(out_dir)
+    return True
 
 
 def prepare_dataset(config: Config, *, force: bool = False, progress: bool = True) -> PrepareResult:

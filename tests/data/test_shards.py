@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import os
 from pathlib import Path
 
@@ -563,3 +564,43 @@ def test_an_image_folder_is_read_as_kerass_image_dataset_from_directory_reads_it
     values = {"prepare.dataset": str(folder), "prepare.data_dir": str(tmp_path / "again")}
     with pytest.raises(DatasetError, match=r"notes.png is not an image tfscale can read"):
         prepare_dataset(load_config(None, values), progress=False)
+
+
+def test_a_shard_corrupted_in_place_is_named_before_its_shards_are_reused(make_config):
+    """`run` reuses prepared shards: a shard corrupted in place (its size kept) is named,
+    with the fix, before any training reads it."""
+    from tfscale.tasks.data.manifest import ShardError
+    from tfscale.tasks.data.preparation import shards_reusable
+
+    config = make_config(prepare__num_shards=2)
+    result = prepare_dataset(config, progress=False)
+    assert shards_reusable(config)
+    shard = Path(result.data_dir) / result.manifest.shards[1].file
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte flipped, the size as it was
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=rf"{shard.name}: corrupted") as caught:
+        shards_reusable(config)
+    assert "prepare --dataset digits --force" in str(caught.value)
+
+
+@pytest.mark.unit
+def test_a_corrupted_record_met_while_training_is_one_line_naming_the_fix(tmp_path):
+    """TensorFlow's DATA_LOSS on a shard read mid-training: a user's error naming
+    `tfscale verify` and `prepare --force`, never "a bug in tfscale"."""
+    import tensorflow as tf
+
+    from tfscale.tasks.core.errors import system_error
+
+    path = tmp_path / "train-00000-of-00001.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for _ in range(50):
+            writer.write(b"x" * 100)
+    data = bytearray(path.read_bytes())
+    data[500] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(tf.errors.DataLossError) as caught:
+        list(tf.data.TFRecordDataset(str(path)))
+    said = system_error(caught.value)
+    assert said is not None and re.search(r"corrupted record at \d+\)$", said.message)
+    assert "tfscale verify" in said.fix and "prepare --force" in said.fix
