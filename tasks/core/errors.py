@@ -67,8 +67,7 @@ def system_error(exc: BaseException) -> UserError | None:
         where = found.group(0) if found else text.splitlines()[0][:200] if text else ""
         return UserError(
             f"a shard holds a corrupted record, met while reading it ({where})",
-            "find it with 'tfscale verify', then write it again with 'tfscale prepare "
-            "--force'",
+            "find it with 'tfscale verify', then write it again with 'tfscale prepare --force'",
         )
     for number, marker, what in _SYSTEM:
         if code == number or marker in text:
