@@ -13,7 +13,13 @@ from typing import Any, NoReturn
 
 from tfscale.flows import commands
 from tfscale.tasks.core.errors import UserError, system_error
-from tfscale.tasks.core.process import Stopped, exit_now, import_tensorflow, set_up_process
+from tfscale.tasks.core.process import (
+    Stopped,
+    exit_now,
+    import_tensorflow,
+    set_up_process,
+    stopped_by_signals,
+)
 from tfscale.tasks.settings.config import DEFAULT_PARAMS, load_config
 
 # flag -> (dotted config key, type, help)
@@ -280,6 +286,10 @@ EVALUATE_FLAGS = {
 TENSORFLOW_COMMANDS = {"hardware", "train"}
 
 
+# the commands that answer SIGTERM and SIGHUP themselves (their Prefect API or server
+# stopped first); every other command answers them as Ctrl-C, with its exit code 128+N
+OWN_SIGNALS = {"run", "sweep", "ui", "serve"}
+
 # what an interrupted command leaves, and what running it again does (Ctrl-C)
 _TRAINING = "a training goes on from its last checkpoint when this is run again"
 INTERRUPTED = {
@@ -299,7 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_dvc_deps(config, args.command)
         if args.command in TENSORFLOW_COMMANDS:
             import_tensorflow()
-        return getattr(commands, args.command)(config, args)
+        if args.command in OWN_SIGNALS:
+            return getattr(commands, args.command)(config, args)
+        with stopped_by_signals():  # SIGTERM, SIGHUP: one line, 128+N, temporaries gone
+            return getattr(commands, args.command)(config, args)
     except UserError as exc:
         if args.debug:
             raise

@@ -922,3 +922,27 @@ def test_a_command_whose_work_needs_no_tensorflow_never_imports_it(argv, code, t
     assert "tensorflow imported: False" in proc.stdout, proc.stderr[-2000:]
     said = [line.split(":")[0] for line in proc.stderr.splitlines() if line.strip()]
     assert said == (["error", "fix"] if code else []), proc.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("command", ["prepare", "train", "evaluate", "plan", "forecast"])
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_stops_every_command_with_one_line_and_its_exit_code(
+    command, signame, tmp_path, monkeypatch
+):
+    """The signal `timeout`, Kubernetes, Slurm and systemd send ends each command as Ctrl-C
+    does: one line saying what it leaves, exit 128+N, never a silent -15."""
+    from tfscale.flows import commands
+
+    signum = getattr(signal, signame)
+
+    def signalled(config, args):
+        os.kill(os.getpid(), signum)  # delivered to this, the main thread
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("the signal did not stop the command")
+
+    monkeypatch.setattr(commands, command, signalled)
+    monkeypatch.setattr("tfscale.flows.cli.import_tensorflow", lambda: None)
+    code, out, err = run_main(["--params", str(tiny_params(tmp_path)), command], tmp_path)
+    assert code == 128 + signum and err.startswith("stopped by signal; "), err
+    assert signal.getsignal(signum) is signal.SIG_DFL  # put back after the command
