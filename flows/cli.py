@@ -304,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     set_up_process(args.verbose or None)
+    config = None
     try:
         config = _load(args)
         _check_dvc_deps(config, args.command)
@@ -319,10 +320,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(exc)
     except KeyboardInterrupt as exc:
         stopped = "stopped by signal" if isinstance(exc, Stopped) else "interrupted"
-        print(
-            f"{stopped}; {INTERRUPTED.get(args.command, 'nothing more was done')}",
-            file=sys.stderr,
-        )
+        left = INTERRUPTED.get(args.command, "nothing more was done")
+        if (
+            left.startswith(_TRAINING)
+            and getattr(getattr(config, "train", None), "loop", "") == "fit"
+        ):
+            left = left.replace(
+                _TRAINING,
+                "a --loop fit training keeps no checkpoints: it starts over when this is run again",
+            )
+        print(f"{stopped}; {left}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, Stopped) else 130
     except Exception as exc:
         if args.debug:
