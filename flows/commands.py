@@ -286,7 +286,7 @@ def _run_flow(module: str, name: str, config: Config) -> Any:
 
 def ui(config: Config, args: argparse.Namespace) -> int:
     from tfscale.tasks.core.errors import UserError
-    from tfscale.tasks.core.network import port_taken
+    from tfscale.tasks.core.network import bind_problem
     from tfscale.tasks.track.tracking import Tracker
     from tfscale.tasks.track.ui_server import serve_ui, server_command
 
@@ -295,7 +295,14 @@ def ui(config: Config, args: argparse.Namespace) -> int:
     host = args.host or configured.hostname or "127.0.0.1"
     port = args.port or configured.port or 5000
     base = f"http://{host}:{port}"
-    if port_taken(host, port):  # uvicorn would say so in a log line and exit 0
+    problem = bind_problem(host, port)
+    if problem not in (None, "in use"):  # an address this machine does not have, say
+        raise UserError(
+            f"the MLflow UI cannot listen on {host}:{port}: {problem}",
+            "give --host an address of this machine (127.0.0.1, or 0.0.0.0 for every one) "
+            "and a --port it may take (1024 and up without root)",
+        )
+    if problem == "in use":  # uvicorn would say so in a log line and exit 0
         raise UserError(
             f"{host}:{port} is already in use (another 'tfscale ui' or MLflow server?), so "
             "the MLflow UI cannot start there",

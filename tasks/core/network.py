@@ -13,17 +13,27 @@ def free_ports(n: int = 1) -> list[int]:
     return [portpicker.pick_unused_port() for _ in range(n)]
 
 
-def port_taken(host: str, port: int) -> bool:
-    """Whether something already listens on `host:port` (a server cannot bind there)."""
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server cannot bind `host:port`: `in use` (something listens there), or the
+    system's reason (an address this machine does not have, a name that does not resolve,
+    a port it may not take); None where it can."""
+    import errno
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
         try:
             probe.bind((host, port))
-        except OSError:
-            return True
-    return False
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "in use"
+            return exc.strerror or str(exc)
+    return None
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on `host:port` (a server cannot bind there)."""
+    return bind_problem(host, port) == "in use"
 
 
 def wait_healthy(

@@ -173,6 +173,12 @@ def _load_saved(path: str) -> Any:
 
     import keras
 
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        raise ModelError(
+            f"--model {path} is empty (0 bytes): not a saved model",
+            "save the model again with model.save('model.keras'), or pass a function that "
+            "builds the model (--model file.py:function)",
+        )
     try:
         return keras.models.load_model(path)
     except (ValueError, TypeError, OSError, zipfile.BadZipFile) as exc:

@@ -332,6 +332,12 @@ CASES = [
         no_manifest=True,
     ),
     Case("a port past 65535", ["ui", "--port", "70000"], 2, ("--port", "1 to 65535")),
+    Case(  # bound only, never sent to: a documentation address (RFC 5737)
+        "a host this machine does not have",
+        ["ui", "--host", "203.0.113.7"],
+        1,
+        ("cannot listen on 203.0.113.7:", "--host an address of this machine"),
+    ),
     Case(
         "a table with no rows",
         ["prepare", "--dataset", "t.csv"],

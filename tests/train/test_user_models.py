@@ -396,6 +396,7 @@ BAD = {
             2,
         ),
         ("damaged.keras", [], r"damaged.keras did not load", 2),
+        ("empty.keras", [], r"empty.keras is empty \(0 bytes\)", 2),
         ("bad.py:mc_dropout", [], r"overrides test_step, its own evaluation", 2),
         ("bad.py:exits", [], r"exited \(sys.exit\(0\)\) instead of returning a model", 1),
         ("args.py:build", [], r"exited while tfscale imported it \(sys.exit\(2\)\)", 2),
@@ -423,6 +424,7 @@ def test_a_bad_model_is_refused_in_one_line_before_anything_is_written(
         "parser.add_argument('rest')\nargs = parser.parse_args()\ndef build(spec): ...\n"
     )
     (tmp_path / "damaged.keras").write_bytes(b"PK\x03\x04 not a zip")
+    (tmp_path / "empty.keras").write_bytes(b"")
     cancer_csv(tmp_path)
     params = ["--params", str(tiny_params(tmp_path, **{"track.store_dir": "mlflow"}))]
     data = ["--dataset", "cancer.csv", "--label", "target"]
