@@ -140,6 +140,16 @@ def _table_batches(path: Path, types: dict[str, str], columns: list[str] | None 
 
 
 def _mixed_column(path: Path, text: str, names: list[str]) -> DatasetError:
+    """What Arrow refused in a table: a row of another number of fields, or a column of
+    values of more than one type."""
+    fields = re.search(r"Expected (\d+) columns, got (\d+): (.*)", text)
+    if fields:
+        row = fields.group(3).split("\n")[0][:120]
+        return DatasetError(
+            f"{path}: a row has {fields.group(2)} fields where the header has "
+            f"{fields.group(1)} ({row})",
+            "give every row one field per column (quote values that hold a comma)",
+        )
     found = re.search(r"column #(\d+)", text)
     column = names[int(found.group(1))] if found and int(found.group(1)) < len(names) else "?"
     detail = text.split(": ", 2)[-1].split("\n")[0]

@@ -881,3 +881,18 @@ def test_data_that_cannot_teach_is_refused_naming_why(tmp_path):
     with pytest.raises(DatasetError, match=r"holds one class \(cat\)"):
         prepare(tmp_path, str(tmp_path / "cats"))
     assert not list(tmp_path.rglob("*.tfrecord"))
+
+
+@pytest.mark.unit
+def test_a_row_of_too_many_fields_past_the_first_block_is_named_as_such(tmp_path):
+    """A CSV row with an extra field after the first 4 MiB read: said as a row of 4 fields
+    against a header of 3, not as a column of mixed types."""
+    path = tmp_path / "t.csv"
+    with path.open("w") as out:
+        out.write("a,b,label\n")
+        out.writelines(f"{i},{i % 7},{i % 2}\n" for i in range(400_000))
+        out.write("1,2,3,4\n")
+    assert path.stat().st_size > 4 << 20
+    with pytest.raises(DatasetError, match=r"a row has 4 fields where the header has 3") as e:
+        prepare(tmp_path, str(path))
+    assert "one field per column" in e.value.fix
