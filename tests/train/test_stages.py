@@ -207,7 +207,7 @@ def test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven
     # outweigh it several times over (at 32 both were mostly their calls' fixed cost: 2.1
     # against 1.2 ms once, under the 1.4x of the mean that names an uneven cut)
     run = pipeline_run(
-        digits, tmp_path, strategy="pipeline", cut_after=[7], batch_size_per_replica=256
+        digits, tmp_path, strategy="pipeline", cut_after=[8], batch_size_per_replica=256
     )
     d = diagnose_run(run, steps=10)
     text = format_diagnosis(d)
