@@ -27,7 +27,19 @@ DEFAULT_BATCH = 32
 
 
 class ConfigError(UsageError, ValueError):
-    """A config value is unknown, of the wrong type or out of range."""
+    """A config value is unknown, of the wrong type or out of range. Without a fix of its
+    own, the fix says where the value comes from and where each key is listed."""
+
+    def __init__(self, message: str, fix: str = ""):
+        key = message.split(":", 1)[0] if ":" in message else ""
+        default = (
+            f"correct {key} in params.yaml (or the flag that sets it); every key, its type "
+            "and its range: docs/configuration.md"
+            if key and " " not in key
+            else "correct it in params.yaml (or the flag that sets it); every key, its type "
+            "and its range: docs/configuration.md"
+        )
+        super().__init__(message, fix or default)
 
 
 def _spec(

@@ -49,6 +49,7 @@ def test_bad_values_name_key_expected_and_got(tmp_path, yaml_text, fragments):
         load_config(path)
     for fragment in fragments:
         assert fragment in str(info.value)
+    assert "params.yaml" in info.value.fix  # every config error gets a fix: line
 
 
 def test_cli_exits_2_on_bad_config_and_writes_nothing(tmp_path, capsys):
