@@ -386,8 +386,10 @@ def sweep(config: Config, args: argparse.Namespace) -> int:
     refused first, before a Prefect API starts or TensorFlow imports."""
     from tfscale.tasks.execute.sweep_cells import plan_cells
     from tfscale.tasks.report.scaling_grid import CriticalBatch, format_table
+    from tfscale.tasks.train.user_models import check_ref
 
     plan_cells(config)
+    check_ref(config.sweep.model)  # a model file that is not there: before anything starts
     if config.sweep.work_pool:
         from tfscale.flows.pool import check_live_worker, check_server
 

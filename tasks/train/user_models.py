@@ -47,8 +47,17 @@ def is_user_model(ref: str) -> bool:
 
 
 def check_ref(ref: str) -> None:
-    """A built-in name, a function reference or a `.keras` path; else a `ModelError`."""
-    if ref in BUILT_IN or is_function_ref(ref):
+    """A built-in name, a function reference (its `.py` file there) or a `.keras` path;
+    else a `ModelError`. Imports nothing: a sweep checks it before anything starts."""
+    if ref in BUILT_IN:
+        return
+    if is_function_ref(ref):
+        module = ref.rsplit(":", 1)[0]
+        if module.endswith(".py") and not Path(module).is_file():
+            raise ModelError(
+                f"--model {ref}: {module}: no such file",
+                "give the path of the Python file, relative to where tfscale runs",
+            )
         return
     if ref.endswith(KERAS_SUFFIX):
         if not Path(ref).is_file():

@@ -332,6 +332,13 @@ CASES = [
         no_manifest=True,
     ),
     Case("a port past 65535", ["ui", "--port", "70000"], 2, ("--port", "1 to 65535")),
+    Case(
+        "a sweep's model file that is not there",
+        ["sweep", "--model", "nothere.py:build"],
+        2,
+        ("nothere.py: no such file", "fix:"),
+        writes_nothing=True,
+    ),
     Case(  # bound only, never sent to: a documentation address (RFC 5737)
         "a host this machine does not have",
         ["ui", "--host", "203.0.113.7"],
