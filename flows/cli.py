@@ -292,6 +292,7 @@ OWN_SIGNALS = {"run", "sweep", "ui", "serve"}
 
 # what an interrupted command leaves, and what running it again does (Ctrl-C)
 _TRAINING = "a training goes on from its last checkpoint when this is run again"
+_FIT_TRAINING = "a --loop fit training keeps no checkpoints: it starts over when this is run again"
 INTERRUPTED = {
     "prepare": "finished shards are kept and the next prepare writes only the rest",
     "train": _TRAINING,
@@ -321,14 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         stopped = "stopped by signal" if isinstance(exc, Stopped) else "interrupted"
         left = INTERRUPTED.get(args.command, "nothing more was done")
-        if (
-            left.startswith(_TRAINING)
-            and getattr(getattr(config, "train", None), "loop", "") == "fit"
-        ):
-            left = left.replace(
-                _TRAINING,
-                "a --loop fit training keeps no checkpoints: it starts over when this is run again",
-            )
+        if getattr(getattr(config, "train", None), "loop", "") == "fit":
+            left = left.replace(_TRAINING, _FIT_TRAINING)
         print(f"{stopped}; {left}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, Stopped) else 130
     except Exception as exc:

@@ -230,8 +230,10 @@ def no_arguments(path: Path | str) -> Iterator[None]:
 
 def one_line(exc: BaseException) -> str:
     """An exception's message, its first line (at most 300 characters), without the
-    terminal's colour codes Keras puts in some."""
-    import re
+    terminal's colour codes Keras puts in some (`plain`)."""
+    return (plain(exc).strip().splitlines() or [""])[0][:300]
 
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
-    return (text.strip().splitlines() or [""])[0][:300]
+
+def plain(exc: BaseException) -> str:
+    """An exception's message without the terminal's colour codes Keras puts in some."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(exc))

@@ -59,8 +59,8 @@ def checked(
     seen = _Pass({n: 0 for n in floats})
     for stream, first in labels.items():
         train = training_rows(first) if stream is None else np.full(len(first), stream != "test")
-        again = _read_stream(name, read, stream, first, train, seen)
-        if stream in digests and again != digests[stream]:
+        again = _read_stream(name, read, stream, first, train, seen, stream in digests)
+        if again is not None and again != digests[stream]:
             raise _other_examples(name, stream, "the same labels, other feature values")
     found = {n: c for n, c in seen.cells.items() if c}
     if not found:
@@ -110,12 +110,16 @@ def _read_stream(
     first: np.ndarray,
     train: np.ndarray,
     seen: _Pass,
-) -> str:
+    digested: bool,
+) -> str | None:
     """One stream's pass: its blanks counted, its training rows summed, and its labels
-    compared with the first read's. Returns its features' digest."""
-    flags, labels, row, digest = [], [], 0, hashlib.sha256()
+    compared with the first read's. Returns its features' digest where `digested` (a
+    first read's is there to compare it with), else None."""
+    flags, labels, row = [], [], 0
+    digest = hashlib.sha256() if digested else None
     for features, raw in read(stream):
-        add_to_digest(digest, features)
+        if digest is not None:
+            add_to_digest(digest, features)
         count = len(raw)
         blank = np.zeros(count, bool)
         in_train = train[row : row + count]
@@ -135,7 +139,7 @@ def _read_stream(
         shown = f"{len(first)} examples, then {len(again)}, their labels in another order"
         raise _other_examples(name, stream, shown)
     seen.rows[stream] = np.concatenate(flags) if flags else np.zeros(0, bool)
-    return digest.hexdigest()
+    return digest.hexdigest() if digest is not None else None
 
 
 def _other_examples(name: str, stream: str | None, shown: str) -> DatasetError:

@@ -161,6 +161,7 @@ class FolderSource(ImageSource):
     spec: FeatureSpec
     files: dict[str, list[tuple[Path, int]]]
     held_out: str = ""
+    mode: str = "RGB"  # PIL's mode its images are read in (`COLOR_MODES`)
     version: str = "1.0.0"
     name: str = field(init=False)
     splits: dict[str, int] = field(init=False)
@@ -170,9 +171,8 @@ class FolderSource(ImageSource):
         self.splits = {s: len(f) for s, f in self.files.items()}
 
     def examples(self, split: str, start: int, stop: int) -> Iterator[Example]:
-        mode = {1: "L", 3: "RGB", 4: "RGBA"}[self.spec.shape[-1]]
         for path, label in self.files[split][start:stop]:
-            image = _read_image(path, mode)
+            image = _read_image(path, self.mode)
             if image.shape != self.spec.shape:
                 raise DatasetError(
                     f"{path}: expected an image of shape {self.spec.shape} like the rest of "
@@ -214,9 +214,10 @@ def folder_source(root: Path, cfg: PrepareConfig) -> FolderSource:
             "(loss 0, accuracy 1)",
             "give a folder per class, two classes or more",
         )
-    probe = _read_image(files["train"][0][0], COLOR_MODES[cfg.color_mode])
+    mode = COLOR_MODES[cfg.color_mode]
+    probe = _read_image(files["train"][0][0], mode)
     spec = FeatureSpec.image(tuple(probe.shape), tuple(classes))
-    return FolderSource(root, spec, files, held_out)
+    return FolderSource(root, spec, files, held_out, mode)
 
 
 def _subfolders(folder: Path) -> list[Path]:

@@ -277,23 +277,25 @@ def written_by_tfscale(name: str) -> bool:
     return temporary is not None and written_by_tfscale(temporary.group(1))
 
 
-def _remove_strays(out_dir: Path, keep: set[str]) -> None:
-    """Removes the shards of an earlier plan and interrupted writes: files of tfscale's
-    own names only (`written_by_tfscale`); any other file stays."""
+def _remove_ours(out_dir: Path, keep: set[str] = frozenset()) -> None:
+    """Removes the files of tfscale's own names (`written_by_tfscale`) in a dataset's
+    folder but those in `keep`; any other file stays."""
     for path in out_dir.iterdir():
-        ours = path.is_file() and written_by_tfscale(path.name)
-        if ours and path.name not in keep and path.name not in (MANIFEST_NAME, JOURNAL_NAME):
+        if path.is_file() and written_by_tfscale(path.name) and path.name not in keep:
             path.unlink()
+
+
+def _remove_strays(out_dir: Path, keep: set[str]) -> None:
+    """Removes the shards of an earlier plan and interrupted writes."""
+    _remove_ours(out_dir, {*keep, MANIFEST_NAME, JOURNAL_NAME})
 
 
 def remove_written(out_dir: Path) -> None:
-    """Removes what tfscale wrote in a dataset's folder (`written_by_tfscale`), and the
-    folder once empty: a file tfscale did not write is never deleted."""
+    """Removes what tfscale wrote in a dataset's folder, and the folder once empty: a file
+    tfscale did not write is never deleted."""
     if not out_dir.is_dir():
         return
-    for path in out_dir.iterdir():
-        if path.is_file() and written_by_tfscale(path.name):
-            path.unlink()
+    _remove_ours(out_dir)
     if not any(out_dir.iterdir()):
         out_dir.rmdir()
 

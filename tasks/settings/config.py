@@ -32,11 +32,9 @@ class ConfigError(UsageError, ValueError):
 
     def __init__(self, message: str, fix: str = ""):
         key = message.split(":", 1)[0] if ":" in message else ""
+        named = key if key and " " not in key else "it"
         default = (
-            f"correct {key} in params.yaml (or the flag that sets it); every key, its type "
-            "and its range: docs/configuration.md"
-            if key and " " not in key
-            else "correct it in params.yaml (or the flag that sets it); every key, its type "
+            f"correct {named} in params.yaml (or the flag that sets it); every key, its type "
             "and its range: docs/configuration.md"
         )
         super().__init__(message, fix or default)

@@ -21,7 +21,13 @@ from typing import Any
 
 from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.label_kinds import KINDS, mismatch_fix
-from tfscale.tasks.core.user_code import exited, is_function_ref, load_function, one_line
+from tfscale.tasks.core.user_code import (
+    exited,
+    is_function_ref,
+    load_function,
+    one_line,
+    plain,
+)
 from tfscale.tasks.data.spec import FeatureSpec
 from tfscale.tasks.train.model_inputs import as_model_takes
 from tfscale.tasks.train.objectives import Built, Objective, loss_name
@@ -127,19 +133,24 @@ OWN_OPTIMIZERS_FIX = (
 )
 
 
+def _other_optimizers(model: Any) -> list[str]:
+    """The names of the optimizers a model holds besides `model.optimizer`."""
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    return [
+        name for name, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
+    ]  # fmt: skip
+
+
 def _refuse_own_optimizers(ref: str, model: Any) -> None:
     """A model with its own `train_step` holding optimizers other than `model.optimizer`
     (Keras's GAN example: `compile(d_optimizer, g_optimizer, loss_fn)`) updates through
     them: refused as it is returned, whatever else it lacks."""
-    import keras
-
     from tfscale.tasks.train.keras_meaning import own_train_step
 
-    optimizer = getattr(model, "optimizer", None)
-    others = [
-        name for name, value in vars(model).items()
-        if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
-    ]  # fmt: skip
+    others = _other_optimizers(model)
     if others and own_train_step(model):
         raise ModelError(
             f"--model {ref}: its train_step does not update through model.optimizer but "
@@ -379,7 +390,7 @@ def _failure_line(exc: BaseException) -> str:
     """A Keras layer's failure in one line: the layer's call and the error inside it."""
     import re
 
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    text = plain(exc)
     layer = re.search(r"calling (\w+)\.call\(\)", text)
     inner = re.search(r"Error encountered:\s*\n\s*(.+)", text)
     cause = inner[1].strip() if inner else one_line(exc)
@@ -437,8 +448,6 @@ def _check_own_step(ref: str, built: Built, features: Any, labels: Any) -> None:
     """A model's own `train_step`, run once on a few training examples: it runs, and it
     updates through `model.optimizer` (which tfscale replaces with its own, to set the
     rate by its rule and record the noise scale at its all-reduce)."""
-    import keras
-
     from tfscale.tasks.train.keras_meaning import attach, own_train_step
 
     model, objective = built
@@ -456,10 +465,7 @@ def _check_own_step(ref: str, built: Built, features: Any, labels: Any) -> None:
             "fix the train_step (run again with --debug for the traceback)",
         ) from exc
     if optimizer is None or int(optimizer.iterations.numpy()) == before:
-        others = [
-            name for name, value in vars(model).items()
-            if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
-        ]  # fmt: skip
+        others = _other_optimizers(model)
         raise ModelError(
             f"--model {ref}: its train_step does not update through model.optimizer"
             + (f" but through {', '.join(others)}" if others else ""),
