@@ -174,8 +174,8 @@ def track_task(tracker: tracking.Tracker, parent_id: str, record):
 
 
 @task(name="mark the runs failed")
-def fail_tracking_task(tracker: tracking.Tracker, parent_id: str, error: str):
-    tracker.fail(parent_id, error)
+def fail_tracking_task(tracker: tracking.Tracker, parent_id: str, error: str, status: str):
+    tracker.fail(parent_id, error, status)
 
 
 @flow(
@@ -214,6 +214,6 @@ def run_study(config: config_mod.Config) -> summary.ScalingSummary:
         record = summarize_task(run, baseline, distributed, result, diagnosis, repeats)
         track_task(tracker, parent_id, record)
     except BaseException as exc:
-        fail_tracking_task(tracker, parent_id, repr(exc))
+        fail_tracking_task(tracker, parent_id, repr(exc), tracking.ended_as(exc))
         raise
     return dataclasses.replace(record.summary, mlflow_run_id=parent_id)

@@ -135,6 +135,12 @@ def run_tags(**extra: str) -> dict[str, str]:
 STORE_LOCK = ".tfscale-store.lock"  # beside the embedded store's database (`_store_lock`)
 
 
+def ended_as(exc: BaseException) -> str:
+    """The MLflow status of a run `exc` ended: KILLED when a signal or Ctrl-C stopped it
+    (`process.Stopped` is a KeyboardInterrupt), FAILED otherwise."""
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+
+
 class Tracker:
     """The tracking store, its client, and the monitors of the runs this tracker opened."""
 
@@ -461,32 +467,33 @@ class Tracker:
             monitor.finish()
         self.client.set_terminated(run_id, status=status)
 
-    def fail(self, run_id: str, error: str) -> None:
-        """Marks a run and every child still running as FAILED, with the error as a tag."""
+    def fail(self, run_id: str, error: str, status: str = "FAILED") -> None:
+        """Marks a run and every child still running as FAILED (or `status`: KILLED for a
+        run a signal or Ctrl-C stopped, `ended_as`), with the error as a tag."""
         experiment = self.client.get_run(run_id).info.experiment_id
         children = self.client.search_runs(
             [experiment],
             filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
         )
         for child in children:
-            self.finish(child.info.run_id, status="FAILED")
+            self.finish(child.info.run_id, status=status)
         self.log(run_id, tags={"error": error[:4000]})
-        self.finish(run_id, status="FAILED")
+        self.finish(run_id, status=status)
 
     @contextlib.contextmanager
     def run(
         self, name: str, tags: dict[str, str], nested_under: str | None = None
     ) -> Iterator[str]:
         """A run around a command's work: FINISHED when the block ends, FAILED (with the
-        error) when it raises. With `nested_under` (a study's run, `open_study`), a child of
+        error) when it raises, KILLED when a signal or Ctrl-C stops it. With `nested_under` (a study's run, `open_study`), a child of
         it, and the study ends as its latest stage did."""
         run_id = self.start_run(name, tags, parent_id=nested_under)
         try:
             yield run_id
         except BaseException as exc:
-            self.fail(run_id, repr(exc))
+            self.fail(run_id, repr(exc), ended_as(exc))
             if nested_under:
-                self.fail(nested_under, f"stage {name}: {exc!r}")
+                self.fail(nested_under, f"stage {name}: {exc!r}", ended_as(exc))
             raise
         self.finish(run_id)
         if nested_under:

@@ -114,8 +114,10 @@ class EpochRecords(keras.callbacks.Callback):
         stop_at_target: bool,
         written: Callable[[dict[str, float]], None],
         score_name: str = "accuracy",
+        finite: Callable[[float, int, int], None] = lambda loss, epoch, step: None,
     ):
         super().__init__()
+        self.finite = finite  # (loss, epoch, step): stops a training whose loss is not a number
         self.score_name = score_name  # the label kind's (`Label.score`)
         self.clock, self.steps, self.step_examples = clock, steps, step_examples
         self.stop_at_target, self.written = stop_at_target, written
@@ -141,6 +143,7 @@ class EpochRecords(keras.callbacks.Callback):
         seconds = time.perf_counter() - self.started - self.evaluating
         examples = self.done * self.step_examples
         loss, score = float(logs["loss"]), logged_score(logs, self.score_name)
+        self.finite(loss, epoch + 1, self.first + self.done)
         record = self.clock.epoch_record(epoch + 1, self.first, loss, score, seconds, examples)
         self.history.append(record)
         self.written(record)

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfscale.tasks.core.errors import UsageError
+from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.files import write_json_atomic
 from tfscale.tasks.core.process import use_precision
 from tfscale.tasks.core.progress import status
@@ -152,8 +153,11 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
             _write_json(run.run_dir / "history.json", records.history)
 
     score = setup.objective.label.score
+    def checked(loss: float, epoch: int, step: int) -> None:
+        finite_loss(loss, epoch, step, setup.learning_rate)
+
     records = EpochRecords(
-        clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score
+        clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score, checked
     )
     fit_epochs(setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records])
     as_given()
@@ -172,7 +176,7 @@ def _watch(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig, clock
     if setup.lr_gain is not None and noise is not None:
         sqrt = setup.lr_scaling == "auto"  # Adam's: the square root of AdaScale's gain
         gain = AdaptiveGain(setup.lr_gain, setup.base_batch, setup.step_examples, sqrt)
-    return _Watch(clock, noise, cfg.stop_at_target, gain)
+    return _Watch(clock, noise, cfg.stop_at_target, gain, setup.learning_rate)
 
 
 def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
@@ -320,6 +324,7 @@ class _Watch:
     noise: GradientNoise | None
     stop_at_target: bool
     gain: AdaptiveGain | None = None  # an adaptive learning-rate rule's, fed each window
+    learning_rate: float = 0.0  # the training's (named when its loss stops being a number)
     windows: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -369,6 +374,7 @@ def _timed_epoch(
         part_loss, part_correct = run_epoch(cut - first - done, after_steps)
         seconds += time.perf_counter() - started
         loss, correct, done = loss + part_loss, correct + part_correct, cut - first
+        finite_loss(part_loss, epoch, cut, watch.learning_rate)
         if watch.noise is not None and (cut in evaluate_at or not clock.on):
             window = {"end_step": cut, **watch.noise.read()}
             if watch.gain is not None:
@@ -380,6 +386,21 @@ def _timed_epoch(
                 break
     examples = done * step_examples
     return clock.epoch_record(epoch, first, loss / done, correct / examples, seconds, examples)
+
+
+def finite_loss(loss: float, epoch: int, step: int, learning_rate: float) -> None:
+    """Stops a training whose loss is no longer a number (NaN or infinite, summed over the
+    steps up to `step`): every step after it would train on weights that mean nothing, and
+    its figures would be measured on them."""
+    if math.isfinite(loss):
+        return
+    raise UserError(
+        f"the training loss became {loss} in epoch {epoch}, by step {step}: the model's "
+        "weights or outputs no longer hold finite numbers, so the training stopped there",
+        f"lower the learning rate (--learning-rate; this training's was {learning_rate:.3g}), "
+        "clip the gradients (clipnorm on the model's optimizer), or look for extreme values "
+        "in the features",
+    )
 
 
 def _result(

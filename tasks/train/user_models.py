@@ -474,10 +474,22 @@ def _check_own_step(ref: str, built: Built, features: Any, labels: Any) -> None:
 
 
 def _check_loss(ref: str, objective: Objective, labels: Any, outputs: Any) -> None:
-    """The loss of a batch: computed, and finite."""
+    """The loss of a batch: computed, and finite; the outputs it is computed on finite first
+    (a model that gives NaN or infinities before any training is not a loss's fault)."""
     import tensorflow as tf
 
     kind = objective.kind
+    if not all(
+        bool(tf.reduce_all(tf.math.is_finite(tf.cast(out, tf.float32))))
+        for out in tf.nest.flatten(outputs)
+        if out.dtype.is_floating
+    ):
+        raise ModelError(
+            f"--model {ref}: its outputs on a first batch, before any training, are not all "
+            "finite numbers (NaN or infinite)",
+            "look at its initializers and at layers that can overflow float32 (a kernel "
+            "initialised to huge values, an exp or a division without a guard)",
+        )
     try:
         loss = objective.loss(labels, outputs)
         tf.debugging.assert_all_finite(tf.cast(loss, tf.float32), "loss")

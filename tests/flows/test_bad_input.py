@@ -112,6 +112,29 @@ def npz(**arrays: tuple) -> Setup:
     return setup
 
 
+GROWING_MODEL = """
+import keras
+
+
+class Grow(keras.layers.Layer):
+    # its scale grows 1e4-fold each training step: finite at first, then past float32
+
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(), initializer="ones", trainable=False)
+
+    def call(self, x, training=False):
+        if training:
+            self.scale.assign(self.scale * 1e4)
+        return x * self.scale
+
+
+def build(spec):
+    feature = spec.features[0]
+    x = keras.Input(shape=feature.shape, name=feature.name)
+    return keras.Model(x, Grow()(keras.layers.Dense(10)(keras.layers.Flatten()(x))))
+"""
+
+
 def mixed_column(project: Path) -> None:
     """A column of numbers in the table's first block (4 MiB) and text after it."""
     rows = ["a,b,label"] + [f"{i % 97},{i % 13},{i % 2}" for i in range(600_000)]
@@ -496,6 +519,13 @@ CASES = [
         1,
         ("No prepared dataset at elsewhere/digits", "tfscale prepare --dataset digits"),
         writes_nothing=True,
+    ),
+    Case(
+        "a training whose loss stops being a number",
+        [*TRAIN, "--model", "grow.py:build", "--precision", "float32", "--jit-compile", "false"],
+        1,
+        ("the training loss became nan in epoch 1", "--learning-rate"),
+        write("grow.py", GROWING_MODEL),
     ),
     Case("corrupted shard", TRAIN, 1, ("corrupted", "--force"), shard("corrupted")),
     Case("truncated shard", TRAIN, 1, ("truncated", "--force"), shard("truncated")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from helpers import ROOT, scaled
 
 from tfscale.tasks.core.fields import PARAM, fields_by_type
 from tfscale.tasks.core.files import write_json_atomic
+from tfscale.tasks.core.process import Stopped
 from tfscale.tasks.core.progress import EpochWatcher
 from tfscale.tasks.track.tracking import STORE_LOCK, EpochLog, Tracker, rounded
 from tfscale.tasks.train.result import TrainResult
@@ -109,6 +111,22 @@ def test_a_failed_study_leaves_no_run_running(tmp_path):
     assert client.get_run(parent).data.tags["error"] == "RuntimeError('worker 1 died')"
     assert client.get_run(live.run_id).info.status == "FAILED"
     assert client.get_run(live.run_id).data.metrics == {"loss": 0.5, "accuracy": 0.8}
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [(Stopped(signal.SIGTERM), "KILLED"), (KeyboardInterrupt(), "KILLED"), (OSError(), "FAILED")],
+    ids=["SIGTERM", "Ctrl-C", "an error"],
+)
+def test_a_run_a_signal_stops_ends_killed_and_one_that_fails_failed(raised, status, tmp_path):
+    """A command's run and the study it nests under end KILLED when a signal or Ctrl-C
+    stops the work (MLflow's status for a run stopped from outside), FAILED on an error."""
+    tracker = Tracker(tmp_path / "store", experiment="probe")
+    study = tracker.start_run("study", {})
+    with pytest.raises(type(raised)), tracker.run("train", {}, nested_under=study) as run:
+        raise raised
+    assert tracker.client.get_run(run).info.status == status
+    assert tracker.client.get_run(study).info.status == status
 
 
 def test_epochs_reach_the_callback_while_the_training_writes_them(tmp_path):

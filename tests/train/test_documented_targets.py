@@ -133,6 +133,35 @@ def test_stop_at_target_ends_a_training_at_the_first_evaluation_reaching_a_users
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_a_fit_loop_epoch_whose_loss_is_not_a_number_stops_the_training_naming_its_step(loss):
+    """`--loop fit`: an epoch ending on a NaN or infinite loss stops the training with the
+    epoch, the step and the learning rate to lower, its record not written."""
+    from tfscale.tasks.core.errors import UserError
+    from tfscale.tasks.train.fit_loop import SCORE, EpochRecords
+    from tfscale.tasks.train.training import finite_loss
+
+    target = target_of(_evaluate(target_metric="mae", target=40.0), None)
+    clock = TargetClock(Values(), target, 0, 32, 3200)
+    written = []
+
+    def checked(loss: float, epoch: int, step: int) -> None:
+        finite_loss(loss, epoch, step, 0.25)
+
+    records = EpochRecords(clock, 100, 32, False, written.append, "mae", checked)
+    records.set_model(keras.Sequential())
+    records.on_epoch_begin(1)
+    for batch in range(100):
+        records.on_train_batch_end(batch)
+    with pytest.raises(UserError, match=rf"loss became {loss} in epoch 2, by step 200") as e:
+        records.on_epoch_end(1, {"loss": loss, SCORE: 50.0})
+    assert "--learning-rate; this training's was 0.25" in e.value.fix
+    assert not written and not records.history
+    records.on_epoch_end(1, {"loss": 2.0, SCORE: 50.0})  # a finite one is recorded
+    assert written and records.history[-1]["loss"] == 2.0
+
+
+@pytest.mark.unit
 def test_seeds_repeat_each_training_to_a_users_metric_and_say_it(monkeypatch):
     """`--seeds 3`: each side trains again with the next two seeds, each ending at the
     target (`stop_at_target`), and each seed's line names the user's metric."""

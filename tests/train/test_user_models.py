@@ -338,6 +338,16 @@ BAD = {
             return model
         """
     ),
+    "overflowing": textwrap.dedent(
+        """
+        import keras
+        def build(spec):
+            inputs = {f.name: keras.Input(shape=(1,), name=f.name) for f in spec.features}
+            x = keras.layers.Concatenate()(list(inputs.values()))
+            huge = keras.initializers.Constant(1e38)
+            return keras.Model(inputs, keras.layers.Dense(1, kernel_initializer=huge)(x))
+        """
+    ),
     "regularised": textwrap.dedent(
         """
         import keras
@@ -395,6 +405,7 @@ BAD = {
             r"a pipeline cut trains each stage on the compiled loss alone, without 1 regular",
             2,
         ),
+        ("bad.py:overflowing", [], r"outputs on a first batch, before any training, are not", 2),
         ("damaged.keras", [], r"damaged.keras did not load", 2),
         ("empty.keras", [], r"empty.keras is empty \(0 bytes\)", 2),
         ("bad.py:mc_dropout", [], r"overrides test_step, its own evaluation", 2),
