@@ -103,11 +103,29 @@ def _reports_user_error(record: logging.LogRecord) -> bool:
     return any(message in text for message in _USER_ERRORS_REPORTED)
 
 
+# Prefect's words for a run a stop ended (its crashed state's message): the command says
+# the stop itself, once, with what it leaves (`Stopped`, `stopped_by_signals`)
+_STOP_STATES = ("aborted by an interrupt signal", "aborted by a termination signal")
+
+
+def _reports_a_stop(record: logging.LogRecord) -> bool:
+    """Whether `record` is Prefect's report of a flow or task run that Ctrl-C or a signal
+    stopped ("Crash detected! Execution was aborted by a termination signal.", and its
+    Crashed state's line); kept in the run's own log on the server, off the console."""
+    if not record.name.startswith("prefect"):
+        return False
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, KeyboardInterrupt) or any(
+        text in record.getMessage() for text in _STOP_STATES
+    )
+
+
 def _quiet_console(record: logging.LogRecord) -> bool:
     """tfscale's own progress lines, and anyone's warnings and errors but the expected and
-    Prefect's reports of a user error (`_reports_user_error`)."""
+    Prefect's reports of a user error (`_reports_user_error`) or of a stop
+    (`_reports_a_stop`)."""
     if record.levelno >= logging.WARNING:
-        if _reports_user_error(record):
+        if _reports_user_error(record) or _reports_a_stop(record):
             return False
         return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
     return record.name.startswith(OWN_LOGGERS) or getattr(record, STATUS_MARK, False)

@@ -221,15 +221,39 @@ def folder_source(root: Path, cfg: PrepareConfig) -> FolderSource:
 
 
 def _subfolders(folder: Path) -> list[Path]:
-    with os.scandir(folder) as entries:
-        names = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
+    names = [e.name for e in _entries(folder) if _is_dir(e) and not e.name.startswith(".")]
     return [folder / n for n in sorted(names)]
 
 
 def _images(folder: Path) -> list[Path]:
-    with os.scandir(folder) as entries:
-        names = [e.name for e in entries if e.is_file() and _is_image(e.name)]
+    names = [e.name for e in _entries(folder) if _is_image(e.name) and _followed(e, e.is_file)]
     return [folder / n for n in sorted(names)]
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    with os.scandir(folder) as entries:
+        return list(entries)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    return _followed(entry, entry.is_dir)
+
+
+def _followed(entry: os.DirEntry, test: Callable[[], bool]) -> bool:
+    """`test` of the entry (is it a folder, a file: a link followed), a link that leads
+    nowhere readable (a loop, a link to itself) refused by name rather than met later as a
+    crash.
+
+    Raises:
+        DatasetError: the entry is a link that cannot be followed.
+    """
+    try:
+        return test()
+    except OSError as exc:
+        raise DatasetError(
+            f"{entry.path} is a link that cannot be followed ({exc.strerror})",
+            "remove the link, or point it at an image or a folder outside this one",
+        ) from None
 
 
 def _is_image(name: str) -> bool:
@@ -239,12 +263,11 @@ def _is_image(name: str) -> bool:
 def _holds(folder: Path) -> tuple[bool, bool]:
     """Whether `folder` holds folders (other than hidden ones), and whether it holds images."""
     folders = images = False
-    with os.scandir(folder) as entries:
-        for e in entries:
-            if e.is_dir():
-                folders = folders or not e.name.startswith(".")
-            else:
-                images = images or _is_image(e.name)
+    for e in _entries(folder):
+        if _is_dir(e):
+            folders = folders or not e.name.startswith(".")
+        else:
+            images = images or _is_image(e.name)
     return folders, images
 
 

@@ -484,6 +484,22 @@ def test_image_folder_without_a_held_out_split_is_refused_naming_it(
     assert fix in caught.value.fix
 
 
+@pytest.mark.parametrize("where", ["cat/loop.png", "cat/loop", "loop"])
+def test_a_link_that_cannot_be_followed_in_an_image_folder_is_refused_naming_it(
+    tmp_path, make_config, where
+):
+    """A link to itself, in a class folder (named as an image or not) or beside the class
+    folders: refused by its path, never a crash ("a bug in tfscale")."""
+    root = tmp_path / "pets"
+    write_images(root, {"cat": 3, "dog": 3})
+    link = root / where
+    link.symlink_to(link.name)
+    with pytest.raises(DatasetError) as caught:
+        open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert f"{link} is a link that cannot be followed" in caught.value.message
+    assert "remove the link" in caught.value.fix
+
+
 def test_a_test_fraction_leaving_nothing_to_train_on_is_refused(tmp_path, make_config):
     root = tmp_path / "flat"
     write_images(root, {"cat": 2})

@@ -226,6 +226,26 @@ def test_the_quiet_console_drops_only_the_expected_warnings():
     assert _quiet_console(record(logging.INFO, "a stage line", name="tfscale.tasks.core.progress"))
 
 
+
+@pytest.mark.parametrize("signal_name", ["an interrupt signal", "a termination signal"])
+def test_prefects_crash_lines_for_a_stop_stay_off_the_console(signal_name):
+    """Ctrl-C or SIGTERM during `run` or `sweep`: Prefect's "Crash detected!" and Crashed
+    state lines stay off the console (the command says the stop once, with what it
+    leaves); a crash for any other cause reaches it."""
+    import logging
+
+    from tfscale.tasks.core.process import _quiet_console
+
+    def record(message: str, name: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, message, None, None)
+
+    crash = f"Crash detected! Execution was aborted by {signal_name}."
+    state = f"Finished in state Crashed('Execution was aborted by {signal_name}.')"
+    assert not _quiet_console(record(crash, "prefect.flow_runs"))
+    assert not _quiet_console(record(state, "prefect.task_runs"))
+    other = "Crash detected! Execution was interrupted by an unexpected exception: OSError"
+    assert _quiet_console(record(other, "prefect.flow_runs"))
+
 def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
     """A user error raised in a task or flow: Prefect's error lines reporting it (with the
     exception, and the failed state's line after them with its text) stay off the console,
