@@ -94,7 +94,7 @@ def evaluate_keras_model(
     own = _own_metrics(objective)
     losses, labels_seen, logits_seen = [], [], []
     for features, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
-        outputs = tf.cast(model(features, training=False), tf.float32)
+        outputs = tf.cast(_outputs(model, features, manifest, model_path), tf.float32)
         losses.append(held_out_losses(model, objective, labels, outputs).numpy())
         for metric in own.values():
             metric.update_state(objective.targets(labels, outputs), outputs)
@@ -111,6 +111,43 @@ def evaluate_keras_model(
         seconds=time.perf_counter() - started,
         **fields,
     )
+
+
+def _outputs(model: Any, features: Any, manifest: Manifest, model_path: str) -> Any:
+    """The model's outputs on a batch; a model that does not take the data's features, or
+    gives another number of outputs than its label needs (a model trained on other data),
+    refused by name.
+
+    Raises:
+        UsageError: naming the model, the data and what each has.
+    """
+    from tfscale.tasks.core.errors import UsageError
+    from tfscale.tasks.core.user_code import one_line
+    from tfscale.tasks.train.user_models import features_of, inputs_of
+
+    spec, named = manifest.spec, model_path or "the model"
+    fix = (
+        f"evaluate it on the data it was trained on (--dataset), or give --model-path a "
+        f"model trained on {manifest.dataset}"
+    )
+    try:
+        outputs = model(features, training=False)
+    except Exception as exc:  # noqa: BLE001 - the model's own call: whatever it raises
+        raise UsageError(
+            f"{named} does not take the features of {manifest.dataset} ({type(exc).__name__}: "
+            f"{one_line(exc)}): its inputs are {inputs_of(model)}, the data's features "
+            f"{features_of(spec)}",
+            fix,
+        ) from None
+    shape = outputs.shape
+    width = int(shape[-1]) if shape.rank and shape.rank > 1 else 1
+    if width != spec.label.outputs:
+        raise UsageError(
+            f"{named} gives {width} output(s) per example; the label of {manifest.dataset} "
+            f"({spec.label.kind}) needs {spec.label.outputs}",
+            fix,
+        )
+    return outputs
 
 
 def _objective(model: Any, manifest: Manifest) -> Any:

@@ -328,8 +328,8 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
     except Exception as exc:  # noqa: BLE001 - the user's model: whatever it raises
         raise ModelError(
             f"--model {ref} does not take this data's features: {type(exc).__name__}: "
-            f"{one_line(exc)}; the model's inputs are {_inputs_of(model)}, the data's "
-            f"features {_features_of(spec)}",
+            f"{one_line(exc)}; the model's inputs are {inputs_of(model)}, the data's "
+            f"features {features_of(spec)}",
             "give the model one input per feature, named as spec.features' keras_name and "
             "shaped as the feature"
             + (
@@ -556,7 +556,7 @@ def _check_rebuilds(ref: str, model: Any) -> None:
             ) from None
 
 
-def _inputs_of(model: Any) -> str:
+def inputs_of(model: Any) -> str:
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
@@ -564,5 +564,5 @@ def _inputs_of(model: Any) -> str:
     return ", ".join(f"{getattr(i, 'name', '?')} {tuple(i.shape)}" for i in inputs or [])
 
 
-def _features_of(spec: FeatureSpec) -> str:
+def features_of(spec: FeatureSpec) -> str:
     return ", ".join(f"{f.name} {(None, *f.shape)} {f.dtype}" for f in spec.features)

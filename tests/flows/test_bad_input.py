@@ -135,6 +135,19 @@ def build(spec):
 """
 
 
+def other_model(inputs: tuple[int, ...], outputs: int) -> Setup:
+    """A model of another data's shape, saved as other.keras."""
+
+    def setup(project: Path) -> None:
+        import keras
+
+        x = keras.Input(shape=inputs)
+        y = keras.layers.Dense(outputs)(keras.layers.Flatten()(x))
+        keras.Model(x, y).save(project / "other.keras")
+
+    return setup
+
+
 def mixed_column(project: Path) -> None:
     """A column of numbers in the table's first block (4 MiB) and text after it."""
     rows = ["a,b,label"] + [f"{i % 97},{i % 13},{i % 2}" for i in range(600_000)]
@@ -629,6 +642,20 @@ CASES = [
         ["evaluate", "--model-path", "nowhere/model.keras"],
         1,
         ("No model at nowhere/model.keras", "tfscale train"),
+    ),
+    Case(
+        "evaluate a model trained on other data",
+        ["evaluate", "--model-path", "other.keras"],
+        2,
+        ("other.keras does not take the features of digits", "a model trained on digits"),
+        other_model((3,), 10),
+    ),
+    Case(
+        "evaluate a model of another label",
+        ["evaluate", "--model-path", "other.keras"],
+        2,
+        ("other.keras gives 2 output(s) per example", "(class) needs 10"),
+        other_model((8, 8, 1), 2),
     ),
     Case("evaluate before any training", ["evaluate"], 1, ("No trained model for 'digits'",)),
     Case(
