@@ -339,7 +339,31 @@ def _split_layout(
             f"folders directly under {root} for prepare to hold out prepare.test_fraction "
             f"of each class",
         )
+    folders = {"train": "train/", "test": f"{held_out or 'test'}/"}
+    _refuse_missing_classes(root, {folders[s]: files[s] for s in folders}, classes)
     return {s: f for s, f in files.items() if f}, held_out
+
+
+def _refuse_missing_classes(
+    root: Path, files: dict[str, list[tuple[Path, int]]], classes: list[str]
+) -> None:
+    """Each class has images in the training split (a class never trained on is guessed
+    wrong every time) and in the held-out one (its accuracy there is never measured).
+
+    Raises:
+        DatasetError: naming the split folder and the classes it has no image of.
+    """
+    for folder, images in files.items():
+        missing = sorted(set(range(len(classes))) - {index for _, index in images})
+        if missing:
+            names = ", ".join(classes[i] for i in missing)
+            raise DatasetError(
+                f"{root}/{folder} has no image of class {names} (its folder there missing or "
+                "empty)",
+                "give every class images in every split folder, or put the class folders "
+                "directly under the folder for prepare to hold out prepare.test_fraction of "
+                "each class",
+            )
 
 
 def _drawn_split(

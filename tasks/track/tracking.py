@@ -259,9 +259,32 @@ class Tracker:
         """The MlflowClient, made once, with the experiment created if it is new (under
         `_store_lock`)."""
         if self._client is None:
-            with self._store_lock():
-                self._client = self._made_client()
+            try:
+                with self._store_lock():
+                    self._client = self._made_client()
+            except Exception as exc:
+                unwritable = self._unwritable(exc)
+                if unwritable is None:
+                    raise
+                raise unwritable from None
         return self._client
+
+    def _unwritable(self, exc: BaseException) -> TrackingError | None:
+        """The error for an embedded store this process cannot write (a read-only or full
+        file system, a forbidden directory, met by Python or by SQLite), naming the store
+        and track.store_dir; None for anything else."""
+        from tfscale.tasks.core.errors import system_error
+
+        text = str(exc)
+        sqlite = "readonly database" in text or "unable to open database file" in text
+        if not self.local or not (system_error(exc) or sqlite):
+            return None
+        return TrackingError(
+            f"The MLflow store {self.store_dir} cannot be written "
+            f"({text.splitlines()[0][:200] if text else type(exc).__name__})",
+            "make it writable, point track.store_dir in params.yaml at a directory that is, "
+            "or set MLFLOW_TRACKING_URI to a tracking server.",
+        )
 
     def _made_client(self) -> Any:
         """The store checked, its client made and the experiment created where new."""
@@ -485,8 +508,9 @@ class Tracker:
         self, name: str, tags: dict[str, str], nested_under: str | None = None
     ) -> Iterator[str]:
         """A run around a command's work: FINISHED when the block ends, FAILED (with the
-        error) when it raises, KILLED when a signal or Ctrl-C stops it. With `nested_under` (a study's run, `open_study`), a child of
-        it, and the study ends as its latest stage did."""
+        error) when it raises, KILLED when a signal or Ctrl-C stops it. With `nested_under`
+        (a study's run, `open_study`), a child of it, and the study ends as its latest
+        stage did."""
         run_id = self.start_run(name, tags, parent_id=nested_under)
         try:
             yield run_id

@@ -153,6 +153,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
             _write_json(run.run_dir / "history.json", records.history)
 
     score = setup.objective.label.score
+
     def checked(loss: float, epoch: int, step: int) -> None:
         finite_loss(loss, epoch, step, setup.learning_rate)
 

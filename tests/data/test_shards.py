@@ -500,6 +500,28 @@ def test_a_link_that_cannot_be_followed_in_an_image_folder_is_refused_naming_it(
     assert "remove the link" in caught.value.fix
 
 
+@pytest.mark.parametrize(
+    ("counts", "said"),
+    [
+        ({"train/cat": 2, "train/dog": 2, "test/cat": 2}, "test/ has no image of class dog"),
+        ({"train/cat": 2, "validation/cat": 1, "validation/dog": 1}, "train/ has no image of"),
+        (
+            {"train/cat": 2, "train/dog": 2, "validation/cat": 1},
+            "validation/ has no image of class dog",
+        ),
+    ],
+    ids=["test", "train", "validation"],
+)
+def test_a_split_folder_without_a_class_is_refused_naming_it(tmp_path, make_config, counts, said):
+    """A class the model is never trained on (or never measured on) is refused before any
+    shard is written, naming the split folder and the class."""
+    root = tmp_path / "pets"
+    write_images(root, counts)
+    with pytest.raises(DatasetError) as caught:
+        open_source(make_config(prepare__dataset=str(root)).prepare)
+    assert said in caught.value.message and "every split folder" in caught.value.fix
+
+
 def test_a_test_fraction_leaving_nothing_to_train_on_is_refused(tmp_path, make_config):
     root = tmp_path / "flat"
     write_images(root, {"cat": 2})

@@ -49,7 +49,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)  # {port}: a free port; {{ }}: braces
     # acts on the job while it runs (told whether it still runs), in a thread of its own
     during: Callable[[Callable[[], bool], Path], None] | None = None
-    mount: str = ""  # "ro" (read-only runs dir) or "tiny" (a 256 KiB data dir)
+    mount: str = ""  # "ro" (read-only runs dir), "ro-store" (read-only mlflow/) or "tiny"
     no_manifest: bool = False  # a failed prepare leaves no manifest
     process: bool = False  # through the installed console script, in a process of its own
     # nothing new in the project (no mlflow/, runs/ or data): errors found before any work
@@ -605,6 +605,13 @@ CASES = [
     ),
     Case("read-only runs dir", TRAIN, 1, ("Read-only", "runs", "fix:"), mount="ro"),
     Case(
+        "read-only MLflow store",
+        TRAIN,
+        1,
+        ("The MLflow store mlflow cannot be written (", "point track.store_dir"),
+        mount="ro-store",
+    ),
+    Case(
         "killed worker",
         [
             "train",
@@ -822,12 +829,12 @@ def _in_this_process(case: Case, project: Path, env: dict[str, str]) -> tuple[in
 
 
 def _mount(kind: str, project: Path) -> Path | None:
-    """A read-only runs dir, or a data dir on a tmpfs too small for the data."""
+    """A read-only runs dir or MLflow store, or a data dir on a tmpfs too small for the data."""
     if not kind:
         return None
-    target = project / ("runs" if kind == "ro" else "tiny")
+    target = project / {"ro": "runs", "ro-store": "mlflow", "tiny": "tiny"}[kind]
     target.mkdir(parents=True, exist_ok=True)
-    options = "ro,size=64k" if kind == "ro" else "size=256k"
+    options = "size=256k" if kind == "tiny" else "ro,size=64k"
     subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
         check=True,

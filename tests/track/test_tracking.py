@@ -226,7 +226,6 @@ def test_the_quiet_console_drops_only_the_expected_warnings():
     assert _quiet_console(record(logging.INFO, "a stage line", name="tfscale.tasks.core.progress"))
 
 
-
 @pytest.mark.parametrize("signal_name", ["an interrupt signal", "a termination signal"])
 def test_prefects_crash_lines_for_a_stop_stay_off_the_console(signal_name):
     """Ctrl-C or SIGTERM during `run` or `sweep`: Prefect's "Crash detected!" and Crashed
@@ -245,6 +244,7 @@ def test_prefects_crash_lines_for_a_stop_stay_off_the_console(signal_name):
     assert not _quiet_console(record(state, "prefect.task_runs"))
     other = "Crash detected! Execution was interrupted by an unexpected exception: OSError"
     assert _quiet_console(record(other, "prefect.flow_runs"))
+
 
 def test_the_console_says_a_user_error_once_not_in_prefects_reports_of_it():
     """A user error raised in a task or flow: Prefect's error lines reporting it (with the
