@@ -43,3 +43,8 @@ def cached(task_: Any, config: Config, *, files_present: bool) -> Any:
     """`task_` reading and writing the project's cache; a cached result whose files are
     gone (`files_present` false) is computed again and replaces the cached one."""
     return task_.with_options(result_storage=cache_dir(config), refresh_cache=not files_present)
+
+
+def reused(state: Any) -> bool:
+    """Whether a task's final state is a cached result reused (Prefect's `Cached` state)."""
+    return state.name == "Cached"

@@ -10,7 +10,7 @@ import dataclasses
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
-from tfscale.flows.caching import RESULTS, cached
+from tfscale.flows.caching import RESULTS, cached, reused
 from tfscale.flows.prefect_api import named_by, quiet_run_logs
 from tfscale.tasks.core import process
 from tfscale.tasks.core.progress import status
@@ -103,10 +103,11 @@ def _baseline_task(run: Run, on_epoch=None, model: str = ""):
 
 def baseline_task(run: Run, on_epoch=None):
     """The baseline, reusing the cached result only while its run directory is intact."""
-    complete = run.is_complete
     model = model_fingerprint(run.train.model)
-    result = cached(_baseline_task, run.config, files_present=complete)(run, on_epoch, model)
-    status("baseline", trainings.trained_line(result) + ("" if not complete else " (reused)"))
+    task_ = cached(_baseline_task, run.config, files_present=run.is_complete)
+    state = task_(run, on_epoch, model, return_state=True)
+    result = state.result()
+    status("baseline", trainings.trained_line(result) + (" (reused)" if reused(state) else ""))
     return result
 
 

@@ -10,11 +10,12 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
 from tfscale.flows import pool
-from tfscale.flows.caching import RESULTS, cached
+from tfscale.flows.caching import RESULTS, cached, reused
 from tfscale.flows.prefect_api import named_by, quiet_run_logs
 from tfscale.flows.study import check_tracking_task, detect_task, fail_tracking_task, prepare_task
 from tfscale.tasks.core import process
 from tfscale.tasks.core.network import host_name
+from tfscale.tasks.core.progress import status
 from tfscale.tasks.distribute import strategy
 from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.execute import sweep_cells
@@ -41,7 +42,15 @@ def _cell_task(run: Run) -> dict:
 def cell_task(config, manifest, data_dir: str, report) -> dict:
     """One cell, reusing a cached result only while its run directory is intact."""
     run = Run(config, manifest, data_dir, strategy.select_strategy(report, config.train), report)
-    return cached(_cell_task, config, files_present=run.is_complete)(run)
+    state = cached(_cell_task, config, files_present=run.is_complete)(run, return_state=True)
+    result = state.result()
+    if reused(state):
+        status(
+            "cell",
+            f"{run.run_dir.name} reused: trained before with the same settings, data "
+            "and code, its run directory intact",
+        )
+    return result
 
 
 @task(name="train the cells on a work pool")

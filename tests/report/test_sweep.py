@@ -4,6 +4,7 @@ cell, and repeated cells reused instead of re-run."""
 from __future__ import annotations
 
 import csv
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -102,6 +103,28 @@ def test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batche
     assert critical_batches(tabulate(cells, missed, forecasts={}), missed) == []
 
 
+@contextlib.contextmanager
+def said_lines():
+    """The status lines said on the console within the block (`progress.status`)."""
+    import logging
+
+    from tfscale.tasks.core.process import STATUS_MARK
+
+    lines: list[str] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, STATUS_MARK, False):
+                lines.append(record.getMessage())
+
+    handler = Kept()
+    logging.getLogger().addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     """A 2x2 grid swept three times (the second reusing every cell, the third after one
@@ -129,9 +152,11 @@ def swept(tmp_path_factory):
             "track.store_dir": str(tmp / "mlflow"),
         },
     )
-    first = sweep_flow(config)
+    with said_lines() as first_said:
+        first = sweep_flow(config)
     stamps = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
-    second = sweep_flow(config)
+    with said_lines() as second_said:
+        second = sweep_flow(config)
     reused = stamps == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.json")}
     # a cell whose run directory is gone is trained again; the others are still reused
     gone = next(p for p in sorted(stamps) if p.parent.name.startswith("one_device-"))
@@ -151,6 +176,7 @@ def swept(tmp_path_factory):
         "tmp": tmp,
         "rows": (first, second),
         "reused": reused,
+        "said": (first_said, second_said),
         "deleted": gone,
         "stamps": stamps,
         "after_delete": after_delete,
@@ -220,9 +246,13 @@ def test_table_and_charts_hold_every_cell(swept):
 
 
 @pytest.mark.integration
-def test_repeated_cells_are_reused(swept):
+def test_repeated_cells_are_reused_and_said_to_be(swept):
     first, second = swept["rows"]
     assert swept["reused"]
+    first_said, second_said = swept["said"]
+    assert not [line for line in first_said if " reused: trained before" in line]
+    reused = [line for line in second_said if line.startswith("cell ")]
+    assert len(reused) == len(second) and all(" reused: trained before" in r for r in reused)
     assert [r.examples_per_s for r in first] == [r.examples_per_s for r in second]
 
 
