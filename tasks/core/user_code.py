@@ -51,6 +51,7 @@ def load_function(
             module = _import_file(path)
         else:
             cwd_importable()
+            _tensorflow_first(_source_of(module_name))
             with no_arguments(module_name):
                 module = importlib.import_module(module_name)
     except UserError:
@@ -197,6 +198,7 @@ def _import_file(path: Path) -> Any:
         return sys.modules[name]
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
+    _tensorflow_first(path)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -208,6 +210,31 @@ def _import_file(path: Path) -> Any:
         del sys.modules[name]
         raise
     return module
+
+
+def _source_of(module_name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None  # the import itself says why
+    origin = getattr(spec, "origin", None)
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def _tensorflow_first(source: Path | None) -> None:
+    """TensorFlow imported tfscale's way (`process.import_tensorflow`: its C++ start-up
+    lines off the console) before a user's module that imports it or Keras does so itself;
+    a module that names neither (a pandas table's function) costs no TensorFlow import."""
+    if source is None or "tensorflow" in sys.modules:
+        return
+    try:
+        text = source.read_text(errors="replace")
+    except OSError:
+        return
+    if re.search(r"\b(tensorflow|keras)\b", text):
+        from tfscale.tasks.core.process import import_tensorflow
+
+        import_tensorflow()
 
 
 def exited(exc: SystemExit) -> str:

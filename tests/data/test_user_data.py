@@ -896,3 +896,35 @@ def test_a_row_of_too_many_fields_past_the_first_block_is_named_as_such(tmp_path
     with pytest.raises(DatasetError, match=r"a row has 4 fields where the header has 3") as e:
         prepare(tmp_path, str(path))
     assert "one field per column" in e.value.fix
+
+
+@pytest.mark.integration
+def test_a_users_module_importing_tensorflow_keeps_its_start_up_lines_off_the_console(tmp_path):
+    """A tf.data function's module that imports TensorFlow itself, loaded as prepare loads
+    it (`--dataset pipeline.py:make`): TensorFlow's C++ start-up lines ("All log messages
+    before absl::InitializeLog()", the CPU and CUDA notices) stay off the console. The
+    first import in a process is the claim, so the load runs in one of its own."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, scaled
+
+    (tmp_path / "pipeline.py").write_text(
+        "import tensorflow as tf\n\ndef make():\n    return tf.data.Dataset.range(4)\n"
+    )
+    load = (
+        "from tfscale.tasks.core.user_code import load_function\n"
+        "make, _ = load_function('pipeline.py:make')\n"
+        "print('loaded', make.__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-c", load],
+        cwd=tmp_path,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert proc.returncode == 0 and "loaded make" in proc.stdout, proc.stderr[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
