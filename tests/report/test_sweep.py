@@ -3,8 +3,8 @@ cell, and repeated cells reused instead of re-run."""
 
 from __future__ import annotations
 
-import csv
 import contextlib
+import csv
 import dataclasses
 import json
 import shutil
