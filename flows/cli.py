@@ -292,7 +292,7 @@ OWN_SIGNALS = {"run", "sweep", "ui", "serve"}
 
 # what an interrupted command leaves, and what running it again does (Ctrl-C)
 _TRAINING = "a training goes on from its last checkpoint when this is run again"
-_FIT_TRAINING = "a --loop fit training keeps no checkpoints: it starts over when this is run again"
+_FIT_TRAINING = "a --loop fit training goes on from its last finished epoch when this is run again"
 INTERRUPTED = {
     "prepare": "finished shards are kept and the next prepare writes only the rest",
     "train": _TRAINING,

@@ -157,16 +157,23 @@ def dividing(steps: int, per_call: int) -> int:
 
 
 def fit_epochs(
-    setup: Any, dataset_fn: Callable, epochs: int, per_call: int, callbacks: list[Any]
+    setup: Any,
+    dataset_fn: Callable,
+    epochs: int,
+    per_call: int,
+    callbacks: list[Any],
+    initial_epoch: int = 0,
 ) -> Any:
-    """Trains `epochs` epochs of `setup.steps` steps in one `fit` call over `dataset_fn`'s
-    global batches (Keras reshuffles each epoch; its iterator runs on across the
-    held-out evaluations), in whole executions that divide an epoch (`dividing`), so that
-    an epoch is exactly its steps. Returns Keras's `History`."""
+    """Trains epochs `initial_epoch` (a resumed training's first) to `epochs` of
+    `setup.steps` steps in one `fit` call over `dataset_fn`'s global batches (Keras
+    reshuffles each epoch; its iterator runs on across the held-out evaluations), in whole
+    executions that divide an epoch (`dividing`), so that an epoch is exactly its steps.
+    Returns Keras's `History`."""
     compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, per_call))
     return setup.model.fit(
         fit_input(dataset_fn, setup.objective),
         epochs=epochs,
+        initial_epoch=initial_epoch,
         steps_per_epoch=setup.steps,
         verbose=0,
         shuffle=False,  # the input is shuffled by its seed, each epoch anew

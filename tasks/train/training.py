@@ -135,7 +135,9 @@ def _with_held_out(result: TrainResult, clock: TargetClock, **more: Any) -> Trai
 def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     """Trains `run` with Keras's own `model.fit` (`tasks.train.fit_loop`): one call for
     every epoch, recorded and evaluated on the held-out clock as tfscale's loop records
-    its own (no checkpoints to resume from, no gradient noise scale: Keras's step)."""
+    its own, checkpointed at each epoch's end in the same checkpoints, so that a stopped
+    training goes on from its last finished epoch when run again (`initial_epoch`); no
+    gradient noise scale: Keras's step."""
     from tfscale.tasks.train.fit_loop import (
         EpochRecords,
         compiled_as_given,
@@ -143,27 +145,34 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     )
 
     cfg, chief = run.train, run.role.chief
+    step, manager = _restored(setup, run.run_dir, chief)
+    start_epoch = int(step.numpy()) // setup.steps  # fit checkpoints at epochs' ends only
+    resumed_step = start_epoch * setup.steps
     as_given = compiled_as_given(setup.model)
     dataset_fn = train_dataset_fn(cfg, setup.manifest, run.data_dir, setup.global_batch)
-    clock = _target_clock(run, setup, 0)
+    clock = _target_clock(run, setup, resumed_step)
 
     def written(record: dict[str, float]) -> None:
         if chief:
             _write_json(run.run_dir / "evaluations.json", [asdict(e) for e in clock.evaluations])
             _write_json(run.run_dir / "history.json", records.history)
+        # the epoch's checkpoint after its record, as tfscale's loop orders them
+        step.assign(int(record["epoch"]) * setup.steps)
+        manager.save(checkpoint_number=int(step.numpy()))
+
+    def checked(loss: float, epoch: int, at: int) -> None:
+        finite_loss(loss, epoch, at, setup.learning_rate)
 
     score = setup.objective.label.score
-
-    def checked(loss: float, epoch: int, step: int) -> None:
-        finite_loss(loss, epoch, step, setup.learning_rate)
-
     records = EpochRecords(
         clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score, checked
     )
-    fit_epochs(setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records])
+    records.history.extend(_read_history(run.run_dir)[:start_epoch])
+    if not (cfg.stop_at_target and clock.reached):  # a run stopped at its target is done
+        fit_epochs(setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records], start_epoch)
     as_given()
-    model_path = _saved(run, setup, None)
-    result = _result(setup, run.choice, run.run_dir, model_path, records.history, 0)
+    model_path = _saved(run, setup, manager)
+    result = _result(setup, run.choice, run.run_dir, model_path, records.history, resumed_step)
     return Trained(
         setup, _with_held_out(result, clock, loop="fit", warmup_epochs=cfg.warmup_epochs)
     )

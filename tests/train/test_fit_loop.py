@@ -126,3 +126,58 @@ def test_the_fit_loop_trains_exactly_the_steps_it_counts(digits, tmp_path):
     run_epoch(23)
     run_epoch(23)  # the remainder's execution, traced once, taken again
     assert int(setup.optimizer.iterations.numpy()) - before == 46
+
+
+@pytest.mark.integration
+def test_a_stopped_fit_training_goes_on_from_its_last_finished_epoch(
+    digits, tmp_path, monkeypatch, caplog
+):
+    """`--loop fit` stopped after its first epoch (Ctrl-C raised in Keras's `fit`, as the
+    signal handler raises it) and run again: the rerun says where it resumes, trains only
+    the two epochs left (on the restored model and optimizer: 3 epochs' optimizer steps in
+    all), and keeps the first epoch's record."""
+    import logging
+
+    from helpers import run_of
+
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.train import fit_loop
+    from tfscale.tasks.train.training import train_model
+
+    overrides, manifest, data_dir = digits
+    values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.loop": "fit"}
+    values.update({"train.strategy": "one_device", "train.model": "mlp", "train.epochs": 3})
+    values.update({"train.batch_size_per_replica": 32})
+    config = load_config(None, values)
+    run = run_of(config, manifest, data_dir, select_strategy(detect_hardware(), config.train))
+    records = fit_loop.EpochRecords
+    epoch_begin, epoch_end = records.on_epoch_begin, records.on_epoch_end
+
+    def stopped_after_the_first(self, epoch, logs=None):
+        epoch_end(self, epoch, logs)
+        if epoch == 0:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit_loop.EpochRecords, "on_epoch_end", stopped_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        train_model(run)
+    first = json.loads((run.run_dir / "history.json").read_text())
+    assert [h["epoch"] for h in first] == [1]
+    begun = []
+
+    def counted(self, epoch, logs=None):
+        begun.append(epoch)
+        epoch_begin(self, epoch, logs)
+
+    monkeypatch.setattr(fit_loop.EpochRecords, "on_epoch_end", epoch_end)
+    monkeypatch.setattr(fit_loop.EpochRecords, "on_epoch_begin", counted)
+    with caplog.at_level(logging.INFO):
+        trained = train_model(run)
+    steps = trained.setup.steps
+    assert f"from step {steps} (the start of epoch 2)" in caplog.text, caplog.text
+    assert begun == [1, 2]  # Keras's epochs 2 and 3 (0-based): the two left, not three
+    assert int(trained.setup.optimizer.iterations.numpy()) == 3 * steps
+    history = json.loads((run.run_dir / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3] and history[0] == first[0]
+    assert trained.result.resumed_from_epoch == 1
