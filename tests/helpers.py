@@ -36,6 +36,8 @@ TINY = {
     # the measurement itself set their own (the defaults: 11 rounds of up to 300 steps)
     "train.measure_rounds": 3,
     "train.measure_steps": 30,
+    # plain steps: the tests that read the gradient noise scale turn it on (test_study)
+    "train.noise_scale": False,
 }
 # a run whose figures no claim of its test reads, at its least work: one measuring round of
 # few steps, plain steps (no gradient noise scale recorded), no held-out evaluation while

@@ -95,7 +95,8 @@ def flow_run(tmp_path_factory):
     store = tmp / "mlflow"
     # blocks of 10 steps: the rounds' figures are read back, never judged (a diagnosis
     # is mostly its set-up and tracing; 30-step blocks cost 2 s more a run)
-    params = tiny_params(tmp, **{"train.measure_steps": 10})
+    # the gradient noise scale recorded (TINY's runs leave it off): its metric is read back
+    params = tiny_params(tmp, **{"train.measure_steps": 10, "train.noise_scale": True})
     config = load_config(params, {"track.store_dir": str(store)})
     lines: list[str] = []  # the first run's stage lines, as the console shows them
     collect = logging.Handler()
