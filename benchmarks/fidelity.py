@@ -219,16 +219,36 @@ def string_lookup(spec):
     return model
 
 
+def class_weight(spec):
+    """Compiled on logits, trained with class weights (`CLASS_WEIGHTS`)."""
+    inputs, hidden = _body(spec)
+    model = keras.Model(inputs, layers.Dense(spec.label.outputs)(hidden))
+    model.compile(
+        keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    return model
+
+
+def balanced(spec):
+    """Not compiled, ending in a sigmoid, with balanced class weights (`CLASS_WEIGHTS`)."""
+    inputs = keras.Input(shape=(len(spec.numbers),), name="numbers")
+    hidden = layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, layers.Dense(1, activation="sigmoid")(hidden))
+
+
 COLOURS = ["red", "green", "blue"]
 '''
 
 CASES = (
     "l2_dropout_bn", "add_loss", "compute_loss", "train_step", "own_loss", "sgd_clipnorm",
-    "schedule", "uncompiled_sigmoid", "packed", "string_lookup",
+    "schedule", "uncompiled_sigmoid", "packed", "string_lookup", "class_weight", "balanced",
 )  # fmt: skip
 # the cases on a table of 4 numeric columns, a text column and a binary label (the others:
 # an .npz of one 12-wide array and 3 classes)
-TABLE_CASES = ("uncompiled_sigmoid", "packed", "string_lookup")
+TABLE_CASES = ("uncompiled_sigmoid", "packed", "string_lookup", "balanced")
+# `train.class_weight` of the cases trained with class weights (the user's fit: the same as
+# `fit(class_weight=)`); `balanced` on the table, whose two classes are 55% and 45%
+CLASS_WEIGHTS = {"class_weight": "0=1,1=3,2=0.5", "balanced": "balanced"}
 TEXT_CASES = ("string_lookup",)
 STRATEGIES = {"one_device": 1, "mirrored": 2}
 LOOPS = ("tfscale", "fit")  # `fit`: tfscale's `--loop fit` against the user's own fit
@@ -312,6 +332,7 @@ def compare_once(
 
     from tfscale.tasks.data.preparation import prepare_dataset
     from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import with_class_weights
     from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.settings.config import load_config
     from tfscale.tasks.train.fit_loop import fit_epochs, fit_input
@@ -329,6 +350,7 @@ def compare_once(
     config = load_config(None, values)
     prepared = prepare_dataset(config, progress=False)
     manifest, data_dir = prepared.manifest, prepared.data_dir
+    config = with_class_weights(config, manifest, data_dir)  # balanced: the data's weights
     choice = select_strategy(detect_hardware(), config.train)
     setup = set_up_training(config.train, manifest, choice)
     start = weights_digest(setup.model)
@@ -377,6 +399,7 @@ def compare_once(
         verbose=0,
         shuffle=False,
         callbacks=[losses],
+        class_weight=setup.objective.keras_class_weight,  # as the user passes it to fit
     )
     theirs = np.array(losses.losses)
     by_epoch = (epochs, setup.steps)
@@ -427,6 +450,7 @@ def _values(folder: Path, case: str, strategy: str) -> dict:
         "train.batch_size_per_replica": PER_REPLICA,
         "train.lr_scaling": "none",  # fit knows no rule: its rate as compiled
         "train.warmup_epochs": 0,
+        "train.class_weight": CLASS_WEIGHTS.get(case, "none"),
     }
 
 

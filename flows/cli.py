@@ -187,6 +187,13 @@ TRAIN_FLAGS = {
         "train today; one_device and mirrored), timed and evaluated alike",
     ),
     "--steps-per-call": ("train.steps_per_call", int, "training steps per graph call (10)"),
+    "--class-weight": (
+        "train.class_weight",
+        str,
+        "each class's weight in the training loss, as Keras's fit(class_weight=): none | "
+        "balanced (n / (classes x count), over the training split) | NAME=W,NAME=W (a class "
+        "by name or index; one not named: 1)",
+    ),
     "--measure-rounds": (
         "train.measure_rounds",
         int,

@@ -151,3 +151,15 @@ def distributed_iterator(strategy, dataset_fn):
     """
     device_datasets_without_autotune()
     return iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+
+def class_counts(manifest: Manifest, data_dir: str | Path, classes: int) -> list[int]:
+    """Each class's examples in the training split (a class or binary label, its ids or
+    0/1 values), in one pass over it."""
+    import numpy as np
+
+    counts = np.zeros(classes, np.int64)
+    for _, labels in build_dataset(manifest, data_dir, "train", 4096, training=False):
+        ids = np.rint(labels.numpy().astype(np.float64).reshape(-1)).astype(np.int64)
+        counts += np.bincount(ids, minlength=classes)[:classes]
+    return counts.tolist()

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfscale.tasks.core import class_weights
+from tfscale.tasks.core.progress import status
 from tfscale.tasks.core.provenance import code_version
 from tfscale.tasks.core.run_layout import METRICS
 from tfscale.tasks.core.user_code import model_fingerprint
@@ -56,6 +58,9 @@ class Run:
     def __post_init__(self) -> None:
         if not self.made_of:
             object.__setattr__(self, "made_of", model_fingerprint(self.config.train.model))
+        if self.config.train.class_weight != "none":
+            weighted = with_class_weights(self.config, self.manifest, self.data_dir)
+            object.__setattr__(self, "config", weighted)
 
     @property
     def train(self) -> TrainConfig:
@@ -127,3 +132,27 @@ class Run:
             role,
             spec.get("made_of", ""),
         )
+
+
+def with_class_weights(config: Config, manifest: Manifest, data_dir: str) -> Config:
+    """The config with its class weights checked against the label (refused before any
+    work where they cannot apply) and `balanced` made the weights it comes to on this
+    data's training split, said once, so that every process that trains it (the baseline,
+    worker processes, cluster tasks, the measuring rounds) takes the same weights from
+    the run's config without reading the data again."""
+    train, label = config.train, manifest.spec.label
+    names = label.class_names
+    if class_weights.parsed(train.class_weight) != "balanced":
+        class_weights.resolved(train.class_weight, label.kind, names, [1] * len(names))
+        return config
+    from tfscale.tasks.data.inputs import class_counts
+
+    weighable = label.kind in ("class", "binary")  # others are refused, naming the kind
+    counts = class_counts(manifest, data_dir, len(names)) if weighable else []
+    weights = class_weights.resolved("balanced", label.kind, names, counts)
+    status(
+        "weights",
+        f"balanced over {sum(counts):,} training examples: {class_weights.said(weights, names)}",
+    )
+    pairs = ",".join(f"{i}={w!r}" for i, w in enumerate(weights))
+    return dataclasses.replace(config, train=dataclasses.replace(train, class_weight=pairs))

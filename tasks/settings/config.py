@@ -49,12 +49,14 @@ def _spec(
     empty: bool = False,
     url: bool = False,
     model: bool = False,
+    weights: bool = False,
     **kw: Any,
 ):
     """A field with its bounds, choices, (a list) whether it may be empty, and (a string)
-    whether it is a web address or names a model (`model=True`)."""
+    whether it is a web address, names a model (`model=True`) or gives class weights
+    (`weights=True`: none, balanced or class=weight pairs)."""
     metadata = {"lo": lo, "hi": hi, "choices": choices, "empty": empty, "url": url}
-    metadata["model"] = model
+    metadata["model"], metadata["weights"] = model, weights
     return field(default=default, metadata=metadata, **kw)
 
 
@@ -175,6 +177,12 @@ class TrainConfig:
     # the strategy (`tasks.train.fit_loop`), timed and evaluated alike; the rounds then time
     # tfscale's loop beside fit's
     loop: Literal["tfscale", "fit"] = "tfscale"
+    # each class's weight in the training loss, as Keras's fit(class_weight=) applies it
+    # (`tasks.core.class_weights`): none; balanced (n / (classes x the class's training
+    # examples), scikit-learn's); or class=weight pairs, by class name or index, "cat=2,
+    # dog=0.5" (a class not named: 1). A class or binary label only; the held-out loss and
+    # metrics stay unweighted, as Keras's evaluate keeps them
+    class_weight: str = _spec("none", weights=True)
 
     @property
     def per_replica_batch(self) -> int:
@@ -402,6 +410,13 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
             f"{key}: expected mlp, cnn, resnet, embedding, package.module:function, "
             f"path/to/file.py:function or a .keras file; got {value!r}"
         )
+    if meta.get("weights"):
+        from tfscale.tasks.core.class_weights import parsed
+
+        try:
+            parsed(value)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}; got {value!r}") from None
     if meta.get("url") and not _web_address(value):
         raise ConfigError(
             f"{key}: expected a web address such as http://127.0.0.1:5000; got {value!r}"

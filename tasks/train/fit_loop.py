@@ -174,6 +174,7 @@ def fit_epochs(
         fit_input(dataset_fn, setup.objective),
         epochs=epochs,
         initial_epoch=initial_epoch,
+        class_weight=setup.objective.keras_class_weight,
         steps_per_epoch=setup.steps,
         verbose=0,
         shuffle=False,  # the input is shuffled by its seed, each epoch anew
@@ -200,7 +201,13 @@ def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
             model.steps_per_execution = per_execution
             model.train_function = traced.get(per_execution)  # None: `fit` traces it
         return model.fit(
-            data, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[clock]
+            data,
+            epochs=1,
+            steps_per_epoch=steps,
+            verbose=0,
+            shuffle=False,
+            callbacks=[clock],
+            class_weight=setup.objective.keras_class_weight,
         ).history
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = lambda n: None):

@@ -33,6 +33,9 @@ def pipeline_step(
     def loss_of(labels: Any, logits: Any) -> tuple[Any, Any]:
         """The micro-batch's share of the batch's loss, and what the optimizer takes."""
         per_example = objective.loss(labels, logits)
+        weights = objective.sample_weights(labels)  # class weights, as fit applies them
+        if weights is not None:
+            per_example = per_example * weights
         loss = tf.reduce_sum(per_example) / effective_batch
         return loss, optimizer.scale_loss(loss) if scaled else loss
 

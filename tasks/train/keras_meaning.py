@@ -80,11 +80,15 @@ def step_loss(
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     rows = tf.nest.flatten(x)[0].shape[0]
     share = effective_batch / (rows * replicas)  # the micro-batches of a step
+    weights = objective.sample_weights(labels)  # class weights, as fit applies them
     if keras_loss(model):
         targets = objective.targets(labels, outputs)
-        loss = model._compute_loss(x=x, y=targets, y_pred=outputs, training=True)
+        loss = model._compute_loss(
+            x=x, y=targets, y_pred=outputs, sample_weight=weights, training=True
+        )
         return tf.cast(loss, tf.float32) / share
-    loss = tf.reduce_sum(objective.loss(labels, outputs)) / effective_batch
+    each = objective.loss(labels, outputs)
+    loss = tf.reduce_sum(each if weights is None else each * weights) / effective_batch
     extra = [tf.cast(tf.reduce_sum(each), tf.float32) for each in model.losses]
     if extra:
         loss += tf.add_n(extra) / (replicas * share)
@@ -107,7 +111,9 @@ def run_own_train_step(model: Any, objective: Any, x: Any, labels: Any) -> tuple
     kind's score, else NaN)."""
     for metric in model.metrics:
         metric.reset_state()
-    logs = model.train_step((x, objective.keras_labels(labels)))
+    weights = objective.sample_weights(labels)  # fit gives (x, y, weights) with class weights
+    data = (x, objective.keras_labels(labels))
+    logs = model.train_step(data if weights is None else (*data, weights))
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     rows = tf.cast(tf.shape(labels)[0], tf.float32)
     return _logged(logs, "loss") / replicas, _logged(logs, objective.label.score) * rows

@@ -35,6 +35,9 @@ class Objective:
     loss_fn: Any = None
     # the user's compiled metrics (Keras's serialized forms), for a target metric by name
     metrics: tuple[Any, ...] = field(default_factory=tuple)
+    # each class's weight in the training loss, by class id (`train.class_weight`,
+    # `tasks.core.class_weights`); empty: none
+    class_weights: tuple[float, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -69,6 +72,22 @@ class Objective:
             function = function.call  # unreduced: each example's
         per_example = tf.cast(function(targets, outputs), tf.float32)
         return tf.reduce_mean(tf.reshape(per_example, [rows, -1]), axis=-1)
+
+    def sample_weights(self, labels: Any) -> Any:
+        """Each training example's weight, float32, as Keras's `fit(class_weight=)` turns
+        class weights into them (`make_class_weight_map_fn`: the class id, a binary label
+        rounded); None without class weights."""
+        if not self.class_weights:
+            return None
+        import tensorflow as tf
+
+        ids = tf.reshape(tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int32), [-1])
+        return tf.gather(tf.constant(self.class_weights, tf.float32), ids)
+
+    @property
+    def keras_class_weight(self) -> dict[int, float] | None:
+        """The class weights as `fit(class_weight=)` takes them."""
+        return dict(enumerate(self.class_weights)) if self.class_weights else None
 
     def targets(self, labels: Any, outputs: Any) -> Any:
         """The labels as the user's loss and metrics take them: class ids (one-hot where the

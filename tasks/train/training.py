@@ -23,6 +23,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfscale.tasks.core import class_weights
 from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.files import write_json_atomic
 from tfscale.tasks.core.process import use_precision
@@ -626,7 +627,7 @@ def _model_and_optimizer(
             return made[-1].model
 
         model = choice.spec.place_model(strategy, build, cfg.seed, effective_batch)
-        built = Built(model, made[-1].objective)
+        built = Built(model, _class_weighted(made[-1].objective, cfg))
         compiled = compiled_optimizer(model)
         base = base_rate(compiled, cfg.learning_rate)
         if base is None:  # the user's schedule, as it is
@@ -644,6 +645,18 @@ def _model_and_optimizer(
         spec = as_model_takes(manifest, model).spec
         attach(built, optimizer, example_batch(spec), example_labels(spec))
     return built, optimizer, rate
+
+
+def _class_weighted(objective: Objective, cfg: TrainConfig) -> Objective:
+    """The objective with the config's class weights (`train.class_weight`), which the
+    run has made explicit (`distribute.run.Run`: `balanced` read off the data once)."""
+    if cfg.class_weight == "none":
+        return objective
+    if class_weights.parsed(cfg.class_weight) == "balanced":
+        raise ValueError("train.class_weight balanced is made explicit by the run (Run)")
+    names = objective.label.class_names
+    weights = class_weights.resolved(cfg.class_weight, objective.kind, names, [1] * len(names))
+    return dataclasses.replace(objective, class_weights=weights)
 
 
 def _checkpoint_manager(checkpoint, run_dir: Path, strategy, is_chief: bool):

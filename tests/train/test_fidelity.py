@@ -188,3 +188,19 @@ def test_a_one_output_model_compiled_with_a_dict_loss_is_read_as_keras_reads_it(
     expected = model.evaluate(test, verbose=0)
     found = evaluate_keras_model(model, result.manifest, result.data_dir, 64)
     assert found.test_loss == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+@pytest.mark.parametrize("case", ["class_weight", "balanced"])
+def test_class_weights_train_as_fits_class_weight_trains_them(cases, case, strategy):
+    """`train.class_weight`: given pairs on a compiled model (3 classes weighted 1, 3 and
+    0.5), and `balanced` on an uncompiled one (a binary table): each example's loss weighed
+    as `fit(class_weight=)` weighs it, under a strategy too."""
+    _agrees(fidelity.compare(cases, case, strategy, STEPS, EPOCHS))
+
+
+def test_class_weights_reach_kerass_own_fit_under_the_fit_loop(cases):
+    """`--loop fit --class-weight ...`: tfscale's fit call is given the weights."""
+    found = fidelity.compare(cases, "class_weight", "mirrored", STEPS, EPOCHS, loop="fit")
+    assert found.epoch_difference < 2e-2, found
+    assert found.examples[0] == found.examples[1], found
