@@ -194,8 +194,8 @@ def test_a_one_output_model_compiled_with_a_dict_loss_is_read_as_keras_reads_it(
 @pytest.mark.parametrize("case", ["class_weight", "balanced"])
 def test_class_weights_train_as_fits_class_weight_trains_them(cases, case, strategy):
     """`train.class_weight`: given pairs on a compiled model (3 classes weighted 1, 3 and
-    0.5), and `balanced` on an uncompiled one (a binary table): each example's loss weighed
-    as `fit(class_weight=)` weighs it, under a strategy too."""
+    0.5), and `balanced` on an uncompiled one (the kind's loss): each example's loss
+    weighed as `fit(class_weight=)` weighs it, under a strategy too."""
     _agrees(fidelity.compare(cases, case, strategy, STEPS, EPOCHS))
 
 
