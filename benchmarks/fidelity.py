@@ -13,9 +13,11 @@ loss after each of the first `--steps` steps, and of each of `--epochs` epochs' 
 Each case runs under tfscale's loop and under `--loop fit` (`--loop` to pick one): the
 `fit` rows train whole epochs at `train.steps_per_call` 8, which divides no epoch here,
 so they show that an epoch trains exactly the examples the user's `fit` trains (fit logs
-an execution's steps as one: their step column is `-`). The last three cases are on a
+an execution's steps as one: their step column is `-`). Three cases are on a
 table: an uncompiled model ending in a sigmoid, one input over the packed numeric
-columns, and keras-io's `StringLookup` on a text column.
+columns, and keras-io's `StringLookup` on a text column. Two train with class weights
+(`CLASS_WEIGHTS`; the user's fit is given the same `class_weight`): pairs on a compiled
+model, `balanced` on an uncompiled one.
 
 Target: steps within 1e-3 relative, epochs within 2%, the examples an epoch equal, every
 case, both strategies, both loops.
