@@ -96,3 +96,8 @@ def _index(name: str, names: Sequence[str]) -> int | None:
 def said(weights: Sequence[float], names: Sequence[str]) -> str:
     """`benign 0.79, malignant 1.37`."""
     return ", ".join(f"{n} {w:.3g}" for n, w in zip(names, weights, strict=True))
+
+
+def shown(weights: Sequence[float]) -> str:
+    """The weights a training took, by class index (`0=1.34,1=0.798`), or none."""
+    return ",".join(f"{i}={w:.4g}" for i, w in enumerate(weights)) or "none"

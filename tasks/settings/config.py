@@ -405,6 +405,20 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
     choices = meta.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{key}: expected one of {', '.join(choices)}; got {value!r}")
+    if isinstance(value, str):
+        _check_form(key, value, meta)
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every bound
+        raise ConfigError(f"{key}: expected a finite number; got {value!r}")
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ConfigError(f"{key}: expected a value {bounds}; got {value!r}")
+    return value
+
+
+def _check_form(key: str, value: str, meta: Any) -> None:
+    """A string in the form its field's metadata asks: a model, class weights, a web
+    address."""
     if meta.get("model") and not _model_form(value):
         raise ConfigError(
             f"{key}: expected mlp, cnn, resnet, embedding, package.module:function, "
@@ -421,13 +435,6 @@ def _check(key: str, hint: Any, value: Any, meta: Any) -> Any:
         raise ConfigError(
             f"{key}: expected a web address such as http://127.0.0.1:5000; got {value!r}"
         )
-    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every bound
-        raise ConfigError(f"{key}: expected a finite number; got {value!r}")
-    lo, hi = meta.get("lo"), meta.get("hi")
-    if lo is not None and value < lo or hi is not None and value > hi:
-        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ConfigError(f"{key}: expected a value {bounds}; got {value!r}")
-    return value
 
 
 def _model_form(value: str) -> bool:

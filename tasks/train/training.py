@@ -446,6 +446,7 @@ def _result(
         weights_digest=weights_digest(setup.model),
         model_parameters=parameter_count(setup.model),
         optimizer=describe_optimizer(setup.optimizer),
+        class_weight=class_weights.shown(setup.objective.class_weights),
         **_stage_figures(setup),
     )
 
