@@ -45,9 +45,10 @@ def parsed(setting: str) -> str | dict[str, float]:
     return pairs
 
 
-def resolved(setting: str, kind: str, names: Sequence[str], counts: Sequence[int]) -> tuple:
+def resolved(setting: str, kind: str, names: Sequence[str], counts: Sequence[int] = ()) -> tuple:
     """Each class's weight, by class id, for `setting` (`parsed`) on a label of `kind` whose
-    classes are `names`, seen `counts` times in the training split; () for none.
+    classes are `names`, seen `counts` times in the training split (read only for
+    `balanced`); () for none.
 
     Raises:
         UsageError: a label of another kind than class or binary; a class named that the

@@ -143,7 +143,7 @@ def with_class_weights(config: Config, manifest: Manifest, data_dir: str) -> Con
     train, label = config.train, manifest.spec.label
     names = label.class_names
     if class_weights.parsed(train.class_weight) != "balanced":
-        class_weights.resolved(train.class_weight, label.kind, names, [1] * len(names))
+        class_weights.resolved(train.class_weight, label.kind, names)
         return config
     from tfscale.tasks.data.inputs import class_counts
 

@@ -123,7 +123,7 @@ def _outputs(model: Any, features: Any, manifest: Manifest, model_path: str) -> 
     """
     from tfscale.tasks.core.errors import UsageError
     from tfscale.tasks.core.user_code import one_line
-    from tfscale.tasks.train.user_models import features_of, inputs_of
+    from tfscale.tasks.train.user_models import features_of, inputs_of, output_width
 
     spec, named = manifest.spec, model_path or "the model"
     fix = (
@@ -139,8 +139,7 @@ def _outputs(model: Any, features: Any, manifest: Manifest, model_path: str) -> 
             f"{features_of(spec)}",
             fix,
         ) from None
-    shape = outputs.shape
-    width = int(shape[-1]) if shape.rank and shape.rank > 1 else 1
+    width = output_width(outputs)
     if width != spec.label.outputs:
         raise UsageError(
             f"{named} gives {width} output(s) per example; the label of {manifest.dataset} "

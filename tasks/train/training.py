@@ -656,7 +656,7 @@ def _class_weighted(objective: Objective, cfg: TrainConfig) -> Objective:
     if class_weights.parsed(cfg.class_weight) == "balanced":
         raise ValueError("train.class_weight balanced is made explicit by the run (Run)")
     names = objective.label.class_names
-    weights = class_weights.resolved(cfg.class_weight, objective.kind, names, [1] * len(names))
+    weights = class_weights.resolved(cfg.class_weight, objective.kind, names)
     return dataclasses.replace(objective, class_weights=weights)
 
 

@@ -349,7 +349,7 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
         )
     if isinstance(outputs, (list, tuple, dict)):
         outputs = next(iter(outputs.values() if isinstance(outputs, dict) else outputs))
-    width = int(outputs.shape[-1]) if outputs.shape.rank and outputs.shape.rank > 1 else 1
+    width = output_width(outputs)
     if width != spec.label.outputs:
         raise ModelError(
             f"--model {ref} gives {width} output(s) per example; the label "
@@ -360,6 +360,12 @@ def _check_inputs(ref: str, model: Any, spec: FeatureSpec, features: Any) -> Any
             ),
         )
     return outputs
+
+
+def output_width(outputs: Any) -> int:
+    """The values a model gives per example: its outputs' last dimension (1 for a vector)."""
+    shape = outputs.shape
+    return int(shape[-1]) if shape.rank and shape.rank > 1 else 1
 
 
 def precision_failure(ref: str, manifest: Any, data_dir: str, policy: str) -> str | None:
