@@ -17,7 +17,8 @@ an execution's steps as one: their step column is `-`). Three cases are on a
 table: an uncompiled model ending in a sigmoid, one input over the packed numeric
 columns, and keras-io's `StringLookup` on a text column. Two train with class weights
 (`CLASS_WEIGHTS`; the user's fit is given the same `class_weight`): pairs on a compiled
-model, `balanced` on an uncompiled one.
+model, `balanced` on an uncompiled one. One trains on arrays that weigh each example
+(`WEIGHTED_CASES`; the user's fit takes the weights as its dataset's third part).
 
 Target: steps within 1e-3 relative, epochs within 2%, the examples an epoch equal, every
 case, both strategies, both loops.
@@ -231,6 +232,11 @@ def class_weight(spec):
     return model
 
 
+def sample_weight(spec):
+    """Compiled on logits, trained on arrays that weigh each example (`sample_weight`)."""
+    return class_weight(spec)
+
+
 def balanced(spec):
     """Not compiled (the label kind's loss on its logits), with balanced class weights
     (`CLASS_WEIGHTS`)."""
@@ -244,6 +250,7 @@ COLOURS = ["red", "green", "blue"]
 CASES = (
     "l2_dropout_bn", "add_loss", "compute_loss", "train_step", "own_loss", "sgd_clipnorm",
     "schedule", "uncompiled_sigmoid", "packed", "string_lookup", "class_weight", "balanced",
+    "sample_weight",
 )  # fmt: skip
 # the cases on a table of 4 numeric columns, a text column and a binary label (the others:
 # an .npz of one 12-wide array and 3 classes)
@@ -251,6 +258,9 @@ TABLE_CASES = ("uncompiled_sigmoid", "packed", "string_lookup")
 # `train.class_weight` of the cases trained with class weights (the user's fit: the same as
 # `fit(class_weight=)`); both on the arrays, whose 3 classes are far from even
 CLASS_WEIGHTS = {"class_weight": "0=1,1=3,2=0.5", "balanced": "balanced"}
+# the cases on the arrays with each example's weight (`weighted.npz`: the user's fit takes
+# the same weights as the dataset's third part)
+WEIGHTED_CASES = ("sample_weight",)
 TEXT_CASES = ("string_lookup",)
 STRATEGIES = {"one_device": 1, "mirrored": 2}
 LOOPS = ("tfscale", "fit")  # `fit`: tfscale's `--loop fit` against the user's own fit
@@ -281,6 +291,8 @@ def write_case_files(folder: Path) -> None:
     x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
     y = (x[:, :3].sum(1) > 0).astype("int64") + (x[:, 3] > 0.8).astype("int64")
     np.savez(folder / "table.npz", x=x, y=y)
+    weights = rng.uniform(0.0, 3.0, ROWS).astype("float32") * (1 + (y == 2))  # far from even
+    np.savez(folder / "weighted.npz", x=x, y=y, sample_weight=weights)
     colour = rng.choice(["red", "green", "blue"], ROWS)
     table = pd.DataFrame(x[:, :4], columns=["a", "b", "c", "d"]).round(4)
     table["colour"] = colour
@@ -337,7 +349,7 @@ def compare_once(
     from tfscale.tasks.distribute.run import with_class_weights
     from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.settings.config import load_config
-    from tfscale.tasks.train.fit_loop import fit_epochs, fit_input
+    from tfscale.tasks.train.fit_loop import fit_epochs
     from tfscale.tasks.train.models import model_for_data
     from tfscale.tasks.train.training import (
         _gradient_noise,
@@ -388,7 +400,8 @@ def compare_once(
         raise StartsApart(f"{case}: fit's model does not start from tfscale's weights")
     if loop == "fit":  # the user's fit on the same pipeline, one step an execution
         keras.utils.set_random_seed(config.train.seed)
-        train = fit_input(dataset_fn, built.objective)
+        labels = built.objective.keras_labels  # the batches as the user hands them to fit
+        train = dataset_fn(None).map(lambda x, y, *w: (x, labels(y), *w))
     else:
         batches = epochs * setup.steps * setup.replicas
         train = _same_examples(dataset_fn, config.train.seed, batches, setup.global_batch)
@@ -432,16 +445,16 @@ def _same_examples(dataset_fn, seed: int, batches: int, global_batch: int):
     import tensorflow as tf
 
     keras.utils.set_random_seed(seed)
-    taken = list(dataset_fn(None).take(batches))
-    features = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *[f for f, _ in taken])
-    labels = tf.concat([y for _, y in taken], 0)
-    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch)
+    taken = list(dataset_fn(None).take(batches))  # (features, labels, and any weights)
+    joined = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *taken)
+    return tf.data.Dataset.from_tensor_slices(joined).batch(global_batch)
 
 
 def _values(folder: Path, case: str, strategy: str) -> dict:
     table = case in TABLE_CASES
+    arrays = "weighted.npz" if case in WEIGHTED_CASES else "table.npz"
     return {
-        "prepare.dataset": str(folder / ("mixed.csv" if table else "table.npz")),
+        "prepare.dataset": str(folder / ("mixed.csv" if table else arrays)),
         "prepare.label": "target" if table else "label",
         "prepare.data_dir": str(folder / "data"),
         "train.model": f"{folder / 'models.py'}:{case}",

@@ -43,6 +43,13 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
         "classes; fractional floats real values; integers classes unless many values for "
         "the rows; one-hot rows classes: docs/data.md)",
     ),
+    "--sample-weight": (
+        "prepare.sample_weight",
+        str,
+        "a table's column or an .npz's array holding each example's weight in the training "
+        "loss, as Keras's fit(sample_weight=) (default: the one named sample_weight, if any; "
+        "a pipeline's (x, y, w) carries its own)",
+    ),
     "--missing": (
         "prepare.missing",
         str,
@@ -82,7 +89,8 @@ PREPARE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     ),
 }
 DATASET_FLAGS = {
-    k: PREPARE_FLAGS[k] for k in ("--dataset", "--data-dir", "--label", "--label-kind")
+    k: PREPARE_FLAGS[k]
+    for k in ("--dataset", "--data-dir", "--label", "--label-kind", "--sample-weight")
 }
 
 

@@ -31,14 +31,16 @@ def parse_block(spec, batch_size: int) -> int:
 @dataclass(frozen=True)
 class Reading:
     """How one input pipeline reads its split: which of `pipelines` it is (`pipeline_id`),
-    the shuffle's `seed` and the examples held to shuffle (`shuffle_buffer`), and whether
-    the serialized records stay in memory after the first pass (`cache`)."""
+    the shuffle's `seed` and the examples held to shuffle (`shuffle_buffer`), whether
+    the serialized records stay in memory after the first pass (`cache`), and whether its
+    batches carry each example's weight (`weighted`: training's)."""
 
     pipelines: int = 1
     pipeline_id: int = 0
     seed: int = 42
     cache: bool = False
     shuffle_buffer: int = 4096
+    weighted: bool = False  # with each example's weight, where the data has them
 
 
 def build_dataset(
@@ -49,8 +51,9 @@ def build_dataset(
     training: bool,
     reading: Reading = Reading(),  # noqa: B008 (frozen: one shared default is safe)
 ) -> tf.data.Dataset:
-    """A dataset of `(features, labels)` batches for one input pipeline: images, or any
-    features as the manifest records them (`tasks.data.records.parse_records`).
+    """A dataset of `(features, labels)` batches for one input pipeline (and each example's
+    weight where the data and the `reading` are weighted): images, or any features as the
+    manifest records them (`tasks.data.records.parse_records`).
 
     Training reads shards in parallel, interleaved; evaluation reads them in
     manifest order. Files are split between pipelines (FILE policy) when there are at least as
@@ -60,8 +63,7 @@ def build_dataset(
     remainder, so every example is seen exactly once across pipelines. `batch_size` is
     this pipeline's (`Reading`).
     """
-    num_pipelines, pipeline_id = reading.pipelines, reading.pipeline_id
-    seed = reading.seed
+    num_pipelines, pipeline_id, seed = reading.pipelines, reading.pipeline_id, reading.seed
     files, by_file = _pipeline_files(manifest, data_dir, split, num_pipelines, pipeline_id)
     spec = manifest.spec
     ds = _records(files, training, seed, parallel=spec.is_image)
@@ -81,7 +83,8 @@ def build_dataset(
     else:  # parsed in blocks of batches, then cut into batches: the same batches, in order
         block = parse_block(spec, batch_size)
         ds = ds.batch(batch_size * block).map(
-            lambda s: parse_records(s, spec), num_parallel_calls=tf.data.AUTOTUNE
+            lambda s: parse_records(s, spec, weighted=reading.weighted),
+            num_parallel_calls=tf.data.AUTOTUNE,
         )
         ds = ds.rebatch(batch_size, drop_remainder=training)
     options = tf.data.Options()

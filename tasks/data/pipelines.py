@@ -16,9 +16,10 @@ import numpy as np
 from tfscale.tasks.core.user_code import exited, load_function, one_line
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.spec import Feature
-from tfscale.tasks.data.streams import Chunk, StreamSource, add_to_digest
+from tfscale.tasks.data.streams import WEIGHT, Chunk, StreamSource, add_to_digest
 from tfscale.tasks.data.user_sources import (
     CHUNK_ROWS,
+    Reader,
     dtype_name,
     label_coding_of,
     stream_source,
@@ -131,7 +132,9 @@ def datasets_source(
 
     labels_by_split = {split: scan.labels for split, scan in scans.items()}
     digests = {split: scan.digest for split, scan in scans.items()}
-    return stream_source(name, version, features, coding, labels_by_split, cfg, read, digests)
+    weight = _weight_of(next(iter(datasets.values())).element_spec)
+    reader = Reader(read, digests, weight)
+    return stream_source(name, version, features, coding, labels_by_split, cfg, reader)
 
 
 def _shape_text(shape: tuple) -> str:
@@ -195,15 +198,22 @@ def _inputs_of(element: Any, label_key: str, name: str) -> dict[str, Any]:
                 "give one label (a model of one output), or one tensor of their values",
             )
         return flat(features) if isinstance(features, dict) else {"x": features}
-    if isinstance(element, tuple) and len(element) == 3:
-        raise DatasetError(
-            f"{name} gives (features, label, sample_weight) triples; tfscale does not carry "
-            "sample weights into its shards yet, and would train without them",
-            "give (features, label) pairs to train unweighted, or train it with model.fit",
-        )
+    if isinstance(element, tuple) and len(element) == 3:  # weighed as fit weighs them
+        return _inputs_of(element[:2], label_key, name)
     raise DatasetError(
-        f"{name} gives elements of {type(element).__name__}, not (features, label) or a dict",
+        f"{name} gives elements of {type(element).__name__}, not (features, label), "
+        "(features, label, sample_weight) or a dict",
         "return a dataset of (features, label) pairs, or of dicts with the label under --label",
+    )
+
+
+def _weight_of(element: Any) -> str:
+    """What each example's weight comes from in a pipeline's elements: their third part
+    ((features, label, sample_weight), as `fit` takes them); empty: none."""
+    return (
+        "(the third part of each element)"
+        if isinstance(element, tuple) and len(element) == 3
+        else ""
     )
 
 
@@ -235,8 +245,11 @@ def _parts(element: Any, label_key: str) -> tuple[dict[str, Any], Any]:
     if isinstance(element, dict):
         features = flat({k: v for k, v in element.items() if k != label_key})
         return features, element[label_key]
-    features, label = element
-    return (flat(features) if isinstance(features, dict) else {"x": features}), label
+    features, label = element[:2]
+    features = flat(features) if isinstance(features, dict) else {"x": features}
+    if len(element) == 3:
+        features[WEIGHT] = element[2]
+    return features, label
 
 
 def flat(features: dict[str, Any], prefix: str = "") -> dict[str, Any]:

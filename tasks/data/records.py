@@ -14,8 +14,9 @@ name a user gives a column, an array or a pipeline's key can meet the label's (a
 | a 1-D sequence of varying length     | the list its values make         | padded to the longest |
 
 The label: an `int64_list` for classes, binary and multi-label ones, a `float_list` for real
-values. A source of images alone keeps the image format (`encode_image`, `parse_images`):
-the raw uint8 bytes, the image's shape and the class.
+values. An example's weight in the training loss, where the data has one, a `float_list`
+of one value under `weight`. A source of images alone keeps the image format
+(`encode_image`, `parse_images`): the raw uint8 bytes, the image's shape and the class.
 
 Records are serialized deterministically, so the same examples give the same bytes. A chunk
 whose features are all numbers of fixed shape (a numeric table, arrays) is encoded without
@@ -30,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from tfscale.tasks.data.spec import Feature, FeatureSpec, Label
+from tfscale.tasks.data.streams import WEIGHT as CHUNK_WEIGHT
 
 LABEL = "label"
+WEIGHT = "weight"  # each example's weight in the training loss, where the spec has one
 FORMAT = 2  # records' layout: 2 keeps each feature under `feature/NAME` (1: under its name)
 
 
@@ -55,7 +58,8 @@ def label_storage(label: Label) -> str:
 
 def encode_chunk(spec: FeatureSpec, features: dict[str, Any], labels: np.ndarray) -> list[bytes]:
     """The serialized examples of a chunk: `features` maps each feature's name to its
-    values, a row per example (a list of arrays where the feature varies in length)."""
+    values, a row per example (a list of arrays where the feature varies in length), and
+    each example's weight under `streams.WEIGHT` where the spec has one."""
     template = _Template.of(spec, features, labels)
     if template is not None:
         return template.encode(features, labels)
@@ -73,6 +77,8 @@ def _example(spec: FeatureSpec, row: dict[str, Any], label: Any) -> bytes:
     for feature in spec.features:
         _fill(out[key(feature.name)], storage(feature), row[feature.name])
     _fill(out[LABEL], label_storage(spec.label), label)
+    if spec.weight:
+        _fill(out[WEIGHT], "float", row[CHUNK_WEIGHT])
     return example.SerializeToString(deterministic=True)
 
 
@@ -145,6 +151,7 @@ class _Template:
         columns = _columns(features, labels)
         kinds = {key(f.name): storage(f) for f in spec.features}
         kinds[LABEL] = label_storage(spec.label)
+        kinds[WEIGHT] = "float"
         for name in sorted(columns, key=lambda n: n.encode()):
             kind = kinds[name]
             values = columns[name]
@@ -169,7 +176,10 @@ class _Template:
 
 def _columns(features: dict[str, Any], labels: np.ndarray) -> dict[str, Any]:
     """A chunk's values by their records' keys."""
-    return {**{key(name): values for name, values in features.items()}, LABEL: labels}
+    columns = {key(name): v for name, v in features.items() if name != CHUNK_WEIGHT}
+    if CHUNK_WEIGHT in features:
+        columns[WEIGHT] = features[CHUNK_WEIGHT]
+    return {**columns, LABEL: labels}
 
 
 def parse_spec(spec: FeatureSpec) -> dict[str, Any]:
@@ -189,16 +199,19 @@ def parse_spec(spec: FeatureSpec) -> dict[str, Any]:
             out[key(feature.name)] = tf.io.FixedLenFeature(list(feature.shape), dtype)
     dtype = tf.float32 if label_storage(spec.label) == "float" else tf.int64
     out[LABEL] = tf.io.FixedLenFeature(list(spec.label.shape), dtype)
+    if spec.weight:
+        out[WEIGHT] = tf.io.FixedLenFeature([], tf.float32)
     return out
 
 
 def parse_records(
-    serialized: Any, spec: FeatureSpec, batch_size: int | None = None
-) -> tuple[Any, Any]:
+    serialized: Any, spec: FeatureSpec, batch_size: int | None = None, weighted: bool = False
+) -> tuple[Any, ...]:
     """A batch of serialized records into `(features, labels)`: one tensor where the spec
     holds one feature, else a dict by name; variable lengths padded to the longest seen at
     prepare, or the features `spec.packed` names as one float32 vector each. Class and
-    binary labels are int32, multi-label and real ones float32."""
+    binary labels are int32, multi-label and real ones float32. `weighted`, where the spec
+    has weights: `(features, labels, weights)`, as `fit` takes a weighted dataset."""
     import tensorflow as tf
 
     parsed = tf.io.parse_example(serialized, parse_spec(spec))
@@ -221,12 +234,13 @@ def parse_records(
         labels = tf.cast(labels, tf.float32)
     if batch_size:
         labels = tf.ensure_shape(labels, [batch_size, *spec.label.shape])
+    weights = (parsed[WEIGHT],) if weighted and spec.weight else ()
     if spec.packed:  # a model of one input: the numbers in the spec's order, as df.values
         columns = [tf.reshape(tf.cast(features[n], tf.float32), [rows]) for n in spec.packed]
-        return tf.stack(columns, axis=-1), labels
+        return tf.stack(columns, axis=-1), labels, *weights
     if len(spec.features) == 1:
-        return features[spec.key_of(spec.features[0])], labels
-    return features, labels
+        return features[spec.key_of(spec.features[0])], labels, *weights
+    return features, labels, *weights
 
 
 def encode_image(image: Any, label: int) -> bytes:

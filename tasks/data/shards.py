@@ -91,6 +91,8 @@ def prepare_params(source: Source, cfg: PrepareConfig, plan: list[ShardPlan]) ->
     if not source.named_label:  # an image source: no label to name
         params.pop("label")
         params.pop("label_kind")
+    if not params["sample_weight"]:  # none named: as before there was the key
+        params.pop("sample_weight")
     if not isinstance(source, FolderSource):  # only a folder's images have a colour mode
         params.pop("color_mode")
     params["shards"] = {s: sum(p.split == s for p in plan) for s in source.splits}

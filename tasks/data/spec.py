@@ -158,6 +158,9 @@ class FeatureSpec:
     # a model of named inputs keyed by Keras's names (`Feature.keras_name`, as Keras wants a
     # dict's keys to be its inputs' names) gets its features keyed so; else by `name`
     keras_names: bool = False
+    # what each example's weight in the training loss came from (`prepare.sample_weight`: a
+    # column, an array, a pipeline's third part), stored beside the label; empty: none
+    weight: str = ""
 
     def key_of(self, feature: Feature) -> str:
         """The key a feature has in the batches the model takes."""
@@ -187,6 +190,7 @@ class FeatureSpec:
             and len(only.shape) == 3
             and not only.variable
             and self.label.kind == "class"
+            and not self.weight
         )
 
     @property
@@ -203,7 +207,8 @@ class FeatureSpec:
         return self.label.class_names
 
     def example_bytes(self) -> int:
-        return sum(f.example_bytes() for f in self.features) + 8 * self.label.outputs
+        weight = 4 if self.weight else 0
+        return sum(f.example_bytes() for f in self.features) + 8 * self.label.outputs + weight
 
     def to_dict(self) -> dict[str, Any]:
         raw = {
@@ -214,6 +219,8 @@ class FeatureSpec:
         }
         if self.is_image:  # the keys image manifests always had
             raw.update(shape=list(self.shape), dtype="uint8")
+        if self.weight:
+            raw["sample_weight"] = self.weight
         return raw
 
     @classmethod
@@ -231,6 +238,7 @@ class FeatureSpec:
                 label.get("std"),
                 label.get("read_as", ""),
             ),
+            weight=raw.get("sample_weight", ""),
         )
 
     def describe(self) -> str:
@@ -240,7 +248,8 @@ class FeatureSpec:
             shown.append(f"and {len(self.features) - 6} more")
         kind = self.label.kind.replace("_", "-")
         label = f"{self.num_classes} classes" if kind == "class" else f"{kind} label"
-        return f"{', '.join(shown)}; {label}"
+        weighted = f"; each example weighted by its {self.weight}" if self.weight else ""
+        return f"{', '.join(shown)}; {label}{weighted}"
 
 
 def date_resolution_s(days: float) -> float:

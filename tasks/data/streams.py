@@ -22,6 +22,34 @@ from tfscale.tasks.core.label_kinds import comparable, is_zero_one, one_hot_indi
 from tfscale.tasks.data.spec import FeatureSpec, Label
 
 Chunk = tuple[dict[str, Any], np.ndarray]  # features by name (a row each), labels
+# the key a chunk holds each example's weight under, beside its features (no name a user
+# gives a column, an array or a pipeline's key holds a NUL), so that every cut of a chunk's
+# rows cuts the weights with them; the spec's features never list it
+WEIGHT = "\x00sample_weight"
+
+
+def weights_of(values: Any, where: str) -> np.ndarray:
+    """A chunk's weights as float32, one per example, as Keras's `fit(sample_weight=)`
+    takes them.
+
+    Raises:
+        ValueError: a weight that is not a finite number >= 0, or more than one per
+            example, naming `where` they came from.
+    """
+    array = np.asarray(values)
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{where} holds {array.dtype} values, not numbers")
+    flat = array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
+    if flat.shape[1] != 1:
+        raise ValueError(f"{where} holds {flat.shape[1]} values per example, not one weight")
+    weights = flat[:, 0].astype(np.float64)
+    bad = ~np.isfinite(weights) | (weights < 0)
+    if bad.any():
+        raise ValueError(
+            f"{where} holds {int(bad.sum())} weight(s) that are not a finite number >= 0 "
+            f"(the first: {weights[bad][0]!r})"
+        )
+    return weights.astype(np.float32)
 
 
 class Source(Protocol):

@@ -1,5 +1,6 @@
 """A table as a source: a CSV or Parquet file, `prepare.label` its target column, every
-other a feature, read as a stream (`tasks.data.streams`) in blocks of rows, never whole.
+other a feature but the examples' weights (`prepare.sample_weight`), read as a stream
+(`tasks.data.streams`) in blocks of rows, never whole.
 Numeric columns are stored as float32 (a missing value is NaN), others as text.
 """
 
@@ -14,12 +15,13 @@ import numpy as np
 
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.spec import Feature
-from tfscale.tasks.data.streams import Chunk, StreamSource
+from tfscale.tasks.data.streams import WEIGHT, Chunk, StreamSource
 from tfscale.tasks.data.user_sources import (
+    Reader,
     file_version,
     label_coding_of,
-    refuse_weights,
     stream_source,
+    weight_name,
 )
 from tfscale.tasks.settings.config import PrepareConfig
 
@@ -35,7 +37,13 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
             f"{path}: no column {cfg.label!r} to take the label from (its columns: {shown})",
             "name the target column with --label (prepare.label)",
         )
-    refuse_weights(path, [name for name in types if name != cfg.label], "column")
+    weight = weight_name(path, [name for name in types if name != cfg.label], cfg, "column")
+    if weight and types[weight] != "number":
+        raise DatasetError(
+            f"{path}: column {weight!r} holds {types[weight]} values, not the numbers sample "
+            "weights are",
+            "give each example a number >= 0 as its weight, or name another column",
+        )
     raw = _label_column(path, cfg.label, types)
     if len(raw) == 0:
         raise DatasetError(f"{path} has no rows", "give a table with rows under its header")
@@ -43,7 +51,7 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
     features = tuple(
         Feature(name, "string" if kind == "string" else "float32", (), date=kind == "date")
         for name, kind in types.items()
-        if name != cfg.label
+        if name not in (cfg.label, weight)
     )
     if not features:
         raise DatasetError(
@@ -52,9 +60,10 @@ def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
 
     def read(split_stream: str | None) -> Iterator[Chunk]:
         for batch in _table_batches(path, types):
-            yield _table_chunk(batch, features, cfg.label)
+            yield _table_chunk(batch, features, cfg.label, weight)
 
-    return stream_source(path.name, file_version(path), features, coding, {None: raw}, cfg, read)
+    reader = Reader(read, weight=f"column {weight!r}" if weight else "")
+    return stream_source(path.name, file_version(path), features, coding, {None: raw}, cfg, reader)
 
 
 def _table_types(path: Path) -> dict[str, str]:
@@ -179,7 +188,7 @@ def _label_column(path: Path, label: str, types: dict[str, str]) -> np.ndarray:
     return column.to_numpy()
 
 
-def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str) -> Chunk:
+def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str, weight: str) -> Chunk:
     import pyarrow as pa
     import pyarrow.compute as pcomp
 
@@ -194,6 +203,9 @@ def _table_chunk(batch: Any, features: tuple[Feature, ...], label: str) -> Chunk
         else:
             numbers = pcomp.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
             columns[feature.name] = numbers.astype(np.float32)
+    if weight:  # a blank weight: NaN, refused by name (`user_sources.stream_source`)
+        values = batch.column(batch.schema.get_field_index(weight))
+        columns[WEIGHT] = pcomp.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
     raw = batch.column(batch.schema.get_field_index(label)).to_numpy(zero_copy_only=False)
     return columns, raw
 

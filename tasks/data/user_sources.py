@@ -9,7 +9,9 @@ image and a class (`tasks.data.pipelines`); `tasks.data.preparation.open_source`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +19,15 @@ from tfscale.tasks.core.user_code import fingerprint, is_function_ref
 from tfscale.tasks.data.blanks import checked
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.spec import IMAGE, Feature, FeatureSpec
-from tfscale.tasks.data.streams import Chunk, LabelCoding, StreamSource, label_coding, test_rows
+from tfscale.tasks.data.streams import (
+    WEIGHT,
+    Chunk,
+    LabelCoding,
+    StreamSource,
+    label_coding,
+    test_rows,
+    weights_of,
+)
 from tfscale.tasks.settings.config import PrepareConfig
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -44,6 +54,19 @@ def label_coding_of(raw: np.ndarray, cfg: PrepareConfig, what: str, names=()) ->
         ) from None
 
 
+@dataclass(frozen=True)
+class Reader:
+    """How a stream source's rows are read: `read(split)` gives its chunks of raw labels,
+    by the source's own splits or (`None`) one stream to be split; `digests`, each stream's
+    features' digest on its first read (`streams.add_to_digest`), where a later read might
+    differ (a pipeline's); `weight`, what each example's weight comes from (a column, an
+    array, a pipeline's third part), which the chunks hold under `WEIGHT`; empty: none."""
+
+    read: Callable[[str | None], Iterator[Chunk]]
+    digests: dict[str | None, str] | None = None
+    weight: str = ""
+
+
 def stream_source(
     name: str,
     version: str,
@@ -51,21 +74,23 @@ def stream_source(
     coding: LabelCoding,
     labels: dict[str | None, np.ndarray],
     cfg: PrepareConfig,
-    read: Callable[[str | None], Iterator[Chunk]],
-    digests: dict[str | None, str] | None = None,
+    reader: Reader,
 ) -> StreamSource:
-    """The stream source of `features` and the label `coding` encodes: `read(split)` gives
-    chunks of raw labels, by the source's own splits or (`None`) one stream to be split by
-    a seeded draw over its raw `labels`; `digests`, each stream's features' digest on its
-    first read (`streams.add_to_digest`), where a later read might differ (a pipeline's).
-    A lone array of images takes the name `image` (`named_features`)."""
-    spec = FeatureSpec(named_features(features, coding.label.kind), coding.label)
+    """The stream source of `features` and the label `coding` encodes, read by `reader`;
+    `labels`, its raw labels by stream, which a one-stream source is split by (a seeded
+    draw). A lone array of images takes the name `image` (`named_features`)."""
+    read, weight = reader.read, reader.weight
+    spec = FeatureSpec(named_features(features, coding.label.kind), coding.label, weight=weight)
     _refuse_same_keras_names(name, spec)
     rename = {old.name: new.name for old, new in zip(features, spec.features, strict=True)}
+    rename[WEIGHT] = WEIGHT
 
     def chunks(split: str | None) -> Iterator[Chunk]:
         for rows, raw in read(split):
-            yield {rename[n]: v for n, v in rows.items()}, coding.encode(raw)
+            out = {rename[n]: v for n, v in rows.items()}
+            if weight:
+                out[WEIGHT] = _weights(out.get(WEIGHT), name, weight)
+            yield out, coding.encode(raw)
 
     _refuse_one_class(name, coding, labels)
     encoded = {split: coding.encode(raw) for split, raw in labels.items()}
@@ -82,12 +107,29 @@ def stream_source(
         encoded,
         cfg.missing,
         lambda rows: ~held_out_rows(spec, rows, cfg),
-        digests or {},
+        reader.digests or {},
     )
     if None in encoded:
         return split_stream(name, version, spec, encoded[None], cfg, chunks)
     splits = {split: len(raw) for split, raw in encoded.items()}
     return StreamSource(name, version, spec, splits, chunks)
+
+
+def _weights(values: Any, name: str, weight: str) -> np.ndarray:
+    """A chunk's weights, checked (`streams.weights_of`).
+
+    Raises:
+        DatasetError: none given, or a weight Keras's fit would not take, naming it.
+    """
+    where = f"{name}: the sample weight {weight}"
+    if values is None:
+        raise DatasetError(f"{where} is missing from an example", "give every example its weight")
+    try:
+        return weights_of(values, where)
+    except ValueError as exc:
+        raise DatasetError(
+            str(exc), f"give every example a weight >= 0 in {weight} (1: as unweighted)"
+        ) from None
 
 
 def _refuse_one_class(name: str, coding: LabelCoding, raw: dict) -> None:
@@ -163,22 +205,36 @@ def dtype_name(dtype: np.dtype) -> str:
 
 
 WEIGHTS = ("sample_weight", "sample_weights", "class_weight", "class_weights")
+WEIGHT_NAME = "sample_weight"  # a column or array so named is the weight unless one is named
 
 
-def refuse_weights(path: Path, names: list[str], what: str) -> None:
-    """A column or array named as Keras's weights would otherwise become a feature the
-    model trains on, and the training go unweighted.
+def weight_name(path: Path, names: list[str], cfg: PrepareConfig, what: str) -> str:
+    """Which of a table's columns or an .npz's arrays (`names`, the label's left out) holds
+    each example's weight: the one `prepare.sample_weight` names, else one named
+    `sample_weight`, as Keras names the argument; empty: none.
 
     Raises:
-        DatasetError: one of `names` is in `WEIGHTS`.
+        DatasetError: the named one is not among `names`; another named as Keras's weights
+            (`WEIGHTS`), which would otherwise become a feature and the training go
+            unweighted.
     """
-    found = [name for name in names if name.lower() in WEIGHTS]
+    chosen = cfg.sample_weight or (WEIGHT_NAME if WEIGHT_NAME in names else "")
+    if chosen and chosen not in names:
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        raise DatasetError(
+            f"{path}: no {what} {chosen!r} to take the sample weights from (its {what}s: {shown})",
+            f"name the weights' {what} with --sample-weight (prepare.sample_weight), or leave "
+            "it empty to train unweighted",
+        )
+    found = [name for name in names if name.lower() in WEIGHTS and name != chosen]
     if found:
         raise DatasetError(
-            f"{path}: its {what} {found[0]!r} holds weights, which tfscale does not carry "
-            "into training yet: it would become a feature and the training go unweighted",
-            f"drop the {what} to train unweighted, or train with model.fit",
+            f"{path}: its {what} {found[0]!r} holds weights by its name; as a feature the "
+            "model would train on it, and the training go unweighted",
+            f"weigh each example by it with --sample-weight {found[0]} (class weights: "
+            f"--class-weight), or drop the {what}",
         )
+    return chosen
 
 
 def source_fingerprint(cfg: PrepareConfig) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tfscale.tasks.core import class_weights
+from tfscale.tasks.core.errors import UsageError
 from tfscale.tasks.core.progress import status
 from tfscale.tasks.core.provenance import code_version
 from tfscale.tasks.core.run_layout import METRICS
@@ -58,6 +59,7 @@ class Run:
     def __post_init__(self) -> None:
         if not self.made_of:
             object.__setattr__(self, "made_of", model_fingerprint(self.config.train.model))
+        _refuse_unweighable(self.config.train, self.manifest, self.choice)
         if self.config.train.class_weight != "none":
             weighted = with_class_weights(self.config, self.manifest, self.data_dir)
             object.__setattr__(self, "config", weighted)
@@ -131,6 +133,35 @@ class Run:
             report_from_dict(spec["report"]),
             role,
             spec.get("made_of", ""),
+        )
+
+
+def _refuse_unweighable(train: TrainConfig, manifest: Manifest, choice: StrategyChoice) -> None:
+    """Data that weighs its examples (`prepare.sample_weight`) trains only where its weights
+    are honoured as `fit` honours them.
+
+    Raises:
+        UsageError: class weights asked for too (Keras's `fit` takes one or the other:
+            "You cannot `class_weight` and `sample_weight` at the same time"); a strategy
+            whose stages run the label kind's loss alone (pipeline, tensor_parallel).
+    """
+    weight = manifest.spec.weight
+    if not weight:
+        return
+    if train.class_weight != "none":
+        raise UsageError(
+            f"train.class_weight {train.class_weight}: the data already weighs each example "
+            f"by its {weight}, and Keras's fit takes class weights or sample weights, never "
+            "both",
+            "leave train.class_weight none (--class-weight none), or prepare the data again "
+            "without its sample weights",
+        )
+    if choice.spec.staged:
+        raise UsageError(
+            f"the {choice.kind} strategy cuts the model into stages that do not carry the "
+            f"examples' weights ({weight}), and would train unweighted",
+            "train it under another strategy (--strategy auto), or prepare the data again "
+            "without its sample weights",
         )
 
 

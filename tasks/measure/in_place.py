@@ -195,21 +195,20 @@ def _local_step_seconds_by_batch(
     """(sizes, seconds) of the local step at half, one and two times `batch` (rounded to
     whole micro-batches): the points the cost model's per-example compute is fitted to."""
     double = train_dataset_fn(run.train, setup.manifest, run.data_dir, 2 * batch)
-    images, labels = next(iter(double(None)))
+    examples = next(iter(double(None)))
     accum = setup.accum_steps
     sizes = sorted({size - size % accum for size in (max(batch // 2, accum), batch, 2 * batch)})
     seconds = tuple(
-        _local_step_seconds(run, setup, _first(images, size), labels[:size], per_call, calls)
-        for size in sizes
+        _local_step_seconds(run, setup, _first(examples, size), per_call, calls) for size in sizes
     )
     return sizes, seconds
 
 
-def _first(features: Any, rows: int) -> Any:
-    """The first `rows` examples of a batch's features (a tensor, or a dict of them)."""
+def _first(batch: tuple, rows: int) -> tuple:
+    """The first `rows` examples of a batch (features, labels and any weights)."""
     import tensorflow as tf
 
-    return tf.nest.map_structure(lambda t: t[:rows], features)
+    return tf.nest.map_structure(lambda t: t[:rows], batch)
 
 
 def _local_step_seconds_at(
@@ -217,8 +216,7 @@ def _local_step_seconds_at(
 ) -> float:
     """The local step at `batch` examples per micro-batch group."""
     whole = train_dataset_fn(run.train, setup.manifest, run.data_dir, batch * setup.accum_steps)
-    images, labels = next(iter(whole(None)))
-    return _local_step_seconds(run, setup, images, labels, per_call, calls)
+    return _local_step_seconds(run, setup, next(iter(whole(None))), per_call, calls)
 
 
 def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int) -> float:
@@ -246,20 +244,20 @@ def _push_pull_seconds(strategy: Any, variables: list, per_call: int, calls: int
 def _local_step_seconds(
     run: Run,
     setup: TrainingSetup,
-    images,
-    labels,
+    batch: tuple,
     per_call: int,
     calls: int,
 ) -> float:
-    """Seconds per training step of a copy of the model outside the strategy on `images`:
-    the step with no communication, on this process's devices."""
+    """Seconds per training step of a copy of the model outside the strategy on `batch`
+    (features, labels and any weights): the step with no communication, on this process's
+    devices."""
     step = local_copy(run.train, run.manifest, setup.accum_steps)
 
     @tf.function
     def local_steps():
         loss = tf.constant(0.0)
         for _ in tf.range(per_call):
-            loss += tf.cast(step(images, labels), tf.float32)
+            loss += tf.cast(step(*batch), tf.float32)
         return loss
 
     return min(seconds_per_call(local_steps, calls) for _ in range(3)) / per_call

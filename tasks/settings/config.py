@@ -98,6 +98,10 @@ class PrepareConfig:
     # auto: read from the label's values (tasks/core/label_kinds.py: two values binary, text
     # classes, fractional floats real, integers classes unless many values for the rows)
     label_kind: Literal["auto", "class", "binary", "multi_label", "regression"] = "auto"
+    # a table's column or an .npz's array holding each example's weight in the training
+    # loss, as Keras's fit(sample_weight=) applies it (never a feature); empty: the one named
+    # sample_weight, if any (a pipeline's third part, (features, label, weight), is its own)
+    sample_weight: str = ""
     # blank numeric cells: refuse (name the columns), or fill with the training split's
     # mean or zero, or drop the rows that have any
     missing: Literal["refuse", "mean", "zero", "drop"] = "refuse"

@@ -85,7 +85,7 @@ class _Score(keras.metrics.Mean):
 def fit_input(dataset_fn: Callable, objective: Objective) -> tf.data.Dataset:
     """The training input as `fit` takes it: global batches (this worker's replicas' in
     turn, which `fit` splits among them), labels as the model's loss takes them."""
-    return dataset_fn(None).map(lambda x, y: (x, objective.keras_labels(y)))
+    return dataset_fn(None).map(lambda x, y, *w: (x, objective.keras_labels(y), *w))
 
 
 def logged_score(logs: dict[str, Any], name: str) -> float:

@@ -71,16 +71,18 @@ def attach(built: Built, optimizer: Any, features: Any, labels: Any) -> None:
 
 
 def step_loss(
-    model: Any, objective: Any, x: Any, labels: Any, outputs: Any, effective_batch: int
+    model: Any, objective: Any, batch: tuple, outputs: Any, effective_batch: int
 ) -> tf.Tensor:
-    """The loss of a (micro-)batch whose replica's examples are `effective_batch` divided by
-    the replicas in sync, in float32: Keras's `compute_loss` of it divided by the
-    micro-batches of the step, or (no compiled loss) the objective's loss summed over the
-    effective batch plus `model.losses` as Keras scales them."""
+    """The loss of a (micro-)batch, (features, labels, each example's weight or None),
+    whose replica's examples are `effective_batch` divided by the replicas in sync, in
+    float32: Keras's `compute_loss` of it divided by the micro-batches of the step, or (no
+    compiled loss) the objective's loss summed over the effective batch plus `model.losses`
+    as Keras scales them."""
+    x, labels, given = batch
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     rows = tf.nest.flatten(x)[0].shape[0]
     share = effective_batch / (rows * replicas)  # the micro-batches of a step
-    weights = objective.sample_weights(labels)  # class weights, as fit applies them
+    weights = objective.sample_weights(labels, given)  # as fit applies them
     if keras_loss(model):
         targets = objective.targets(labels, outputs)
         loss = model._compute_loss(
@@ -104,14 +106,17 @@ def held_out_losses(model: Any, objective: Any, labels: Any, outputs: Any) -> tf
     return each + tf.add_n(extra) if extra else each
 
 
-def run_own_train_step(model: Any, objective: Any, x: Any, labels: Any) -> tuple[Any, Any]:
-    """The model's own `train_step` on this replica's batch, its metrics reset first so that
-    what it returns is this step's: (its loss over the replicas in sync, so that summing
-    the replicas gives the mean; the sum of the examples' scores where it reports the label
-    kind's score, else NaN)."""
+def run_own_train_step(
+    model: Any, objective: Any, x: Any, labels: Any, given: Any = None
+) -> tuple[Any, Any]:
+    """The model's own `train_step` on this replica's batch (with each example's weight
+    where the data has them), its metrics reset first so that what it returns is this
+    step's: (its loss over the replicas in sync, so that summing the replicas gives the
+    mean; the sum of the examples' scores where it reports the label kind's score, else
+    NaN)."""
     for metric in model.metrics:
         metric.reset_state()
-    weights = objective.sample_weights(labels)  # fit gives (x, y, weights) with class weights
+    weights = objective.sample_weights(labels, given)  # fit gives (x, y, weights) with them
     data = (x, objective.keras_labels(labels))
     logs = model.train_step(data if weights is None else (*data, weights))
     replicas = tf.distribute.get_strategy().num_replicas_in_sync

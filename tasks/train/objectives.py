@@ -73,13 +73,18 @@ class Objective:
         per_example = tf.cast(function(targets, outputs), tf.float32)
         return tf.reduce_mean(tf.reshape(per_example, [rows, -1]), axis=-1)
 
-    def sample_weights(self, labels: Any) -> Any:
-        """Each training example's weight, float32, as Keras's `fit(class_weight=)` turns
-        class weights into them (`make_class_weight_map_fn`: the class id, a binary label
-        rounded); None without class weights."""
+    def sample_weights(self, labels: Any, given: Any = None) -> Any:
+        """Each training example's weight, float32: the data's own (`given`, as
+        `fit(sample_weight=)` takes them), or as Keras's `fit(class_weight=)` turns class
+        weights into them (`make_class_weight_map_fn`: the class id, a binary label
+        rounded); None with neither (Keras takes one or the other, never both: the run
+        refuses both, `tasks.distribute.run`)."""
+        import tensorflow as tf
+
+        if given is not None:
+            return tf.cast(given, tf.float32)
         if not self.class_weights:
             return None
-        import tensorflow as tf
 
         ids = tf.reshape(tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int32), [-1])
         return tf.gather(tf.constant(self.class_weights, tf.float32), ids)

@@ -38,6 +38,8 @@ class TrainResult(SpreadOver):
     # `train.class_weight` as trained: none, or each class's weight by index (`balanced`
     # made explicit by the run)
     class_weight: str = field(default="none", metadata=PARAM)
+    # what each example's weight came from (`prepare.sample_weight`); none: unweighted
+    sample_weight: str = field(default="none", metadata=PARAM)
     history: list[dict[str, float]] = field(default_factory=list)
     # over the epochs after the first (tracing); `examples_per_s` is each epoch's own curve
     examples_per_s: float = field(default=0.0, metadata=tracked_as("examples_per_s_after_epoch_1"))

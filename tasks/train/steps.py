@@ -113,15 +113,15 @@ def make_warmup_schedule(
 
 
 def replica_step(
-    built: Built, optimizer, images, labels, accum_steps: int, effective_batch: int, noise=None
+    built: Built, optimizer, batch: tuple, accum_steps: int, effective_batch: int, noise=None
 ):
     """One optimizer update from `accum_steps` micro-batches of this replica's batch, as
     Keras's `fit` means it (`tasks.train.keras_meaning`): the model's own `train_step` where
     it has one, else the loss its `compute_loss` gives (the compiled loss and
     `model.losses`), scaled so that summing across replicas (which the optimizer does) gives
     the effective global batch's mean gradient. Returns (loss, the sum of the examples'
-    scores: the correct count for classes; `tasks.train.objectives`). `images` is a tensor,
-    or a dict of them (features by name).
+    scores: the correct count for classes; `tasks.train.objectives`). `batch`: this
+    replica's (features, labels) and each example's weight where the data has them.
 
     With `noise` (a `GradientNoise`, also set on the optimizer whose all-reduce records
     it), each micro-batch's gradient is kept for it; a lone replica with no micro-batches
@@ -130,20 +130,20 @@ def replica_step(
     makes it (BatchNormalization's statistics and Dropout's draws are the whole batch's).
     """
     model, objective = built
+    images, labels, weights = (*batch, None)[:3]
     if own_train_step(model):
-        return run_own_train_step(model, objective, images, labels)
+        return run_own_train_step(model, objective, images, labels, weights)
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     halves = noise is not None and noise.split_batch
     grads, total_loss, correct, micro = None, 0.0, 0.0, []
-    for images_i, labels_i in zip(
-        _split(images, accum_steps), tf.split(labels, accum_steps), strict=True
-    ):
+    for piece in _split((images, labels, weights), accum_steps):
+        images_i, labels_i = piece[:2]
         with tf.GradientTape(persistent=halves) as tape:
             logits = model(images_i, training=True)
-            loss = step_loss(model, objective, images_i, labels_i, logits, effective_batch)
+            loss = step_loss(model, objective, piece, logits, effective_batch)
             target = optimizer.scale_loss(loss) if scaled else loss
             if halves:
-                half = _first_half_loss(model, objective, images_i, labels_i, logits)
+                half = _first_half_loss(model, objective, piece, logits)
                 half = optimizer.scale_loss(half) if scaled else half
         step_grads = tape.gradient(target, model.trainable_variables)
         if halves:
@@ -164,12 +164,15 @@ def replica_step(
     return total_loss, correct
 
 
-def _first_half_loss(model, objective, images, labels, logits) -> tf.Tensor:
-    """The loss of the first half of a lone replica's batch, from the whole batch's forward
-    pass (its mean: the loss of a batch of half as many examples)."""
-    rows = labels.shape[0] // 2
-    first = tf.nest.map_structure(lambda t: t[:rows], images)
-    return step_loss(model, objective, first, labels[:rows], logits[:rows], rows)
+def _first_half_loss(model, objective, batch: tuple, logits) -> tf.Tensor:
+    """The loss of the first half of a lone replica's batch (features, labels, weights or
+    None), from the whole batch's forward pass (its mean: the loss of a batch of half as
+    many examples)."""
+    rows = batch[1].shape[0] // 2
+    first = tuple(
+        None if part is None else tf.nest.map_structure(lambda t: t[:rows], part) for part in batch
+    )
+    return step_loss(model, objective, first, logits[:rows], rows)
 
 
 def _halves(first: list, whole: list) -> list[list]:
@@ -180,11 +183,11 @@ def _halves(first: list, whole: list) -> list[list]:
 
 
 def _split(features: Any, parts: int) -> list[Any]:
-    """`tf.split` of a tensor, or of each tensor of a dict of them, into `parts` along the
-    batch."""
+    """`tf.split` of a tensor, or of each tensor of a structure of them (None kept), into
+    `parts` along the batch."""
     if parts == 1:
         return [features]
-    pieces = [tf.split(t, parts) for t in tf.nest.flatten(features)]
+    pieces = [[t] * parts if t is None else tf.split(t, parts) for t in tf.nest.flatten(features)]
     return [tf.nest.pack_sequence_as(features, list(p)) for p in zip(*pieces, strict=True)]
 
 
@@ -406,23 +409,22 @@ class _StepsGraph:
         accum_steps, effective_batch = self.batches
         built, optimizer, sums = self.built, self.optimizer, self.sums
 
-        def step_and_count(images, labels):
+        def step_and_count(*batch):
             loss, correct = replica_step(
-                built, optimizer, images, labels, accum_steps, effective_batch, recorder
+                built, optimizer, batch, accum_steps, effective_batch, recorder
             )
             sums[0].assign_add(loss)
             sums[1].assign_add(correct)
 
-        def one_step(images, labels):
-            self.strategy.run(step_and_count, args=(images, labels))
+        def one_step(*batch):  # (features, labels), and weights where the data has them
+            self.strategy.run(step_and_count, args=batch)
 
         step = tf.function(one_step, jit_compile=True) if self.jit_compile else one_step
 
         @tf.function
         def train_steps(n):
             for _ in tf.range(n):
-                images, labels = self.next_batches()
-                step(images, labels)
+                step(*self.next_batches())
 
         return train_steps
 
@@ -495,10 +497,9 @@ def make_ps_epoch_runner(
 
     @tf.function
     def train_step(iterator):
-        images, labels = next(iterator)
         return strategy.run(
-            lambda x, y: replica_step(built, optimizer, x, y, accum_steps, worker_batch),
-            args=(images, labels),
+            lambda *batch: replica_step(built, optimizer, batch, accum_steps, worker_batch),
+            args=next(iterator),
         )
 
     def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:

@@ -308,7 +308,8 @@ def train_dataset_fn(
     transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
 ) -> Callable[[tf.distribute.InputContext | None], tf.data.Dataset]:
     """The training input for each input pipeline (the strategy says which one it is),
-    repeated; `transform` (a probe's slowed pipeline) applies before the repeat."""
+    repeated, with each example's weight where the data has one (`(x, y, w)` batches);
+    `transform` (a probe's slowed pipeline) applies before the repeat."""
 
     def dataset_fn(ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
         reading = Reading(
@@ -317,6 +318,7 @@ def train_dataset_fn(
             seed=cfg.seed,
             cache=cfg.cache,
             shuffle_buffer=cfg.shuffle_buffer,
+            weighted=True,
         )
         dataset = build_dataset(manifest, data_dir, "train", batch, True, reading)
         return (transform(dataset) if transform else dataset).repeat()
@@ -447,6 +449,7 @@ def _result(
         model_parameters=parameter_count(setup.model),
         optimizer=describe_optimizer(setup.optimizer),
         class_weight=class_weights.shown(setup.objective.class_weights),
+        sample_weight=setup.manifest.spec.weight or "none",
         **_stage_figures(setup),
     )
 
@@ -524,9 +527,9 @@ def local_copy(cfg: TrainConfig, manifest: Manifest, accum_steps: int) -> Callab
         optimizer = make_optimizer(compiled_optimizer(built.model), 1e-3)
         optimizer.build(built.model.trainable_variables)
 
-    def step(images: Any, labels: Any) -> Any:
-        effective = int(labels.shape[0])
-        return replica_step(built, optimizer, images, labels, accum_steps, effective)[0]
+    def step(*batch: Any) -> Any:  # (features, labels), and weights where the data has them
+        effective = int(batch[1].shape[0])
+        return replica_step(built, optimizer, batch, accum_steps, effective)[0]
 
     return step
 

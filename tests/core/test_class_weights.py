@@ -110,3 +110,40 @@ def test_a_run_makes_balanced_the_weights_of_its_training_split_and_says_them(tm
     assert f"balanced over {sum(counts):,} training examples" in caplog.text
     again = Run(run.config, manifest, prepared.data_dir, run.choice, report)
     assert again.train.class_weight == run.train.class_weight  # read once, kept
+
+
+@pytest.mark.parametrize(
+    "setting, strategy, said",
+    [
+        ("balanced", "one_device", "the data already weighs each example by its array"),
+        ("none", "pipeline", "cuts the model into stages that do not carry the examples' weights"),
+    ],
+)
+def test_weighted_data_is_refused_where_its_weights_would_be_lost_before_any_training(
+    tmp_path, setting, strategy, said
+):
+    """Arrays with a `sample_weight` array: class weights as well (Keras's fit takes one or
+    the other), or a strategy whose stages run the kind's loss alone: refused as the run is
+    made, naming the weights and the way out."""
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(60, 4)).astype("float32")
+    np.savez(tmp_path / "w.npz", x=x, y=x[:, 0] > 0, sample_weight=rng.uniform(size=60))
+    values = {
+        "prepare.dataset": str(tmp_path / "w.npz"),
+        "prepare.data_dir": str(tmp_path / "data"),
+        "train.class_weight": setting,
+        "train.strategy": strategy,
+        "train.model": "mlp",
+    }
+    config = load_config(None, values)
+    prepared = prepare_dataset(config, progress=False)
+    report = detect_hardware()
+    choice = select_strategy(report, config.train)
+    with pytest.raises(UsageError, match=said) as caught:
+        Run(config, prepared.manifest, prepared.data_dir, choice, report)
+    assert "without its sample weights" in caught.value.fix

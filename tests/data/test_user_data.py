@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tfscale.tasks.data.datasets import DatasetError
-from tfscale.tasks.data.inputs import build_dataset
+from tfscale.tasks.data.inputs import Reading, build_dataset
 from tfscale.tasks.data.manifest import verify_shards
 from tfscale.tasks.data.preparation import prepare_dataset
 from tfscale.tasks.settings.config import load_config
@@ -503,7 +503,7 @@ import tensorflow as tf
 def weighted():
     x = tf.random.stateless_normal((40, 3), seed=(1, 2))
     y = tf.cast(x[:, 0] > 0, tf.int64)
-    return tf.data.Dataset.from_tensor_slices((x, y, tf.ones(40)))
+    return tf.data.Dataset.from_tensor_slices((x, y, tf.abs(x[:, 2]) * 3))
 
 def two_labels():
     x = tf.random.stateless_normal((40, 3), seed=(1, 2))
@@ -513,37 +513,101 @@ def two_labels():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    "function, expected",
-    [
-        ("weighted", r"\(features, label, sample_weight\) triples; .* would train without them"),
-        ("two_labels", r"gives a dict of labels \(a, b\); tfscale trains on one label"),
-    ],
-)
-def test_a_pipeline_of_what_tfscale_would_drop_is_refused_at_prepare(tmp_path, function, expected):
-    """Sample weights or several labels from a tf.data function: refused, naming them,
-    where they would otherwise be dropped and something else trained."""
+def test_a_pipeline_of_several_labels_is_refused_at_prepare(tmp_path):
+    """Several labels from a tf.data function: refused, naming them, where they would
+    otherwise be dropped and something else trained."""
     (tmp_path / "weighted.py").write_text(WEIGHTED)
+    expected = r"gives a dict of labels \(a, b\); tfscale trains on one label"
     with pytest.raises(DatasetError, match=expected):
-        prepare(tmp_path, f"{tmp_path / 'weighted.py'}:{function}")
+        prepare(tmp_path, f"{tmp_path / 'weighted.py'}:two_labels")
     assert not (tmp_path / "tfrecords").exists() or not any((tmp_path / "tfrecords").rglob("*"))
 
 
+def read_weighted(result) -> tuple[np.ndarray, np.ndarray]:
+    """Every example's features and weight over both splits, as training reads them."""
+    rows, weights = [], []
+    for split in ("train", "test"):
+        reading = Reading(weighted=True)
+        for x, _, w in build_dataset(result.manifest, result.data_dir, split, 16, False, reading):
+            rows.append(
+                np.asarray(
+                    x if not isinstance(x, dict) else np.stack([x[k] for k in sorted(x)], axis=-1)
+                )
+            )
+            weights.append(w.numpy())
+    return np.concatenate(rows), np.concatenate(weights)
+
+
 @pytest.mark.unit
-@pytest.mark.parametrize("form", ["csv", "npz"])
-def test_weights_in_a_table_or_arrays_are_refused_not_trained_on_as_a_feature(tmp_path, form):
+@pytest.mark.parametrize("form", ["csv", "csv-named", "npz", "pipeline"])
+def test_each_examples_weight_reaches_the_shards_beside_it_never_as_a_feature(tmp_path, form):
+    """A table's `sample_weight` column (or one --sample-weight names), an .npz's
+    `sample_weight` array, a pipeline's (x, y, w): each example's weight is stored with it,
+    read back beside its own features, and is no feature; the manifest says where it came
+    from."""
     rng = np.random.default_rng(3)
-    x, y, w = rng.normal(size=(30, 2)), rng.integers(0, 2, 30), rng.uniform(size=30)
-    if form == "csv":
-        rows = "\n".join(f"{a},{b},{c},{d}" for (a, b), c, d in zip(x, y, w, strict=True))
-        (tmp_path / "t.csv").write_text("a,b,label,sample_weight\n" + rows + "\n")
-        dataset, expected = str(tmp_path / "t.csv"), "its column 'sample_weight' holds weights"
-    else:
+    x, y, w = rng.normal(size=(30, 2)).astype(np.float32), rng.integers(0, 2, 30), None
+    w = rng.uniform(0, 4, size=30).astype(np.float32)
+    keys = {}
+    if form.startswith("csv"):
+        column = "sample_weight" if form == "csv" else "importance"
+        rows = "\n".join(
+            f"{float(a)!r},{float(b)!r},{c},{float(d)!r}"
+            for (a, b), c, d in zip(x, y, w, strict=True)
+        )
+        (tmp_path / "t.csv").write_text(f"a,b,label,{column}\n" + rows + "\n")
+        dataset, keys = str(tmp_path / "t.csv"), {"label": "label"}
+        if form == "csv-named":
+            keys["sample_weight"] = "importance"
+    elif form == "npz":
         np.savez(tmp_path / "t.npz", x=x, y=y, sample_weight=w)
-        dataset, expected = str(tmp_path / "t.npz"), "its array 'sample_weight' holds weights"
+        dataset = str(tmp_path / "t.npz")
+    else:
+        (tmp_path / "weighted.py").write_text(WEIGHTED)
+        dataset = f"{tmp_path / 'weighted.py'}:weighted"
+        import tensorflow as tf
+
+        x = tf.random.stateless_normal((40, 3), seed=(1, 2)).numpy()
+        w = np.abs(x[:, 2]) * 3
+    result = prepare(tmp_path, dataset, **keys)
+    spec = result.manifest.spec
+    assert spec.weight and len(spec.features) in (1, 2)
+    assert all("weight" not in f.name and f.name != "importance" for f in spec.features)
+    features, weights = read_weighted(result)
+    assert len(weights) == len(w)
+    by_row = {
+        tuple(np.round(row.ravel(), 5)): wt for row, wt in zip(features, weights, strict=True)
+    }
+    expected = {tuple(np.round(row.ravel(), 5)): wt for row, wt in zip(x, w, strict=True)}
+    assert by_row.keys() == expected.keys()
+    assert all(abs(by_row[k] - expected[k]) < 1e-6 for k in expected)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "weights, keys, expected",
+    [
+        ("class_weight", {}, r"its column 'class_weight' holds weights by its name"),
+        ("sample_weight", {"sample_weight": "w"}, r"no column 'w' to take the sample weights"),
+        ("sample_weight", {"bad": "-1"}, r"1 weight\(s\) that are not a finite number >= 0"),
+        ("sample_weight", {"bad": ""}, r"1 weight\(s\) that are not a finite number >= 0"),
+        ("sample_weight", {"bad": "heavy"}, r"holds string values, not the numbers"),
+    ],
+)
+def test_weights_tfscale_cannot_honour_are_refused_by_name_before_any_shard(
+    tmp_path, weights, keys, expected
+):
+    """A weights column named otherwise (it would be a feature), a named column that is not
+    there, a negative, blank or text weight: refused, naming it, with nothing written."""
+    bad = keys.pop("bad", None)
+    values = ["1.5"] * 30
+    if bad is not None:
+        values[7] = bad
+    rows = "\n".join(f"{i},{i % 3},{i % 2},{v}" for i, v in enumerate(values))
+    (tmp_path / "t.csv").write_text(f"a,b,label,{weights}\n" + rows + "\n")
     with pytest.raises(DatasetError, match=expected) as caught:
-        prepare(tmp_path, dataset, label="label")
-    assert "drop the" in caught.value.fix
+        prepare(tmp_path, str(tmp_path / "t.csv"), label="label", **keys)
+    assert "weight" in caught.value.fix
     assert not list(tmp_path.rglob("manifest.json"))
 
 

@@ -204,3 +204,17 @@ def test_class_weights_reach_kerass_own_fit_under_the_fit_loop(cases):
     found = fidelity.compare(cases, "class_weight", "mirrored", STEPS, EPOCHS, loop="fit")
     assert found.epoch_difference < 2e-2, found
     assert found.examples[0] == found.examples[1], found
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_sample_weights_train_as_fits_sample_weight_trains_them(cases, strategy):
+    """Arrays with a `sample_weight` array (far from even: 0 to 6): each example's loss
+    weighed as `fit` weighs a dataset's (x, y, w), on one device and under Mirrored."""
+    _agrees(fidelity.compare(cases, "sample_weight", strategy, STEPS, EPOCHS))
+
+
+def test_sample_weights_reach_kerass_own_fit_under_the_fit_loop(cases):
+    """`--loop fit` on weighted data: tfscale's fit call reads (x, y, w)."""
+    found = fidelity.compare(cases, "sample_weight", "mirrored", STEPS, EPOCHS, loop="fit")
+    assert found.epoch_difference < 2e-2, found
+    assert found.examples[0] == found.examples[1], found

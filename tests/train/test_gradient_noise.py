@@ -81,7 +81,7 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
 
     @tf.function
     def step(batch):
-        strategy.run(lambda x, y: replica_step(built, adam, x, y, 1, 16, noise), args=batch)
+        strategy.run(lambda x, y: replica_step(built, adam, (x, y), 1, 16, noise), args=batch)
 
     first = _mean_gradient(model, images, labels)
     step(dataset)
@@ -137,7 +137,7 @@ def test_the_norms_are_recorded_under_every_precision(precision, replicas, jit, 
     dataset = _replica_slices(strategy, images, labels, replicas)
 
     def one(x, y):
-        replica_step(Built(mixed, Objective(Label("class"))), optimizer, x, y, 1, 16, noise)
+        replica_step(Built(mixed, Objective(Label("class"))), optimizer, (x, y), 1, 16, noise)
 
     inner = tf.function(one, jit_compile=True) if jit else one
 
