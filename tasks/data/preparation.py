@@ -161,6 +161,20 @@ def label_text(m: Any) -> str:
     return f"label{name}: {describe(label.kind, label.read_as)}"
 
 
+def weight_note(spec: Any) -> str:
+    """What weighs each example in the training loss, or a feature whose name says weight
+    that does not ('' where neither): the way to make it the weights."""
+    if spec.weight:
+        return f"each example's loss weighed by its {spec.weight}, as fit(sample_weight=)"
+    named = [f.name for f in spec.features if f.name.lower() in ("weight", "weights")]
+    if named:
+        return (
+            f"{named[0]!r} is a feature the model trains on; if it weighs the examples, "
+            f"prepare with --sample-weight {named[0]}"
+        )
+    return ""
+
+
 def held_out_note(params: dict) -> str:
     """Where an image folder's test split came from, from its manifest's `params`, where not
     its `test/` folder: its `validation/` folder, or a seeded draw from each class of a flat
@@ -187,6 +201,8 @@ def format_prepared(result: PrepareResult) -> str:
     ]
     if m.spec.label.read_as:
         lines.insert(2, f"{'label':<10} {label_text(m).removeprefix('label').lstrip(': ')}")
+    if note := weight_note(m.spec):
+        lines.append(f"{'weights':<10} {note}")
     for split, count in m.splits.items():
         lines.append(f"{split:<10} {count} examples in {len(m.files(split))} shards")
     if note := held_out_note(m.params):

@@ -248,8 +248,7 @@ class FeatureSpec:
             shown.append(f"and {len(self.features) - 6} more")
         kind = self.label.kind.replace("_", "-")
         label = f"{self.num_classes} classes" if kind == "class" else f"{kind} label"
-        weighted = f"; each example weighted by its {self.weight}" if self.weight else ""
-        return f"{', '.join(shown)}; {label}{weighted}"
+        return f"{', '.join(shown)}; {label}"
 
 
 def date_resolution_s(days: float) -> float:

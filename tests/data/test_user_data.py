@@ -20,7 +20,7 @@ import pytest
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.inputs import Reading, build_dataset
 from tfscale.tasks.data.manifest import verify_shards
-from tfscale.tasks.data.preparation import prepare_dataset
+from tfscale.tasks.data.preparation import format_prepared, prepare_dataset
 from tfscale.tasks.settings.config import load_config
 
 
@@ -581,6 +581,23 @@ def test_each_examples_weight_reaches_the_shards_beside_it_never_as_a_feature(tm
     expected = {tuple(np.round(row.ravel(), 5)): wt for row, wt in zip(x, w, strict=True)}
     assert by_row.keys() == expected.keys()
     assert all(abs(by_row[k] - expected[k]) < 1e-6 for k in expected)
+    summary = format_prepared(result).splitlines()
+    assert (
+        f"weights    each example's loss weighed by its {spec.weight}, as fit(sample_weight=)"
+        in summary
+    )
+
+
+@pytest.mark.unit
+def test_a_feature_named_weight_is_said_to_be_one_with_the_way_to_weigh_by_it(tmp_path):
+    """A column `weight` (a patient's, or each example's?) stays a feature, as it is in
+    `df.drop(columns=[label])`, and the summary says how to make it the weights."""
+    rows = "\n".join(f"{i},{60 + i % 7},{i % 2}" for i in range(30))
+    (tmp_path / "t.csv").write_text("age,weight,label\n" + rows + "\n")
+    result = prepare(tmp_path, str(tmp_path / "t.csv"), label="label")
+    assert [f.name for f in result.manifest.spec.features] == ["age", "weight"]
+    said = "'weight' is a feature the model trains on; if it weighs the examples, prepare "
+    assert f"weights    {said}with --sample-weight weight" in format_prepared(result).splitlines()
 
 
 @pytest.mark.unit
