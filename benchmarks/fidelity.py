@@ -18,7 +18,10 @@ table: an uncompiled model ending in a sigmoid, one input over the packed numeri
 columns, and keras-io's `StringLookup` on a text column. Two train with class weights
 (`CLASS_WEIGHTS`; the user's fit is given the same `class_weight`): pairs on a compiled
 model, `balanced` on an uncompiled one. One trains on arrays that weigh each example
-(`WEIGHTED_CASES`; the user's fit takes the weights as its dataset's third part).
+(`WEIGHTED_CASES`; the user's fit takes the weights as its dataset's third part). One,
+`callbacks`, gives ReduceLROnPlateau, EarlyStopping and CSVLogger beside the model and is
+trained whole by tfscale's training run and by the user's `fit(validation_data=)`: the
+row says after how many epochs each stopped and whether the rates were the same.
 
 Target: steps within 1e-3 relative, epochs within 2%, the examples an epoch equal, every
 case, both strategies, both loops.
@@ -237,6 +240,19 @@ def sample_weight(spec):
     return class_weight(spec)
 
 
+def callbacks(spec):
+    """Compiled on logits, with the callbacks users' fit calls carry: the rate halved when
+    the training loss stalls, the training stopped when the held-out loss does, and each
+    epoch's logs written where `CALLBACKS_CSV` says."""
+    import os
+
+    return class_weight(spec), [
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=0.03),
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.01),
+        keras.callbacks.CSVLogger(os.environ["CALLBACKS_CSV"]),
+    ]
+
+
 def balanced(spec):
     """Not compiled (the label kind's loss on its logits), with balanced class weights
     (`CLASS_WEIGHTS`)."""
@@ -252,6 +268,8 @@ CASES = (
     "schedule", "uncompiled_sigmoid", "packed", "string_lookup", "class_weight", "balanced",
     "sample_weight",
 )  # fmt: skip
+# the case trained whole, its callbacks called (`compare_callbacks`): not step by step
+CALLBACK_CASES = ("callbacks",)
 # the cases on a table of 4 numeric columns, a text column and a binary label (the others:
 # an .npz of one 12-wide array and 3 classes)
 TABLE_CASES = ("uncompiled_sigmoid", "packed", "string_lookup")
@@ -435,6 +453,90 @@ def compare_once(
     )
 
 
+@dataclass(frozen=True)
+class Called:
+    """What the user's callbacks did in a training: each epoch's logs as their CSVLogger
+    wrote them (`epoch`, `loss`, `learning_rate` as ReduceLROnPlateau logged it before
+    changing it, `val_loss`), the last epoch trained."""
+
+    rows: tuple[dict[str, float], ...]
+
+    @property
+    def epochs(self) -> int:
+        return len(self.rows)
+
+    def column(self, name: str) -> list[float]:
+        return [row[name] for row in self.rows]
+
+
+def compare_callbacks(
+    folder: Path, strategy: str, epochs: int = 12, loop: str = "tfscale"
+) -> tuple[Called, Called]:
+    """The `callbacks` case trained by tfscale's training run (`train_model`: its loop
+    calling the callbacks, or under `loop` fit, its `fit` call given them) and by the
+    user's own `fit(validation_data=)` on the same examples in the same order: what each
+    training's callbacks logged, (tfscale's, fit's)."""
+    import csv
+
+    import keras
+
+    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.run import Run
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.models import model_for_data
+    from tfscale.tasks.train.training import train_dataset_fn, train_model
+
+    logged = folder / "callbacks.csv"
+    os.environ["CALLBACKS_CSV"] = str(logged)
+    values = _values(folder, "callbacks", strategy)
+    values.update({"train.epochs": epochs, "train.noise_scale": False})
+    values.update({"train.runs_dir": str(folder / "runs"), "evaluate.every_epochs": 0})
+    values.update({"train.loop": loop, "train.steps_per_call": 8})  # dividing no epoch
+    config = load_config(None, values)
+    prepared = prepare_dataset(config, progress=False)
+    manifest, data_dir = prepared.manifest, prepared.data_dir
+    report = detect_hardware()
+    run = Run(config, manifest, data_dir, select_strategy(report, config.train), report)
+    setup = train_model(run).setup
+
+    def read() -> Called:
+        with logged.open() as f:
+            rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        logged.unlink()
+        return Called(tuple(rows))
+
+    ours = read()
+    keras.utils.set_random_seed(config.train.seed)
+    with setup.strategy.scope():
+        fitted, given = model_for_data(config.train.model, manifest.spec).model, None
+        from tfscale.tasks.train.callbacks import of
+
+        given = of(fitted)
+    if loop == "fit":  # the same pipeline as tfscale's fit call reads, one step a call
+        dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.global_batch)
+        keras.utils.set_random_seed(config.train.seed)
+        train = dataset_fn(None)
+    else:
+        dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.per_replica)
+        batches = epochs * setup.steps * setup.replicas
+        train = _same_examples(dataset_fn, config.train.seed, batches, setup.global_batch)
+        train = train.repeat()
+    held_out = build_dataset(setup.manifest, data_dir, "test", 256, training=False)
+    fitted.fit(
+        train,
+        epochs=epochs,
+        steps_per_epoch=setup.steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=list(given),
+        validation_data=held_out,
+    )
+    return ours, read()
+
+
 def _same_examples(dataset_fn, seed: int, batches: int, global_batch: int):
     """The examples tfscale's replicas read, in their order, as `fit`'s global batches:
     the first `batches` batches of the training input (made after the same seeding, so
@@ -497,7 +599,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--case", action="append", choices=CASES)
+    parser.add_argument("--case", action="append", choices=CASES + CALLBACK_CASES)
     parser.add_argument("--loop", action="append", choices=LOOPS, help="both by default")
     args = parser.parse_args()
     os.environ.setdefault("TF_DETERMINISTIC_OPS", "1")
@@ -509,6 +611,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         write_case_files(Path(tmp))
         for case in args.case or CASES:
+            if case in CALLBACK_CASES:
+                continue  # trained whole, below
             for strategy in STRATEGIES:
                 for loop in args.loop or LOOPS:
                     if case in TEXT_CASES and loop == "fit" and strategy != "one_device":
@@ -522,14 +626,47 @@ def main() -> int:
                         f"{r.epoch_difference:>8.1e}  {r.examples[0]:,} (fit {r.examples[1]:,})",
                         flush=True,
                     )
+        if not args.case or "callbacks" in args.case:
+            rows += _callback_rows(Path(tmp), args.loop or LOOPS)
     steps = [r.step_difference for r in rows if not math.isnan(r.step_difference)]
-    worst = max(steps, default=0.0), max(r.epoch_difference for r in rows)
+    worst = max(steps, default=0.0), max((r.epoch_difference for r in rows), default=0.0)
     apart = [r for r in rows if r.examples[0] != r.examples[1]]
     print(
         f"largest: steps {worst[0]:.1e} (target 1e-3), epochs {worst[1]:.1e} (target 2e-2); "
-        f"{len(apart)} of {len(rows)} train other examples an epoch than fit (target 0)"
+        f"{len(apart)} of {len(rows)} train other examples an epoch than fit, or stop at "
+        "another epoch, or set other rates (target 0)"
     )
     return 0 if worst[0] <= 1e-3 and worst[1] <= 2e-2 and not apart else 1
+
+
+def _callback_rows(folder: Path, loops: tuple[str, ...]) -> list[Fidelity]:
+    """The `callbacks` case on each strategy and loop (`compare_callbacks`): printed with
+    the epochs each training ran before EarlyStopping stopped it and whether
+    ReduceLROnPlateau set the same rates; as rows whose examples differ where either
+    does not match `fit`."""
+    import numpy as np
+
+    rows = []
+    for strategy in STRATEGIES:
+        for loop in loops:
+            ours, theirs = compare_callbacks(folder, strategy, loop=loop)
+            n = min(ours.epochs, theirs.epochs)
+            a, b = np.array(ours.column("loss")[:n]), np.array(theirs.column("loss")[:n])
+            same = ours.column("learning_rate") == theirs.column("learning_rate")
+            rates = sorted(set(ours.column("learning_rate")), reverse=True)
+            print(
+                f"{'callbacks':<19} {strategy:<11} {loop:<8} {'-':>8} "
+                f"{_relative(a, b):>8.1e}  stopped after {ours.epochs} epochs (fit "
+                f"{theirs.epochs}); rates {', '.join(f'{r:g}' for r in rates)} "
+                f"({'as' if same else 'NOT as'} fit's)",
+                flush=True,
+            )
+            alike = ours.epochs == theirs.epochs and same
+            rows.append(
+                Fidelity("callbacks", strategy, 0, float("nan"), _relative(a, b), loop,
+                         (ours.epochs, ours.epochs if alike else -1))
+            )  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

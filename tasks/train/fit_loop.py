@@ -163,12 +163,14 @@ def fit_epochs(
     per_call: int,
     callbacks: list[Any],
     initial_epoch: int = 0,
+    validation: Any = None,
 ) -> Any:
     """Trains epochs `initial_epoch` (a resumed training's first) to `epochs` of
     `setup.steps` steps in one `fit` call over `dataset_fn`'s global batches (Keras
     reshuffles each epoch; its iterator runs on across the held-out evaluations), in whole
-    executions that divide an epoch (`dividing`), so that an epoch is exactly its steps.
-    Returns Keras's `History`."""
+    executions that divide an epoch (`dividing`), so that an epoch is exactly its steps;
+    `validation`, the held-out batches `fit` evaluates each epoch (for the user's
+    callbacks). Returns Keras's `History`."""
     compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, per_call))
     return setup.model.fit(
         fit_input(dataset_fn, setup.objective),
@@ -179,6 +181,7 @@ def fit_epochs(
         verbose=0,
         shuffle=False,  # the input is shuffled by its seed, each epoch anew
         callbacks=callbacks,
+        validation_data=validation,
     )
 
 

@@ -384,8 +384,12 @@ def make_epoch_runner(setup: Any, dataset_fn: Callable, jit_compile: bool = Fals
     def run_epoch(steps: int, after_steps: Callable[[int], None] = _nothing) -> tuple[float, float]:
         reset()
         run_in_calls(train_steps, steps, setup.steps_per_call, after_steps)
+        return running()
+
+    def running() -> tuple[float, float]:  # the sums so far, as a batch hook reads them
         return float(sums[0].read_value()), float(sums[1].read_value())
 
+    run_epoch.running = running
     return run_epoch
 
 

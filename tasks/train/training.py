@@ -34,6 +34,7 @@ from tfscale.tasks.distribute.builders import cluster_spec_of, replicas_of
 from tfscale.tasks.distribute.run import Run
 from tfscale.tasks.distribute.strategy import StrategyChoice, build_strategy
 from tfscale.tasks.settings.config import TrainConfig
+from tfscale.tasks.train import callbacks
 from tfscale.tasks.train.evaluation import record_final
 from tfscale.tasks.train.keras_meaning import attach, own_train_step
 from tfscale.tasks.train.model_inputs import as_model_takes
@@ -51,7 +52,12 @@ from tfscale.tasks.train.to_target import (
     interval_examples,
     target_of,
 )
-from tfscale.tasks.train.user_models import example_batch, example_labels, parameter_count
+from tfscale.tasks.train.user_models import (
+    example_batch,
+    example_labels,
+    parameter_count,
+    rate_setter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,30 +103,74 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
         cfg, setup.manifest, run.data_dir, setup.per_replica * setup.accum_steps
     )
     clock = _target_clock(run, setup, resumed_step)
-    watch = _watch(setup, choice, cfg, clock)
+    watch = _watch(setup, choice, cfg, clock, _user_callbacks(run, setup))
     run_epoch = setup.epoch_runner(choice, dataset_fn)  # recording where `watch.noise` is set
+    after_steps.on_call = _batch_hooks(watch.called, run_epoch, setup.steps)
+    watch.called.train_begin()
     for epoch in range(start_epoch, cfg.epochs):
         steps = setup.steps - (done_in_epoch if epoch == start_epoch else 0)
         after_steps.epoch_ends_at = after_steps.count + steps
+        watch.called.epoch_begin(epoch)
         history.append(
             _timed_epoch(run_epoch, epoch + 1, steps, setup.step_examples, after_steps, watch)
         )
         # the epoch's record before its checkpoint: a run killed between the two resumes from
-        # the previous checkpoint and cuts the history to it (`[:start_epoch]` above), where
-        # the other order lost the epoch's record (seen once in a whole-suite run)
+        # the previous one, cutting the history to it (the other order lost the record)
         if chief:
             _write_json(run_dir / "evaluations.json", [asdict(e) for e in clock.evaluations])
             _write_json(run_dir / "history.json", history)
         manager.save(checkpoint_number=after_steps.count)
         after_steps.check_preemption()  # at an epoch's end: after its record is written
-        if cfg.stop_at_target and clock.reached:
+        stopped = watch.called.epoch_end(epoch, history[-1])  # by a callback of the model's
+        if stopped or (cfg.stop_at_target and clock.reached):
             break
-    if watch.noise is not None:  # later steps (the measuring rounds') are plain
-        watch.noise.optimizer.noise = None
+    watch.close()
     model_path = _saved(run, setup, manager)
     result = _result(setup, choice, run_dir, model_path, history, resumed_step)
     more = {"gradient_noise": watch.windows, "warmup_epochs": cfg.warmup_epochs}
     return Trained(setup, _with_held_out(result, clock, **more))
+
+
+def _user_callbacks(run: Run, setup: TrainingSetup) -> callbacks.Called:
+    """The callbacks the model's function gave (`tasks.train.callbacks`), over this
+    training, with the held-out split's loss and score as `fit(validation_data=)` logs
+    them where there is a held-out split."""
+    given = callbacks.of(setup.model)
+    held_out = None
+    if given and run.manifest.splits.get("test", 0):
+        batch, score = run.config.evaluate.batch_size, setup.objective.label.score
+        loss = HeldOut(setup.built, setup.manifest, run.data_dir, batch, "loss")
+        scored = HeldOut(setup.built, setup.manifest, run.data_dir, batch, score)
+        held_out = lambda: (loss.accuracy(), scored.accuracy())  # noqa: E731
+    params = {"verbose": 0, "epochs": run.train.epochs, "steps": setup.steps}
+    params.update(score=setup.objective.label.score, step_examples=setup.step_examples)
+    return callbacks.Called(setup.model, setup.optimizer, params, held_out)
+
+
+def _fit_callbacks(run: Run, setup: TrainingSetup) -> tuple[tuple[Any, ...], Any]:
+    """The callbacks the model's function gave, for `fit`, and the held-out batches `fit`
+    evaluates each epoch for them (`validation_data`; None without callbacks or a
+    held-out split)."""
+    given = callbacks.of(setup.model)
+    if not given or not run.manifest.splits.get("test", 0):
+        return given, None
+    from tfscale.tasks.data.inputs import build_dataset
+
+    batch = run.config.evaluate.batch_size
+    held_out = build_dataset(setup.manifest, run.data_dir, "test", batch, training=False)
+    labels = setup.objective.keras_labels
+    return given, held_out.map(lambda x, y: (x, labels(y)))
+
+
+def _batch_hooks(called: callbacks.Called, run_epoch: Any, steps: int) -> Any:
+    """What the step counter calls after each graph call (its steps' first and last
+    count): the callbacks' batch hooks, where a callback has any and the runner reads
+    its running sums (`steps.make_epoch_runner`); other runners', once a part."""
+    running = getattr(run_epoch, "running", None)
+    called.per_call = running is not None  # else once a part (`Called.epoch_part`)
+    if not called.batch_hooks or running is None:
+        return None
+    return lambda first, last: called.batch(first % steps, (last - 1) % steps, running)
 
 
 def _with_held_out(result: TrainResult, clock: TargetClock, **more: Any) -> TrainResult:
@@ -170,7 +220,11 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     )
     records.history.extend(_read_history(run.run_dir)[:start_epoch])
     if not (cfg.stop_at_target and clock.reached):  # a run stopped at its target is done
-        fit_epochs(setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records], start_epoch)
+        given, validation = _fit_callbacks(run, setup)
+        fit_epochs(
+            setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records, *given], start_epoch,
+            validation,
+        )  # fmt: skip
     as_given()
     model_path = _saved(run, setup, manager)
     result = _result(setup, run.choice, run.run_dir, model_path, records.history, resumed_step)
@@ -179,15 +233,18 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     )
 
 
-def _watch(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig, clock: Any) -> _Watch:
+def _watch(
+    setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig, clock: Any, called: Any
+) -> _Watch:
     """What watches the epochs: the held-out `clock`, the gradient noise recorder where
-    the step records it, and AdaScale's gain where the rule adapts to it."""
+    the step records it, AdaScale's gain where the rule adapts to it, and the model's
+    callbacks (`called`)."""
     noise = _gradient_noise(setup, choice, cfg)
     gain = None
     if setup.lr_gain is not None and noise is not None:
         sqrt = setup.lr_scaling == "auto"  # Adam's: the square root of AdaScale's gain
         gain = AdaptiveGain(setup.lr_gain, setup.base_batch, setup.step_examples, sqrt)
-    return _Watch(clock, noise, cfg.stop_at_target, gain, setup.learning_rate)
+    return _Watch(clock, noise, cfg.stop_at_target, gain, setup.learning_rate, called=called)
 
 
 def _saved(run: Run, setup: TrainingSetup, manager: Any) -> Path:
@@ -259,10 +316,13 @@ class _StepCounter:
     def __init__(self, step: tf.Variable, count: int, check: Callable[[], None] | None):
         self.step, self.count, self.check = step, count, check
         self.epoch_ends_at = 0
+        self.on_call: Callable[[int, int], None] | None = None  # (first, last) step counts
 
     def __call__(self, steps: int) -> None:
         self.count += steps
         self.step.assign(self.count)
+        if self.on_call is not None:
+            self.on_call(self.count - steps, self.count)
         if self.count < self.epoch_ends_at:
             self.check_preemption()
 
@@ -339,6 +399,14 @@ class _Watch:
     gain: AdaptiveGain | None = None  # an adaptive learning-rate rule's, fed each window
     learning_rate: float = 0.0  # the training's (named when its loss stops being a number)
     windows: list[dict[str, Any]] = field(default_factory=list)
+    called: Any = None  # the user's callbacks (`callbacks.Called`), told of each part
+
+    def close(self) -> None:
+        """The training ended: its callbacks told; later steps (the measuring rounds')
+        plain, recording no noise scale."""
+        self.called.train_end()
+        if self.noise is not None:
+            self.noise.optimizer.noise = None
 
 
 def _gradient_noise(setup: TrainingSetup, choice: StrategyChoice, cfg: TrainConfig):
@@ -383,11 +451,14 @@ def _timed_epoch(
     done = 0
     evaluate_at = clock.cuts(first, first + steps)
     for cut in sorted({*evaluate_at, first + steps}):
+        done_before = done
         started = time.perf_counter()
         part_loss, part_correct = run_epoch(cut - first - done, after_steps)
         seconds += time.perf_counter() - started
         loss, correct, done = loss + part_loss, correct + part_correct, cut - first
         finite_loss(part_loss, epoch, cut, watch.learning_rate)
+        if watch.called is not None:
+            watch.called.epoch_part(part_loss, part_correct, (first + done_before, cut))
         if watch.noise is not None and (cut in evaluate_at or not clock.on):
             window = {"end_step": cut, **watch.noise.read()}
             if watch.gain is not None:
@@ -641,6 +712,8 @@ def _model_and_optimizer(
             gain = tf.Variable(1.0, trainable=False, name="lr_gain") if rule.adaptive else None
             value = base * static_gain(rule.rule, effective_batch / base_batch)
             schedule = make_warmup_schedule(base, value, cfg.warmup_epochs * steps, gain)
+            if callbacks.of(model) and not rate_setter(model, cfg):  # theirs to set
+                schedule = value  # the same rate, as a number a callback may set
             optimizer = make_optimizer(compiled, schedule)
             rate = dataclasses.replace(rule, value=value, gain=gain)
         if choice.precision == "mixed_float16":

@@ -29,6 +29,7 @@ from tfscale.tasks.core.user_code import (
     plain,
 )
 from tfscale.tasks.data.spec import FeatureSpec
+from tfscale.tasks.train import callbacks
 from tfscale.tasks.train.model_inputs import as_model_takes
 from tfscale.tasks.train.objectives import Built, Objective, loss_name
 
@@ -85,32 +86,15 @@ def user_model(ref: str, spec: FeatureSpec) -> Built:
     import keras
 
     check_ref(ref)
-    if ref.endswith(KERAS_SUFFIX):
-        model = _load_saved(ref)
-    else:
-        function, _ = load_function(ref, "model", ModelError)
-        takes = [
-            p
-            for p in inspect.signature(function).parameters.values()
-            if p.default is inspect.Parameter.empty
-            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        try:
-            model = function(spec) if takes else function()
-        except SystemExit as exc:  # never tfscale's own exit, in silence
-            raise ModelRaised(
-                f"--model {ref} exited ({exited(exc)}) instead of returning a model",
-                "return the model from the function; end nothing there",
-            ) from exc
-        except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
-            raise ModelRaised(
-                f"--model {ref} raised {type(exc).__name__}: {one_line(exc)}",
-                "fix the function (run again with --debug for the traceback)",
-            ) from exc
+    model = _load_saved(ref) if ref.endswith(KERAS_SUFFIX) else _made(ref, spec)
+    if (given := callbacks.split(model)) is not None:  # (model, callbacks), as fit takes them
+        model = given[0]
+        callbacks.keep(model, given[1])
     if not isinstance(model, keras.Model):
         raise ModelError(
             f"--model {ref} returned {type(model).__name__}, not a keras.Model",
-            "return the model (keras.Sequential, keras.Model(inputs, outputs) or a subclass)",
+            "return the model (keras.Sequential, keras.Model(inputs, outputs) or a subclass), "
+            "or the model and a list of Keras callbacks: return model, [callback, ...]",
         )
     _refuse_own_optimizers(ref, model)  # the documented refusal first, before any build
     if not model.built or not model.weights:  # a subclassed model: its variables, now
@@ -123,6 +107,33 @@ def user_model(ref: str, spec: FeatureSpec) -> Built:
                 "tensor), and build it in the function",
             ) from exc
     return Built(model, objective_from(model, spec, ref))
+
+
+def _made(ref: str, spec: FeatureSpec) -> Any:
+    """What the user's model function returns, given the spec where it takes one.
+
+    Raises:
+        ModelRaised: the function raised, or exited.
+    """
+    function, _ = load_function(ref, "model", ModelError)
+    takes = [
+        p
+        for p in inspect.signature(function).parameters.values()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    try:
+        return function(spec) if takes else function()
+    except SystemExit as exc:  # never tfscale's own exit, in silence
+        raise ModelRaised(
+            f"--model {ref} exited ({exited(exc)}) instead of returning a model",
+            "return the model from the function; end nothing there",
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
+        raise ModelRaised(
+            f"--model {ref} raised {type(exc).__name__}: {one_line(exc)}",
+            "fix the function (run again with --debug for the traceback)",
+        ) from exc
 
 
 OWN_OPTIMIZERS_FIX = (
@@ -300,6 +311,7 @@ def check_user_model(
     if run is not None:
         _check_how_trained(ref, model, *run)
         _check_fit_takes(ref, spec, *run)
+        _check_callbacks(ref, model, manifest, run[0])
     _check_own_step(ref, Built(model, objective), features, labels)
 
 
@@ -430,6 +442,36 @@ def _check_fit_takes(ref: str, spec: FeatureSpec, train: Any, choice: Any) -> No
             "train it with tfscale's loop (--loop tfscale), which distributes text, or "
             "--loop fit on one device (--strategy one_device)",
         )
+
+
+def _check_callbacks(ref: str, model: Any, manifest: Any, train: Any) -> None:
+    """The callbacks the model's function gave: each one tfscale's loop calls as `fit`
+    calls it (`tasks.train.callbacks`), or refused here, before anything is measured."""
+    given = callbacks.of(model)
+    if not given:
+        return
+    held_out = manifest.splits.get("test", 0) > 0
+    keys = callbacks.logged_keys(manifest.spec.label.score, held_out)
+    if train.loop == "fit":  # fit logs what it logs; tfscale's checkpoints still resume
+        keys = [getattr(c, "monitor", "") for c in given]
+    found = callbacks.refusal(given, keys, rate_setter(model, train))
+    if found is not None:
+        raise ModelError(f"--model {ref}: its callback {found[0]}", found[1])
+
+
+def rate_setter(model: Any, train: Any) -> str:
+    """What sets the learning rate of `model`'s training besides a callback: its own
+    schedule, tfscale's warm-up, or a rule that adapts it to the noise scale ('' for
+    nothing: the rate is a number a callback may set)."""
+    from tfscale.tasks.train.optimizers import base_rate, compiled_optimizer
+
+    if base_rate(compiled_optimizer(model), train.learning_rate) is None:
+        return "the model's own learning-rate schedule"
+    if train.warmup_epochs > 0:
+        return f"tfscale's warm-up over {train.warmup_epochs} epoch(s) (--warmup-epochs)"
+    if train.lr_scaling in ("auto", "adascale") and train.noise_scale:
+        return f"--lr-scaling {train.lr_scaling}, adapting it to the gradient noise scale,"
+    return ""
 
 
 def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -218,3 +219,22 @@ def test_sample_weights_reach_kerass_own_fit_under_the_fit_loop(cases):
     found = fidelity.compare(cases, "sample_weight", "mirrored", STEPS, EPOCHS, loop="fit")
     assert found.epoch_difference < 2e-2, found
     assert found.examples[0] == found.examples[1], found
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "strategy, loop", [("one_device", "tfscale"), ("mirrored", "tfscale"), ("mirrored", "fit")]
+)
+def test_callbacks_stop_the_training_and_set_its_rate_as_fit_calls_them(cases, strategy, loop):
+    """A model given with ReduceLROnPlateau (on the training loss), EarlyStopping (on the
+    held-out loss) and CSVLogger, trained by tfscale's training run and by the user's own
+    `fit(validation_data=)` on the same examples: the same epochs trained before the stop,
+    the same rates (halved at least once), the same logs within the fidelity bounds."""
+    ours, theirs = fidelity.compare_callbacks(cases, strategy, loop=loop)
+    assert ours.epochs == theirs.epochs < 12, (ours.epochs, theirs.epochs)
+    assert ours.column("learning_rate") == theirs.column("learning_rate")
+    assert min(ours.column("learning_rate")) < max(ours.column("learning_rate"))
+    for key in ("loss", "val_loss"):
+        found = np.array(ours.column(key))
+        expected = np.array(theirs.column(key))
+        assert np.allclose(found, expected, rtol=2e-3, atol=0), (key, found, expected)
