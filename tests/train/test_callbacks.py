@@ -166,8 +166,13 @@ def test_a_callback_that_raises_stops_the_training_naming_it(tmp_path, digits):
     overrides, _, _ = digits
     params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]})
     argv = ["--params", str(params), "train", "--model", "models.py:raising", "--no-diagnose"]
-    code, out, err = run_main([*argv, "--strategy", "one_device", "--epochs", "1"], tmp_path)
+    from tfscale.tasks.train.callbacks import CallbackRaised
+
+    errors = []
+    argv += ["--strategy", "one_device", "--epochs", "1"]
+    code, out, err = run_main(argv, tmp_path, on_error=errors.append)
     assert code == 1, (out, err[-2000:])
+    assert [type(e) for e in errors] == [CallbackRaised]
     said = (
         "the model's callback LambdaCallback raised RuntimeError in on_epoch_end: the report "
         "server is down"
