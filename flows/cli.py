@@ -195,6 +195,13 @@ TRAIN_FLAGS = {
         "train today; one_device and mirrored), timed and evaluated alike",
     ),
     "--steps-per-call": ("train.steps_per_call", int, "training steps per graph call (10)"),
+    "--callbacks": (
+        "train.callbacks",
+        str,
+        "a function giving the training's Keras callbacks (pkg.module:function or "
+        "file.py:function), called by tfscale's loop as fit calls them; a model's function "
+        "may also return them: return model, [callbacks]",
+    ),
     "--class-weight": (
         "train.class_weight",
         str,

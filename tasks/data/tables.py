@@ -31,6 +31,14 @@ _BLOCK_BYTES = 4 << 20  # a table is read this much at a time
 def table_source(path: Path, cfg: PrepareConfig) -> StreamSource:
     """A CSV or Parquet table: `cfg.label` is the target column, every other a feature."""
     types = _table_types(path)
+    named = [name.strip() for name in cfg.label.split(",")]
+    if cfg.label not in types and len(named) > 1 and all(n in types for n in named):
+        raise DatasetError(
+            f"{path}: --label names {len(named)} columns ({', '.join(named)}); tfscale trains "
+            "a model of one label, and would train something else",
+            "name one target column; several 0/1 labels as one multi-label target: save "
+            "them as one array of an .npz (--label-kind multi_label), or train with model.fit",
+        )
     if cfg.label not in types:
         shown = ", ".join(list(types)[:12]) + (", ..." if len(types) > 12 else "")
         raise DatasetError(

@@ -124,6 +124,10 @@ class TrainConfig:
     # a built-in (mlp, cnn, resnet, embedding), the user's: package.module:function,
     # path/to/file.py:function, or a saved .keras file (`tasks.train.user_models`)
     model: str = _spec("cnn", model=True)
+    # a function giving the training's Keras callbacks (package.module:function or
+    # path/to/file.py:function, called with nothing), as fit(callbacks=) takes them, beside
+    # any the model's function gives (`tasks.train.callbacks`); empty: none
+    callbacks: str = ""
     # the file or folder DVC's baseline, train and sweep stages hash for the model (dvc.yaml:
     # ${train.files}): the user's model file or package, or a .keras file; the built-ins'
     # own module by default. Under `dvc repro` train.model's and sweep.model's file must be

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from tfscale.tasks.core.errors import UserError
+from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.user_code import one_line
 
 # the callbacks a model's function gave beside it, by model
@@ -192,6 +192,85 @@ class Called:
 
 class CallbackRaised(UserError):
     """A callback the model's function gave raised: the user's error, in one line."""
+
+
+class CallbackRefused(UsageError):
+    """A callback tfscale cannot call as `fit` calls it (`refusal`), or `train.callbacks`
+    naming no function that gives callbacks."""
+
+
+def configured(model: Any, ref: str) -> None:
+    """Keeps the callbacks `train.callbacks` names (`package.module:function` or
+    `path/to/file.py:function`, called with nothing) beside `model`, after any its own
+    function gave; nothing where `ref` is empty.
+
+    Raises:
+        CallbackRefused: `ref` is no function reference, or the function gives no list of
+            Keras callbacks.
+        CallbackRaised: the function raised.
+    """
+    if not ref:
+        return
+    import keras
+
+    from tfscale.tasks.core.user_code import FUNCTION, load_function
+
+    if FUNCTION.fullmatch(ref) is None:
+        raise CallbackRefused(
+            f"train.callbacks {ref!r}: expected package.module:function or "
+            "path/to/file.py:function",
+            "name the function that returns the callbacks (--callbacks)",
+        )
+    function, _ = load_function(ref, "callbacks", CallbackRefused)
+    try:
+        made = function()
+    except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
+        raise CallbackRaised(
+            f"--callbacks {ref} raised {type(exc).__name__}: {one_line(exc)}",
+            "fix the function (run again with --debug for the traceback)",
+        ) from exc
+    if not isinstance(made, list | tuple) or not all(
+        isinstance(c, keras.callbacks.Callback) for c in made
+    ):
+        raise CallbackRefused(
+            f"--callbacks {ref} returned {type(made).__name__}, not a list of Keras callbacks",
+            "return them as fit(callbacks=) takes them: [keras.callbacks.EarlyStopping(), ...]",
+        )
+    keep(model, (*of(model), *made))
+
+
+def check(model: Any, manifest: Any, train: Any) -> None:
+    """The callbacks kept beside `model`, each one the training (`train`: its
+    `TrainConfig`) calls as `fit` calls it, on data whose held-out split `manifest` says.
+
+    Raises:
+        CallbackRefused: the first it cannot (`refusal`), with the reason.
+    """
+    given = of(model)
+    if not given:
+        return
+    held_out = manifest.splits.get("test", 0) > 0
+    keys = logged_keys(manifest.spec.label.score, held_out)
+    if train.loop == "fit":  # fit logs what it logs; tfscale's checkpoints still resume
+        keys = [getattr(c, "monitor", "") for c in given]
+    found = refusal(given, keys, rate_setter(model, train))
+    if found is not None:
+        raise CallbackRefused(f"the training's callback {found[0]}", found[1])
+
+
+def rate_setter(model: Any, train: Any) -> str:
+    """What sets the learning rate of `model`'s training besides a callback: its own
+    schedule, tfscale's warm-up, or a rule that adapts it to the noise scale ('' for
+    nothing: the rate is a number a callback may set)."""
+    from tfscale.tasks.train.optimizers import base_rate, compiled_optimizer
+
+    if base_rate(compiled_optimizer(model), train.learning_rate) is None:
+        return "the model's own learning-rate schedule"
+    if train.warmup_epochs > 0:
+        return f"tfscale's warm-up over {train.warmup_epochs} epoch(s) (--warmup-epochs)"
+    if train.lr_scaling in ("auto", "adascale") and train.noise_scale:
+        return f"--lr-scaling {train.lr_scaling}, adapting it to the gradient noise scale,"
+    return ""
 
 
 def _overrides(callback: Any, hooks: Sequence[str]) -> bool:

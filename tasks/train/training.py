@@ -52,12 +52,7 @@ from tfscale.tasks.train.to_target import (
     interval_examples,
     target_of,
 )
-from tfscale.tasks.train.user_models import (
-    example_batch,
-    example_labels,
-    parameter_count,
-    rate_setter,
-)
+from tfscale.tasks.train.user_models import example_batch, example_labels, parameter_count
 
 log = logging.getLogger(__name__)
 
@@ -702,6 +697,8 @@ def _model_and_optimizer(
             return made[-1].model
 
         model = choice.spec.place_model(strategy, build, cfg.seed, effective_batch)
+        callbacks.configured(model, cfg.callbacks)  # beside any the model's function gave
+        callbacks.check(model, manifest, cfg)
         built = Built(model, _class_weighted(made[-1].objective, cfg))
         compiled = compiled_optimizer(model)
         base = base_rate(compiled, cfg.learning_rate)
@@ -712,7 +709,7 @@ def _model_and_optimizer(
             gain = tf.Variable(1.0, trainable=False, name="lr_gain") if rule.adaptive else None
             value = base * static_gain(rule.rule, effective_batch / base_batch)
             schedule = make_warmup_schedule(base, value, cfg.warmup_epochs * steps, gain)
-            if callbacks.of(model) and not rate_setter(model, cfg):  # theirs to set
+            if callbacks.of(model) and not callbacks.rate_setter(model, cfg):  # theirs to set
                 schedule = value  # the same rate, as a number a callback may set
             optimizer = make_optimizer(compiled, schedule)
             rate = dataclasses.replace(rule, value=value, gain=gain)

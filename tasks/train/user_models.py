@@ -445,33 +445,15 @@ def _check_fit_takes(ref: str, spec: FeatureSpec, train: Any, choice: Any) -> No
 
 
 def _check_callbacks(ref: str, model: Any, manifest: Any, train: Any) -> None:
-    """The callbacks the model's function gave: each one tfscale's loop calls as `fit`
-    calls it (`tasks.train.callbacks`), or refused here, before anything is measured."""
-    given = callbacks.of(model)
-    if not given:
-        return
-    held_out = manifest.splits.get("test", 0) > 0
-    keys = callbacks.logged_keys(manifest.spec.label.score, held_out)
-    if train.loop == "fit":  # fit logs what it logs; tfscale's checkpoints still resume
-        keys = [getattr(c, "monitor", "") for c in given]
-    found = callbacks.refusal(given, keys, rate_setter(model, train))
-    if found is not None:
-        raise ModelError(f"--model {ref}: its callback {found[0]}", found[1])
-
-
-def rate_setter(model: Any, train: Any) -> str:
-    """What sets the learning rate of `model`'s training besides a callback: its own
-    schedule, tfscale's warm-up, or a rule that adapts it to the noise scale ('' for
-    nothing: the rate is a number a callback may set)."""
-    from tfscale.tasks.train.optimizers import base_rate, compiled_optimizer
-
-    if base_rate(compiled_optimizer(model), train.learning_rate) is None:
-        return "the model's own learning-rate schedule"
-    if train.warmup_epochs > 0:
-        return f"tfscale's warm-up over {train.warmup_epochs} epoch(s) (--warmup-epochs)"
-    if train.lr_scaling in ("auto", "adascale") and train.noise_scale:
-        return f"--lr-scaling {train.lr_scaling}, adapting it to the gradient noise scale,"
-    return ""
+    """The callbacks the model's function gave (and `train.callbacks`'): each one
+    tfscale's loop calls as `fit` calls it (`tasks.train.callbacks`), or refused here,
+    before anything is measured, naming the model."""
+    callbacks.configured(model, train.callbacks)
+    try:
+        callbacks.check(model, manifest, train)
+    except callbacks.CallbackRefused as exc:
+        what = exc.message.removeprefix("the training's callback ")
+        raise ModelError(f"--model {ref}: its callback {what}", exc.fix) from None
 
 
 def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:

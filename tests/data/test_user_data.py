@@ -1009,3 +1009,15 @@ def test_a_users_module_importing_tensorflow_keeps_its_start_up_lines_off_the_co
     )
     assert proc.returncode == 0 and "loaded make" in proc.stdout, proc.stderr[-2000:]
     assert proc.stderr == "", proc.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_several_label_columns_are_refused_naming_them_before_any_shard(tmp_path):
+    """`--label a,b` (two targets, a model of two outputs): refused rather than read as
+    one column's name, with the multi-label form tfscale takes."""
+    rows = "\n".join(f"{i},{i % 2},{i % 3 == 0:d}" for i in range(30))
+    (tmp_path / "t.csv").write_text("x,a,b\n" + rows + "\n")
+    with pytest.raises(DatasetError, match=r"--label names 2 columns \(a, b\)") as caught:
+        prepare(tmp_path, str(tmp_path / "t.csv"), label="a,b")
+    assert "--label-kind multi_label" in caught.value.fix
+    assert not list(tmp_path.rglob("manifest.json"))

@@ -50,6 +50,14 @@ def raising(spec):
     return _model(spec), [keras.callbacks.LambdaCallback(on_epoch_end=fail)]
 
 
+def logging():
+    return [keras.callbacks.CSVLogger("epochs.csv"), keras.callbacks.EarlyStopping("loss")]
+
+
+def not_a_list():
+    return keras.callbacks.CSVLogger("epochs.csv")
+
+
 def carried(spec):
     """What users' fit calls carry, each leaving something to look at."""
     def batch_end(batch, logs):
@@ -178,3 +186,40 @@ def test_a_callback_that_raises_stops_the_training_naming_it(tmp_path, digits):
         "server is down"
     )
     assert said in err and "this is a bug in tfscale" not in err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "ref, said",
+    [
+        ("models.py:not_a_list", "returned CSVLogger, not a list of Keras callbacks"),
+        ("early_stopping", "train.callbacks 'early_stopping': expected package.module:function"),
+    ],
+)
+def test_callbacks_named_by_the_config_that_are_none_are_refused(tmp_path, digits, ref, said):
+    from tfscale.tasks.train.callbacks import CallbackRefused, configured
+    from tfscale.tasks.train.models import model_for_data
+
+    (tmp_path / "models.py").write_text(MODELS)
+    _, manifest, _ = digits
+    model = model_for_data("mlp", manifest.spec).model
+    with pytest.raises(CallbackRefused, match=re.escape(said)):
+        configured(model, ref.replace("models.py", str(tmp_path / "models.py")))
+
+
+@pytest.mark.integration
+def test_a_built_in_model_trains_with_the_callbacks_the_config_names(tmp_path, digits):
+    """`--callbacks file.py:function` beside a built-in model: its CSVLogger writes every
+    epoch the training ran, as the run's history records them."""
+    from helpers import run_main, tiny_params
+
+    (tmp_path / "models.py").write_text(MODELS)
+    overrides, _, _ = digits
+    params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]})
+    argv = ["--params", str(params), "train", "--model", "mlp", "--callbacks", "models.py:logging"]
+    code, out, err = run_main([*argv, "--strategy", "one_device", "--no-diagnose"], tmp_path)
+    assert code == 0, err[-2000:]
+    history = json.loads(next((tmp_path / "runs").rglob("history.json")).read_text())
+    with (tmp_path / "epochs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["loss"]) for r in rows] == pytest.approx([h["loss"] for h in history])
