@@ -18,7 +18,8 @@ table: an uncompiled model ending in a sigmoid, one input over the packed numeri
 columns, and keras-io's `StringLookup` on a text column. Two train with class weights
 (`CLASS_WEIGHTS`; the user's fit is given the same `class_weight`): pairs on a compiled
 model, `balanced` on an uncompiled one. One trains on arrays that weigh each example
-(`WEIGHTED_CASES`; the user's fit takes the weights as its dataset's third part). One,
+(`WEIGHTED_CASES`; the user's fit takes the weights as its dataset's third part), and one
+on arrays of three 0/1 labels an example (`MULTI_LABEL_CASES`). One,
 `callbacks`, gives ReduceLROnPlateau, EarlyStopping and CSVLogger beside the model and is
 trained whole by tfscale's training run and by the user's `fit(validation_data=)`: the
 row says after how many epochs each stopped and whether the rates were the same.
@@ -240,6 +241,14 @@ def sample_weight(spec):
     return class_weight(spec)
 
 
+def multi_label(spec):
+    """Compiled on logits of several 0/1 labels at once (binary cross-entropy over each)."""
+    inputs, hidden = _body(spec)
+    model = keras.Model(inputs, layers.Dense(spec.label.outputs)(hidden))
+    model.compile(keras.optimizers.Adam(1e-2), keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
 def callbacks(spec):
     """Compiled on logits, with the callbacks users' fit calls carry: the rate halved when
     the training loss stalls, the training stopped when the held-out loss does, and each
@@ -266,7 +275,7 @@ COLOURS = ["red", "green", "blue"]
 CASES = (
     "l2_dropout_bn", "add_loss", "compute_loss", "train_step", "own_loss", "sgd_clipnorm",
     "schedule", "uncompiled_sigmoid", "packed", "string_lookup", "class_weight", "balanced",
-    "sample_weight",
+    "sample_weight", "multi_label",
 )  # fmt: skip
 # the case trained whole, its callbacks called (`compare_callbacks`): not step by step
 CALLBACK_CASES = ("callbacks",)
@@ -279,6 +288,8 @@ CLASS_WEIGHTS = {"class_weight": "0=1,1=3,2=0.5", "balanced": "balanced"}
 # the cases on the arrays with each example's weight (`weighted.npz`: the user's fit takes
 # the same weights as the dataset's third part)
 WEIGHTED_CASES = ("sample_weight",)
+# the cases on arrays of several 0/1 labels an example (`labels.npz`: a multi-label target)
+MULTI_LABEL_CASES = ("multi_label",)
 TEXT_CASES = ("string_lookup",)
 STRATEGIES = {"one_device": 1, "mirrored": 2}
 LOOPS = ("tfscale", "fit")  # `fit`: tfscale's `--loop fit` against the user's own fit
@@ -311,6 +322,8 @@ def write_case_files(folder: Path) -> None:
     np.savez(folder / "table.npz", x=x, y=y)
     weights = rng.uniform(0.0, 3.0, ROWS).astype("float32") * (1 + (y == 2))  # far from even
     np.savez(folder / "weighted.npz", x=x, y=y, sample_weight=weights)
+    several = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0.5, x[:, 3] < -0.3], axis=1)
+    np.savez(folder / "labels.npz", x=x, y=several.astype("int64"))
     colour = rng.choice(["red", "green", "blue"], ROWS)
     table = pd.DataFrame(x[:, :4], columns=["a", "b", "c", "d"]).round(4)
     table["colour"] = colour
@@ -555,6 +568,7 @@ def _same_examples(dataset_fn, seed: int, batches: int, global_batch: int):
 def _values(folder: Path, case: str, strategy: str) -> dict:
     table = case in TABLE_CASES
     arrays = "weighted.npz" if case in WEIGHTED_CASES else "table.npz"
+    arrays = "labels.npz" if case in MULTI_LABEL_CASES else arrays
     return {
         "prepare.dataset": str(folder / ("mixed.csv" if table else arrays)),
         "prepare.label": "target" if table else "label",

@@ -894,6 +894,7 @@ CHECKED_ELSEWHERE = {  # the test file that raises or catches it, by name, and w
     "ModelRaised": ("tests/train/test_user_models.py", "a user's model function that raises"),
     "UnknownStrategy": ("tests/distribute/test_strategy.py", "a kind no registry has"),
     "CallbackRaised": ("tests/train/test_callbacks.py", "a model's callback that raises"),
+    "CallbackRefused": ("tests/train/test_callbacks.py", "--callbacks giving no callbacks"),
 }
 
 

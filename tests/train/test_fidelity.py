@@ -208,6 +208,13 @@ def test_class_weights_reach_kerass_own_fit_under_the_fit_loop(cases):
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_a_multi_label_model_trains_as_fit_trains_it(cases, strategy):
+    """Three 0/1 labels an example (an .npz's (n, 3) array, read as multi-label), a model
+    of three logits compiled with binary cross-entropy: each step's loss as fit's."""
+    _agrees(fidelity.compare(cases, "multi_label", strategy, STEPS, EPOCHS))
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_sample_weights_train_as_fits_sample_weight_trains_them(cases, strategy):
     """Arrays with a `sample_weight` array (far from even: 0 to 6): each example's loss
     weighed as `fit` weighs a dataset's (x, y, w), on one device and under Mirrored."""
