@@ -37,6 +37,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -429,14 +430,7 @@ def compare_once(
             fitted.compile(keras.optimizers.Adam(rate), built.objective.keras_loss())
     if weights_digest(fitted) != start:
         raise StartsApart(f"{case}: fit's model does not start from tfscale's weights")
-    if loop == "fit":  # the user's fit on the same pipeline, one step an execution
-        keras.utils.set_random_seed(config.train.seed)
-        labels = built.objective.keras_labels  # the batches as the user hands them to fit
-        train = dataset_fn(None).map(lambda x, y, *w: (x, labels(y), *w))
-    else:
-        batches = epochs * setup.steps * setup.replicas
-        train = _same_examples(dataset_fn, config.train.seed, batches, setup.global_batch)
-        train = train.repeat()
+    train = _users_input(config.train, setup, data_dir, epochs, loop)
     losses = StepLosses()
     fitted.fit(
         train,
@@ -499,8 +493,9 @@ def compare_callbacks(
     from tfscale.tasks.distribute.run import Run
     from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.settings.config import load_config
+    from tfscale.tasks.train.callbacks import of
     from tfscale.tasks.train.models import model_for_data
-    from tfscale.tasks.train.training import train_dataset_fn, train_model
+    from tfscale.tasks.train.training import train_model
 
     logged = folder / "callbacks.csv"
     os.environ["CALLBACKS_CSV"] = str(logged)
@@ -524,19 +519,8 @@ def compare_callbacks(
     ours = read()
     keras.utils.set_random_seed(config.train.seed)
     with setup.strategy.scope():
-        fitted, given = model_for_data(config.train.model, manifest.spec).model, None
-        from tfscale.tasks.train.callbacks import of
-
-        given = of(fitted)
-    if loop == "fit":  # the same pipeline as tfscale's fit call reads, one step a call
-        dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.global_batch)
-        keras.utils.set_random_seed(config.train.seed)
-        train = dataset_fn(None)
-    else:
-        dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.per_replica)
-        batches = epochs * setup.steps * setup.replicas
-        train = _same_examples(dataset_fn, config.train.seed, batches, setup.global_batch)
-        train = train.repeat()
+        fitted = model_for_data(config.train.model, manifest.spec).model
+    train = _users_input(config.train, setup, data_dir, epochs, loop)
     held_out = build_dataset(setup.manifest, data_dir, "test", 256, training=False)
     fitted.fit(
         train,
@@ -544,10 +528,29 @@ def compare_callbacks(
         steps_per_epoch=setup.steps,
         verbose=0,
         shuffle=False,
-        callbacks=list(given),
+        callbacks=list(of(fitted)),  # what the model's function gave beside it
         validation_data=held_out,
     )
     return ours, read()
+
+
+def _users_input(train: Any, setup: Any, data_dir: str, epochs: int, loop: str) -> Any:
+    """The input the user's own `fit` takes, beside tfscale's training of `setup` (its
+    `train` config): under `loop` fit, the same pipeline as tfscale's `fit` call reads
+    (global batches, reseeded, labels as the model's loss takes them, any weights third);
+    else the examples tfscale's replicas read, in their order (`_same_examples`)."""
+    import keras
+
+    from tfscale.tasks.train.training import train_dataset_fn
+
+    if loop == "fit":
+        dataset_fn = train_dataset_fn(train, setup.manifest, data_dir, setup.global_batch)
+        keras.utils.set_random_seed(train.seed)
+        labels = setup.objective.keras_labels  # the batches as the user hands them to fit
+        return dataset_fn(None).map(lambda x, y, *w: (x, labels(y), *w))
+    dataset_fn = train_dataset_fn(train, setup.manifest, data_dir, setup.per_replica)
+    batches = epochs * setup.steps * setup.replicas
+    return _same_examples(dataset_fn, train.seed, batches, setup.global_batch).repeat()
 
 
 def _same_examples(dataset_fn, seed: int, batches: int, global_batch: int):

@@ -255,6 +255,27 @@ def no_arguments(path: Path | str) -> Iterator[None]:
         sys.argv = saved
 
 
+def called(function: Callable, args: tuple, named: str, thing: str, error: type[UserError]) -> Any:
+    """What the user's `function` returns for `args`; `named` is how the user named it
+    (`--model mine.py:build`), `thing` what it returns (`model`, `dataset`).
+
+    Raises:
+        error: the function raised, or exited (never tfscale's own exit, in silence).
+    """
+    try:
+        return function(*args)
+    except SystemExit as exc:
+        raise error(
+            f"{named} exited ({exited(exc)}) instead of returning a {thing}",
+            f"return the {thing} from the function; end nothing there",
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
+        raise error(
+            f"{named} raised {type(exc).__name__}: {one_line(exc)}",
+            "fix the function (run again with --debug for the traceback)",
+        ) from exc
+
+
 def one_line(exc: BaseException) -> str:
     """An exception's message, its first line (at most 300 characters), without the
     terminal's colour codes Keras puts in some (`plain`)."""

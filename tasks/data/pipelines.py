@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tfscale.tasks.core.user_code import exited, load_function, one_line
+from tfscale.tasks.core.user_code import called, load_function
 from tfscale.tasks.data.datasets import DatasetError
 from tfscale.tasks.data.spec import Feature
 from tfscale.tasks.data.streams import WEIGHT, Chunk, StreamSource, add_to_digest
@@ -48,18 +48,7 @@ def _made(function: Callable[[], Any], cfg: PrepareConfig) -> dict[str | None, A
     seeded shuffle then gives the same examples each time), by split (None: one)."""
     import tensorflow as tf
 
-    try:
-        made = function()
-    except SystemExit as exc:  # never tfscale's own exit, in silence
-        raise DatasetError(
-            f"{cfg.dataset} exited ({exited(exc)}) instead of returning a dataset",
-            "return the dataset from the function; end nothing there",
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
-        raise DatasetError(
-            f"{cfg.dataset} raised {type(exc).__name__}: {one_line(exc)}",
-            "fix the function (run again with --debug for the traceback)",
-        ) from exc
+    made = called(function, (), cfg.dataset, "dataset", DatasetError)
     datasets = made if isinstance(made, dict) else {None: made}
     for split, ds in datasets.items():
         where = f" under {split!r}" if split else ""

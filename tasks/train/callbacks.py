@@ -114,11 +114,19 @@ class Called:
     """The user's callbacks over one training run (`of` the model), called as `fit` calls
     them; every call does nothing where there are none."""
 
-    def __init__(self, model: Any, optimizer: Any, params: dict[str, Any], held_out: Any):
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        params: dict[str, Any],
+        held_out: Any,
+        score: str,
+        step_examples: int,
+    ):
         self.callbacks = of(model)
         self.model = model
         # the label kind's score (its logs' key) and the examples of a step
-        self.score, self.step_examples = params.pop("score"), params.pop("step_examples")
+        self.score, self.step_examples = score, step_examples
         self.steps = params["steps"]
         self.per_call = True  # the batch hooks called after each graph call (`batch`)
         self.held_out = held_out  # (loss, score) on the held-out split, or None
@@ -207,13 +215,13 @@ def configured(model: Any, ref: str) -> None:
     Raises:
         CallbackRefused: `ref` is no function reference, or the function gives no list of
             Keras callbacks.
-        CallbackRaised: the function raised.
+        CallbackRaised: the function raised, or exited.
     """
     if not ref:
         return
     import keras
 
-    from tfscale.tasks.core.user_code import FUNCTION, load_function
+    from tfscale.tasks.core.user_code import FUNCTION, called, load_function
 
     if FUNCTION.fullmatch(ref) is None:
         raise CallbackRefused(
@@ -222,13 +230,7 @@ def configured(model: Any, ref: str) -> None:
             "name the function that returns the callbacks (--callbacks)",
         )
     function, _ = load_function(ref, "callbacks", CallbackRefused)
-    try:
-        made = function()
-    except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
-        raise CallbackRaised(
-            f"--callbacks {ref} raised {type(exc).__name__}: {one_line(exc)}",
-            "fix the function (run again with --debug for the traceback)",
-        ) from exc
+    made = called(function, (), f"--callbacks {ref}", "list of callbacks", CallbackRaised)
     if not isinstance(made, list | tuple) or not all(
         isinstance(c, keras.callbacks.Callback) for c in made
     ):
@@ -239,21 +241,25 @@ def configured(model: Any, ref: str) -> None:
     keep(model, (*of(model), *made))
 
 
-def check(model: Any, manifest: Any, train: Any) -> None:
-    """The callbacks kept beside `model`, each one the training (`train`: its
-    `TrainConfig`) calls as `fit` calls it, on data whose held-out split `manifest` says.
-
-    Raises:
-        CallbackRefused: the first it cannot (`refusal`), with the reason.
-    """
+def refused(model: Any, manifest: Any, train: Any) -> tuple[str, str] | None:
+    """(what, fix) for the first callback kept beside `model` that the training (`train`:
+    its `TrainConfig`, on data whose held-out split `manifest` says) cannot call as `fit`
+    calls it (`refusal`); None where it can call them all."""
     given = of(model)
     if not given:
-        return
+        return None
     held_out = manifest.splits.get("test", 0) > 0
     keys = logged_keys(manifest.spec.label.score, held_out)
     if train.loop == "fit":  # fit logs what it logs; tfscale's checkpoints still resume
         keys = [getattr(c, "monitor", "") for c in given]
-    found = refusal(given, keys, rate_setter(model, train))
+    return refusal(given, keys, rate_setter(model, train))
+
+
+def check(model: Any, manifest: Any, train: Any) -> None:
+    """Raises:
+    CallbackRefused: a callback kept beside `model` the training cannot call as `fit`
+        calls it (`refused`), with the reason."""
+    found = refused(model, manifest, train)
     if found is not None:
         raise CallbackRefused(f"the training's callback {found[0]}", found[1])
 

@@ -131,15 +131,16 @@ def _user_callbacks(run: Run, setup: TrainingSetup) -> callbacks.Called:
     training, with the held-out split's loss and score as `fit(validation_data=)` logs
     them where there is a held-out split."""
     given = callbacks.of(setup.model)
-    held_out = None
+    held_out, score = None, setup.objective.label.score
     if given and run.manifest.splits.get("test", 0):
-        batch, score = run.config.evaluate.batch_size, setup.objective.label.score
+        batch = run.config.evaluate.batch_size
         loss = HeldOut(setup.built, setup.manifest, run.data_dir, batch, "loss")
         scored = HeldOut(setup.built, setup.manifest, run.data_dir, batch, score)
         held_out = lambda: (loss.accuracy(), scored.accuracy())  # noqa: E731
-    params = {"verbose": 0, "epochs": run.train.epochs, "steps": setup.steps}
-    params.update(score=setup.objective.label.score, step_examples=setup.step_examples)
-    return callbacks.Called(setup.model, setup.optimizer, params, held_out)
+    params = {"verbose": 0, "epochs": run.train.epochs, "steps": setup.steps}  # as fit's
+    return callbacks.Called(
+        setup.model, setup.optimizer, params, held_out, score, setup.step_examples
+    )
 
 
 def _fit_callbacks(run: Run, setup: TrainingSetup) -> tuple[tuple[Any, ...], Any]:

@@ -22,7 +22,7 @@ from typing import Any
 from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.label_kinds import KINDS, mismatch_fix
 from tfscale.tasks.core.user_code import (
-    exited,
+    called,
     is_function_ref,
     load_function,
     one_line,
@@ -122,18 +122,7 @@ def _made(ref: str, spec: FeatureSpec) -> Any:
         if p.default is inspect.Parameter.empty
         and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    try:
-        return function(spec) if takes else function()
-    except SystemExit as exc:  # never tfscale's own exit, in silence
-        raise ModelRaised(
-            f"--model {ref} exited ({exited(exc)}) instead of returning a model",
-            "return the model from the function; end nothing there",
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - the user's function: whatever it raises
-        raise ModelRaised(
-            f"--model {ref} raised {type(exc).__name__}: {one_line(exc)}",
-            "fix the function (run again with --debug for the traceback)",
-        ) from exc
+    return called(function, (spec,) if takes else (), f"--model {ref}", "model", ModelRaised)
 
 
 OWN_OPTIMIZERS_FIX = (
@@ -449,11 +438,9 @@ def _check_callbacks(ref: str, model: Any, manifest: Any, train: Any) -> None:
     tfscale's loop calls as `fit` calls it (`tasks.train.callbacks`), or refused here,
     before anything is measured, naming the model."""
     callbacks.configured(model, train.callbacks)
-    try:
-        callbacks.check(model, manifest, train)
-    except callbacks.CallbackRefused as exc:
-        what = exc.message.removeprefix("the training's callback ")
-        raise ModelError(f"--model {ref}: its callback {what}", exc.fix) from None
+    found = callbacks.refused(model, manifest, train)
+    if found is not None:
+        raise ModelError(f"--model {ref}: its callback {found[0]}", found[1])
 
 
 def _check_how_trained(ref: str, model: Any, train: Any, choice: Any) -> None:
