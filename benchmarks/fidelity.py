@@ -31,6 +31,7 @@ case, both strategies, both loops.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -308,6 +309,8 @@ class Fidelity:
     epoch_difference: float
     loop: str = "tfscale"
     examples: tuple[int, int] = (0, 0)  # trained per epoch: tfscale's, the user's fit's
+    # with `noise`: the noise scale's mean norms over the training (`GradientNoise.read`)
+    noise: dict[str, Any] | None = None
 
 
 def write_case_files(folder: Path) -> None:
@@ -370,7 +373,7 @@ def compare_once(
     epoch here) and with the user's own `model.fit` (under `loop` fit: on the same
     pipeline, one step an execution), each from the same seeded start on the same
     examples in the same order, and measures how far apart their losses
-    are, and the examples each trained an epoch. With `noise`, tfscale's loop records the
+    are, and the examples each trained an epoch. With `noise`, the loop (either) records the
     gradient noise scale at every step, as a training that measures it does."""
     import keras
     import numpy as np
@@ -381,7 +384,7 @@ def compare_once(
     from tfscale.tasks.distribute.run import with_class_weights
     from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.settings.config import load_config
-    from tfscale.tasks.train.fit_loop import fit_epochs
+    from tfscale.tasks.train.fit_loop import NoiseRecording, fit_epochs
     from tfscale.tasks.train.models import model_for_data
     from tfscale.tasks.train.training import (
         _gradient_noise,
@@ -400,7 +403,8 @@ def compare_once(
     choice = select_strategy(detect_hardware(), config.train)
     setup = set_up_training(config.train, manifest, choice)
     start = weights_digest(setup.model)
-    if noise and _gradient_noise(setup, choice, config.train) is None:
+    recorder = _gradient_noise(setup, choice, config.train) if noise else None
+    if noise and recorder is None:
         raise AssertionError(f"{case}: no gradient noise scale recorded on {strategy}")
     # the features as the model takes them (one packed vector, say); `--loop fit` reads
     # global batches, as its training does
@@ -408,7 +412,9 @@ def compare_once(
     dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, batch)
     if loop == "fit":  # one fit call, as `--loop fit` trains (`training._train_with_fit`)
         keras.utils.set_random_seed(config.train.seed)  # as `_same_examples` reads them
-        history = fit_epochs(setup, dataset_fn, epochs, config.train.steps_per_call, [])
+        recording = [NoiseRecording(recorder)] if recorder is not None else []
+        train = dataclasses.replace(config.train, epochs=epochs)
+        history = fit_epochs(setup, dataset_fn, train, (recording, None))
         ours = np.array(history.history["loss"])
         trained = int(setup.optimizer.iterations.numpy()) // epochs
     else:
@@ -444,11 +450,11 @@ def compare_once(
     theirs = np.array(losses.losses)
     by_epoch = (epochs, setup.steps)
     examples = (trained * setup.global_batch, setup.steps * setup.global_batch)
+    norms = recorder.read() if recorder is not None else None
     if loop == "fit":
         theirs_by_epoch = theirs.reshape(by_epoch).mean(1)
-        return Fidelity(
-            case, strategy, steps, float("nan"), _relative(ours, theirs_by_epoch), loop, examples
-        )
+        epoch_difference = _relative(ours, theirs_by_epoch)
+        return Fidelity(case, strategy, steps, math.nan, epoch_difference, loop, examples, norms)
     return Fidelity(
         case,
         strategy,
@@ -457,6 +463,7 @@ def compare_once(
         _relative(ours.reshape(by_epoch).mean(1), theirs.reshape(by_epoch).mean(1)),
         loop,
         examples,
+        norms,
     )
 
 

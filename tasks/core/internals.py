@@ -2,16 +2,18 @@
 written against (`WRITTEN_FOR`). `tests/core/test_internals.py` checks each one's behaviour on
 the installed versions, so an upgrade that changes it fails there, not in a training run.
 
-Other places subclass or read a library's private names, each where the behaviour it
-changes lives and each covered by its own test: Keras's optimizer hooks in
-`tasks/train/steps.py` (`_all_reduce_sum_gradients`, the one place a replica's gradient
-and the all-reduced one both exist; Adam's `_momentums`, `_velocities` and
-`_get_variable_index`); a compiled optimizer's `_learning_rate` (`tasks/train/optimizers.py`:
-a schedule, which the public `learning_rate` evaluates); a compiled loss wrapper's
-`_fn_kwargs` (`tasks/train/user_models.py`: `from_logits`); a `keras.Sequential`'s
-`_functional` graph (`tasks/train/stage_plan.py`: its operations in order); and the MLflow
-server's store in `tasks/track/ui.py` (`_get_tracking_store`, read for the runs table's
-saved views).
+Other places subclass or read a library's private names, each where the behaviour it changes
+lives and each covered by its own test: Keras's optimizer hooks in `tasks/train/steps.py`
+(`_all_reduce_sum_gradients`, the one place a replica's gradient and the all-reduced one
+both exist; Adam's `_momentums`, `_velocities` and `_get_variable_index`); Keras's own
+TensorFlow `train_step`, written out in `tasks/train/fit_loop.py` (`recording_train_step`:
+`_compute_loss`, `_loss_tracker`, `_call_has_training_arg`, `unscale_loss_for_distribution`,
+`unpack_x_y_sample_weight`: the noise scale's half batch under `--loop fit`); a compiled
+optimizer's `_learning_rate` (`tasks/train/optimizers.py`: a schedule, which the public
+`learning_rate` evaluates); a compiled loss wrapper's `_fn_kwargs`
+(`tasks/train/user_models.py`: `from_logits`); a `keras.Sequential`'s `_functional` graph
+(`tasks/train/stage_plan.py`: its operations in order); and the MLflow server's store in
+`tasks/track/ui.py` (`_get_tracking_store`, read for the runs table's saved views).
 """
 
 from __future__ import annotations

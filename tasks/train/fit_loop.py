@@ -11,6 +11,7 @@ others are refused as the strategy is chosen).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -115,9 +116,12 @@ class EpochRecords(keras.callbacks.Callback):
         written: Callable[[dict[str, float]], None],
         score_name: str = "accuracy",
         finite: Callable[[float, int, int], None] = lambda loss, epoch, step: None,
+        window: Callable[[int], None] = lambda step: None,
     ):
         super().__init__()
         self.finite = finite  # (loss, epoch, step): stops a training whose loss is not a number
+        # (step): the noise scale's window to the step, read where tfscale's loop reads it
+        self.window = window
         self.score_name = score_name  # the label kind's (`Label.score`)
         self.clock, self.steps, self.step_examples = clock, steps, step_examples
         self.stop_at_target, self.written = stop_at_target, written
@@ -135,6 +139,7 @@ class EpochRecords(keras.callbacks.Callback):
         step = self.first + self.done
         if self.cuts and step >= self.cuts[0]:
             self.cuts = [c for c in self.cuts if c > step]
+            self.window(step)
             self.evaluating += self.clock.evaluate(step)
             if self.stop_at_target and self.clock.reached:
                 self.model.stop_training = True
@@ -144,6 +149,8 @@ class EpochRecords(keras.callbacks.Callback):
         examples = self.done * self.step_examples
         loss, score = float(logs["loss"]), logged_score(logs, self.score_name)
         self.finite(loss, epoch + 1, self.first + self.done)
+        if not self.clock.on:  # no evaluations to read it at: each epoch's end
+            self.window(self.first + self.done)
         record = self.clock.epoch_record(epoch + 1, self.first, loss, score, seconds, examples)
         self.history.append(record)
         self.written(record)
@@ -159,22 +166,21 @@ def dividing(steps: int, per_call: int) -> int:
 def fit_epochs(
     setup: Any,
     dataset_fn: Callable,
-    epochs: int,
-    per_call: int,
-    callbacks: list[Any],
+    cfg: Any,
+    callbacks: tuple[list[Any], Any],
     initial_epoch: int = 0,
-    validation: Any = None,
 ) -> Any:
-    """Trains epochs `initial_epoch` (a resumed training's first) to `epochs` of
+    """Trains epochs `initial_epoch` (a resumed training's first) to `cfg.epochs` of
     `setup.steps` steps in one `fit` call over `dataset_fn`'s global batches (Keras
     reshuffles each epoch; its iterator runs on across the held-out evaluations), in whole
-    executions that divide an epoch (`dividing`), so that an epoch is exactly its steps;
-    `validation`, the held-out batches `fit` evaluates each epoch (for the user's
-    callbacks). Returns Keras's `History`."""
-    compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, per_call))
+    executions that divide an epoch (`dividing` `cfg.steps_per_call`), so that an epoch is
+    exactly its steps. `callbacks`: fit's, and the held-out batches it evaluates each epoch
+    for the user's (`validation_data`, or None). Returns Keras's `History`."""
+    callbacks, validation = callbacks
+    compile_for_fit(setup.built, setup.optimizer, dividing(setup.steps, cfg.steps_per_call))
     return setup.model.fit(
         fit_input(dataset_fn, setup.objective),
-        epochs=epochs,
+        epochs=cfg.epochs,
         initial_epoch=initial_epoch,
         class_weight=setup.objective.keras_class_weight,
         steps_per_epoch=setup.steps,
@@ -229,6 +235,95 @@ def make_fit_runner(setup: Any, dataset_fn: Callable) -> Callable:
 
     run_epoch.clock = clock
     return run_epoch
+
+
+def recording_train_step(model: Any, noise: Any) -> Callable:
+    """Keras's own `train_step` (Keras 3.15's TensorFlow trainer: the same calls in the same
+    order, so the update is `fit`'s) that also stages the gradient noise scale's norms
+    (`steps.GradientNoise`) as tfscale's step stages them: each replica's gradient, or a
+    lone replica's two halves' from the same forward pass; the optimizer's all-reduce
+    records them. Keras's step computes one gradient, of the whole batch, so a lone
+    replica has no smaller batch to compare it with without this."""
+    from keras.src import tree
+    from keras.src.losses.loss import unscale_loss_for_distribution
+    from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+
+    halves = noise.split_batch
+    factor = 1.0 if halves else noise.big_batch / noise.small_batch  # to a mean gradient
+
+    def train_step(data):
+        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        with tf.GradientTape(persistent=halves) as tape:
+            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+            loss = model._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+            rows = tf.shape(next(i for i in tree.flatten(x) if i is not None))[0]
+            model._loss_tracker.update_state(
+                unscale_loss_for_distribution(loss), sample_weight=rows
+            )
+            loss = model.optimizer.scale_loss(loss)
+            if halves:
+                half = model.optimizer.scale_loss(
+                    _first_half_loss(model, x, y, y_pred, sample_weight)
+                )
+        weights = model.trainable_weights
+        gradients = tape.gradient(loss, weights)
+        if halves:
+            first = tape.gradient(half, weights)
+            micro = [first, [2.0 * w - f for f, w in zip(first, gradients, strict=True)]]
+        else:
+            micro = [gradients]
+        noise.stage(micro, weights, factor, model.optimizer.scale_loss(1.0))
+        model.optimizer.apply_gradients(zip(gradients, weights, strict=True))
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return train_step
+
+
+def _first_half_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+    """The model's loss (Keras's `compute_loss`) on the first half of a batch, from the
+    whole batch's forward pass: the loss of a batch of half as many examples."""
+    rows = tf.shape(tf.nest.flatten(y)[0])[0] // 2
+
+    def first(part: Any) -> Any:
+        return None if part is None else tf.nest.map_structure(lambda t: t[:rows], part)
+
+    return model._compute_loss(
+        x=first(x), y=first(y), y_pred=first(y_pred), sample_weight=first(sample_weight),
+        training=True,
+    )  # fmt: skip
+
+
+class NoiseRecording(keras.callbacks.Callback):
+    """Records the gradient noise scale in `fit` as tfscale's loop records it: one
+    execution (of `steps_per_execution` steps, as tfscale's graph call) in
+    `noise.every_calls`, the first among them, runs `recording_train_step`; the others
+    Keras's own step. Keras makes a train function of the model's `train_step` as it is
+    then, so the recording one is made once, at the training's begin, beside fit's own."""
+
+    def __init__(self, noise: Any):
+        super().__init__()
+        self.noise, self.calls = noise, itertools.count()
+        self.functions: dict[bool, Any] = {}
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        self.functions = {False: model.train_function}
+        model.train_step = recording_train_step(model, self.noise)
+        try:
+            model.make_train_function(force=True)
+            self.functions[True] = model.train_function
+        finally:
+            del model.train_step
+        model.train_function = self.functions[False]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        recording = next(self.calls) % self.noise.every_calls == 0
+        self.model.train_function = self.functions[recording]
+
+    def on_train_end(self, logs=None):
+        self.model.train_function = self.functions[False]
 
 
 class FirstStepClock(keras.callbacks.Callback):

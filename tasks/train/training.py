@@ -143,19 +143,24 @@ def _user_callbacks(run: Run, setup: TrainingSetup) -> callbacks.Called:
     )
 
 
-def _fit_callbacks(run: Run, setup: TrainingSetup) -> tuple[tuple[Any, ...], Any]:
-    """The callbacks the model's function gave, for `fit`, and the held-out batches `fit`
-    evaluates each epoch for them (`validation_data`; None without callbacks or a
-    held-out split)."""
+def _fit_callbacks(
+    run: Run, setup: TrainingSetup, records: Any, watch: _Watch
+) -> tuple[list[Any], Any]:
+    """`fit`'s callbacks: the noise scale's recorder where it is on, the epochs' `records`,
+    the callbacks the model's function gave; and the held-out batches `fit` evaluates each
+    epoch for those (`validation_data`; None without them or a held-out split)."""
+    from tfscale.tasks.train.fit_loop import NoiseRecording
+
     given = callbacks.of(setup.model)
+    ours = [NoiseRecording(watch.noise)] if watch.noise is not None else []
     if not given or not run.manifest.splits.get("test", 0):
-        return given, None
+        return [*ours, records, *given], None
     from tfscale.tasks.data.inputs import build_dataset
 
     batch = run.config.evaluate.batch_size
     held_out = build_dataset(setup.manifest, run.data_dir, "test", batch, training=False)
     labels = setup.objective.keras_labels
-    return given, held_out.map(lambda x, y: (x, labels(y)))
+    return [*ours, records, *given], held_out.map(lambda x, y: (x, labels(y)))
 
 
 def _batch_hooks(called: callbacks.Called, run_epoch: Any, steps: int) -> Any:
@@ -184,12 +189,8 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     every epoch, recorded and evaluated on the held-out clock as tfscale's loop records
     its own, checkpointed at each epoch's end in the same checkpoints, so that a stopped
     training goes on from its last finished epoch when run again (`initial_epoch`); no
-    gradient noise scale: Keras's step."""
-    from tfscale.tasks.train.fit_loop import (
-        EpochRecords,
-        compiled_as_given,
-        fit_epochs,
-    )
+    gradient noise scale recorded as tfscale's loop records it (`fit_loop.NoiseRecording`)."""
+    from tfscale.tasks.train.fit_loop import EpochRecords, compiled_as_given, fit_epochs
 
     cfg, chief = run.train, run.role.chief
     step, manager = _restored(setup, run.run_dir, chief)
@@ -210,23 +211,21 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     def checked(loss: float, epoch: int, at: int) -> None:
         finite_loss(loss, epoch, at, setup.learning_rate)
 
+    watch = _watch(setup, run.choice, cfg, clock, None)
     score = setup.objective.label.score
     records = EpochRecords(
-        clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score, checked
-    )
+        clock, setup.steps, setup.step_examples, cfg.stop_at_target, written, score, checked,
+        watch.read_window,
+    )  # fmt: skip
     records.history.extend(_read_history(run.run_dir)[:start_epoch])
     if not (cfg.stop_at_target and clock.reached):  # a run stopped at its target is done
-        given, validation = _fit_callbacks(run, setup)
-        fit_epochs(
-            setup, dataset_fn, cfg.epochs, cfg.steps_per_call, [records, *given], start_epoch,
-            validation,
-        )  # fmt: skip
+        fit_epochs(setup, dataset_fn, cfg, _fit_callbacks(run, setup, records, watch), start_epoch)
+    watch.close()
     as_given()
     model_path = _saved(run, setup, manager)
     result = _result(setup, run.choice, run.run_dir, model_path, records.history, resumed_step)
-    return Trained(
-        setup, _with_held_out(result, clock, loop="fit", warmup_epochs=cfg.warmup_epochs)
-    )
+    more = {"gradient_noise": watch.windows, "warmup_epochs": cfg.warmup_epochs}
+    return Trained(setup, _with_held_out(result, clock, loop="fit", **more))
 
 
 def _watch(
@@ -397,10 +396,21 @@ class _Watch:
     windows: list[dict[str, Any]] = field(default_factory=list)
     called: Any = None  # the user's callbacks (`callbacks.Called`), told of each part
 
+    def read_window(self, step: int) -> None:
+        """The noise scale's norms since the last window, to `step` (where it is recorded),
+        and an adaptive rule's gain from them."""
+        if self.noise is None:
+            return
+        window = {"end_step": step, **self.noise.read()}
+        if self.gain is not None:
+            window["lr_gain"] = self.gain.update(window)
+        self.windows.append(window)
+
     def close(self) -> None:
         """The training ended: its callbacks told; later steps (the measuring rounds')
         plain, recording no noise scale."""
-        self.called.train_end()
+        if self.called is not None:
+            self.called.train_end()
         if self.noise is not None:
             self.noise.optimizer.noise = None
 
@@ -455,11 +465,8 @@ def _timed_epoch(
         finite_loss(part_loss, epoch, cut, watch.learning_rate)
         if watch.called is not None:
             watch.called.epoch_part(part_loss, part_correct, (first + done_before, cut))
-        if watch.noise is not None and (cut in evaluate_at or not clock.on):
-            window = {"end_step": cut, **watch.noise.read()}
-            if watch.gain is not None:
-                window["lr_gain"] = watch.gain.update(window)
-            watch.windows.append(window)
+        if cut in evaluate_at or not clock.on:
+            watch.read_window(cut)
         if cut in evaluate_at:
             clock.evaluate(cut)
             if watch.stop_at_target and clock.reached:

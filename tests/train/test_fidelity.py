@@ -48,6 +48,18 @@ def test_recording_the_noise_scale_on_one_device_does_not_change_what_is_trained
     _agrees(fidelity.compare(cases, "l2_dropout_bn", "one_device", STEPS, EPOCHS, noise=True))
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_recording_the_noise_scale_under_fit_does_not_change_what_is_trained(cases, strategy):
+    """`--loop fit` recording the noise scale at every execution (Keras's step with a half
+    batch's gradient beside the whole's, on one device) trains as the user's `fit`; every
+    step is recorded."""
+    found = fidelity.compare(cases, "l2_dropout_bn", strategy, STEPS, 2, noise=True, loop="fit")
+    assert found.epoch_difference < 2e-2, found
+    assert found.noise["steps"] * found.noise["big_batch"] == 2 * found.examples[1], found
+    assert found.noise["small"] > found.noise["big"] > 0, found
+
+
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 @pytest.mark.parametrize(
     "case", ["add_loss", "compute_loss", "own_loss", "sgd_clipnorm", "schedule", "train_step"]

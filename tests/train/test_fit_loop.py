@@ -37,7 +37,8 @@ def test_the_fit_loop_is_refused_where_kerass_fit_cannot_train(values, expected)
 @pytest.mark.integration
 def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_path, monkeypatch):
     """One `fit` call trains every epoch (Keras's own, counted here), and the run's files
-    hold its epochs and held-out evaluations as tfscale's loop writes them."""
+    hold its epochs, held-out evaluations and gradient noise scale windows (one at each
+    evaluation, as tfscale's loop reads them) as tfscale's loop writes them."""
     import keras
     from helpers import run_main, tiny_params
 
@@ -50,7 +51,8 @@ def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_
 
     monkeypatch.setattr(keras.Model, "fit", counted)
     overrides, _, _ = digits
-    params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]})
+    noise = {"train.noise_scale": True, "train.noise_scale_every": 2}
+    params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]}, **noise)
     argv = ["--params", str(params), "train", "--loop", "fit", "--strategy", "mirrored"]
     code, out, err = run_main([*argv, "--epochs", "2", "--no-diagnose"], tmp_path)
     assert code == 0, err[-2000:]
@@ -62,7 +64,13 @@ def test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs(digits, tmp_
     assert [h["epoch"] for h in history] == [1, 2]
     assert all(h["examples_per_s"] > 0 and 0 < h["accuracy"] <= 1 for h in history)
     assert history[1]["loss"] < history[0]["loss"]
-    assert json.loads((run_dir / "evaluations.json").read_text())  # the held-out clock ran
+    evaluations = json.loads((run_dir / "evaluations.json").read_text())
+    assert evaluations  # the held-out clock ran
+    windows = metrics["gradient_noise"]
+    assert [w["end_step"] for w in windows] == [e["steps"] for e in evaluations]
+    assert sum(w["steps"] for w in windows) > 0
+    assert all(w["small"] > w["big"] > 0 for w in windows if w["steps"])
+    assert windows[0]["big_batch"] == 2 * windows[0]["small_batch"]  # each replica's, both's
     # --no-diagnose: no bottleneck diagnosis after it, printed, written or measured for
     assert "bottleneck:" not in out and not list(run_dir.glob("diagnosis.*"))
     assert not metrics["probes"]

@@ -47,15 +47,17 @@ def _sq(grads, divisors=None) -> float:
     return float(sum(np.sum((g / d) ** 2) for g, d in zip(grads, divisors, strict=True)))
 
 
+@pytest.mark.parametrize("loop", ["tfscale", "fit"])
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
-    replicas, two_logical_cpus
+    replicas, loop, two_logical_cpus
 ):
     """Two steps on 16 examples: 2 replicas of 8 (Mirrored over 2 logical CPUs), or one
     device whose batch is split in halves of 8. The second step's norms, read apart, are
     the mean of the halves' squared gradient norms and the whole batch's, each computed
     here from the model's weights before that step; Adam's variant divides each gradient
-    by sqrt(v_hat) + epsilon, v_hat from the first step's gradient alone."""
+    by sqrt(v_hat) + epsilon, v_hat from the first step's gradient alone. Under `--loop
+    fit` each step is a `fit` call, Keras's step recording them (`fit_loop.NoiseRecording`)."""
     import tensorflow as tf
 
     from tfscale.tasks.data.spec import Label
@@ -83,6 +85,8 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     def step(batch):
         strategy.run(lambda x, y: replica_step(built, adam, (x, y), 1, 16, noise), args=batch)
 
+    if loop == "fit":
+        step = _fit_step(model, adam, noise, images, labels)
     first = _mean_gradient(model, images, labels)
     step(dataset)
     noise.read()  # the first step's (Adam's variant not counted: no v_hat yet)
@@ -100,6 +104,27 @@ def test_recorded_norms_are_the_micro_batches_and_the_all_reduced_gradients(
     )
     assert got["big_adam"] == pytest.approx(_sq(whole, precondition), rel=1e-3)
     assert got["small"] > got["big"]  # a smaller batch's gradient is noisier
+
+
+def _fit_step(model, adam, noise, images, labels):
+    """One step as `--loop fit` trains it: a `fit` call on the 16 examples (Keras gives
+    each replica its share), recording the noise scale."""
+    import keras
+    import tensorflow as tf
+
+    from tfscale.tasks.train.fit_loop import NoiseRecording
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=adam, loss=loss)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+    def step(_):
+        recording = [NoiseRecording(noise)]
+        model.fit(data, steps_per_epoch=1, verbose=0, shuffle=False, callbacks=recording)
+        # Keras's own step is the model's again
+        assert "train_step" not in vars(model) and model.train_function is not None
+
+    return step
 
 
 @pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
