@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from tfscale.tasks.train.objectives import Built, Objective
+from tfscale.tasks.train.steps import first_rows, half_gradients
 
 SCORE = "tfscale_score"
 
@@ -248,12 +249,12 @@ def recording_train_step(model: Any, noise: Any) -> Callable:
     from keras.src.losses.loss import unscale_loss_for_distribution
     from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
 
-    halves = noise.split_batch
-    factor = 1.0 if halves else noise.big_batch / noise.small_batch  # to a mean gradient
+    split = noise.split_batch
+    factor = 1.0 if split else noise.big_batch / noise.small_batch  # to a mean gradient
 
     def train_step(data):
         x, y, sample_weight = unpack_x_y_sample_weight(data)
-        with tf.GradientTape(persistent=halves) as tape:
+        with tf.GradientTape(persistent=split) as tape:
             y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
             loss = model._compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
@@ -263,17 +264,13 @@ def recording_train_step(model: Any, noise: Any) -> Callable:
                 unscale_loss_for_distribution(loss), sample_weight=rows
             )
             loss = model.optimizer.scale_loss(loss)
-            if halves:
+            if split:
                 half = model.optimizer.scale_loss(
                     _first_half_loss(model, x, y, y_pred, sample_weight)
                 )
         weights = model.trainable_weights
         gradients = tape.gradient(loss, weights)
-        if halves:
-            first = tape.gradient(half, weights)
-            micro = [first, [2.0 * w - f for f, w in zip(first, gradients, strict=True)]]
-        else:
-            micro = [gradients]
+        micro = half_gradients(tape.gradient(half, weights), gradients) if split else [gradients]
         noise.stage(micro, weights, factor, model.optimizer.scale_loss(1.0))
         model.optimizer.apply_gradients(zip(gradients, weights, strict=True))
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
@@ -285,14 +282,8 @@ def _first_half_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any
     """The model's loss (Keras's `compute_loss`) on the first half of a batch, from the
     whole batch's forward pass: the loss of a batch of half as many examples."""
     rows = tf.shape(tf.nest.flatten(y)[0])[0] // 2
-
-    def first(part: Any) -> Any:
-        return None if part is None else tf.nest.map_structure(lambda t: t[:rows], part)
-
-    return model._compute_loss(
-        x=first(x), y=first(y), y_pred=first(y_pred), sample_weight=first(sample_weight),
-        training=True,
-    )  # fmt: skip
+    x, y, y_pred, sample_weight = first_rows((x, y, y_pred, sample_weight), rows)
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
 
 
 class NoiseRecording(keras.callbacks.Callback):

@@ -147,7 +147,7 @@ def replica_step(
                 half = optimizer.scale_loss(half) if scaled else half
         step_grads = tape.gradient(target, model.trainable_variables)
         if halves:
-            micro = _halves(tape.gradient(half, model.trainable_variables), step_grads)
+            micro = half_gradients(tape.gradient(half, model.trainable_variables), step_grads)
         elif noise is not None:
             micro.append(step_grads)
         grads = (
@@ -169,13 +169,18 @@ def _first_half_loss(model, objective, batch: tuple, logits) -> tf.Tensor:
     None), from the whole batch's forward pass (its mean: the loss of a batch of half as
     many examples)."""
     rows = batch[1].shape[0] // 2
-    first = tuple(
-        None if part is None else tf.nest.map_structure(lambda t: t[:rows], part) for part in batch
+    return step_loss(model, objective, first_rows(batch, rows), logits[:rows], rows)
+
+
+def first_rows(parts: tuple, rows: Any) -> tuple:
+    """The first `rows` examples of each part of a batch (tensors or structures of them;
+    None kept)."""
+    return tuple(
+        None if part is None else tf.nest.map_structure(lambda t: t[:rows], part) for part in parts
     )
-    return step_loss(model, objective, first, logits[:rows], rows)
 
 
-def _halves(first: list, whole: list) -> list[list]:
+def half_gradients(first: list, whole: list) -> list[list]:
     """The mean gradients of a batch's two halves, from the first's and the whole's (whose
     mean of the two it is)."""
     second = [2.0 * w - f for f, w in zip(first, whole, strict=True)]

@@ -188,7 +188,7 @@ def _train_with_fit(run: Run, setup: TrainingSetup) -> Trained:
     """Trains `run` with Keras's own `model.fit` (`tasks.train.fit_loop`): one call for
     every epoch, recorded and evaluated on the held-out clock as tfscale's loop records
     its own, checkpointed at each epoch's end in the same checkpoints, so that a stopped
-    training goes on from its last finished epoch when run again (`initial_epoch`); no
+    training goes on from its last finished epoch when run again (`initial_epoch`); the
     gradient noise scale recorded as tfscale's loop records it (`fit_loop.NoiseRecording`)."""
     from tfscale.tasks.train.fit_loop import EpochRecords, compiled_as_given, fit_epochs
 
