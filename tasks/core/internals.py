@@ -10,10 +10,12 @@ TensorFlow `train_step`, written out in `tasks/train/fit_loop.py` (`recording_tr
 `_compute_loss`, `_loss_tracker`, `_call_has_training_arg`, `unscale_loss_for_distribution`,
 `unpack_x_y_sample_weight`: the noise scale's half batch under `--loop fit`); a compiled
 optimizer's `_learning_rate` (`tasks/train/optimizers.py`: a schedule, which the public
-`learning_rate` evaluates); a compiled loss wrapper's `_fn_kwargs`
-(`tasks/train/user_models.py`: `from_logits`); a `keras.Sequential`'s `_functional` graph
-(`tasks/train/stage_plan.py`: its operations in order); and the MLflow server's store in
-`tasks/track/ui.py` (`_get_tracking_store`, read for the runs table's saved views).
+`learning_rate` evaluates); Keras's `compile_utils.get_metric` (`tasks/train/objectives.py`:
+a compiled metric by name, `accuracy` resolved by the shapes as `compile` resolves it); a
+compiled loss wrapper's `_fn_kwargs` (`tasks/train/user_models.py`: `from_logits`); a
+`keras.Sequential`'s `_functional` graph (`tasks/train/stage_plan.py`: its operations in
+order); and the MLflow server's store in `tasks/track/ui.py` (`_get_tracking_store`, read
+for the runs table's saved views).
 """
 
 from __future__ import annotations

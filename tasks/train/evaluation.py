@@ -81,7 +81,7 @@ def evaluate_keras_model(
     model alone, its objective read from its compile."""
     import tensorflow as tf
 
-    from tfscale.tasks.data.inputs import build_dataset
+    from tfscale.tasks.data.inputs import Reading, build_dataset
     from tfscale.tasks.train.keras_meaning import held_out_losses
     from tfscale.tasks.train.model_inputs import as_model_takes
     from tfscale.tasks.train.objectives import Built
@@ -91,13 +91,17 @@ def evaluate_keras_model(
     manifest = as_model_takes(manifest, model)
     if objective is None:  # a model read back from its file: its compile says
         objective = _objective(model, manifest)
-    own = _own_metrics(objective)
+    own = _own_metrics(objective, weighted=bool(manifest.spec.weight))
+    reading = Reading(weighted=True)  # each example's weight, for the weighted metrics
     losses, labels_seen, logits_seen = [], [], []
-    for features, labels in build_dataset(manifest, data_dir, split, batch_size, training=False):
+    for features, labels, *weights in build_dataset(
+        manifest, data_dir, split, batch_size, training=False, reading=reading
+    ):
         outputs = tf.cast(_outputs(model, features, manifest, model_path), tf.float32)
         losses.append(held_out_losses(model, objective, labels, outputs).numpy())
-        for metric in own.values():
-            metric.update_state(objective.targets(labels, outputs), outputs)
+        for name, metric in own.items():
+            weight = weights[0] if weights and objective.is_weighted(name) else None
+            metric.update_state(objective.targets(labels, outputs), outputs, weight)
         labels_seen.append(labels.numpy())
         logits_seen.append(_as_logits(outputs.numpy(), objective))
     labels = np.concatenate(labels_seen)
@@ -158,11 +162,16 @@ def _objective(model: Any, manifest: Manifest) -> Any:
     return objective_from(model, manifest.spec)
 
 
-def _own_metrics(objective: Any) -> dict[str, Any]:
-    """The model's compiled metrics other than those `_scores` computes, fresh, by name."""
+def _own_metrics(objective: Any, weighted: bool) -> dict[str, Any]:
+    """The model's compiled metrics other than those `_scores` computes (where the data is
+    `weighted`, its weighted metrics all), fresh, by name."""
     import keras
 
-    names = [n for n in objective.metric_names()[2:] if n not in ("accuracy", "acc", "auc")]
+    names = [
+        n
+        for n in objective.metric_names()[2:]
+        if n not in ("accuracy", "acc", "auc") or (weighted and objective.is_weighted(n))
+    ]
     found = {name: objective.metric(name) for name in names}
     return {n: m for n, m in found.items() if isinstance(m, keras.metrics.Metric)}
 

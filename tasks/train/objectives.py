@@ -38,6 +38,9 @@ class Objective:
     # each class's weight in the training loss, by class id (`train.class_weight`,
     # `tasks.core.class_weights`); empty: none
     class_weights: tuple[float, ...] = ()
+    # the user's compiled `weighted_metrics`: on the held-out split, each example counted
+    # by its weight where the data has weights (`evaluate(x, y, sample_weight)`)
+    weighted_metrics: tuple[Any, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -152,17 +155,46 @@ class Objective:
 
     def metric_names(self) -> list[str]:
         """The names of the metrics the model reports: the kind's score, `loss`, and its
-        compiled metrics'."""
-        return [self.label.score, "loss", *(_metric_name(m) for m in self.metrics)]
+        compiled metrics' and weighted metrics' (as Keras names them)."""
+        return [self.label.score, "loss", *self._named()]
+
+    def _named(self) -> dict[str, tuple[Any, bool]]:
+        """The compiled metrics by the names Keras logs them under, each with whether it
+        is weighted: a weighted metric whose name a metric took is `weighted_<name>`."""
+        named: dict[str, tuple[Any, bool]] = {}
+        for config in self.metrics:
+            named.setdefault(_metric_name(config), (config, False))
+        for config in self.weighted_metrics:
+            name = _metric_name(config)
+            named.setdefault(f"weighted_{name}" if name in named else name, (config, True))
+        return named
+
+    def is_weighted(self, name: str) -> bool:
+        """Whether the metric of that name was compiled as one of `weighted_metrics`."""
+        return self._named().get(name, (None, False))[1]
+
+    def _shapes(self) -> tuple[Any, Any]:
+        """A batch of one's labels and outputs as the user's metrics take them (zeros): the
+        shapes by which Keras's `compile` tells `accuracy` binary, sparse or categorical."""
+        import numpy as np
+
+        outputs = np.zeros((1, self.label.outputs), np.float32)
+        if self.kind == "class" and not self.one_hot:
+            return np.zeros((1,), np.float32), outputs
+        return np.zeros((1, self.label.outputs), np.float32), outputs
 
     def metric(self, name: str) -> Any:
         """A fresh Keras metric object: the compiled one named `name`, else Keras's own of
         that name (`auc`, `precision`, ...); None where neither is."""
         import keras
 
-        for config in self.metrics:
-            if _metric_name(config) == name:
-                return keras.metrics.get(config) if isinstance(config, str) else _fresh(config)
+        config = self._named().get(name, (None, False))[0]
+        if isinstance(config, str):  # as `compile` resolves it: `accuracy` by the shapes
+            from keras.src.trainers.compile_utils import get_metric
+
+            return get_metric(config, *self._shapes())
+        if config is not None:
+            return _fresh(config)
         try:
             return keras.metrics.get(name)
         except ValueError:

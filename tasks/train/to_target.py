@@ -196,12 +196,12 @@ class HeldOut:
 
         model, objective = built  # `tasks.train.objectives.Built`
         taken = as_model_takes(manifest, model)
-        self.dataset = build_dataset(
-            taken, data_dir, "test", batch_size, training=False, reading=Reading(cache=True)
+        self.dataset = build_dataset(  # with each example's weight, where the data has them
+            taken, data_dir, "test", batch_size, False, Reading(cache=True, weighted=True)
         )
         self.examples = manifest.splits["test"]
         metric = metric or objective.label.score
-        if metric in (objective.label.score, "loss"):
+        if metric in (objective.label.score, "loss") and not objective.is_weighted(metric):
             self._value = self._mean(model, objective, metric)
         else:
             self._value = self._keras_metric(model, objective, metric)
@@ -219,7 +219,7 @@ class HeldOut:
         @tf.function
         def total() -> tf.Tensor:
             summed = tf.constant(0.0, tf.float32)
-            for features, labels in self.dataset:
+            for features, labels, *_ in self.dataset:
                 summed += tf.reduce_sum(each(labels, model(features, training=False)))
             return summed
 
@@ -244,11 +244,14 @@ class HeldOut:
             else (keras.metrics.MeanMetricWrapper(found, name=name))
         )
 
+        weighted = objective.is_weighted(name)  # by each example's weight, where it has one
+
         @tf.function
         def update() -> None:
-            for features, labels in self.dataset:
+            for features, labels, *weights in self.dataset:
                 outputs = tf.cast(model(features, training=False), tf.float32)
-                metric.update_state(objective.targets(labels, outputs), outputs)
+                weight = weights[0] if weights and weighted else None
+                metric.update_state(objective.targets(labels, outputs), outputs, weight)
 
         def value() -> float:
             metric.reset_state()

@@ -241,10 +241,18 @@ def objective_from(model: Any, spec: FeatureSpec, ref: str = "") -> Objective:
         from_logits = bool(kwargs["from_logits"])
     elif named:
         from_logits = False  # Keras's losses by name take probabilities
-    metrics = model.get_compile_config().get("metrics") or ()
+    config = model.get_compile_config()
+    metrics, weighted = (_flat(config.get(key)) for key in ("metrics", "weighted_metrics"))
+    return Objective(spec.label, from_logits, loss, metrics, weighted_metrics=weighted)
+
+
+def _flat(metrics: Any) -> tuple[Any, ...]:
+    """A compile's metrics (serialized) as one tuple: a list's, a dict's values', one."""
     if isinstance(metrics, dict):
-        metrics = [m for value in metrics.values() for m in (value or [])]
-    return Objective(spec.label, from_logits, loss, tuple(metrics))
+        return tuple(m for value in metrics.values() for m in _flat(value))
+    if isinstance(metrics, (list, tuple)):
+        return tuple(metrics)
+    return () if metrics is None else (metrics,)
 
 
 def _ends_in_probabilities(model: Any) -> bool:

@@ -160,8 +160,9 @@ def test_a_model_saved_uncompiled_is_evaluated_on_the_probabilities_it_outputs(t
     assert found.test_loss == pytest.approx(float(loss), rel=1e-4)
 
 
-def _binary_table(tmp_path):
-    """A prepared table of 300 rows, three columns and a binary label `y`."""
+def _binary_table(tmp_path, weighted=False):
+    """A prepared table of 300 rows, three columns and a binary label `y` (`weighted`: and
+    each row's weight, far from even, in a `w` column)."""
     import numpy as np
     import pandas as pd
 
@@ -171,12 +172,54 @@ def _binary_table(tmp_path):
     rng = np.random.default_rng(5)
     x = rng.normal(size=(300, 3))
     y = (x @ [1.5, -1.0, 0.5] + rng.normal(size=300) > 0.4).astype(int)
-    pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y}).to_csv(
-        tmp_path / "t.csv", index=False
-    )
+    table = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y})
+    if weighted:
+        table["w"] = np.where(y == 1, 4.0, 0.5) * rng.uniform(0.2, 2.0, size=300)
+    table.to_csv(tmp_path / "t.csv", index=False)
     values = {"prepare.dataset": str(tmp_path / "t.csv"), "prepare.label": "y"}
+    if weighted:
+        values["prepare.sample_weight"] = "w"
     values["prepare.data_dir"] = str(tmp_path / "tfrecords")
     return prepare_dataset(load_config(None, values), progress=False)
+
+
+@pytest.mark.unit
+def test_weighted_metrics_count_each_held_out_example_by_its_weight_as_evaluate_does(tmp_path):
+    """A table with a weight column and a model compiled with `weighted_metrics`: on the
+    held-out split, `tfscale evaluate` and the to-target clock report each weighted metric
+    under Keras's name, with Keras's value for `evaluate(x, y, sample_weight)`; the
+    metrics compiled unweighted stay unweighted."""
+    import keras
+
+    from tfscale.tasks.data.inputs import Reading, build_dataset
+    from tfscale.tasks.train.evaluation import evaluate_keras_model
+    from tfscale.tasks.train.model_inputs import as_model_takes
+    from tfscale.tasks.train.objectives import Built
+    from tfscale.tasks.train.to_target import HeldOut
+    from tfscale.tasks.train.user_models import objective_from
+
+    result = _binary_table(tmp_path, weighted=True)
+    manifest, data_dir = result.manifest, result.data_dir
+    keras.utils.set_random_seed(4)
+    inputs = {name: keras.Input((), name=name) for name in ("a", "b", "c")}
+    joined = keras.layers.Concatenate()([keras.layers.Reshape((1,))(v) for v in inputs.values()])
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(joined))
+    weighted = ["accuracy", keras.metrics.AUC(name="auc"), "mse"]
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"], weighted_metrics=weighted)
+    model.optimizer.learning_rate.assign(0.1)
+    taken = as_model_takes(manifest, model)
+    train = build_dataset(taken, data_dir, "train", 64, True, Reading(weighted=True))
+    model.fit(train, epochs=3, verbose=0)
+    test = build_dataset(taken, data_dir, "test", 64, False, Reading(weighted=True))
+    expected = model.evaluate(test, verbose=0, return_dict=True)
+    assert abs(expected["weighted_accuracy"] - expected["accuracy"]) > 0.02  # weights count
+    found = evaluate_keras_model(model, manifest, data_dir, 64)
+    built = Built(model, objective_from(model, manifest.spec))
+    for name in ("weighted_accuracy", "auc", "mse"):
+        assert found.metrics[name] == pytest.approx(expected[name], rel=1e-5), name
+        clocked = HeldOut(built, manifest, data_dir, 64, name).accuracy()
+        assert clocked == pytest.approx(expected[name], rel=1e-5), name
+    assert found.test_accuracy == pytest.approx(expected["accuracy"], rel=1e-5)
 
 
 @pytest.mark.unit
