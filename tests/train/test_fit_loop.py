@@ -137,40 +137,39 @@ def test_the_fit_loop_trains_exactly_the_steps_it_counts(digits, tmp_path):
 
 
 @pytest.mark.integration
-def test_a_stopped_fit_training_goes_on_from_its_last_finished_epoch(
-    digits, tmp_path, monkeypatch, caplog
+def test_a_fit_training_stopped_by_sigterm_goes_on_from_its_last_finished_epoch(
+    digits, tmp_path, monkeypatch
 ):
-    """`--loop fit` stopped after its first epoch (Ctrl-C raised in Keras's `fit`, as the
-    signal handler raises it) and run again: the rerun says where it resumes, trains only
-    the two epochs left (on the restored model and optimizer: 3 epochs' optimizer steps in
-    all), and keeps the first epoch's record."""
-    import logging
+    """`tfscale train --loop fit` sent SIGTERM after its first epoch (as `timeout`, Slurm
+    and Kubernetes stop a job; the signal, not an exception raised for it) and run again:
+    the first ends 143 saying so, the rerun says where it resumes, trains only the two
+    epochs left (on the restored model and optimizer: 3 epochs' optimizer steps in all) and
+    keeps the first epoch's record."""
+    import os
+    import signal
 
-    from helpers import run_of
+    import tensorflow as tf
+    from helpers import run_main, tiny_params
 
-    from tfscale.tasks.distribute.hardware import detect_hardware
-    from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.train import fit_loop
-    from tfscale.tasks.train.training import train_model
 
-    overrides, manifest, data_dir = digits
-    values = {**overrides, "train.runs_dir": str(tmp_path / "runs"), "train.loop": "fit"}
-    values.update({"train.strategy": "one_device", "train.model": "mlp", "train.epochs": 3})
-    values.update({"train.batch_size_per_replica": 32})
-    config = load_config(None, values)
-    run = run_of(config, manifest, data_dir, select_strategy(detect_hardware(), config.train))
+    overrides, manifest, _ = digits
+    params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]})
+    argv = ["--params", str(params), "train", "--loop", "fit", "--model", "mlp", "--epochs", "3"]
+    argv += ["--strategy", "one_device", "--batch-size-per-replica", "32", "--no-diagnose"]
     records = fit_loop.EpochRecords
     epoch_begin, epoch_end = records.on_epoch_begin, records.on_epoch_end
 
     def stopped_after_the_first(self, epoch, logs=None):
         epoch_end(self, epoch, logs)
         if epoch == 0:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this, the main thread
 
-    monkeypatch.setattr(fit_loop.EpochRecords, "on_epoch_end", stopped_after_the_first)
-    with pytest.raises(KeyboardInterrupt):
-        train_model(run)
-    first = json.loads((run.run_dir / "history.json").read_text())
+    monkeypatch.setattr(records, "on_epoch_end", stopped_after_the_first)
+    code, _, err = run_main(argv, tmp_path)
+    assert code == 128 + signal.SIGTERM and "stopped by signal" in err, err[-2000:]
+    (history_file,) = (tmp_path / "runs").rglob("history.json")
+    first = json.loads(history_file.read_text())
     assert [h["epoch"] for h in first] == [1]
     begun = []
 
@@ -178,14 +177,15 @@ def test_a_stopped_fit_training_goes_on_from_its_last_finished_epoch(
         begun.append(epoch)
         epoch_begin(self, epoch, logs)
 
-    monkeypatch.setattr(fit_loop.EpochRecords, "on_epoch_end", epoch_end)
-    monkeypatch.setattr(fit_loop.EpochRecords, "on_epoch_begin", counted)
-    with caplog.at_level(logging.INFO):
-        trained = train_model(run)
-    steps = trained.setup.steps
-    assert f"from step {steps} (the start of epoch 2)" in caplog.text, caplog.text
+    monkeypatch.setattr(records, "on_epoch_end", epoch_end)
+    monkeypatch.setattr(records, "on_epoch_begin", counted)
+    code, _, err = run_main(argv, tmp_path)
+    assert code == 0, err[-2000:]
+    steps = manifest.splits["train"] // 32
+    assert f"from step {steps} (the start of epoch 2)" in err, err[-2000:]
     assert begun == [1, 2]  # Keras's epochs 2 and 3 (0-based): the two left, not three
-    assert int(trained.setup.optimizer.iterations.numpy()) == 3 * steps
-    history = json.loads((run.run_dir / "history.json").read_text())
+    history = json.loads(history_file.read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3] and history[0] == first[0]
-    assert trained.result.resumed_from_epoch == 1
+    latest = tf.train.latest_checkpoint(history_file.parent / "checkpoints")
+    saved = tf.train.load_checkpoint(latest)
+    assert saved.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 3 * steps
