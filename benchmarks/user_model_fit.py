@@ -65,6 +65,7 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     from tfscale.tasks.distribute.strategy import select_strategy
     from tfscale.tasks.settings.config import load_config
     from tfscale.tasks.train.fit_loop import FirstStepClock
+    from tfscale.tasks.train.model_inputs import as_model_takes
     from tfscale.tasks.train.models import model_for_data
     from tfscale.tasks.train.training import set_up_training, train_dataset_fn
 
@@ -84,7 +85,7 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
     manifest, data_dir = prepared.manifest, prepared.data_dir
     choice = select_strategy(detect_hardware(), config.train)
     setup = set_up_training(config.train, manifest, choice)
-    dataset_fn = train_dataset_fn(config.train, manifest, data_dir, setup.per_replica)
+    dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.per_replica)
     run_epoch = setup.epoch_runner(choice, dataset_fn)
 
     with setup.strategy.scope():
@@ -100,7 +101,8 @@ def runners(dataset: str, model: str, label: str, folder: Path, per_replica: int
             steps_per_execution=config.train.steps_per_call,
         )
     reading = Reading(seed=config.train.seed)
-    train = build_dataset(manifest, data_dir, "train", setup.global_batch, True, reading).repeat()
+    taken = as_model_takes(manifest, fitted)  # the features under the model's input names
+    train = build_dataset(taken, data_dir, "train", setup.global_batch, True, reading).repeat()
 
     def tfscale(steps: int) -> None:
         run_epoch(steps)  # its steps alone: the runner is made once
