@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ from tfscale.tasks.measure.noise_trajectory import (
 )
 from tfscale.tasks.measure.rounds import t_975
 from tfscale.tasks.report.forecast import MEASURED, fit_cost_model
+from tfscale.tasks.report.target_comparison import seeds_interval
 from tfscale.tasks.train.noise_estimates import (
     FACTOR_BOUND,
     NOT_EXPLAINED,
@@ -51,7 +51,7 @@ from tfscale.tasks.train.noise_estimates import (
     step_progress,
     two_point_noise,
 )
-from tfscale.tasks.train.to_target import SEED_SPREAD, Target, resampled_mean, target_text
+from tfscale.tasks.train.to_target import SEED_SPREAD, Target, target_text
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # the fewest optimizer steps an epoch a priced global batch leaves: a batch that is a large
@@ -808,9 +808,10 @@ def _span(values: list[float]) -> str:
 
 def pair_interval(study: dict, base_batch: int, run_batch: int) -> tuple[float, float, float]:
     """The pair's steps ratio (the baseline's steps to the target over the run's) and its
-    95% interval: with two or more seeds a side, a seeded bootstrap of MLPerf's means over
-    them (`examples_to_target_by_seed`); with one, each side's steps spread as
-    `SEED_SPREAD` (assumed: one seed cannot show its own spread), the ratio's by sqrt(2)."""
+    95% interval: with two or more seeds a side, Welch's t-interval on the logs of their
+    examples to target (`examples_to_target_by_seed`, `seeds_interval`); with one, each
+    side's steps spread as `SEED_SPREAD` (assumed: one seed cannot show its own spread),
+    the ratio's by sqrt(2)."""
     measured = (study["examples_to_target_baseline"] / base_batch) / (
         study["examples_to_target_distributed"] / run_batch
     )
@@ -818,16 +819,10 @@ def pair_interval(study: dict, base_batch: int, run_batch: int) -> tuple[float, 
     if min(len(side) for side in sides) < 2:
         doubt = math.exp(1.96 * SEED_SPREAD * math.sqrt(2))
         return measured / doubt, measured, measured * doubt
-    draw = random.Random(0)
-    ratios = []
-    for _ in range(PAIR_DRAWS):
-        b, d = (resampled_mean(side, draw) for side in sides)
-        ratios.append((b / base_batch) / (d / run_batch) if math.isfinite(d) else 0.0)
-    ratios.sort()
-    return ratios[int(0.025 * PAIR_DRAWS)], measured, ratios[int(0.975 * PAIR_DRAWS) - 1]
+    low, high = seeds_interval(run_batch / base_batch, (tuple(sides[0]), tuple(sides[1])))
+    return low, measured, high
 
 
-PAIR_DRAWS = 2000
 RAMP_POINTS = 64  # the warm-up's gains a deficit averages over (midpoints)
 
 

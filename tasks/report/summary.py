@@ -20,14 +20,15 @@ from tfscale.tasks.measure.probes import RoundRates
 from tfscale.tasks.measure.rounds import RoundsEnded, Spread, interval_95, least_rounds
 from tfscale.tasks.report.target_comparison import (
     NO_TARGET,
-    ONE_SEED_UNDECIDED,
     SEED_SPREAD_ASSUMED,
+    VERDICT_SEEDS,
     target_figures,
+    undecided,
 )
 from tfscale.tasks.settings.kinds import SpreadOver, shape_text
 from tfscale.tasks.train.evaluation import EvalResult
 from tfscale.tasks.train.result import TrainResult
-from tfscale.tasks.train.to_target import SEED_SPREAD_HIGHEST, Target, target_of, target_text
+from tfscale.tasks.train.to_target import Target, target_of, target_text
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,8 @@ class ScalingSummary(SpreadOver):
     time_to_target_speedup_low: float | None = None
     time_to_target_speedup_high: float | None = None
     # one seed: the seed spread its interval assumed, in words (`assuming a 13% seed spread,
-    # not measured here`), and its interval at the largest spread measured (19%), which a
-    # verdict of who finishes sooner must clear (`decisive_time`)
+    # not measured here`)
     seed_spread_assumed: str = ""
-    time_to_target_speedup_low_at_highest_spread: float | None = None
-    time_to_target_speedup_high_at_highest_spread: float | None = None
     to_target: str = ""  # the time-to-target answer in a sentence (`target_sentence`)
     seeds: int = field(default=1, metadata=PARAM)  # each training's, for the time to target
     # the baseline's gradient noise scale (B_simple of the raw gradient: the ratio of its
@@ -225,8 +223,8 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     speedup with its interval, its time to the target with its interval, and what to use:
     `2 replicas (mirrored, float32; cnn on digits) ran 1.19x (1.15-1.23) as fast as one
     device in examples/s but reached 96% held-out accuracy 0.92x (0.89-0.95) as fast: one
-    device finishes sooner (one seed; --seeds 5 to be sure)`. The time to the target
-    decides where its interval lies on one side of 1; else the examples/s."""
+    device finishes sooner (5 seeds)`. The time to the target decides where its interval
+    over `VERDICT_SEEDS` or more seeds lies on one side of 1; with fewer it says so."""
     s = summary
     shape = s.shape
     loop = ", Keras's fit" if s.loop == "fit" else ""
@@ -235,7 +233,6 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = target_text(s.target_metric, s.target_accuracy)
     seeds = f"{s.seeds} seeds" if s.seeds > 1 else f"one seed, {SEED_SPREAD_ASSUMED}"
-    sure = seeds if s.seeds > 1 else f"{seeds}; --seeds 5 to be sure"
     by_speed = (
         f"use {shape}"
         if speed.above(1.0)
@@ -255,38 +252,23 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
         else "and"
     )
     reached = f"{head} {join} reached {target} {time.text()} as fast"
-    decisive = decisive_time(s) or time
-    if decisive.above(1.0):
-        return f"{reached}: use {shape}, they finish sooner ({sure})"
-    if decisive.below(1.0):
-        return f"{reached}: one device finishes sooner ({sure})"
+    if decisive_time(s) is None:  # too few seeds to tell
+        return f"{reached}: for examples/s {by_speed}; {undecided(s.seeds)}"
+    if time.above(1.0):
+        return f"{reached}: use {shape}, they finish sooner ({seeds})"
+    if time.below(1.0):
+        return f"{reached}: one device finishes sooner ({seeds})"
     faster = f"{shape}" if speed.above(1.0) else "one device" if speed.below(1.0) else ""
     either = f"{faster} for examples/s; " if faster else ""
-    if not time.holds(1.0):  # one seed: 1 outside the interval at 13%, inside at 19%
-        return f"{reached}: {either}{_undecided(decisive)} ({seeds})"
-    return f"{reached}: {either}neither surely finishes sooner, its interval holds 1 ({sure})"
+    return f"{reached}: {either}neither surely finishes sooner, its interval holds 1 ({seeds})"
 
 
 def decisive_time(s: ScalingSummary) -> Spread | None:
-    """The time-to-target interval a verdict of who finishes sooner reads: one seed's at
-    the largest seed spread measured (`SEED_SPREAD_HIGHEST`, 19%), since the 13% it
-    assumed was not measured on this task; with seeds, its 95% interval. None where the
-    time to target was not compared."""
-    time = time_spread(s)
-    low = s.time_to_target_speedup_low_at_highest_spread
-    high = s.time_to_target_speedup_high_at_highest_spread
-    if time is None or low is None or high is None:
-        return time
-    return Spread(time.median, low, high)
-
-
-def _undecided(decisive: Spread) -> str:
-    """`one seed cannot decide which finishes sooner (--seeds 5 decides): at a 19% seed
-    spread, the highest measured, its interval is 0.80-1.30`."""
-    return (
-        f"{ONE_SEED_UNDECIDED}: at a {SEED_SPREAD_HIGHEST:.0%} seed spread, the highest "
-        f"measured, its interval is {decisive.low:.2f}-{decisive.high:.2f}"
-    )
+    """The time-to-target interval a verdict of who finishes sooner reads: its 95% interval
+    over `VERDICT_SEEDS` or more seeds a side; None with fewer (no verdict: with one, the
+    seed spread is assumed; with 2, its t has one degree of freedom) or where the time to
+    target was not compared."""
+    return time_spread(s) if s.seeds >= VERDICT_SEEDS else None
 
 
 def loop_text(s: ScalingSummary) -> str:
@@ -315,16 +297,16 @@ def time_verdict(summary: ScalingSummary) -> str:
     where the time to target was not compared."""
     s = summary
     time, decisive = time_spread(s), decisive_time(s)
-    if time is None or decisive is None:
+    if time is None:
         return ""
     said = (
-        f"{s.shape} finish sooner"
+        undecided(s.seeds)
+        if decisive is None
+        else f"{s.shape} finish sooner"
         if decisive.above(1.0)
         else "one device finishes sooner"
         if decisive.below(1.0)
         else "neither surely finishes sooner"
-        if time.holds(1.0)
-        else _undecided(decisive)
     )
     return f"; to {target_text(s.target_metric, s.target_accuracy)} {time.text()}: {said}"
 
@@ -335,17 +317,10 @@ def _to_target_caveat(target: dict[str, Any], shape: str) -> str:
     high, low = target.get("time_to_target_speedup_high"), target.get("time_to_target_speedup_low")
     if high is None or low is None:
         return ""
-    # one seed: the interval at the largest seed spread measured decides
-    widest = (
-        target.get("time_to_target_speedup_low_at_highest_spread", low),
-        target.get("time_to_target_speedup_high_at_highest_spread", high),
-    )
-    if widest[0] <= 1.0 <= widest[1]:
-        return ""
+    if target.get("seeds", 1) < VERDICT_SEEDS or low <= 1.0 <= high:
+        return ""  # too few seeds to tell, or its interval holds 1
     spread = Spread(target["time_to_target_speedup"], low, high).text()
-    seeds = target["seeds"]
-    one = f"one seed, {SEED_SPREAD_ASSUMED}; --seeds 5 to be sure"
-    over = f"{seeds} seeds" if seeds > 1 else one
+    over = f"{target['seeds']} seeds"
     if high < 1.0:
         return f"; to the target, though, {shape} took longer: {spread} ({over})"
     return f"; to the target too: {spread} ({over})"

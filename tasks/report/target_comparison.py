@@ -16,15 +16,13 @@ from tfscale.tasks.measure.noise_trajectory import (
     split_examples,
     trajectory,
 )
-from tfscale.tasks.measure.rounds import Spread
+from tfscale.tasks.measure.rounds import Spread, ratio_t_interval
 from tfscale.tasks.train.noise_estimates import efficiency, is_adaptive
 from tfscale.tasks.train.to_target import (
     SEED_SPREAD,
-    SEED_SPREAD_HIGHEST,
-    SEED_SPREAD_LOWEST,
+    SEED_SPREADS_MEASURED,
     OverSeeds,
     over_seeds,
-    resampled_mean,
     target_text,
 )
 
@@ -79,9 +77,7 @@ def time_figures(
 ) -> dict[str, Any]:
     """The time-to-target speedup, with its 95% interval (`speedup_interval`). One seed a
     side cannot show its own spread: the interval assumes `SEED_SPREAD` (said in words,
-    `seed_spread_assumed`), and is drawn again at the largest spread measured,
-    `SEED_SPREAD_HIGHEST` (`..._at_highest_spread`), which a verdict of who finishes
-    sooner must clear: at 13% the interval can leave out 1 where at 19% it holds it."""
+    `seed_spread_assumed`)."""
     (b, d) = examples
     values = (b.values, d.values)
     point = speedup.median * b.mean / d.mean
@@ -92,12 +88,7 @@ def time_figures(
         "time_to_target_speedup_high": max(high, point),
     }
     if b.seeds == 1 or d.seeds == 1:
-        low, high = speedup_interval(speedup, values, every, SEED_SPREAD_HIGHEST)
-        figures.update(
-            seed_spread_assumed=SEED_SPREAD_ASSUMED,
-            time_to_target_speedup_low_at_highest_spread=min(low, point),
-            time_to_target_speedup_high_at_highest_spread=max(high, point),
-        )
+        figures["seed_spread_assumed"] = SEED_SPREAD_ASSUMED
     return figures
 
 
@@ -111,28 +102,29 @@ def speedup_interval(
     every: tuple[int, int],
     seed_spread: float = SEED_SPREAD,
 ) -> tuple[float, float]:
-    """The time-to-target speedup's 95% interval, drawn (seeded: the same figures give the
-    same interval) from every source of doubt at once:
+    """The time-to-target speedup's 95% interval, from every source of doubt at once:
     - the rounds': the examples/s speedup's 95% interval, as a log-normal of that width
       (the normal whose 95% ends are the interval's; a t-interval of a few rounds has
       heavier tails, its ends are what is kept). It must be a 95% interval: the rounds'
       lowest to highest, read as +-1.96 sigma, made 2 rounds' (their median between them
       half the time) or 3 rounds' (75%) as sure as a 95% interval;
-    - the seeds': with two or more a side, a bootstrap over them (MLPerf's mean of each
-      draw), whose seeds' crossings already vary by where in its evaluation interval each
-      fell; with one, that seed's examples spread as `seed_spread` (`SEED_SPREAD`, measured
-      for a task) does, since one seed cannot show its own spread, and where its crossing
-      fell: in the evaluation interval before the evaluation that found it (`every`: each
-      side's). Drawing the crossing's place on top of the seeds' bootstrap counted it twice
-      (its variance I^2/12 where a mean of k seeds has I^2/(12k))."""
-    draw = random.Random(0)
+    - the seeds': with two or more a side, Welch's t-interval of the ratio of the sides'
+      geometric means of examples to target (`rounds.ratio_t_interval`, the rounds' doubt
+      beside the seeds'), whose seeds' crossings already vary by where in its evaluation
+      interval each fell; an end unbounded where a side's seed never reached the target.
+      A bootstrap over the seeds held the truth 64% of the time with 2 a side, 89% with 3
+      (`benchmarks/interval_coverage.py`). With one seed a side, drawn (seeded: the same
+      figures give the same interval): that seed's examples spread as `seed_spread`
+      (`SEED_SPREAD`, measured for a task) does, since one seed cannot show its own
+      spread, and where its crossing fell: in the evaluation interval before the
+      evaluation that found it (`every`: each side's)."""
     width = math.log(speedup.high / speedup.low) if speedup.low > 0 else 0.0
     rounds_sigma = width / (2 * 1.96)
-    several = min(len(examples[0]), len(examples[1])) > 1
+    if min(len(examples[0]), len(examples[1])) > 1:
+        return seeds_interval(speedup.median, examples, rounds_sigma)
+    draw = random.Random(0)
 
     def side(values: tuple, interval: int) -> float:
-        if several:  # a draw whose seeds missed too often never reaches the target
-            return resampled_mean(values, draw)
         mean = values[0] * math.exp(draw.gauss(0.0, seed_spread))
         return max(mean - draw.random() * interval, 1.0)
 
@@ -144,6 +136,22 @@ def speedup_interval(
         for _ in range(DRAWS)
     )
     return ratios[int(0.025 * DRAWS)], ratios[int(0.975 * DRAWS) - 1]
+
+
+def seeds_interval(
+    scale: float, examples: tuple[tuple, tuple], known_sigma: float = 0.0
+) -> tuple[float, float]:
+    """`scale` times the 95% interval of the baseline's examples to target over the
+    distributed run's, over seeds (`rounds.ratio_t_interval` of the seeds that reached
+    it, `known_sigma` beside them): the low end 0 where a distributed seed never reached
+    the target, the high end infinite where a baseline's did not, and both where a side
+    has fewer than 2 seeds that reached it."""
+    reached = [[v for v in side if v is not None] for side in examples]
+    if min(len(side) for side in reached) < 2:
+        return 0.0, math.inf
+    low, high = ratio_t_interval(reached[0], reached[1], known_sigma)
+    base_missed, dist_missed = (len(r) < len(e) for r, e in zip(reached, examples, strict=True))
+    return 0.0 if dist_missed else scale * low, math.inf if base_missed else scale * high
 
 
 def noise_figures(baseline: TrainResult, distributed: TrainResult) -> dict[str, Any]:
@@ -258,39 +266,41 @@ def _missed(
 
 
 def _seeds_clause(figures: dict, shape: str, examples: tuple[OverSeeds, OverSeeds]) -> str:
-    """What the figures are over: MLPerf's mean of the seeds, or one seed, what its
-    interval assumed, and whether it decides at the largest seed spread observed."""
+    """What the figures are over: MLPerf's mean of the seeds, or one seed and what its
+    interval assumed; below `VERDICT_SEEDS`, that they are too few to tell."""
     seeds = figures["seeds"]
     if seeds == 1:
         return "; " + one_seed_text(figures)
     dropped = ", the fastest and slowest dropped" if seeds >= 3 else ""
     ranges = [f"{over.low:,.0f}-{over.high:,.0f}" for over in examples]
+    few = f"; {undecided(seeds)}" if seeds < VERDICT_SEEDS else ""
     return (
         f"; the mean of {seeds} seeds each{dropped} (MLPerf's score; the baseline's kept "
-        f"seeds {ranges[0]}, the {shape}' {ranges[1]})"
+        f"seeds {ranges[0]}, the {shape}' {ranges[1]}){few}"
     )
 
 
 def one_seed_text(figures: dict) -> str:
-    """`one seed: its interval takes the evaluation interval, assuming a 13% seed spread,
-    not measured here (0.06-0.19 across the synthetic task's configurations); at 19%,
-    0.70-1.80: ...` whether 1 stays outside it (a verdict) or not (one seed cannot
-    decide; --seeds 5 does)."""
-    low = figures["time_to_target_speedup_low_at_highest_spread"]
-    high = figures["time_to_target_speedup_high_at_highest_spread"]
-    text = (
-        f"one seed: its interval takes the evaluation interval, {SEED_SPREAD_ASSUMED} "
-        f"(measured on tfscale's synthetic task, {SEED_SPREAD_LOWEST:.2f}-"
-        f"{SEED_SPREAD_HIGHEST:.2f} across its configurations); at the highest, "
-        f"{SEED_SPREAD_HIGHEST:.0%}, {low:.2f}-{high:.2f}"
+    """`one seed is too few to tell which finishes sooner (--seeds 3 narrows the interval);
+    its interval takes the evaluation interval, assuming a 13% seed spread, not measured
+    here (seed spreads measured: ...)`."""
+    return (
+        f"{undecided(figures['seeds'])}; its interval takes the evaluation interval, "
+        f"{SEED_SPREAD_ASSUMED} ({SEED_SPREADS_MEASURED})"
     )
-    if low > 1.0 or high < 1.0:
-        return text + ": 1 stays outside it"
-    return text + f": {ONE_SEED_UNDECIDED}"
 
 
-# where one seed's interval at the largest seed spread observed holds 1
-ONE_SEED_UNDECIDED = "one seed cannot decide which finishes sooner (--seeds 5 decides)"
+# the seeds a side below which no verdict of who finishes sooner is given: with 2, the
+# interval's t has 1 degree of freedom and a bootstrap's "95%" held the truth 64% of the time
+VERDICT_SEEDS = 3
+
+
+def undecided(seeds: int) -> str:
+    """What a time to target over fewer than `VERDICT_SEEDS` seeds a side says of who
+    finishes sooner: that they are too few to tell, and how to narrow its interval."""
+    few = "one seed is" if seeds == 1 else f"{seeds} seeds are"
+    more = max(VERDICT_SEEDS, seeds + 1)
+    return f"{few} too few to tell which finishes sooner (--seeds {more} narrows the interval)"
 
 
 def _noise_clause(baseline: TrainResult, distributed: TrainResult, figures: dict) -> str:

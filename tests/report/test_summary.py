@@ -42,8 +42,8 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
     learns less per example): 1.50x in examples/s (epochs at 1.50, 1.60, 1.50: a 95%
     t-interval on their logs 1.40-1.68, not their range) is 1.20x in time to the target.
     One seed cannot show its own spread: the interval assumes a seed's, 13% a side (18% on
-    the ratio: 95% within x/ 1.43, about x/ 1.45 with the rounds'), says so, and holds 1, so
-    neither surely finishes sooner (the rounds' alone, 1.20-1.28, said 2 replicas do)."""
+    the ratio: 95% within x/ 1.43, about x/ 1.45 with the rounds'), says so, and one seed
+    gives no verdict of who finishes sooner."""
     base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
     summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
     assert (
@@ -61,10 +61,10 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
         "examples/s 1.50x (1.40-1.68: a 95% t-interval on the logs of 3 epochs, too few for "
         "the median's): 5,000 examples to it against 4,000 (1.25x as many) at global batch 32 "
         "against 16; on the trainings' own clocks, MLPerf's (tracing and evaluation in them, "
-        "one run after the other), 3.6 s against 4.1 s: 1.14x; one seed: its interval takes "
-        "the evaluation interval, assuming a 13% seed spread, not measured here (measured on "
-        "tfscale's synthetic task, 0.06-0.19 across its configurations); at the highest, 19%, "
-        "0.71-2.07: one seed cannot decide which finishes sooner (--seeds 5 decides)"
+        "one run after the other), 3.6 s against 4.1 s: 1.14x; one seed is too few to tell "
+        "which finishes sooner (--seeds 3 narrows the interval); its interval takes the "
+        "evaluation interval, assuming a 13% seed spread, not measured here (seed spreads "
+        "measured: 0.11 on tfscale's synthetic task, 0.14 on digits, 0.81 on a table)"
     )
     assert summary.seed_spread_assumed == "assuming a 13% seed spread, not measured here"
     # the answer first, in one sentence: what ran, both speedups and what to use
@@ -72,8 +72,8 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
     assert lines[0] == (
         "answer                  2 replicas (mirrored, float32) ran 1.50x (1.50-1.60) as fast "
         "as one device in examples/s and reached 95% held-out accuracy 1.20x (0.83-1.74) as "
-        "fast: 2 replicas for examples/s; neither surely finishes sooner, its interval holds 1 "
-        "(one seed, assuming a 13% seed spread, not measured here; --seeds 5 to be sure)"
+        "fast: for examples/s use 2 replicas; one seed is too few to tell which finishes "
+        "sooner (--seeds 3 narrows the interval)"
     )
     assert not any(line.startswith(("split", "bottleneck")) for line in lines)  # none measured
     assert f"to target               {summary.to_target}" in lines
@@ -97,9 +97,9 @@ def test_a_one_seed_interval_takes_where_each_crossing_fell_between_evaluations(
     assert sparse.time_to_target_speedup_low <= 1.2 <= sparse.time_to_target_speedup_high
 
 
-def test_with_several_seeds_where_each_crossing_fell_is_in_their_bootstrap_once():
+def test_with_several_seeds_where_each_crossing_fell_is_in_their_interval_once():
     """Five seeds a side, evaluated every 1,000 examples or every step: the seeds'
-    bootstrap already holds where each seed's crossing fell, so drawing that place again
+    interval already holds where each seed's crossing fell, so drawing that place again
     (its variance I^2/12 on top of the mean's I^2/(12k)) must not widen the interval: the
     two intervals are the same draw, to the example."""
     every = {"every_examples": 1000}
@@ -118,18 +118,34 @@ def test_with_several_seeds_where_each_crossing_fell_is_in_their_bootstrap_once(
 @pytest.mark.parametrize(
     ("base_examples", "dist_examples", "says"),
     [
-        # 1.50x (1.50-1.60) in examples/s, 3x the examples: 0.50x to the target, below 1
-        # over its whole interval, even one seed's
+        # 1.50x (1.50-1.60) in examples/s, 3x the examples over 3 seeds a side: 0.50x to
+        # the target, below 1 over its whole interval
         (4000, 12000, "ran 1.50x (1.50-1.60) as fast as one device in examples/s but reached "
-         "95% held-out accuracy 0.50x (0.35-0.73) as fast: one device finishes sooner"),
+         "95% held-out accuracy 0.50x (0.44-0.57) as fast: one device finishes sooner "
+         "(3 seeds)"),
         # 1.5x the examples: 1.00x, its interval holding 1
-        (4000, 6000, "and reached 95% held-out accuracy 1.00x (0.69-1.45) as fast: 2 replicas "
-         "for examples/s; neither surely finishes sooner, its interval holds 1"),
+        (4000, 6000, "and reached 95% held-out accuracy 1.00x (0.88-1.14) as fast: 2 replicas "
+         "for examples/s; neither surely finishes sooner, its interval holds 1 (3 seeds)"),
     ],
 )  # fmt: skip
 def test_the_answer_follows_the_time_to_target_where_it_is_sure(base_examples, dist_examples, says):
+    """Three seeds a side, each side's 0.95, 1 and 1.05 of its examples."""
+    summary = _three_seeds(base_examples, dist_examples)
+    assert says in summary.answer, summary.answer
+
+
+def _three_seeds(base_examples: int, dist_examples: int):
+    """The summary of three seeds a side, each side's at 0.95, 1 and 1.05 of its examples.
+    Its interval by hand: each side's logs' variance 0.0025046, pooled the same, over 3 and
+    3 seeds 0.0016698; the examples/s speedup's 1.40-1.68 as a normal, sigma ln(1.2) / 3.92
+    = 0.0465; together 0.003833 (sd 0.0619), Satterthwaite's df 4 x (0.003833 /
+    0.0016698)^2 = 21 (t 2.080): x/ e^0.1288 = x/ 1.1375 of the point."""
     base, dist = _pair(_reached(base_examples, 4.0), _reached(dist_examples, 4.0))
-    assert says in compare_runs((base, dist), EVALUATION, None, "weak", 0.95).answer
+    repeats = tuple(
+        [_reached(round(examples * f), 4.0) for f in (0.95, 1.05)]
+        for examples in (base_examples, dist_examples)
+    )
+    return compare_runs((base, dist), EVALUATION, None, "weak", 0.95, repeats=repeats)
 
 
 def test_the_answer_without_a_time_to_target_says_why_and_decides_on_examples_per_s():
@@ -182,8 +198,9 @@ def test_more_seeds_give_mlperfs_mean_and_widen_the_range_by_their_spread():
     """Five seeds a side (the first the study's own trainings): the baseline reached 95% at
     4,000, 3,000, 5,000, 4,500 and 3,500 examples (mean of the middle three: 4,000), 2 replicas
     at 5,000, 6,000, 4,000, 9,000 and 5,500 (mean 5,500). 1.50x (1.50-1.60) in examples/s is
-    1.50 x 4,000/5,500 = 1.09x in time to target; its interval, a bootstrap over the seeds
-    and the rounds, holds 1 and lies within what the most extreme seeds could give."""
+    1.50 x 4,000/5,500 = 1.09x in time to target; its interval, a t-interval on the seeds'
+    logs with the rounds' doubt beside them, holds 1 and lies within what the most extreme
+    seeds could give."""
     base_seeds = [_reached(n, n / 1000) for n in (3000, 5000, 4500, 3500)]
     dist_seeds = [_reached(n, n / 1500) for n in (6000, 4000, 9000, 5500)]
     base, dist = _pair(_reached(4000, 4.0), _reached(5000, 5000 / 1500))
@@ -252,8 +269,7 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
         "; the baseline's gradient noise scale B_simple 16 (16-16) predicted 2,400 examples "
         "for 2 replicas at adascale's rate; global batch 32 is past it: an example there does "
         "about 0.67 of one at 16 (B_simple read as the critical batch, which it can read "
-        "below); one seed: its interval takes the evaluation interval, assuming a 13% seed "
-        "spread, not measured here"
+        "below); one seed is too few to tell which finishes sooner"
     ) in summary.to_target
     sgd = dataclasses.replace(dist, lr_scaling="linear", optimizer="SGD (momentum 0.9)")
     linear = compare_runs((base, sgd), EVALUATION, None, "weak", 0.95)
@@ -276,24 +292,20 @@ def test_the_baselines_noise_scale_predicts_the_examples_for_the_distributed_run
 def test_the_recommendation_says_when_the_time_to_target_disagrees_with_examples_per_s():
     """1.50x (1.50-1.60) in examples/s, but 2 replicas needed 12,000 examples against 4,000:
     0.50x in time to target, slower over its whole interval, and the `use` line says so
-    beside the examples/s answer; where both agree (3,000 examples: 2.00x) it says that
-    too, and where the interval holds 1 (7,000: 0.86x) it says nothing of it."""
-    base, dist = _pair(_reached(4000, 4.0), _reached(12000, 4.7))
-    slower = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
+    beside the examples/s answer (three seeds a side); where both agree (3,000 examples:
+    2.00x) it says that too, and where the interval holds 1 (6,000: 1.00x) it says nothing
+    of it; over one seed, too few to tell, nothing either."""
+    slower = _three_seeds(4000, 12000)
     assert slower.recommendation == (
         "2 replicas: 1.50x (1.50-1.60) one device's speed, faster in every epoch; to the "
-        "target, though, 2 replicas took longer: 0.50x (0.35-0.73) (one seed, assuming a 13% "
-        "seed spread, not measured here; --seeds 5 to be sure)"
+        "target, though, 2 replicas took longer: 0.50x (0.44-0.57) (3 seeds)"
     )
-    base, dist = _pair(_reached(4000, 4.1), _reached(3000, 3.6))
-    agrees = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
-    assert agrees.recommendation.endswith(
-        "; to the target too: 2.00x (1.39-2.91) (one seed, assuming a 13% seed spread, not "
-        "measured here; --seeds 5 to be sure)"
-    )
-    base, dist = _pair(_reached(4000, 4.1), _reached(7000, 3.6))
-    unsure = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
-    assert unsure.recommendation.endswith("faster in every epoch")
+    agrees = _three_seeds(4000, 3000)
+    assert agrees.recommendation.endswith("; to the target too: 2.00x (1.76-2.28) (3 seeds)")
+    assert _three_seeds(4000, 6000).recommendation.endswith("faster in every epoch")
+    base, dist = _pair(_reached(4000, 4.0), _reached(12000, 4.7))
+    one_seed = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
+    assert one_seed.recommendation.endswith("faster in every epoch")
 
 
 def test_every_text_of_the_speedup_chart_lies_inside_the_saved_png(tmp_path):
@@ -316,12 +328,9 @@ def test_every_text_of_the_speedup_chart_lies_inside_the_saved_png(tmp_path):
     assert saved.shape[:2] == (400, 1100)  # the figure checked, at 100 dpi
 
 
-def _answer(
-    speedup, time=None, seeds=1, to_target="time to 96%: the baseline missed it", widest=(None,) * 2
-):
+def _answer(speedup, time=None, seeds=1, to_target="time to 96%: the baseline missed it"):
     """`answer_text` of a summary whose examples/s speedup is `speedup` (median, low, high)
-    and time-to-target speedup `time` (the same, or None where there is none); `widest`: one
-    seed's time interval at the highest seed spread measured (low, high)."""
+    and time-to-target speedup `time` (the same, or None where there is none)."""
     from tfscale.tasks.report.summary import ScalingSummary, answer_text
 
     median, low, high = speedup
@@ -348,8 +357,6 @@ def _answer(
         time_to_target_speedup=t_median,
         time_to_target_speedup_low=t_low,
         time_to_target_speedup_high=t_high,
-        time_to_target_speedup_low_at_highest_spread=widest[0],
-        time_to_target_speedup_high_at_highest_spread=widest[1],
         to_target=to_target,
         seeds=seeds,
     )
@@ -382,10 +389,19 @@ HEAD = "2 replicas (mirrored, float32; cnn on digits) ran"
         (
             (0.9, 0.85, 0.95),
             (1.2, 1.1, 1.3),
-            1,
+            3,
             f"{HEAD} 0.90x (0.85-0.95) as fast as one device in examples/s but reached 96% "
             "held-out accuracy 1.20x (1.10-1.30) as fast: use 2 replicas, they finish sooner "
-            "(one seed, assuming a 13% seed spread, not measured here; --seeds 5 to be sure)",
+            "(3 seeds)",
+        ),
+        # the same over one seed: too few to tell, examples/s decides
+        (
+            (0.9, 0.85, 0.95),
+            (1.2, 1.1, 1.3),
+            1,
+            f"{HEAD} 0.90x (0.85-0.95) as fast as one device in examples/s but reached 96% "
+            "held-out accuracy 1.20x (1.10-1.30) as fast: for examples/s use one device; one "
+            "seed is too few to tell which finishes sooner (--seeds 3 narrows the interval)",
         ),
         # faster in both: "and"; over several seeds, their count
         (
@@ -409,11 +425,20 @@ HEAD = "2 replicas (mirrored, float32; cnn on digits) ran"
         (
             (1.0, 0.9, 1.1),
             (1.0, 0.9, 1.1),
-            1,
+            5,
             f"{HEAD} 1.00x (0.90-1.10) as fast as one device in examples/s and reached 96% "
             "held-out accuracy 1.00x (0.90-1.10) as fast: neither surely finishes sooner, its "
-            "interval holds 1 (one seed, assuming a 13% seed spread, not measured here; --seeds 5 "
-            "to be sure)",
+            "interval holds 1 (5 seeds)",
+        ),
+        # two seeds, the examples/s interval holding 1
+        (
+            (1.0, 0.9, 1.1),
+            (0.5, 0.3, 0.7),
+            2,
+            f"{HEAD} 1.00x (0.90-1.10) as fast as one device in examples/s and reached 96% "
+            "held-out accuracy 0.50x (0.30-0.70) as fast: for examples/s either: its interval "
+            "holds 1; 2 seeds are too few to tell which finishes sooner (--seeds 3 narrows the "
+            "interval)",
         ),
     ],
 )
@@ -421,22 +446,20 @@ def test_every_branch_of_the_answer(speedup, time, seeds, says):
     assert _answer(speedup, time, seeds) == says
 
 
-def test_one_seeds_verdict_reads_its_interval_at_the_highest_seed_spread():
-    """One seed: 1.30x (1.10-1.50) at the 13% seed spread it assumed leaves 1 out, but at
-    19% (0.95-1.80) it holds it: no verdict, and how to get one; where 19%'s leaves 1 out
-    too (1.05-1.70), the verdict."""
-    time, speed = (1.3, 1.1, 1.5), (1.5, 1.4, 1.6)
-    assert _answer(speed, time, 1, "", (0.95, 1.8)) == (
-        f"{HEAD} 1.50x (1.40-1.60) as fast as one device in examples/s and reached 96% "
-        "held-out accuracy 1.30x (1.10-1.50) as fast: 2 replicas for examples/s; one seed "
-        "cannot decide which finishes sooner (--seeds 5 decides): at a 19% seed spread, the "
-        "highest measured, its interval is 0.95-1.80 (one seed, assuming a 13% seed spread, "
-        "not measured here)"
-    )
-    assert _answer(speed, time, 1, "", (1.05, 1.7)).endswith(
-        "as fast: use 2 replicas, they finish sooner (one seed, assuming a 13% seed spread, "
-        "not measured here; --seeds 5 to be sure)"
-    )
+def test_fewer_than_three_seeds_give_no_verdict_of_who_finishes_sooner():
+    """1.30x (1.10-1.50) to the target leaves 1 out, yet over one or two seeds a side no
+    verdict is given (one seed's spread is assumed; two give a t of one degree of freedom,
+    and a bootstrap's "95%" held the truth 64% of the time): examples/s decides; over three,
+    the time to the target does."""
+    time, speed = (1.3, 1.1, 1.5), (0.9, 0.85, 0.95)
+    for seeds in (1, 2):
+        answer = _answer(speed, time, seeds)
+        assert answer.endswith(
+            "as fast: for examples/s use one device; "
+            f"{'one seed is' if seeds == 1 else '2 seeds are'} too few to tell which finishes "
+            "sooner (--seeds 3 narrows the interval)"
+        ), answer
+    assert _answer(speed, time, 3).endswith("as fast: use 2 replicas, they finish sooner (3 seeds)")
 
 
 def test_the_prediction_counts_gradient_accumulation_once():
@@ -478,16 +501,13 @@ def test_the_markdown_heading_says_the_time_to_target_verdict_beside_the_speedup
     head = format_markdown(slower, "digits", ("MLflow", "http://x")).splitlines()[0]
     assert head == (
         "## digits: 1.50x (1.50-1.60) on 2 replicas (mirrored, float32, weak scaling); to 95% "
-        "held-out accuracy 0.50x (0.35-0.73): one device finishes sooner"
+        "held-out accuracy 0.50x (0.35-0.73): one seed is too few to tell which finishes "
+        "sooner (--seeds 3 narrows the interval)"
     )
-    unsure = compare_runs(
-        _pair(_reached(4000, 4.0), _reached(5000, 4.7)), EVALUATION, None, "weak", 0.95
-    )
-    assert (
-        format_markdown(unsure, "digits", ("MLflow", "http://x"))
-        .splitlines()[0]
-        .endswith("0.83-1.74): neither surely finishes sooner")
-    )
+    seeded = format_markdown(_three_seeds(4000, 12000), "digits", ("MLflow", "http://x"))
+    assert seeded.splitlines()[0].endswith("0.50x (0.44-0.57): one device finishes sooner")
+    unsure = format_markdown(_three_seeds(4000, 6000), "digits", ("MLflow", "http://x"))
+    assert unsure.splitlines()[0].endswith("neither surely finishes sooner")
 
 
 def test_a_few_rounds_or_epochs_enter_the_time_as_a_t_interval_not_their_range():
@@ -529,25 +549,13 @@ def test_a_few_rounds_or_epochs_enter_the_time_as_a_t_interval_not_their_range()
     assert "the speedup's interval a 95% t-interval on the logs" in by_round.measured_over
 
 
-@pytest.mark.parametrize(
-    ("dist_examples", "says"),
-    [
-        # 1.53x (1,420 / 930) x 4,000 / 3,900 = 1.57x: at 13% a side (x/ e^(1.96 x 0.13 x
-        # sqrt 2) = x/ 1.434) 1.09-2.25 leaves 1 out, at 19% (x/ 1.693) 0.93-2.65 holds it
-        # (its 2,000 seeded draws: 1.11-2.26 and 0.95-2.67)
-        (3900, "as fast: 2 replicas for examples/s; one seed cannot decide which finishes "
-         "sooner (--seeds 5 decides): at a 19% seed spread, the highest measured, its "
-         "interval is 0.95-2.67 (one seed, assuming a 13% seed spread, not measured here)"),
-        # 3.05x: even at 19%, 1.80-5.17 (drawn: 1.85-5.21), 1 stays outside: the verdict
-        (2000, "as fast: use 2 replicas, they finish sooner (one seed, assuming a 13% seed "
-         "spread, not measured here; --seeds 5 to be sure)"),
-    ],
-)  # fmt: skip
-def test_one_seed_says_the_spread_it_assumed_and_decides_only_at_the_highest(dist_examples, says):
+@pytest.mark.parametrize("dist_examples", [3900, 2000])
+def test_one_seed_says_the_spread_it_assumed_and_gives_no_verdict(dist_examples):
     """One seed a side, its examples/s one epoch's ratio (no interval of its own): the
-    interval assumes a 13% seed spread, which the text and the JSON say was not measured
-    here, and a verdict of who finishes sooner is given only where 1 stays outside the
-    interval at the largest spread measured on the synthetic task, 19%."""
+    interval assumes a 13% seed spread (x/ e^(1.96 x 0.13 x sqrt 2) = x/ 1.434), which the
+    text and the JSON say was not measured here, beside the spreads measured; and no
+    verdict of who finishes sooner, even where 1 lies far outside it (3.05x at 2,000
+    examples): the task's own spread may be 0.81, as a table's was."""
     from helpers import epoch_history
 
     base, dist = _pair(_reached(4000, 4.0), _reached(dist_examples, 4.0))
@@ -558,15 +566,15 @@ def test_one_seed_says_the_spread_it_assumed_and_decides_only_at_the_highest(dis
     assert summary.time_to_target_speedup == pytest.approx(point)
     ends = (summary.time_to_target_speedup_low, summary.time_to_target_speedup_high)
     assert ends == pytest.approx((point / 1.434, point * 1.434), rel=0.03)
-    widest = (
-        summary.time_to_target_speedup_low_at_highest_spread,
-        summary.time_to_target_speedup_high_at_highest_spread,
-    )
-    assert widest == pytest.approx((point / 1.693, point * 1.693), rel=0.03)
     assert summary.to_dict()["seed_spread_assumed"] == (
         "assuming a 13% seed spread, not measured here"
     )
-    assert "one seed: its interval takes the evaluation interval, assuming a 13% seed " in (
-        summary.to_target
+    assert (
+        "its interval takes the evaluation interval, assuming a 13% seed spread, not measured "
+        "here (seed spreads measured: 0.11 on tfscale's synthetic task, 0.14 on digits, 0.81 "
+        "on a table)"
+    ) in summary.to_target
+    assert summary.answer.endswith(
+        "as fast: for examples/s use 2 replicas; one seed is too few to tell which finishes "
+        "sooner (--seeds 3 narrows the interval)"
     )
-    assert summary.answer.endswith(says)
