@@ -30,6 +30,8 @@ for _name in OUTSIDE + tuple(name for name in os.environ if name.startswith("SLU
     os.environ.pop(_name, None)
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else MLflow writes ~/.config/mlflow
 
+from hang_watchdog import pytest_runtest_protocol  # noqa: E402, F401 (a hook of this session's)
+
 from tfscale.tasks.core.process import set_up_process  # noqa: E402
 from tfscale.tasks.settings.config import load_config  # noqa: E402
 
