@@ -179,7 +179,7 @@ class SlurmCluster:
         out = self.run("scontrol", "show", "job", job).stdout
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
-    def wait(self, job: str, states: set[str], timeout_s: float = 300, restarts: int = 0) -> str:
+    def wait(self, job: str, states: set[str], timeout_s: float = 240, restarts: int = 0) -> str:
         """The job's state once it is one of `states` in its run number `restarts` (a
         requeued job shows its last run's FAILED until the controller has requeued it)."""
         deadline = time.monotonic() + scaled(timeout_s)

@@ -100,16 +100,23 @@ def test_the_pace_is_clamped_at_3x_loudly_and_a_factor_below_1_refused(monkeypat
 
 def inner_limits_above(limit: float, texts: dict[str, str]) -> list[str]:
     """Each `scaled(N)` of a number above `limit` in `texts` (a file's name: its text), as
-    `name:line: scaled(N)`: a wait or subprocess limit the per-test limit ends first, so
-    its own message (which command, how long) never shows."""
+    `name:line: scaled(N)`, and each default of a `timeout...` parameter above it (a
+    helper's `wait(timeout_s=300)` scaled inside), as `name:line: timeout_s=N`: a wait or
+    subprocess limit the per-test limit ends first, so its own message (which command,
+    how long) never shows."""
     import re
 
     found = []
+    default = r"\b(timeout\w*)\s*(?::\s*\w+)?\s*=\s*(\d+(?:\.\d+)?)"
     for name, text in texts.items():
         for number, line in enumerate(text.splitlines(), 1):
             for value in re.findall(r"scaled\((\d+(?:\.\d+)?)\)", line):
                 if float(value) > limit:
                     found.append(f"{name}:{number}: scaled({value})")
+            if line.lstrip().startswith("def "):
+                for parameter, value in re.findall(default, line):
+                    if float(value) > limit:
+                        found.append(f"{name}:{number}: {parameter}={value}")
     return found
 
 
@@ -147,6 +154,9 @@ def test_no_inner_limit_outlasts_the_per_test_limit():
     assert inner_limits_above(helpers.INNER_LIMIT_S, texts) == []
     planted = {"a.py": "x = 1\nproc.wait(timeout=scaled(600))\nscaled(270)\n"}
     assert inner_limits_above(helpers.INNER_LIMIT_S, planted) == ["a.py:2: scaled(600)"]
+    defaults = "def wait(self, job: str, timeout_s: float = 300) -> str:\ndef f(timeout=270):\n"
+    found = inner_limits_above(helpers.INNER_LIMIT_S, {"b.py": defaults})
+    assert found == ["b.py:1: timeout_s=300"]
 
 
 def test_ci_is_read_as_a_boolean(monkeypatch):

@@ -101,7 +101,7 @@ class Run:
             time.sleep(0.05)
         raise AssertionError(f"no {start!r} line within {timeout_s:.0f} s: {self.lines[-5:]}")
 
-    def wait(self, timeout_s: float = 600) -> int:
+    def wait(self, timeout_s: float = 240) -> int:
         code = self.process.wait(timeout=scaled(timeout_s))
         self._done.set()
         self._reader.join(timeout=scaled(10))
