@@ -112,7 +112,7 @@ def speedup_interval(
       geometric means of examples to target (`rounds.ratio_t_interval`, the rounds' doubt
       beside the seeds'), whose seeds' crossings already vary by where in its evaluation
       interval each fell; an end unbounded where a side's seed never reached the target.
-      A bootstrap over the seeds held the truth 64% of the time with 2 a side, 89% with 3
+      A bootstrap over the seeds held the truth 70% of the time with 2 a side, 91% with 3
       (`benchmarks/interval_coverage.py`). With one seed a side, drawn (seeded: the same
       figures give the same interval): that seed's examples spread as `seed_spread`
       (`SEED_SPREAD`, measured for a task) does, since one seed cannot show its own
@@ -291,7 +291,7 @@ def one_seed_text(figures: dict) -> str:
 
 
 # the seeds a side below which no verdict of who finishes sooner is given: with 2, the
-# interval's t has 1 degree of freedom and a bootstrap's "95%" held the truth 64% of the time
+# interval's t has 1 degree of freedom and a bootstrap's "95%" held the truth 70% of the time
 VERDICT_SEEDS = 3
 
 
