@@ -266,7 +266,7 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
 def decisive_time(s: ScalingSummary) -> Spread | None:
     """The time-to-target interval a verdict of who finishes sooner reads: its 95% interval
     over `VERDICT_SEEDS` or more seeds a side; None with fewer (no verdict: with one, the
-    seed spread is assumed; with 2, its t has one degree of freedom) or where the time to
+    seed spread is assumed; with 2, its t has 2 degrees of freedom) or where the time to
     target was not compared."""
     return time_spread(s) if s.seeds >= VERDICT_SEEDS else None
 

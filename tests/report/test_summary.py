@@ -448,7 +448,7 @@ def test_every_branch_of_the_answer(speedup, time, seeds, says):
 
 def test_fewer_than_three_seeds_give_no_verdict_of_who_finishes_sooner():
     """1.30x (1.10-1.50) to the target leaves 1 out, yet over one or two seeds a side no
-    verdict is given (one seed's spread is assumed; two give a t of one degree of freedom,
+    verdict is given (one seed's spread is assumed; two give a t of 2 degrees of freedom,
     and a bootstrap's "95%" held the truth 70% of the time): examples/s decides; over three,
     the time to the target does."""
     time, speed = (1.3, 1.1, 1.5), (0.9, 0.85, 0.95)
