@@ -88,3 +88,21 @@ def test_the_prepare_line_says_the_kind_and_a_model_of_another_kind_names_label_
     assert code == 2, err[-2000:]
     (fix,) = [line for line in err.splitlines() if line.startswith("fix:")]
     assert fix.index("--label-kind") < fix.index("end the model in a layer of 1 unit"), fix
+
+
+@pytest.mark.parametrize(
+    "asked, kind, outputs",
+    [("auto", "binary", 1), ("class", "class", 2), ("regression", "regression", 1)],
+)
+def test_the_kind_asked_for_is_the_kind_prepared(tmp_path, asked, kind, outputs):
+    """The same 0./1. column, read as binary, prepared as the user asks (`--label-kind`,
+    `prepare.label_kind`): two classes (a model of 2 logits), or a real value."""
+    from tfscale.tasks.data.preparation import prepare_dataset
+    from tfscale.tasks.settings.config import load_config
+
+    rows = ["a,b,target"] + [f"{i},{i % 7},{float(i % 2)}" for i in range(80)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    values = {"prepare.dataset": str(tmp_path / "t.csv"), "prepare.label": "target"}
+    values |= {"prepare.label_kind": asked, "prepare.data_dir": str(tmp_path / "tfrecords")}
+    label = prepare_dataset(load_config(None, values), progress=False).manifest.spec.label
+    assert (label.kind, label.outputs) == (kind, outputs)

@@ -293,6 +293,29 @@ def test_shards_never_fewer_than_workers(make_config):
     assert len(manifest.files("train")) == 3 and len(manifest.files("test")) == 3
 
 
+def test_the_shard_keys_and_the_test_splits_size_decide_what_prepare_writes(make_config, tmp_path):
+    """Each key changes what is written, against the same data prepared by default (300
+    training examples of the synthetic task, a few KB: one shard a split at 100 MB):
+    `prepare.min_shards: 5` writes 5 a split; `prepare.target_shard_mb: 0.002` (2 KB, the
+    records' bytes over it: about 9 KB here) more than 3; `prepare.synthetic.test_examples`
+    sets the test split's size."""
+    base = {"prepare__dataset": "synthetic", "prepare__synthetic__train_examples": 300}
+    base["prepare__synthetic__test_examples"] = 60
+
+    def prepared(folder: str, **values):
+        values = {**base, **values, "prepare__data_dir": str(tmp_path / folder)}
+        return prepare_dataset(make_config(**values), progress=False).manifest
+
+    plain = prepared("-plain")
+    assert (len(plain.files("train")), len(plain.files("test"))) == (1, 1)
+    assert plain.splits["test"] == 60
+    assert (len(prepared("-min", prepare__min_shards=5).files("train"))) == 5
+    small = prepared("-small", prepare__target_shard_mb=0.002)
+    per_shard = [s.bytes for s in small.shards if s.split == "train"]
+    assert len(per_shard) > 3 and max(per_shard) < 2 * 0.002 * 2**20, per_shard
+    assert prepared("-test", prepare__synthetic__test_examples=40).splits["test"] == 40
+
+
 def test_evaluation_sees_every_example_once_across_pipelines(make_config, caplog):
     result = prepare_dataset(make_config(prepare__num_shards=2), progress=False)
     everything = read_split(result.manifest, result.data_dir, "test")[1]
