@@ -358,6 +358,16 @@ def test_training_batches_are_static_and_seeded(make_config):
         == 1437 // 100
     )
     assert not np.array_equal(first_labels(1), first_labels(2))
+    # `train.seed` reaches the training's input (`train_dataset_fn`): its order follows it
+    from tfscale.tasks.train.training import train_dataset_fn
+
+    def first_by_key(seed):
+        config = make_config(train__seed=seed)
+        dataset_fn = train_dataset_fn(config.train, result.manifest, result.data_dir, 100)
+        return next(iter(dataset_fn(None)))[1].numpy()
+
+    assert np.array_equal(first_by_key(1), first_by_key(1))
+    assert not np.array_equal(first_by_key(1), first_by_key(2))
 
 
 def test_a_shuffle_buffer_of_one_keeps_the_order_the_shards_are_read_in(make_config):
