@@ -409,6 +409,33 @@ def test_a_large_table_is_split_across_two_ps_tasks_and_learns(digits):
         assert curve[-1] < curve[0] - 0.02, found
 
 
+@pytest.mark.unit
+def test_steps_per_call_sets_how_many_steps_each_graph_call_runs(digits, monkeypatch):
+    """`train.steps_per_call: 4`: 10 steps of tfscale's loop run as graph calls of 4, 4
+    and 2 steps (the default, 1: ten calls of one)."""
+    from tfscale.tasks.distribute.hardware import detect_hardware
+    from tfscale.tasks.distribute.strategy import select_strategy
+    from tfscale.tasks.train import steps as step_module
+    from tfscale.tasks.train.training import set_up_training, train_dataset_fn
+
+    overrides, manifest, data_dir = digits
+    real, calls = step_module.run_in_calls, []
+
+    def counted(train_steps, steps, per_call, after_steps):
+        real(train_steps, steps, per_call, lambda n: (calls.append(n), after_steps(n)))
+
+    monkeypatch.setattr(step_module, "run_in_calls", counted)
+    for per_call, expected in ((4, [4, 4, 2]), (1, [1] * 10)):
+        values = {**overrides, "train.strategy": "one_device", "train.model": "mlp"}
+        config = load_config(None, {**values, "train.steps_per_call": per_call})
+        choice = select_strategy(detect_hardware(), config.train)
+        setup = set_up_training(config.train, manifest, choice)
+        dataset_fn = train_dataset_fn(config.train, setup.manifest, data_dir, setup.per_replica)
+        calls.clear()
+        setup.epoch_runner(choice, dataset_fn)(10)
+        assert calls == expected, per_call
+
+
 def test_preemption_is_checked_inside_an_epoch_and_after_its_record_not_in_its_last_call():
     """A preemption saved inside an epoch's last call would leave that epoch unrecorded in
     history.json while its steps are in the checkpoint: the loop checks after recording."""
