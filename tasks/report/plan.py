@@ -808,8 +808,8 @@ def _span(values: list[float]) -> str:
 
 def pair_interval(study: dict, base_batch: int, run_batch: int) -> tuple[float, float, float]:
     """The pair's steps ratio (the baseline's steps to the target over the run's) and its
-    95% interval: with two or more seeds a side, Welch's t-interval on the logs of their
-    examples to target (`examples_to_target_by_seed`, `seeds_interval`); with one, each
+    95% interval: with two or more seeds a side, a two-sample t-interval on the logs of
+    their examples to target (`examples_to_target_by_seed`, `seeds_interval`); with one, each
     side's steps spread as `SEED_SPREAD` (assumed: one seed cannot show its own spread),
     the ratio's by sqrt(2)."""
     measured = (study["examples_to_target_baseline"] / base_batch) / (

@@ -20,7 +20,6 @@ from tfscale.tasks.measure.probes import RoundRates
 from tfscale.tasks.measure.rounds import RoundsEnded, Spread, interval_95, least_rounds
 from tfscale.tasks.report.target_comparison import (
     NO_TARGET,
-    SEED_SPREAD_ASSUMED,
     VERDICT_SEEDS,
     target_figures,
     undecided,
@@ -232,7 +231,6 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     speed = _spread(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = target_text(s.target_metric, s.target_accuracy)
-    seeds = f"{s.seeds} seeds" if s.seeds > 1 else f"one seed, {SEED_SPREAD_ASSUMED}"
     by_speed = (
         f"use {shape}"
         if speed.above(1.0)
@@ -255,12 +253,13 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     if decisive_time(s) is None:  # too few seeds to tell
         return f"{reached}: for examples/s {by_speed}; {undecided(s.seeds)}"
     if time.above(1.0):
-        return f"{reached}: use {shape}, they finish sooner ({seeds})"
+        return f"{reached}: use {shape}, they finish sooner ({s.seeds} seeds)"
     if time.below(1.0):
-        return f"{reached}: one device finishes sooner ({seeds})"
+        return f"{reached}: one device finishes sooner ({s.seeds} seeds)"
     faster = f"{shape}" if speed.above(1.0) else "one device" if speed.below(1.0) else ""
     either = f"{faster} for examples/s; " if faster else ""
-    return f"{reached}: {either}neither surely finishes sooner, its interval holds 1 ({seeds})"
+    held = "neither surely finishes sooner, its interval holds 1"
+    return f"{reached}: {either}{held} ({s.seeds} seeds)"
 
 
 def decisive_time(s: ScalingSummary) -> Spread | None:

@@ -108,16 +108,16 @@ def speedup_interval(
       heavier tails, its ends are what is kept). It must be a 95% interval: the rounds'
       lowest to highest, read as +-1.96 sigma, made 2 rounds' (their median between them
       half the time) or 3 rounds' (75%) as sure as a 95% interval;
-    - the seeds': with two or more a side, Welch's t-interval of the ratio of the sides'
-      geometric means of examples to target (`rounds.ratio_t_interval`, the rounds' doubt
-      beside the seeds'), whose seeds' crossings already vary by where in its evaluation
-      interval each fell; an end unbounded where a side's seed never reached the target.
-      A bootstrap over the seeds held the truth 70% of the time with 2 a side, 91% with 3
-      (`benchmarks/interval_coverage.py`). With one seed a side, drawn (seeded: the same
-      figures give the same interval): that seed's examples spread as `seed_spread`
-      (`SEED_SPREAD`, measured for a task) does, since one seed cannot show its own
-      spread, and where its crossing fell: in the evaluation interval before the
-      evaluation that found it (`every`: each side's)."""
+    - the seeds': with two or more a side, a two-sample t-interval of the ratio of the
+      sides' geometric means of examples to target (`rounds.ratio_t_interval`: pooled, the
+      rounds' doubt beside the seeds'), whose seeds' crossings already vary by where in
+      its evaluation interval each fell; an end unbounded where a side's seed never
+      reached the target. A bootstrap over the seeds held the truth 70% of the time with
+      2 a side, 91% with 3 (`benchmarks/interval_coverage.py`). With one seed a side,
+      drawn (seeded: the same figures give the same interval): that seed's examples
+      spread as `seed_spread` (`SEED_SPREAD`, measured for a task) does, since one seed
+      cannot show its own spread, and where its crossing fell: in the evaluation interval
+      before the evaluation that found it (`every`: each side's)."""
     width = math.log(speedup.high / speedup.low) if speedup.low > 0 else 0.0
     rounds_sigma = width / (2 * 1.96)
     if min(len(examples[0]), len(examples[1])) > 1:

@@ -92,6 +92,7 @@ def evaluate_keras_model(
     if objective is None:  # a model read back from its file: its compile says
         objective = _objective(model, manifest)
     own = _own_metrics(objective, weighted=bool(manifest.spec.weight))
+    by_weight = {name for name in own if objective.is_weighted(name)}
     reading = Reading(weighted=True)  # each example's weight, for the weighted metrics
     losses, labels_seen, logits_seen = [], [], []
     for features, labels, *weights in build_dataset(
@@ -100,7 +101,7 @@ def evaluate_keras_model(
         outputs = tf.cast(_outputs(model, features, manifest, model_path), tf.float32)
         losses.append(held_out_losses(model, objective, labels, outputs).numpy())
         for name, metric in own.items():
-            weight = weights[0] if weights and objective.is_weighted(name) else None
+            weight = weights[0] if weights and name in by_weight else None
             metric.update_state(objective.targets(labels, outputs), outputs, weight)
         labels_seen.append(labels.numpy())
         logits_seen.append(_as_logits(outputs.numpy(), objective))
