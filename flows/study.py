@@ -192,6 +192,11 @@ def scaling_study(config: config_mod.Config) -> summary.ScalingSummary:
 def run_study(config: config_mod.Config) -> summary.ScalingSummary:
     """The study's tasks, in the flow run that calls it (`scaling_study`, or a deployment's
     own run: its page then shows every task and log line, none hidden in a subflow)."""
+    with process.stops_noted():  # a stop Prefect's or a library's handling swallowed
+        return _study(config)
+
+
+def _study(config: config_mod.Config) -> summary.ScalingSummary:
     quiet_run_logs()
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)

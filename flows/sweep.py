@@ -108,6 +108,11 @@ def sweep_flow(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
 def run_sweep(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     """The sweep's tasks, in the flow run that calls it (`sweep_flow`, or a deployment's
     own run, whose page then shows them)."""
+    with process.stops_noted():  # a stop Prefect's or a library's handling swallowed
+        return _sweep(config)
+
+
+def _sweep(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
     quiet_run_logs()
     tracker = tracking.Tracker.for_config(config.track)
     check_tracking_task(tracker)

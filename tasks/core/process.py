@@ -19,6 +19,9 @@ here and nowhere else:
 - `fail_fast_rpcs()` before a parameter-server coordinator starts;
 - `wait_for_peers_at_exit(timeout_s)` once the process joins a collective cluster
   (MultiWorkerMirrored): `exit_now` then ends it only when every task is done;
+- `stops_noted()` around long work in the main thread (a training), which then
+  `raise_if_stopped()` at each step: a stop whose exception was swallowed on its way
+  still ends the work; `forget_stops()` at a command's start;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells);
 - `collector_paused()` around a process's first import of TensorFlow (`import_tensorflow`;
@@ -41,7 +44,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tfscale.tasks.core.errors import UserError
 
@@ -142,14 +145,80 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """The signal that stopped a `stopped_by_signals` block, once one has (`signum`). The
-    block's exception is raised once, wherever the main thread is then, and library code
-    that catches every exception can swallow it (seen once in 1,150 placements inside
-    MLflow's store set-up): a wait inside the block checks `signum` too, so a stop never
-    depends on the exception arriving."""
+    """The signal that stopped the process's work, once one has (`signum`): noted by
+    `stopped_by_signals` and `stops_noted` blocks, whichever handler then has the signal.
+    A stop's exception is raised once, wherever the main thread is then, and code that
+    catches every exception can swallow it (seen once in 1,150 placements inside MLflow's
+    store set-up; a Prefect flow run's `TerminationSignal` once in CI, the study trained
+    on to its end): a wait checks `signum`, and long work `raise_if_stopped` at each of
+    its steps, so a stop never depends on the exception arriving."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+
+
+_STOPS = StopRequest()  # the process's own: the main thread alone sets it
+_NOTING = [0]  # how many noting blocks are open: the outermost forgets an earlier stop
+
+
+def forget_stops() -> None:
+    """A command's start (`flows.cli.main`): a stop an earlier command in this process
+    noted (a test's, a notebook's) is not this one's."""
+    _STOPS.signum = None
+
+
+def raise_if_stopped() -> None:
+    """Raises `Stopped` once a stop was noted in this process whose exception did not end
+    the work (`StopRequest`): at a training's next graph call, at a command's end."""
+    if _STOPS.signum == 2:  # SIGINT: Ctrl-C's own exception
+        raise KeyboardInterrupt
+    if _STOPS.signum is not None:
+        raise Stopped(_STOPS.signum)
+
+
+@contextmanager
+def _noting() -> Iterator[StopRequest]:
+    if _NOTING[0] == 0:
+        forget_stops()
+    _NOTING[0] += 1
+    try:
+        yield _STOPS
+    finally:
+        _NOTING[0] -= 1
+
+
+@contextmanager
+def stops_noted() -> Iterator[None]:
+    """For the block (in the main thread; elsewhere a signal cannot be handled), a SIGTERM
+    or SIGHUP is noted in the process (`raise_if_stopped`) before the handler in place
+    runs: a Prefect flow run's, which raises its `TerminationSignal`, `stopped_by_signals`'s,
+    or the default action, sent again. An ignored signal stays ignored. The block ends in
+    `Stopped` where a stop was noted and the block's work went on."""
+    import signal
+    import threading
+
+    taken = {}
+
+    def note(signum: int, frame: Any) -> None:
+        _STOPS.signum = signum
+        before = taken[signum]
+        if callable(before):
+            before(signum, frame)
+        else:  # the default action, as if this block had not been
+            signal.signal(signum, before)
+            os.kill(os.getpid(), signum)
+
+    with _noting():
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+                    taken[signum] = signal.signal(signum, note)
+        try:
+            yield
+        finally:
+            for signum, before in taken.items():
+                signal.signal(signum, before)
+        raise_if_stopped()
 
 
 @contextmanager
@@ -160,30 +229,29 @@ def stopped_by_signals() -> Iterator[StopRequest]:
     training's own handler (a preemption's checkpoint) is left alone, and so is a process
     whose main thread may wait in TensorFlow's C++ (a worker), which a Python handler
     could not interrupt where the default action ends it. Ctrl-C (SIGINT, where Python's
-    own handler has it) still raises KeyboardInterrupt; every stop is also recorded in
-    the `StopRequest` the block gets."""
+    own handler has it) still raises KeyboardInterrupt; every stop is also noted in the
+    process's `StopRequest`, which the block gets."""
     import signal
     import threading
 
-    request = StopRequest()
-
     def stop(signum: int, frame: object) -> None:
-        request.signum = signum
+        _STOPS.signum = signum
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Stopped(signum)
 
     taken = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            if signal.getsignal(signum) is default:
-                taken[signum] = signal.signal(signum, stop)
-    try:
-        yield request
-    finally:
-        for signum, before in taken.items():
-            signal.signal(signum, before)
+    with _noting() as request:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+                if signal.getsignal(signum) is default:
+                    taken[signum] = signal.signal(signum, stop)
+        try:
+            yield request
+        finally:
+            for signum, before in taken.items():
+                signal.signal(signum, before)
 
 
 def verbose() -> bool:

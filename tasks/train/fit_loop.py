@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfscale.tasks.core.process import raise_if_stopped
 from tfscale.tasks.train.objectives import Built, Objective
 from tfscale.tasks.train.steps import first_rows, half_gradients
 
@@ -136,6 +137,7 @@ class EpochRecords(keras.callbacks.Callback):
         self.started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        raise_if_stopped()  # a stop whose exception was swallowed (`process.stops_noted`)
         self.done = batch + 1
         step = self.first + self.done
         if self.cuts and step >= self.cuts[0]:

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tfscale.tasks.core import class_weights
 from tfscale.tasks.core.errors import UsageError, UserError
 from tfscale.tasks.core.files import write_json_atomic
-from tfscale.tasks.core.process import use_precision
+from tfscale.tasks.core.process import raise_if_stopped, stops_noted, use_precision
 from tfscale.tasks.core.progress import status
 from tfscale.tasks.data.inputs import Reading, build_dataset
 from tfscale.tasks.data.manifest import Manifest
@@ -82,7 +82,17 @@ def train_model(run: Run, *, resolver: Any = None) -> Trained:
     A preemptible role (a worker process's main thread) saves a checkpoint at the current
     step on every worker on SIGTERM and exits with `EXIT_PREEMPTED` (TensorFlow's
     `PreemptionCheckpointHandler`). `resolver` is an in-process cluster's, when there is one.
+    Any other role notes a stop (`process.stops_noted`): one whose exception was swallowed
+    on its way (a callback's `except BaseException`) ends the training at its next graph
+    call all the same.
     """
+    if run.role.preemptible:
+        return _train(run, resolver)
+    with stops_noted():
+        return _train(run, resolver)
+
+
+def _train(run: Run, resolver: Any) -> Trained:
     cfg, choice, run_dir, chief = run.train, run.choice, run.run_dir, run.role.chief
     timeout_s = run.config.cluster.collective_timeout_s
     setup = set_up_training(cfg, run.manifest, choice, resolver, timeout_s)
@@ -314,6 +324,7 @@ class _StepCounter:
         self.on_call: Callable[[int, int], None] | None = None  # (first, last) step counts
 
     def __call__(self, steps: int) -> None:
+        raise_if_stopped()  # before the call is counted: its steps are the next run's
         self.count += steps
         self.step.assign(self.count)
         if self.on_call is not None:

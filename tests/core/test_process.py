@@ -54,3 +54,68 @@ def test_only_a_first_import_of_tensorflow_pauses_the_collector_and_freezes(monk
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()
+
+
+class _Termination(BaseException):
+    """What a Prefect flow run's SIGTERM handler raises (its `TerminationSignal`)."""
+
+
+def _swallowed_sigterm() -> None:
+    """SIGTERM to this process, its exception caught by code that catches everything (a
+    user's callback, a library's clean-up), as seen once in CI: the run trained on."""
+    import os
+    import signal
+    import time
+
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here, in the main thread
+    except BaseException:  # noqa: BLE001 - the swallowing under test
+        pass
+
+
+def test_a_stop_whose_exception_was_swallowed_still_ends_the_noted_block():
+    """Over another handler (Prefect's in a flow run), a SIGTERM is noted before that
+    handler raises: `raise_if_stopped` and the block's end raise `Stopped` with the shell's
+    143, though the handler's own exception never arrived; the handler is put back after,
+    and the next block does not inherit the stop."""
+    import signal
+
+    from tfscale.tasks.core.process import Stopped, raise_if_stopped, stops_noted
+
+    raised = []
+
+    def prefects(signum, frame):
+        raised.append(signum)
+        raise _Termination
+
+    before = signal.signal(signal.SIGTERM, prefects)
+    try:
+        with pytest.raises(Stopped) as stopped, stops_noted():
+            _swallowed_sigterm()
+            assert raised == [signal.SIGTERM]  # the handler in place ran, and raised
+            with pytest.raises(Stopped):
+                raise_if_stopped()
+        assert stopped.value.exit_code == 143
+        assert signal.getsignal(signal.SIGTERM) is prefects
+        with stops_noted():
+            raise_if_stopped()  # a new block: the earlier stop was that block's
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_stop_swallowed_inside_stopped_by_signals_is_raised_at_the_next_check():
+    import signal
+
+    from tfscale.tasks.core.process import Stopped, raise_if_stopped, stopped_by_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with stopped_by_signals() as request:
+            _swallowed_sigterm()
+            assert request.signum == signal.SIGTERM
+            with pytest.raises(Stopped):
+                raise_if_stopped()
+    finally:
+        signal.signal(signal.SIGTERM, before)

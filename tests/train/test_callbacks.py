@@ -50,6 +50,22 @@ def raising(spec):
     return _model(spec), [keras.callbacks.LambdaCallback(on_epoch_end=fail)]
 
 
+def swallows_a_stop(spec):
+    """SIGTERM at the first epoch's end, its exception caught as code that catches
+    everything catches it."""
+    import os, signal, time
+
+    def stop(epoch, logs):
+        if epoch == 0:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except BaseException:
+                pass
+
+    return _model(spec), [keras.callbacks.LambdaCallback(on_epoch_end=stop)]
+
+
 def logging():
     return [keras.callbacks.CSVLogger("epochs.csv"), keras.callbacks.EarlyStopping("loss")]
 
@@ -223,3 +239,22 @@ def test_a_built_in_model_trains_with_the_callbacks_the_config_names(tmp_path, d
     with (tmp_path / "epochs.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [float(r["loss"]) for r in rows] == pytest.approx([h["loss"] for h in history])
+
+
+@pytest.mark.integration
+def test_a_stop_a_callback_swallowed_ends_the_training_at_its_next_call(tmp_path, digits):
+    """SIGTERM lands inside a callback's `except BaseException`: the training still stops
+    at its next graph call, with the first epoch recorded and the shell's 143, not trained
+    on to its end."""
+    from helpers import run_main, tiny_params
+
+    (tmp_path / "models.py").write_text(MODELS)
+    overrides, _, _ = digits
+    params = tiny_params(tmp_path, **{"prepare.data_dir": overrides["prepare.data_dir"]})
+    argv = ["--params", str(params), "train", "--model", "models.py:swallows_a_stop"]
+    argv += ["--strategy", "one_device", "--epochs", "3", "--no-diagnose"]
+    code, out, err = run_main(argv, tmp_path)
+    assert code == 143, (out, err[-2000:])
+    assert "stopped by signal" in err
+    (history,) = (tmp_path / "runs").rglob("history.json")
+    assert len(json.loads(history.read_text())) == 1
