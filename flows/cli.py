@@ -16,10 +16,10 @@ from tfscale.tasks.core.errors import UserError, system_error
 from tfscale.tasks.core.process import (
     Stopped,
     exit_now,
-    forget_stops,
     import_tensorflow,
     raise_if_stopped,
     set_up_process,
+    stop_scope,
     stopped_by_signals,
 )
 from tfscale.tasks.settings.config import DEFAULT_PARAMS, load_config
@@ -335,13 +335,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_dvc_deps(config, args.command)
         if args.command in TENSORFLOW_COMMANDS:
             import_tensorflow()
-        forget_stops()
-        if args.command in OWN_SIGNALS:
-            code = getattr(commands, args.command)(config, args)
-        else:
-            with stopped_by_signals():  # SIGTERM, SIGHUP: one line, 128+N, temporaries gone
+        with stop_scope():
+            if args.command in OWN_SIGNALS:
                 code = getattr(commands, args.command)(config, args)
-        raise_if_stopped()  # a stop some library swallowed is a stop still
+            else:
+                with stopped_by_signals():  # SIGTERM, SIGHUP: one line, 128+N, temporaries gone
+                    code = getattr(commands, args.command)(config, args)
+            raise_if_stopped()  # a stop some library swallowed is a stop still
         return code
     except UserError as exc:
         if args.debug:

@@ -21,7 +21,7 @@ here and nowhere else:
   (MultiWorkerMirrored): `exit_now` then ends it only when every task is done;
 - `stops_noted()` around long work in the main thread (a training), which then
   `raise_if_stopped()` at each step: a stop whose exception was swallowed on its way
-  still ends the work; `forget_stops()` at a command's start;
+  still ends the work; `stop_scope()` around a command, which checks at its end;
 - `use_precision(policy)` before a training run builds its model (a sweep changes it
   between cells);
 - `collector_paused()` around a process's first import of TensorFlow (`import_tensorflow`;
@@ -158,12 +158,12 @@ class StopRequest:
 
 
 _STOPS = StopRequest()  # the process's own: the main thread alone sets it
-_NOTING = [0]  # how many noting blocks are open: the outermost forgets an earlier stop
+_SCOPES = [0]  # how many stop scopes are open (`stop_scope`)
 
 
 def forget_stops() -> None:
-    """A command's start (`flows.cli.main`): a stop an earlier command in this process
-    noted (a test's, a notebook's) is not this one's."""
+    """A stop the work honoured as asked (`tfscale ui` ends with 0 on SIGTERM) is not
+    raised again at the command's end."""
     _STOPS.signum = None
 
 
@@ -177,14 +177,21 @@ def raise_if_stopped() -> None:
 
 
 @contextmanager
-def _noting() -> Iterator[StopRequest]:
-    if _NOTING[0] == 0:
+def stop_scope() -> Iterator[StopRequest]:
+    """The span a noted stop belongs to: a command's (`flows.cli.main`), else the
+    outermost `stopped_by_signals` or `stops_noted` block. A stop noted before it (an
+    earlier command's in this process: a test's, a notebook's) is forgotten at its start,
+    and its own at its end, so no later work meets it."""
+    outermost = _SCOPES[0] == 0
+    if outermost:
         forget_stops()
-    _NOTING[0] += 1
+    _SCOPES[0] += 1
     try:
         yield _STOPS
     finally:
-        _NOTING[0] -= 1
+        _SCOPES[0] -= 1
+        if outermost:
+            forget_stops()
 
 
 @contextmanager
@@ -208,7 +215,7 @@ def stops_noted() -> Iterator[None]:
             signal.signal(signum, before)
             os.kill(os.getpid(), signum)
 
-    with _noting():
+    with stop_scope():
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(signum) not in (signal.SIG_IGN, None):
@@ -241,7 +248,7 @@ def stopped_by_signals() -> Iterator[StopRequest]:
         raise Stopped(signum)
 
     taken = {}
-    with _noting() as request:
+    with stop_scope() as request:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                 default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL

@@ -52,11 +52,13 @@ def serve_ui(tracker: Any, command: list[str], env: dict[str, str], base: str) -
     it serves point there, whatever the port) and prints its address, the results table and
     the latest study's run. A stop (Ctrl-C, SIGTERM, SIGHUP) stops the server and the record
     goes."""
-    from tfscale.tasks.core.process import stopped_by_signals
+    from tfscale.tasks.core.process import forget_stops, stopped_by_signals
     from tfscale.tasks.core.servers import start_owned
 
     with stopped_by_signals() as stop:  # the server dies with this command, stopped whole
-        return _serve_ui(tracker, start_owned(command, env), base, stop)
+        code = _serve_ui(tracker, start_owned(command, env), base, stop)
+    forget_stops()  # a stop ends the serving as asked: 0, not the shell's 128+N
+    return code
 
 
 def _serve_ui(tracker: Any, server: Any, base: str, stop: StopRequest) -> int:
