@@ -251,7 +251,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
     from tfscale.tasks.track.tracking import Tracker
 
     summary = _run_flow("tfscale.flows.study", "scaling_study", config)
-    from tfscale.tasks.report.summary import format_summary
+    from tfscale.tasks.report.console_summary import format_summary
 
     print()
     print(format_summary(summary, open_ui_line(Tracker.for_config(config.track))))

@@ -386,3 +386,19 @@ def train_result(**changes):
         steps_per_epoch=10,
     )
     return dataclasses.replace(one_device, **changes)
+
+
+def console_row(out: str, label: str) -> str:
+    """The value of the summary's row `label` in a command's output, its lines (wrapped
+    within the console's 100 columns, each continuation under the value's column) joined
+    by spaces; "" where no row has that label."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"{label}  ") or line == label:
+            parts = [line[len(label) :].strip()]
+            for more in lines[i + 1 :]:
+                if not more.startswith("  ") or not more.strip():
+                    break
+                parts.append(more.strip())
+            return " ".join(parts)
+    return ""

@@ -228,7 +228,7 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     shape = s.shape
     loop = ", Keras's fit" if s.loop == "fit" else ""
     what = f"{shape} ({s.strategy}, {s.precision}{loop}{'; ' + subject if subject else ''})"
-    speed = _spread(s.speedup, s.speedup_low, s.speedup_high)
+    speed = spread_of(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = target_text(s.target_metric, s.target_accuracy)
     by_speed = (
@@ -276,7 +276,7 @@ def loop_text(s: ScalingSummary) -> str:
     head = f"your fit on {s.shape} ran {s.speedup_text} one device's"
     if s.tfscale_over_fit is None:
         return f"{head} (Keras's model.fit trained both)"
-    ours = _spread(s.tfscale_over_fit, s.tfscale_over_fit_low, s.tfscale_over_fit_high)
+    ours = spread_of(s.tfscale_over_fit, s.tfscale_over_fit_low, s.tfscale_over_fit_high)
     return f"{head}; tfscale's loop runs {ours.text()} your fit at that setting (the same rounds)"
 
 
@@ -340,7 +340,7 @@ def _speedup_for_time(
     return found or (Spread(point, point, point), "")
 
 
-def _spread(median: float, low: float | None, high: float | None) -> Spread:
+def spread_of(median: float, low: float | None, high: float | None) -> Spread:
     """`median` with its range, the median itself where a bound is missing."""
     return Spread(median, median if low is None else low, median if high is None else high)
 
@@ -516,42 +516,6 @@ def speedup_figure(summary: ScalingSummary, baseline: TrainResult, distributed: 
     return fig
 
 
-def format_summary(summary: ScalingSummary, ui_command: str) -> str:
-    """The console's summary: the answer in one sentence first, then its split, the
-    bottleneck and the advice, the time to target, the figures, how the setting was chosen
-    (the measured candidates as a table of their own) and where to look."""
-    rows = [
-        ("answer", summary.answer or summary.speedup_text),
-        *([("split", _split(summary).removeprefix(" = "))] if _split(summary) else []),
-        *(
-            [("bottleneck", f"{summary.bottleneck}: {summary.bottleneck_evidence}")]
-            if summary.bottleneck
-            else []
-        ),
-        *[("advice" if i == 0 else "", a) for i, a in enumerate(summary.advice)],
-        ("to target", summary.to_target),
-        *([("loop", loop_text(summary))] if summary.loop == "fit" else []),
-        ("measured over", summary.measured_over),
-        *([("interference", summary.interference)] if summary.interference else []),
-        ("scaling efficiency", f"{summary.scaling_efficiency:.2f} (1.00 is linear)"),
-        ("baseline examples/s", f"{summary.baseline_examples_per_s:,.0f}"),
-        ("distributed examples/s", f"{summary.distributed_examples_per_s:,.0f}"),
-        test_row(summary),
-        ("strategy", strategy_text(summary)),
-        *([("forecast", summary.forecast)] if summary.forecast else []),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows if k or v]
-    table = candidates_table(summary)
-    return "\n".join(
-        [
-            *lines,
-            *([""] + table + [""] if table else []),
-            f"{'open the MLflow UI':<{width}}  {ui_command}",
-        ]
-    )
-
-
 def strategy_text(summary: ScalingSummary) -> str:
     """`mirrored, 2 replicas, mixed_bfloat16, weak scaling: the fastest of 2 measured
     (below); proposed from the hardware: CPU only, ...`, or the selection's reason where
@@ -589,7 +553,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, link: tuple[str, str]
     artifact, and the MLflow run's description), with `link` (words, address) to MLflow."""
     advice = summary.advice
     rows = [
-        ("speedup", f"**{summary.speedup_text}**{_split(summary)}"),
+        ("speedup", f"**{summary.speedup_text}**{split_text(summary)}"),
         ("measured over", summary.measured_over),
         *([("interference", summary.interference)] if summary.interference else []),
         ("scaling efficiency", f"**{summary.scaling_efficiency:.2f}** (1.00 is linear)"),
@@ -625,7 +589,7 @@ def format_markdown(summary: ScalingSummary, dataset: str, link: tuple[str, str]
     return f"{head}\n\n{answer}| figure | value |\n|---|---|\n{table}\n"
 
 
-def _split(summary: ScalingSummary) -> str:
+def split_text(summary: ScalingSummary) -> str:
     if summary.speedup_from_batch is None or summary.speedup_from_devices is None:
         return ""
     return (

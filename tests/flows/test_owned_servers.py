@@ -6,6 +6,7 @@ mid-run ends the run in seconds with one clear error."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import BIN, scaled, tiny_params
+from helpers import BIN, console_row, scaled, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -220,8 +221,12 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
         again = re.findall(rf"^seed \d+ +{side}: 0\.85 at ([\d,]+) examples", out, re.M)
         assert len(again) == 4, out[-3000:]
         reached[side] = [examples(v) for v in (first, *again)]
-    (line,) = [line for line in out.splitlines() if line.startswith("to target ")]
+    brief = console_row(out, "to target")  # the console's: the figures, then the whole
+    (summary,) = (tmp_path / "seeds").rglob("summary.json")
+    line = json.loads(summary.read_text())["to_target"]
     dist, base = re.search(r"([\d,]+) examples to it against ([\d,]+)", line).groups()
+    assert f"{dist} examples to it against {base} (" in brief
+    assert "each the mean of 5 seeds by MLPerf's rule" in brief, brief
     assert examples(base) == round(mlperf_mean(reached["baseline"])), (line, reached)
     assert examples(dist) == round(mlperf_mean(reached["distributed"])), (line, reached)
     assert "the mean of 5 seeds each, the fastest and slowest dropped" in line

@@ -257,7 +257,8 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     import dataclasses
 
     from tfscale.tasks.measure.diagnosis import Diagnosis
-    from tfscale.tasks.report.summary import compare_runs, format_summary
+    from tfscale.tasks.report.console_summary import format_summary
+    from tfscale.tasks.report.summary import compare_runs
 
     diagnosis = Diagnosis(
         "compute-bound", 9e9, 1600.0, 1500.0, 1000.0, 2, 0.02, "evidence",
@@ -273,10 +274,10 @@ def test_a_weak_scaling_speedup_splits_into_batch_and_devices():
     assert summary.speedup_from_batch == pytest.approx(1.2)
     assert summary.speedup_from_devices == pytest.approx(1.25)
     text = format_summary(summary, "ui")
-    assert "ran 1.50x as fast as one device" in text.splitlines()[0]
+    assert "2 replicas: examples/s 1.50x one device's" in text.splitlines()[0]
     assert (
-        "split                   1.20x from the larger global batch (one device) x 1.25x from more"
-        in text
+        "\nsplit             1.20x from the larger global batch (one device) x 1.25x from more "
+        "devices\n" in text
     )
     strong = compare_runs((base, dist), evaluation, None, "strong", 0.9)
     assert strong.speedup_from_batch is None and "from more devices" not in format_summary(
@@ -290,7 +291,8 @@ def test_a_run_across_processes_gives_its_speedup_epoch_by_epoch_with_the_range(
     (1.50-1.60); the first epoch (tracing) does not enter, nor does an epoch one side lacks."""
     import dataclasses
 
-    from tfscale.tasks.report.summary import compare_runs, format_summary
+    from tfscale.tasks.report.console_summary import format_summary
+    from tfscale.tasks.report.summary import compare_runs
 
     base = train_result()
     base = dataclasses.replace(base, examples_per_s=930, history=epoch_history(90, 1000, 800, 1000))
@@ -337,7 +339,8 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     import dataclasses
 
     from tfscale.tasks.measure.diagnosis import Diagnosis
-    from tfscale.tasks.report.summary import compare_runs, format_summary
+    from tfscale.tasks.report.console_summary import format_summary
+    from tfscale.tasks.report.summary import compare_runs
 
     rates = {
         "one_device_replica_batch": [1000.0, 800.0, 1000.0],
@@ -363,8 +366,8 @@ def test_a_summary_measured_in_rounds_gives_every_figure_from_those_rounds():
     assert summary.speedup_from_batch == pytest.approx(1.2)
     assert summary.speedup_from_devices == pytest.approx(1.25)
     text = format_summary(summary, "ui")
-    assert "ran 1.50x (1.40-1.68) as fast" in text.splitlines()[0]
-    assert "\nsplit                   1.20x from the larger global batch" in text
+    assert "examples/s 1.50x (1.40-1.68) one device's" in text.splitlines()[0]
+    assert "\nsplit             1.20x from the larger global batch" in text
     assert "3 alternating rounds" in text
 
 

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 from helpers import epoch_history, train_result
 
-from tfscale.tasks.report.summary import compare_runs, format_summary
+from tfscale.tasks.report.console_summary import COLUMNS, format_summary
+from tfscale.tasks.report.summary import compare_runs
 from tfscale.tasks.train.result import TrainResult
 
 
@@ -67,17 +68,26 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
         "measured: 0.11 on tfscale's synthetic task, 0.14 on digits, 0.81 on a table)"
     )
     assert summary.seed_spread_assumed == "assuming a 13% seed spread, not measured here"
-    # the answer first, in one sentence: what ran, both speedups and what to use
+    # the answer first, in two lines of 100 columns: each speed against one device, and what
+    # to use; the time to target in three, its derivation left to the run's description
     lines = format_summary(summary, "ui").splitlines()
-    assert lines[0] == (
-        "answer                  2 replicas (mirrored, float32) ran 1.50x (1.50-1.60) as fast "
-        "as one device in examples/s and reached 95% held-out accuracy 1.20x (0.83-1.74) as "
-        "fast: for examples/s use 2 replicas; one seed is too few to tell which finishes "
-        "sooner (--seeds 3 narrows the interval)"
-    )
+    assert lines[:3] == [
+        "answer  2 replicas: examples/s 1.50x (1.50-1.60) one device's, to 95% held-out accuracy "
+        "1.20x",
+        "        (0.83-1.74): use 2 replicas for examples/s; one seed cannot tell which finishes "
+        "sooner",
+        "",
+    ]
     assert not any(line.startswith(("split", "bottleneck")) for line in lines)  # none measured
-    assert f"to target               {summary.to_target}" in lines
-    assert lines[-1] == "open the MLflow UI      ui"
+    assert lines[3:6] == [
+        "to target         95% held-out accuracy: 2 replicas 1.20x (0.83-1.74) one device's, "
+        "5,000 examples",
+        "                  to it against 4,000 (1.25x as many): one seed is too few to tell which "
+        "finishes",
+        "                  sooner (--seeds 3 narrows the interval); how: summary.json beside the "
+        "run's model,",
+    ]
+    assert lines[-1] == "MLflow UI         ui"
 
 
 def test_a_one_seed_interval_takes_where_each_crossing_fell_between_evaluations():
@@ -578,3 +588,31 @@ def test_one_seed_says_the_spread_it_assumed_and_gives_no_verdict(dist_examples)
         "as fast: for examples/s use 2 replicas; one seed is too few to tell which finishes "
         "sooner (--seeds 3 narrows the interval)"
     )
+
+
+@pytest.mark.parametrize("seeds", [1, 5])
+def test_every_console_line_of_the_summary_fits_100_columns(seeds):
+    """The answer in at most 2 lines, the time to target in at most 4, and no line of the
+    summary past 100 columns, one seed or five (whose words are longer), a table's score a
+    real value's error (the longest label); a link alone may be longer, never broken."""
+    from tfscale.tasks.report.console_summary import wrapped
+
+    base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
+    summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
+    summary = dataclasses.replace(
+        summary,
+        seeds=seeds,
+        test_metrics={"mean_absolute_error": 1.5},
+        test_accuracy=float("nan"),
+        advice=["compute-bound is the healthy state: more devices add throughput " * 3],
+    )
+    link = "http://127.0.0.1:5000/#/experiments/1/runs?" + "x" * 90
+    lines = format_summary(summary, f"tfscale ui, then {link}").splitlines()
+    assert [line for line in lines if len(line) > COLUMNS] == [f"{' ' * 18}{link}"]
+    answer = lines[: lines.index("")]
+    assert 1 <= len(answer) <= 2, answer
+    start = next(i for i, line in enumerate(lines) if line.startswith("to target"))
+    rest = lines[start + 1 :]
+    more = next(i for i, line in enumerate(rest) if not line.startswith("  "))
+    assert 1 <= 1 + more <= 4, lines[start : start + 1 + more]
+    assert wrapped("a", "x " * 60, 1) == ["a  " + "x " * 48 + "x", "   " + "x " * 10 + "x"]

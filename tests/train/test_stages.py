@@ -318,8 +318,8 @@ def test_tfscale_run_with_a_model_over_the_device_memory_trains_stages_and_track
     line = "strategy    pipeline, 2 stages x 4 micro-batches, float32, XLA off (over memory)"
     assert line in out, out
     assert f"a device has {budget_mb} MB: 2 pipeline stages" in out
-    assert "answer                  2 stages x 4 micro-batches (pipeline, float32;" in out
-    assert "strategy                pipeline, 2 stages x 4 micro-batches, float32" in out
+    assert "\nanswer  2 stages x 4 micro-batches: examples/s" in out
+    assert "\nstrategy          pipeline, 2 stages x 4 micro-batches, float32" in out
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("tfscale").experiment_id])
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]

@@ -485,7 +485,7 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
     imports and which has a `flows` package too: the baseline here and 2 worker processes
     build the model, and the answer speaks of its AUC target, with intervals; MLflow names
     the model's source, its parameters and optimizer, and registers it."""
-    from helpers import tfscale, tiny_params
+    from helpers import console_row, tfscale, tiny_params
 
     import mlflow
 
@@ -504,9 +504,9 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
     argv += ["--model", "mine.py:build", "--target-metric", "auc", "--target", "0.95"]
     argv += ["--strategy", "multi_worker", "--workers", "2", "--epochs", "4"]
     out = tfscale(argv, tmp_path).stdout
-    answer = next(line for line in out.splitlines() if line.startswith("answer"))
-    assert "(multi_worker, float32; mine.py:build on cancer.csv)" in answer, answer
-    assert re.search(r"reached held-out AUC 0.95 \d\.\d\dx \(\d\.\d\d-\d\.\d\d\) as fast", answer)
+    answer = console_row(out, "answer")
+    assert answer.startswith("2 workers: examples/s "), answer
+    assert re.search(r", to held-out AUC 0.95 \d\.\d\dx \(\d\.\d\d-\d\.\d\d\): ", answer), answer
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
     runs = client.search_runs(client.search_experiments()[0].experiment_id)
     parent = next(r for r in runs if "target_metric" in r.data.params)
@@ -516,6 +516,9 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
     assert params_seen["optimizer"] == "AdamW"
     names = [m.name for m in client.search_registered_models()]
     assert names == ["tfscale-cancer.csv-mine.py-build"]
+    # the whole answer heads the run's page: what ran, on what
+    said = parent.data.tags["mlflow.note.content"]
+    assert "(multi_worker, float32; mine.py:build on cancer.csv)" in said, said
 
 
 @pytest.mark.unit
