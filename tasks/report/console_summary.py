@@ -27,7 +27,7 @@ from tfscale.tasks.report.target_comparison import undecided
 from tfscale.tasks.train.to_target import target_text
 
 COLUMNS = 100  # a terminal's common width: no line of the summary is longer
-DERIVED = "how: summary.json beside the run's model, and the MLflow run's description"
+DERIVED = "more in summary.json and MLflow"  # the whole sentence: the run's summary.json, its page
 
 
 def wrapped(label: str, value: str, width: int) -> list[str]:

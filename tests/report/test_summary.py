@@ -84,8 +84,8 @@ def test_time_to_target_is_the_speedup_times_the_ratio_of_examples_to_it():
         "5,000 examples",
         "                  to it against 4,000 (1.25x as many): one seed is too few to tell which "
         "finishes",
-        "                  sooner (--seeds 3 narrows the interval); how: summary.json beside the "
-        "run's model,",
+        "                  sooner (--seeds 3 narrows the interval); more in summary.json and "
+        "MLflow",
     ]
     assert lines[-1] == "MLflow UI         ui"
 
