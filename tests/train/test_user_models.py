@@ -505,7 +505,8 @@ def test_the_study_on_a_users_model_in_a_project_with_its_own_tasks_and_flows(tm
     argv += ["--strategy", "multi_worker", "--workers", "2", "--epochs", "4"]
     out = tfscale(argv, tmp_path).stdout
     answer = console_row(out, "answer")
-    assert answer.startswith("2 workers: examples/s "), answer
+    assert answer.startswith("2 replicas: examples/s "), answer
+    assert console_row(out, "strategy").startswith("multi_worker, 2 replicas, float32")
     assert re.search(r", to held-out AUC 0.95 \d\.\d\dx \(\d\.\d\d-\d\.\d\d\): ", answer), answer
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
     runs = client.search_runs(client.search_experiments()[0].experiment_id)
