@@ -233,8 +233,8 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
     assert examples(dist) == round(mlperf_mean(reached["distributed"])), (line, reached)
     assert "the mean of 5 seeds each, the fastest and slowest dropped" in line
 
-    (measured,) = [x for x in other.output().splitlines() if x.startswith("measured over ")]
-    rounds = int(re.search(r"measured over +(\d+) alternating rounds", measured)[1])
+    measured = console_row(other.output(), "measured over")
+    rounds = int(re.search(r"^(\d+) alternating rounds", measured)[1])
     assert 6 <= rounds < 20 and "the most allowed" not in measured, measured
     known = float(re.search(r"until the speedup was known to \+-([\d.]+)%", measured)[1])
     assert known <= 50, measured
