@@ -143,6 +143,28 @@ def test_an_uncompiled_model_ending_in_softmax_or_sigmoid_is_trained_on_its_prob
     np.testing.assert_allclose(got.mean(), want.mean(), rtol=1e-5)
 
 
+@pytest.mark.unit
+def test_an_uncompiled_models_regularisers_enter_its_step_loss():
+    """Not compiled, a model's step loss is the label kind's loss over the batch plus its
+    `model.losses` (a kernel's L2 penalty here), as Keras's `fit` adds them: the penalty,
+    0.5 x the kernel's squared sum, worked from the weights, is in the loss tfscale's
+    step takes the gradient of."""
+    from tfscale.tasks.train.keras_meaning import step_loss
+
+    inputs = keras.Input(DIGITS.shape)
+    dense = keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(0.5))
+    model = keras.Model(inputs, dense(keras.layers.Flatten()(inputs)))
+    objective = objective_from(model, DIGITS, "mine.py:build")
+    x = np.random.default_rng(0).normal(size=(6, *DIGITS.shape)).astype("float32")
+    labels = np.arange(6) % 10
+    outputs = model(x)
+    got = float(step_loss(model, objective, (x, labels, None), outputs, 6))
+    penalty = 0.5 * float(np.sum(np.square(dense.kernel.numpy())))
+    plain = keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+    assert penalty > 0.1
+    assert got == pytest.approx(float(np.mean(plain)) + penalty, rel=1e-5)
+
+
 def _built(digits, tmp_path, model: str, **train):
     """The model with its objective, and the optimizer, a training builds
     (`_model_and_optimizer`), on one device in its strategy's scope, for `model` on the
