@@ -386,3 +386,15 @@ def test_a_server_that_lost_its_port_starts_again_on_another_and_any_other_failu
     with pytest.raises(AssertionError, match="Address already in use"):
         on_a_free_port(start, lambda port, process: "[Errno 98] Address already in use")
     assert len(tried) == 3
+
+
+def test_a_suite_over_one_and_a_half_times_its_bound_fails_at_the_machines_pace():
+    """22.5 minutes at the reference pace, 45 on a machine measured twice as slow: within,
+    nothing said; past it, an error naming the bound and the pace."""
+    import suite
+
+    assert suite.over_bound(22.5, 1.0) is None and suite.over_bound(45.0, 2.0) is None
+    said = suite.over_bound(23.0, 1.0)
+    assert said.startswith("== error: the suite took 23.0 min, over 1.5x its 15-min bound")
+    assert "(22.5 min at pace x1.00)" in said
+    assert suite.over_bound(46.0, 2.0) is not None
