@@ -93,7 +93,9 @@ OVER_BOUND_EXIT = 3
 
 def over_bound(minutes: float, factor: float) -> str | None:
     """Where the suite's `minutes` (the install not counted), at the machine's pace
-    `factor`, passed `OVER_BOUND` x `BOUND_MIN`: the line that says so; else None."""
+    `factor`, passed `OVER_BOUND` x `BOUND_MIN`: the line that says so; else None. Over
+    it, the suite measures the pace again and judges by the slower of the two (a shared
+    machine's pace moved from x1.00 to x1.26 between two runs of one hour)."""
     limit = OVER_BOUND * BOUND_MIN * factor
     if minutes <= limit:
         return None
@@ -298,6 +300,10 @@ def main(args: list[str]) -> int:
     folder.cleanup()
     print("\n".join(slowest_lines(tests) + costliest_lines(costs)), flush=True)
     over = over_bound((time.monotonic() - began) / 60, factor)
+    if over and outcome(codes) == 0:  # the machine may have slowed since: its pace again
+        again = pace.factor(pace.measure())
+        print(f"== pace again, at the end: x{again:.2f}", flush=True)
+        over = over_bound((time.monotonic() - began) / 60, max(factor, again))
     if over and outcome(codes) == 0:
         print(over, file=sys.stderr, flush=True)
         return OVER_BOUND_EXIT
