@@ -16,14 +16,14 @@ from tfscale.tasks.report.summary import (
     ScalingSummary,
     candidates_table,
     decisive_time,
+    finishes_sooner,
     loop_text,
+    speed_choice,
     split_text,
-    spread_of,
     strategy_text,
     test_row,
     time_spread,
 )
-from tfscale.tasks.report.target_comparison import undecided
 from tfscale.tasks.train.to_target import target_text
 
 COLUMNS = 100  # a terminal's common width: no line of the summary is longer
@@ -46,8 +46,7 @@ def answer_lines(s: ScalingSummary) -> list[str]:
     accuracy 0.96x (0.65-1.39): use 2 replicas for examples/s; one seed cannot tell which
     finishes sooner`."""
     fit = " on Keras's fit" if s.loop == "fit" else ""
-    speed = spread_of(s.speedup, s.speedup_low, s.speedup_high)
-    use = f"use {s.shape}" if speed.above(1.0) else "use one device" if speed.below(1.0) else ""
+    use = speed_choice(s)
     head = f"{s.shape}{fit}: examples/s {s.speedup_text} one device's"
     time = time_spread(s)
     if time is None:
@@ -87,19 +86,9 @@ def target_brief(s: ScalingSummary) -> str:
         return s.to_target
     target = target_text(s.target_metric, s.target_accuracy)
     over = "" if s.seeds == 1 else f", each the mean of {s.seeds} seeds by MLPerf's rule"
-    decisive = decisive_time(s)
-    said = (
-        undecided(s.seeds)
-        if decisive is None
-        else f"{s.shape} finish sooner"
-        if decisive.above(1.0)
-        else "one device finishes sooner"
-        if decisive.below(1.0)
-        else "neither surely finishes sooner"
-    )
     return (
         f"{target}: {s.shape} {time.text()} one device's, {dist:,.0f} examples to it against "
-        f"{base:,.0f} ({dist / base:.2f}x as many{over}): {said}; {DERIVED}"
+        f"{base:,.0f} ({dist / base:.2f}x as many{over}): {finishes_sooner(s)}; {DERIVED}"
     )
 
 

@@ -231,13 +231,7 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
     speed = spread_of(s.speedup, s.speedup_low, s.speedup_high)
     head = f"{what} ran {s.speedup_text} as fast as one device in examples/s"
     target = target_text(s.target_metric, s.target_accuracy)
-    by_speed = (
-        f"use {shape}"
-        if speed.above(1.0)
-        else "use one device"
-        if speed.below(1.0)
-        else "either: its interval holds 1"
-    )
+    by_speed = speed_choice(s) or "either: its interval holds 1"
     time = time_spread(s)
     if time is None:
         why = s.to_target.partition(": ")[2]
@@ -256,10 +250,31 @@ def answer_text(summary: ScalingSummary, subject: str = "") -> str:
         return f"{reached}: use {shape}, they finish sooner ({s.seeds} seeds)"
     if time.below(1.0):
         return f"{reached}: one device finishes sooner ({s.seeds} seeds)"
-    faster = f"{shape}" if speed.above(1.0) else "one device" if speed.below(1.0) else ""
+    faster = speed_choice(s).removeprefix("use ")
     either = f"{faster} for examples/s; " if faster else ""
     held = "neither surely finishes sooner, its interval holds 1"
     return f"{reached}: {either}{held} ({s.seeds} seeds)"
+
+
+def speed_choice(s: ScalingSummary) -> str:
+    """What examples/s favours: `use 2 replicas` or `use one device` where the speedup's
+    interval lies on one side of 1; "" where it holds 1."""
+    speed = spread_of(s.speedup, s.speedup_low, s.speedup_high)
+    return f"use {s.shape}" if speed.above(1.0) else "use one device" if speed.below(1.0) else ""
+
+
+def finishes_sooner(s: ScalingSummary) -> str:
+    """Who finishes sooner by the time to target's interval over `VERDICT_SEEDS` or more
+    seeds (`2 replicas finish sooner`, `one device finishes sooner`, `neither surely
+    finishes sooner`); with fewer, that they are too few to tell (`undecided`)."""
+    decisive = decisive_time(s)
+    if decisive is None:
+        return undecided(s.seeds)
+    if decisive.above(1.0):
+        return f"{s.shape} finish sooner"
+    if decisive.below(1.0):
+        return "one device finishes sooner"
+    return "neither surely finishes sooner"
 
 
 def decisive_time(s: ScalingSummary) -> Spread | None:
@@ -295,19 +310,11 @@ def time_verdict(summary: ScalingSummary) -> str:
     a heading never says a speedup above a line that says one device finishes sooner; ""
     where the time to target was not compared."""
     s = summary
-    time, decisive = time_spread(s), decisive_time(s)
+    time = time_spread(s)
     if time is None:
         return ""
-    said = (
-        undecided(s.seeds)
-        if decisive is None
-        else f"{s.shape} finish sooner"
-        if decisive.above(1.0)
-        else "one device finishes sooner"
-        if decisive.below(1.0)
-        else "neither surely finishes sooner"
-    )
-    return f"; to {target_text(s.target_metric, s.target_accuracy)} {time.text()}: {said}"
+    target = target_text(s.target_metric, s.target_accuracy)
+    return f"; to {target} {time.text()}: {finishes_sooner(s)}"
 
 
 def _to_target_caveat(target: dict[str, Any], shape: str) -> str:
