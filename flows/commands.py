@@ -346,9 +346,10 @@ def forecast(config: Config, args: argparse.Namespace) -> int:
 def plan(config: Config, args: argparse.Namespace) -> int:
     from tfscale.tasks.core.files import write_json_atomic
     from tfscale.tasks.core.run_layout import METRICS
+    from tfscale.tasks.report.console_plan import format_plan
     from tfscale.tasks.report.forecast import link_named
     from tfscale.tasks.report.forecast_report import probed_run
-    from tfscale.tasks.report.plan import BATCHES, check_devices, format_plan, make_plan
+    from tfscale.tasks.report.plan import BATCHES, check_devices, make_plan
     from tfscale.tasks.track.records import log_plan
     from tfscale.tasks.track.tracking import Tracker
 

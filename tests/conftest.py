@@ -1,9 +1,9 @@
 """Shared fixtures: small, seeded configs whose outputs live under a temporary directory.
 
-The session owns its state: Prefect's home (its temporary server's database), Keras's and
-matplotlib's configuration live in a temporary folder, every test runs in a temporary
-working directory, and the session checks at its end that the repository and the home
-directory are as it found them.
+The session owns its state: its home folder, Prefect's home (its temporary server's
+database), Keras's and matplotlib's configuration live in a temporary folder, every test
+runs in a temporary working directory, and the session checks at its end that the
+repository is as it found it and that nothing but tfscale's cache was written under `~`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,17 @@ atexit.register(shutil.rmtree, _STATE, ignore_errors=True)  # each session's, at
 # before Prefect, Keras or matplotlib is imported: they read these when they start
 for _name, _dir in (("PREFECT_HOME", "prefect"), ("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "mpl")):
     os.environ[_name] = str(_STATE / _dir)
+# the session's own home folder: whatever a test's code writes under `~` lands there, where
+# the session's end looks (`home_written`), and another process's use of the developer's
+# home (a Prefect server in ~/.prefect) is never mistaken for a test's; uv's downloads stay
+# the machine's (a clone's `uv run` installs from its cache)
+_REAL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+os.environ.setdefault("UV_CACHE_DIR", str(_REAL_CACHE / "uv"))
+for _name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+    os.environ.pop(_name, None)
+HOME = _STATE / "home"
+HOME.mkdir()
+os.environ["HOME"] = str(HOME)
 # addresses and cluster descriptions of the caller's own: a developer's tracking server,
 # Prefect server or cluster must never receive a test's runs (a test that needs one sets it)
 OUTSIDE = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "PREFECT_API_KEY", "TF_CONFIG", "SLURM_CONF")
@@ -248,13 +259,24 @@ def _ours() -> list:
     ]  # fmt: skip
 
 
-HOME_SKIPPED = {".claude", ".pyenv", ".rustup", ".cargo", ".m2", ".npm", ".cache"}
 OUTPUTS = ("mlflow", "runs", "data", "models", "sweep")  # the repository's ignored outputs
+# what may be under the session's home at its end: tfscale's documented cache (an empty
+# MLflow store, copied for each new store: tasks/track/new_store.py)
+HOME_KEPT = (".cache/tfscale",)
+
+
+def home_written(home: Path, kept: tuple[str, ...] = HOME_KEPT) -> list[str]:
+    """The files under `home` (the session's own home folder) outside the folders `kept`:
+    what a test's code wrote under `~`."""
+    return sorted(
+        str(path.relative_to(home))
+        for path in home.rglob("*")
+        if path.is_file() and not any(path.relative_to(home).is_relative_to(k) for k in kept)
+    )
 
 
 def footprint() -> dict:
-    """What a test must not change: the repository's git status and its output folders,
-    and the files under the home directory (but for tool caches)."""
+    """What a test must not change: the repository's git status and its output folders."""
     status = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=all"],
         cwd=ROOT,
@@ -262,12 +284,9 @@ def footprint() -> dict:
         text=True,
         timeout=60,
     ).stdout
-    home = Path.home()
-    places = [ROOT / name for name in OUTPUTS]
-    places += [p for p in home.iterdir() if p.name not in HOME_SKIPPED]
     files = {
         str(path): path.stat().st_mtime_ns
-        for place in places
+        for place in (ROOT / name for name in OUTPUTS)
         for path in ([place] if place.is_file() else place.rglob("*"))
         if path.is_file()
     }
@@ -277,21 +296,26 @@ def footprint() -> dict:
 @pytest.fixture(scope="session", autouse=True)
 def leaves_repository_and_home_as_found(tmp_path_factory):
     """Tests run in a temporary working directory (a command's default `mlflow/`, `runs/`
-    and `data/` land there); at the end, the repository and the home directory are
-    unchanged."""
+    and `data/` land there); at the end, the repository is unchanged and the session's own
+    home folder holds nothing but tfscale's cache."""
     before = footprint()
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield
     os.chdir(here)
     after = footprint()
-    assert after["git status"] == before["git status"]
-    changed = {
+    changed = sorted(
         path
         for path in before["files"].keys() | after["files"].keys()
         if before["files"].get(path) != after["files"].get(path)
+    )
+    status = sorted(set(before["git status"]) ^ set(after["git status"]))
+    found = {
+        f"the repository's git status changed: {status}": status,
+        f"changed in the repository's outputs: {changed}": changed,
+        f"written under the home folder (~ is {HOME}): {home_written(HOME)}": home_written(HOME),
     }
-    assert changed == set(), f"changed outside the tests' temporary folders: {sorted(changed)}"
+    assert not any(found.values()), "\n".join(what for what, seen in found.items() if seen)
 
 
 @pytest.fixture

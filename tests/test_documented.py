@@ -135,3 +135,81 @@ def test_the_check_sees_a_missing_flag_a_missing_key_and_a_test_that_does_not_ex
     assert "no row for the flag tfscale train --epochs [train.epochs]" in found
     renamed = text.replace("::test_the_batch_flag_takes_auto_or_a_number", "::test_gone")
     assert any("test_gone does not exist" in p for p in problems(renamed, build_parser(), []))
+
+
+def plant_problems(text: str, plants, unplanted, root: Path = ROOT) -> list[str]:
+    """Where `tests/plants.py` and the table part: a plant that no longer applies, one
+    naming a test its row does not name (or a row not in the table), a row with neither a
+    plant nor a place in `unplanted`, a row with both."""
+    import plants as harness
+
+    rows = dict(table_rows(text))
+    planted = {p.row for p in plants}
+    found = []
+    for p in plants:
+        why = harness.problem(p, root)
+        if why:
+            found.append(f"{p.row}: its plant no longer applies ({why})")
+        if p.row not in rows:
+            found.append(f"{p.row}: a plant's row that is not in the table")
+            continue
+        named = {f"{path}::{name}" for path, name in TEST.findall(rows[p.row])}
+        found += [
+            f"{p.row}: its plant's test {t} is not the row's" for t in p.tests if t not in named
+        ]
+    found += [
+        f"{row}: no plant, and not in UNPLANTED"
+        for row in rows
+        if row not in planted | set(unplanted)
+    ]
+    found += [f"{row}: planted, and still in UNPLANTED" for row in planted & set(unplanted)]
+    return found
+
+
+@pytest.mark.unit
+def test_every_plant_applies_to_the_code_and_every_row_is_planted_or_listed_as_not_yet():
+    """Each of `tests/plants.py`'s plants changes a text found once in its file and names
+    tests its row names; each row of the table has a plant, or is in `UNPLANTED`: a gap
+    kept in sight, never silently."""
+    import plants
+
+    text = (ROOT / "docs" / "testing.md").read_text()
+    found = plant_problems(text, plants.PLANTS, plants.UNPLANTED)
+    assert not found, "tests/plants.py against docs/testing.md:\n" + "\n".join(found)
+
+
+@pytest.mark.unit
+def test_the_plant_check_sees_a_stale_plant_a_stray_test_and_an_unlisted_row(tmp_path):
+    import plants
+
+    text = (ROOT / "docs" / "testing.md").read_text()
+    (tmp_path / "a.py").write_text("x = 1\nx = 1\n")
+    row = "`train.seed`"
+    stale = plants.Plant(row, "a.py", "x = 1", "x = 2", ("tests/x.py::test_y",))
+    found = plant_problems(text, (stale,), (), tmp_path)
+    assert f"{row}: its plant no longer applies (its text is in a.py 2 times, not once)" in found
+    assert f"{row}: its plant's test tests/x.py::test_y is not the row's" in found
+    assert "`train.epochs` `--epochs`: no plant, and not in UNPLANTED" in found
+    assert f"{row}: planted, and still in UNPLANTED" in plant_problems(
+        text, (stale,), (row,), tmp_path
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("ending", ["an error", "Ctrl-C"])
+def test_a_plant_is_taken_out_whatever_ends_its_run(tmp_path, ending):
+    """The planted file is back byte for byte, with its modification time (a compiled copy
+    of the planted text is never taken for the original's), after an error or Ctrl-C."""
+    import os
+
+    import plants
+
+    path = tmp_path / "a.py"
+    path.write_text("x = 1\n")
+    os.utime(path, ns=(1_000_000_000, 2_000_000_000))
+    plant = plants.Plant("row", "a.py", "x = 1", "x = 2", ())
+    raised = RuntimeError if ending == "an error" else KeyboardInterrupt
+    with pytest.raises(raised), plants.planted(plant, tmp_path):
+        assert path.read_text() == "x = 2\n"
+        raise raised(ending)
+    assert path.read_text() == "x = 1\n" and path.stat().st_mtime_ns == 2_000_000_000

@@ -398,3 +398,21 @@ def test_a_suite_over_one_and_a_half_times_its_bound_fails_at_the_machines_pace(
     assert said.startswith("== error: the suite took 23.0 min, over 1.5x its 15-min bound")
     assert "(22.5 min at pace x1.00)" in said
     assert suite.over_bound(46.0, 2.0) is not None
+
+
+def test_the_session_has_a_home_of_its_own_and_sees_what_is_written_under_it(tmp_path):
+    """`~` is the session's own folder (another process's files in the developer's home are
+    not a test's); a file written under it is named at the session's end, tfscale's cache
+    is not."""
+    import tempfile
+
+    from conftest import HOME, home_written
+
+    assert Path.home() == HOME and HOME.is_relative_to(tempfile.gettempdir())
+    (tmp_path / ".cache" / "tfscale").mkdir(parents=True)
+    (tmp_path / ".cache" / "tfscale" / "empty.db").write_text("")
+    assert home_written(tmp_path) == []
+    (tmp_path / ".config" / "tool").mkdir(parents=True)
+    (tmp_path / ".config" / "tool" / "settings").write_text("")
+    (tmp_path / "notes.txt").write_text("")
+    assert home_written(tmp_path) == [".config/tool/settings", "notes.txt"]

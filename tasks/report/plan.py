@@ -51,7 +51,7 @@ from tfscale.tasks.train.noise_estimates import (
     step_progress,
     two_point_noise,
 )
-from tfscale.tasks.train.to_target import SEED_SPREAD, Target, target_text
+from tfscale.tasks.train.to_target import SEED_SPREAD, Target
 
 BATCHES = (16, 32, 64, 128, 256, 512)  # per replica, searched
 # the fewest optimizer steps an epoch a priced global batch leaves: a batch that is a large
@@ -995,48 +995,3 @@ def _batches_source(
 def _probed_batches(metrics: dict) -> str:
     measured = (metrics.get("probes") or {}).get("local_step_s_by_batch") or []
     return ", ".join(str(int(b)) for b, _ in measured) or "?"
-
-
-def format_plan(plan: Plan) -> str:
-    """The table, the recommendation and where each figure came from."""
-    head = (
-        f"{'devices':>7} {'batch':>6} {'global':>7} {'rate':>9} {'steps':>8} {'step ms':>8} "
-        f"{'time to target':>22} {'ex/s':>6} {'to target':>9}  past B_simple"
-    )
-    lines = [
-        f"the fastest way to {target_text(plan.metric, plan.target)} on {plan.link}, the rate "
-        f"scaled {plan.rule}, from {plan.run_dir}",
-        *([f"assumed: {plan.assumed}"] if plan.assumed else []),
-        "times: predicted (95% interval of the steps' doubts: noise scale, calibration, seeds)",
-        "",
-        head,
-        "-" * len(head),
-    ]
-    for i, r in enumerate(plan.rows):
-        time = f"{r.time_s:.3g} s ({r.time_low_s:.3g}-{r.time_high_s:.3g})"
-        mark = " <- fastest" if i == plan.best else ""
-        lines.append(
-            f"{r.devices:>7} {r.per_replica_batch:>6} {r.global_batch:>7} "
-            f"{r.learning_rate:>8.2g}{'*' if r.rate_capped else ' '} {r.steps:>8,.0f} "
-            f"{r.step_s * 1000:>8.2f} {time:>22} "
-            f"{r.examples_per_s_speedup:>5.2f}x {r.time_speedup:>8.2f}x  "
-            f"{'yes' if r.past_noise_scale else 'no'}{mark}"
-        )
-    f = plan.fastest
-    lines += [
-        "",
-        f"fastest: {f.devices} device{'s' if f.devices > 1 else ''} at {f.per_replica_batch} "
-        f"per replica (global {f.global_batch}): {f.time_s:.3g} s to {plan.target:g} "
-        f"({f.time_low_s:.3g}-{f.time_high_s:.3g}), {f.time_speedup:.2f}x one device's time; "
-        f"in examples/s {f.examples_per_s_speedup:.2f}x",
-        "from:",
-        *[f"  {k:<16}{v}" for k, v in plan.sources.items()],
-    ]
-    if any(r.rate_capped for r in plan.rows):
-        lines.insert(
-            lines.index(head) + 2 + len(plan.rows),
-            "* the rule's rate held at the highest measured to reach the target: the rule "
-            "would set more, so set the rate shown by hand (train.learning_rate, "
-            "train.lr_scaling: none)",
-        )
-    return "\n".join(lines)

@@ -620,7 +620,9 @@ def test_plan_reads_the_studys_run_and_says_what_each_figure_came_from(flow_run)
     code, out, err = run_main([*common, "--target", "0.5", "--link", "ethernet-10g"], tmp)
     assert code == 0, err
     assert "the fastest way to 50% held-out accuracy on ethernet-10g" in out
-    assert "fastest: " in out and "steps to target the run's " in out
+    assert "fastest: " in out and "steps to target the run's " in " ".join(out.split())
+    wide = [line for line in out.splitlines() if len(line) > 100 and str(tmp) not in line]
+    assert wide == [], wide  # a path is never split
     assert "written: " in out, out
     (written,) = (tmp / "runs" / "digits").glob("mirrored-*/plan.json")
     plan = json.loads(written.read_text())

@@ -10,9 +10,9 @@ import pytest
 from helpers import DEFAULTS
 
 from tfscale.flows.cli import main
+from tfscale.tasks.report.console_plan import format_plan
 from tfscale.tasks.report.forecast import CostModel, fit_cost_model, links_from, predict_speedups
 from tfscale.tasks.report.forecast_report import format_forecast
-from tfscale.tasks.report.plan import format_plan
 
 C0, C1 = 0.001, 5e-6  # compute: 1 ms + 5 us per example
 ALPHA, BANDWIDTH = 100e-6, 1.25e8  # 100 us per hop, 1 Gbit/s
@@ -354,7 +354,9 @@ def test_a_plan_prices_every_device_count_and_batch_as_steps_times_step_time():
     assert "never above 0.002, the highest rate measured" in plan.sources["learning rate"]
     table = format_plan(plan)
     assert "the rate scaled linear" in table.splitlines()[0]
-    assert "* the rule's rate held at the highest measured to reach the target" in table
+    assert "* the rule's rate held at the highest measured to reach the target" in " ".join(
+        table.split()
+    )
     # another target: the first evaluation at or above it
     assert (
         "the run's 60 steps to 0.9"

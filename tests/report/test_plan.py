@@ -11,7 +11,8 @@ import math
 import pytest
 
 from tfscale.tasks.measure.noise_trajectory import trajectory
-from tfscale.tasks.report.plan import Calibration, Pricing, format_plan, make_plan, pair_interval
+from tfscale.tasks.report.console_plan import format_plan
+from tfscale.tasks.report.plan import Calibration, Pricing, make_plan, pair_interval
 from tfscale.tasks.train.noise_estimates import sampled_batch, step_progress, two_point_noise
 
 pytestmark = pytest.mark.unit
@@ -96,7 +97,26 @@ def test_a_model_calibration_says_what_it_assumed_on_the_plans_first_lines():
     assert "assumed the noise scale as measured (64), which puts the base rate at 0.50" in (
         plan.assumed
     )
-    assert format_plan(plan).splitlines()[1] == f"assumed: {plan.assumed}"
+    lines = format_plan(plan).splitlines()
+    said = " ".join(line.strip() for line in lines[1 : lines.index("") - 1])
+    assert said == f"assumed: {plan.assumed}"
+
+
+def test_the_plan_fits_a_100_column_terminal_and_names_the_fastest_in_two_lines():
+    """Every line of `tfscale plan` within 100 columns (the table's rows with their mark,
+    each source wrapped under its column); the fastest in at most two lines; the
+    assumption said once, above the table (its source points there); the judge's record by
+    its first sentence, whole in plan.json."""
+    plan = make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(177.78))
+    lines = format_plan(plan).splitlines()
+    assert max(len(line) for line in lines) <= 100, [ln for ln in lines if len(ln) > 100]
+    first = next(i for i, line in enumerate(lines) if line.startswith("fastest: "))
+    assert lines[first + 2] == "from:", lines[first : first + 3]
+    text = " ".join(" ".join(lines).split())
+    assert text.count(plan.assumed) == 1 and "(assumed: as above)" in text
+    how_well = plan.sources["how well"]
+    assert how_well.split(". ")[0] in text and how_well not in text
+    assert "the rest in plan.json" in text
     alone = make_plan(_run(), 2, "ethernet-10g", 10.0)
     assert alone.assumed.startswith("no pair to calibrate linear by: priced as adascale")
 
@@ -210,6 +230,7 @@ def test_a_capped_row_says_to_set_its_rate_by_hand():
     """linear, calibrated: 128 and above ask for more than the run's 0.002, so they are
     held there, and the footnote says how to train one (the rule would not hold it)."""
     table = format_plan(make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(177.78)))
+    table = " ".join(table.split())  # the footnote wraps at 100 columns
     assert "set the rate shown by hand (train.learning_rate, train.lr_scaling: none)" in table
 
 

@@ -243,9 +243,10 @@ def test_plan_and_forecast_price_a_run_whose_target_is_a_users_metric():
     are those of the first evaluation at or below it (from above), its first line names the
     metric, a target it never reached is refused naming the metric; the forecast prices
     its time to that target."""
+    from tfscale.tasks.report.console_plan import format_plan
     from tfscale.tasks.report.forecast import predict_speedups
     from tfscale.tasks.report.forecast_report import with_time_to_target
-    from tfscale.tasks.report.plan import _steps_to, format_plan, make_plan
+    from tfscale.tasks.report.plan import _steps_to, make_plan
 
     metrics = _user_metric_run()
     assert _steps_to(metrics, None) == (45.0, 100)

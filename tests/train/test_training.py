@@ -477,3 +477,40 @@ def test_a_run_directory_in_use_is_refused_naming_its_holder(tmp_path):
         refused = other()
     assert f"is in use by pid {os.getpid()}" in refused, refused
     assert other().strip() == "held"
+
+
+@pytest.mark.unit
+def test_the_learning_rate_asked_for_is_the_rate_a_built_in_model_trains_at(digits):
+    """`train.learning_rate` is the base rate of a model compiled without one (a built-in):
+    0.005 and 0.02 at the base batch, one device (no rule scales it there)."""
+    from tfscale.tasks.train.training import set_up_training
+
+    overrides, manifest, _ = digits
+    for rate in (0.005, 0.02):
+        values = {**overrides, "train.strategy": "one_device", "train.model": "mlp"}
+        config = load_config(None, {**values, "train.learning_rate": rate})
+        choice = select_strategy(detect_hardware(), config.train)
+        assert set_up_training(config.train, manifest, choice).learning_rate == rate
+
+
+@pytest.mark.unit
+def test_train_cache_decides_whether_the_training_pipeline_caches_its_examples(digits, monkeypatch):
+    """`train.cache: false` reads the shards afresh every epoch: no cache in the training's
+    pipeline; `true` (the default) caches the decoded examples once."""
+    import tensorflow as tf
+
+    from tfscale.tasks.train.training import train_dataset_fn
+
+    overrides, manifest, data_dir = digits
+    cached, real = [], tf.data.Dataset.cache
+
+    def counted(self, *args, **kwargs):
+        cached.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tf.data.Dataset, "cache", counted)
+    for cache in (False, True):
+        config = load_config(None, {**overrides, "train.cache": cache})
+        cached.clear()
+        train_dataset_fn(config.train, manifest, data_dir, 16)(None)
+        assert len(cached) == int(cache), cache

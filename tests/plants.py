@@ -1,0 +1,550 @@
+"""Planted bugs: for rows of docs/testing.md's feature table, a bug in the code the row
+documents, and the row's tests that must catch it.
+
+    python tests/plants.py            # every plant, one at a time
+    python tests/plants.py --row seed # the plants of the rows whose text holds "seed"
+    python tests/plants.py --list     # the plants, and the rows no plant covers yet
+
+Each plant replaces an exact text of one file (found there exactly once), runs the tests
+it names in one pytest process, and puts the file back as it was (its bytes and its time,
+also on Ctrl-C or SIGTERM), then prints a table: caught (a named test failed), survived
+(every one passed), or no longer applies (the text is gone or not once in its file).
+Exit 0 when every plant chosen was caught. The tests run without writing bytecode, so a
+planted module's compiled copy never outlives the plant. A plant changes the working
+tree while it runs: do not edit the repository meanwhile.
+
+`tests/test_documented.py` holds this list to the table: every plant applies to today's
+code and names tests its row names; every row has a plant or is in `UNPLANTED`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Plant:
+    """`old` replaced by `new` in `file`: a bug in what `row` documents, which one of
+    `tests` (node ids the row names) must catch."""
+
+    row: str  # the table's first cell, as written
+    file: str  # from the repository's top
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+def _p(row: str, file: str, old: str, new: str, *tests: str) -> Plant:
+    return Plant(row, file, old, new, tests)
+
+
+SHARDS = "tests/data/test_shards.py::"
+KEYS_AND_SPLIT = SHARDS + "test_the_shard_keys_and_the_test_splits_size_decide_what_prepare_writes"
+PLANTS: tuple[Plant, ...] = (
+    _p(
+        "`prepare.num_shards` `--num-shards`",
+        "tasks/data/shards.py",
+        "wanted = cfg.num_shards or math.ceil(",
+        "wanted = math.ceil(",
+        SHARDS + "test_digits_round_trip_matches_source",
+    ),
+    _p(
+        "`prepare.target_shard_mb` `--target-shard-mb`",
+        "tasks/data/shards.py",
+        "(cfg.target_shard_mb * 2**20)",
+        "(1000 * 2**20)",
+        KEYS_AND_SPLIT,
+    ),
+    _p(
+        "`prepare.min_shards` `--min-shards`",
+        "tasks/data/shards.py",
+        "n = max(1, min(max(wanted, min_shards), count))",
+        "n = max(1, min(wanted, count))",
+        KEYS_AND_SPLIT,
+    ),
+    _p(
+        "`prepare.synthetic.test_examples` `--test-examples`",
+        "tasks/data/datasets.py",
+        '"test": s.test_examples}',
+        '"test": 1024}',
+        KEYS_AND_SPLIT,
+    ),
+    _p(
+        "`prepare.test_fraction`",
+        "tasks/data/datasets.py",
+        "held = test_rows(labels, cfg.test_fraction, cfg.seed, stratify=True)",
+        "held = test_rows(labels, 0.2, cfg.seed, stratify=True)",
+        SHARDS + "test_flat_image_folder_holds_out_a_seeded_stratified_split",
+    ),
+    _p(
+        "`prepare.seed` `--seed`",
+        "tasks/data/datasets.py",
+        "held = test_rows(labels, cfg.test_fraction, cfg.seed, stratify=True)",
+        "held = test_rows(labels, cfg.test_fraction, 42, stratify=True)",
+        SHARDS + "test_flat_image_folder_holds_out_a_seeded_stratified_split",
+    ),
+    _p(
+        "`prepare.label_kind` `--label-kind`",
+        "tasks/data/user_sources.py",
+        "return label_coding(raw, cfg.label_kind, what, names)",
+        'return label_coding(raw, "auto", what, names)',
+        "tests/core/test_label_kinds.py::test_the_kind_asked_for_is_the_kind_prepared",
+    ),
+    _p(  # only binary and multi_label honoured: class and real asked for read as auto
+        "`prepare.label_kind` `--label-kind`",
+        "tasks/data/streams.py",
+        '    if kind == "auto":\n        kind, why = _named_kind',
+        '    if kind not in ("binary", "multi_label"):\n        kind, why = _named_kind',
+        "tests/core/test_label_kinds.py::test_the_kind_asked_for_is_the_kind_prepared",
+    ),
+    _p(
+        "`prepare.missing` `--missing`",
+        "tasks/data/user_sources.py",
+        "        cfg.missing,\n",
+        '        "mean",\n',
+        "tests/data/test_user_data.py::"
+        "test_blanks_filled_with_the_training_splits_mean_or_zero_or_their_rows_dropped",
+    ),
+    _p(
+        "`prepare.color_mode` `--color-mode`",
+        "tasks/data/datasets.py",
+        "mode = COLOR_MODES[cfg.color_mode]",
+        'mode = COLOR_MODES["rgb"]',
+        SHARDS + "test_an_image_folder_is_read_as_kerass_image_dataset_from_directory_reads_it",
+    ),
+    _p(
+        "`prepare.synthetic.classes` `--classes`",
+        "tasks/data/datasets.py",
+        'tuple(f"class_{i}" for i in range(s.classes))',
+        'tuple(f"class_{i}" for i in range(10))',
+        SHARDS + "test_synthetic_labels_follow_class_prototypes",
+    ),
+    _p(
+        "`prepare.synthetic.signal` `--signal`",
+        "tasks/data/datasets.py",
+        "SyntheticSource(cfg.seed, spec, splits, s.signal, s.label_noise)",
+        "SyntheticSource(cfg.seed, spec, splits, 0.75, s.label_noise)",
+        SHARDS + "test_a_harder_synthetic_task_flips_its_label_noise_share_and_blends_less_signal",
+    ),
+    _p(
+        "`prepare.synthetic.label_noise` `--label-noise`",
+        "tasks/data/datasets.py",
+        "SyntheticSource(cfg.seed, spec, splits, s.signal, s.label_noise)",
+        "SyntheticSource(cfg.seed, spec, splits, s.signal, 0.0)",
+        SHARDS + "test_a_harder_synthetic_task_flips_its_label_noise_share_and_blends_less_signal",
+    ),
+    _p(
+        "`train.seed`",
+        "tasks/train/training.py",
+        "            seed=cfg.seed,\n            cache=cfg.cache,",
+        "            seed=42,\n            cache=cfg.cache,",
+        SHARDS + "test_training_batches_are_static_and_seeded",
+    ),
+    _p(
+        "`train.shuffle_buffer`",
+        "tasks/train/training.py",
+        "            shuffle_buffer=cfg.shuffle_buffer,",
+        "            shuffle_buffer=4096,",
+        SHARDS + "test_a_shuffle_buffer_of_one_keeps_the_order_the_shards_are_read_in",
+    ),
+    _p(
+        "`train.scaling` `--scaling`",
+        "tasks/train/training.py",
+        '    if cfg.scaling == "weak":\n        return cfg.per_replica_batch',
+        "    if True:\n        return cfg.per_replica_batch",
+        "tests/train/test_training.py::test_batch_sizes_for_weak_and_strong_scaling",
+    ),
+    _p(
+        "`train.steps_per_call` `--steps-per-call`",
+        "tasks/train/training.py",
+        "rate.value, cfg.steps_per_call, rate.rule",
+        "rate.value, 1, rate.rule",
+        "tests/train/test_training.py::test_steps_per_call_sets_how_many_steps_each_graph_call_runs",
+    ),
+    _p(
+        "`train.measure_rounds` `--measure-rounds`",
+        "tasks/measure/diagnosis.py",
+        "rounds=cfg.measure_rounds, aim=cfg.measure_precision",
+        "rounds=25, aim=cfg.measure_precision",
+        "tests/measure/test_diagnosis.py::"
+        "test_weak_scaling_diagnosis_times_every_configuration_in_the_same_rounds",
+    ),
+    _p(
+        "`prepare.synthetic.channels` `--channels`",
+        "tasks/data/datasets.py",
+        "(s.height, s.width, s.channels), tuple(",
+        "(s.height, s.width, 3), tuple(",
+        SHARDS + "test_synthetic_images_have_the_channels_asked_for",
+    ),
+    _p(
+        "`prepare.synthetic.train_examples` `--examples`",
+        "tasks/data/datasets.py",
+        'splits = {"train": s.train_examples,',
+        'splits = {"train": 4096,',
+        SHARDS + "test_synthetic_ranges_match_a_full_pass_across_chunks",
+    ),
+    _p(
+        "`tfscale prepare --force`",
+        "tasks/data/preparation.py",
+        "    if force:\n        remove_written(out_dir)",
+        "    if False:\n        remove_written(out_dir)",
+        SHARDS + "test_force_rewrites_every_shard_of_an_up_to_date_dataset",
+    ),
+    _p(
+        "`train.grad_accum_steps` `--grad-accum-steps`",
+        "tasks/train/training.py",
+        "    k = cfg.grad_accum_steps\n",
+        "    k = 1\n",
+        "tests/train/test_training.py::"
+        "test_gradient_accumulation_equals_the_larger_batch_under_mirrored",
+    ),
+    _p(
+        "`train.lr_scaling` `--lr-scaling`",
+        "tasks/train/training.py",
+        "    rule = cfg.lr_scaling\n",
+        '    rule = "auto"\n',
+        "tests/train/test_gradient_noise.py::test_each_learning_rate_rule_at_four_times_the_base_batch",
+    ),
+    _p(
+        "`train.learning_rate` `--learning-rate`",
+        "tasks/train/training.py",
+        "base = base_rate(compiled, cfg.learning_rate)",
+        "base = base_rate(compiled, 1e-3)",
+        "tests/train/test_training.py::"
+        "test_the_learning_rate_asked_for_is_the_rate_a_built_in_model_trains_at",
+    ),
+    _p(
+        "`train.cache`",
+        "tasks/train/training.py",
+        "            cache=cfg.cache,\n",
+        "            cache=True,\n",
+        "tests/train/test_training.py::"
+        "test_train_cache_decides_whether_the_training_pipeline_caches_its_examples",
+    ),
+    _p(
+        "`sweep.replicas`",
+        "tasks/execute/sweep_cells.py",
+        "replicas = sorted({1, *s.replicas})",
+        "replicas = sorted(set(s.replicas))",
+        "tests/report/test_sweep.py::test_plan_always_includes_one_replica",
+    ),
+    _p(
+        "`sweep.scaling`",
+        "tasks/execute/sweep_cells.py",
+        "s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas",
+        's.dataset_sizes, s.batch_sizes, ("weak",), s.precision, replicas',
+        "tests/report/test_sweep.py::test_each_scaling_mode_is_an_axis_with_its_own_one_replica_baseline",
+    ),
+    _p(
+        "`tfscale forecast --scaling`",
+        "tasks/report/forecast.py",
+        'batch = self.per_replica_batch if scaling == "weak" else whole / workers',
+        "batch = self.per_replica_batch",
+        "tests/report/test_forecast.py::test_predictions_follow_the_ring_formula",
+    ),
+    _p(
+        "`tfscale plan --json`",
+        "flows/commands.py",
+        "print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))",
+        "print(format_plan(result))",
+        "tests/report/test_forecast.py::test_plan_json_prints_plan_json_in_place_of_the_table",
+    ),
+    _p(
+        "`tfscale --debug`",
+        "flows/cli.py",
+        "    except UserError as exc:\n        if args.debug:",
+        "    except UserError as exc:\n        if False:",
+        "tests/settings/test_config.py::"
+        "test_an_error_the_user_caused_is_one_line_with_the_fix_and_its_exit_code",
+    ),
+    _p(
+        "`track.ui_url`",
+        "tasks/track/tracking.py",
+        "        self.ui_url = ui_url\n",
+        '        self.ui_url = "http://127.0.0.1:5000"\n',
+        "tests/track/test_tracking.py::test_links_point_where_the_ui_is",
+    ),
+    _p(
+        "`train.jit_compile` `--jit-compile`",
+        "tasks/distribute/strategy.py",
+        "    if cfg.jit_compile and spec is not BASELINE:",
+        "    if False:",
+        "tests/measure/test_autotune.py::test_jit_compile_takes_auto_true_or_false_only",
+    ),
+    _p(
+        "`evaluate.every_epochs` `--evaluate-every`",
+        "tasks/train/training.py",
+        "every = interval_examples(evaluate.every_epochs, train_examples)",
+        "every = interval_examples(1, train_examples)",
+        "tests/train/test_to_target.py::test_evaluation_off_measures_nothing_and_trains_as_before",
+    ),
+    _p(
+        "`evaluate.target_accuracy` `--target-accuracy`",
+        "tasks/train/to_target.py",
+        "        value = evaluate.target_accuracy\n",
+        "        value = 0.96\n",
+        "tests/train/test_to_target.py::"
+        "test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target",
+    ),
+    _p(
+        "`sweep.dataset_sizes`",
+        "tasks/execute/sweep_cells.py",
+        "s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas",
+        "s.dataset_sizes[:1], s.batch_sizes, s.scaling, s.precision, replicas",
+        "tests/report/test_sweep.py::test_table_and_charts_hold_every_cell",
+    ),
+    _p(
+        "`sweep.batch_sizes`",
+        "tasks/execute/sweep_cells.py",
+        "s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas",
+        "s.dataset_sizes, s.batch_sizes[:1], s.scaling, s.precision, replicas",
+        "tests/report/test_sweep.py::"
+        "test_the_critical_batch_is_fitted_to_steps_to_target_at_three_or_more_batches",
+    ),
+    _p(
+        "`sweep.precision`",
+        "tasks/execute/sweep_cells.py",
+        "s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas",
+        "s.dataset_sizes, s.batch_sizes, s.scaling, s.precision[:1], replicas",
+        "tests/report/test_sweep.py::test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes",
+    ),
+    _p(
+        "`sweep.micro_batches`",
+        "tasks/execute/sweep_cells.py",
+        "micros: tuple = tuple(dict.fromkeys(s.micro_batches)) if",
+        "micros: tuple = tuple(s.micro_batches[:1]) if",
+        "tests/report/test_sweep.py::test_a_pipeline_sweep_takes_stages_and_micro_batches_as_axes",
+    ),
+    _p(
+        "an uncompiled model's regularisers (`model.losses`) in its step loss",
+        "tasks/train/keras_meaning.py",
+        "    extra = [tf.cast(tf.reduce_sum(each), tf.float32) for each in model.losses]",
+        "    extra = []",
+        "tests/train/test_documented_models.py::"
+        "test_an_uncompiled_models_regularisers_enter_its_step_loss",
+    ),
+)
+
+# rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
+UNPLANTED: tuple[str, ...] = (
+    "`tfscale --verbose`",
+    "`tfscale --params`",
+    "`prepare.dataset` `--dataset`",
+    "`prepare.files`",
+    "`prepare.data_dir` `--data-dir`",
+    "`prepare.label` `--label`",
+    "`prepare.synthetic.height` `--image-size`",
+    "`prepare.synthetic.width`",
+    "`tfscale prepare --no-progress`",
+    "`train.strategy` `--strategy`",
+    "`train.replicas` `--replicas`",
+    "`train.workers` `--workers`",
+    "`train.precision` `--precision`",
+    "`train.model` `--model`",
+    "`--model mlp`, `cnn`, `resnet`, `embedding`",
+    "`--model package.module:function`",
+    "`--model path/to/file.py:function`",
+    "`--model` a saved `.keras` file",
+    "a model function of no parameter",
+    "an uncompiled model ending in softmax or sigmoid",
+    "a compiled learning-rate schedule (rule `none`)",
+    "`train.callbacks` `--callbacks`",
+    "a model function returning `model, [callbacks]`",
+    "a subclassed model without `get_config`",
+    "a user's model in a TF_CONFIG cluster task",
+    "a pipeline or column cut of a model with its own `train_step` or `compute_loss`",
+    "a pipeline cut on data of several features",
+    "`study(function, ...)`",
+    "`study(keras.Model, ...)`",
+    "`study(function, DataFrame, label=...)`",
+    "`train.files`",
+    "`train.epochs` `--epochs`",
+    "`train.batch_size_per_replica` `--batch-size-per-replica`",
+    "`train.warmup_epochs` `--warmup-epochs`",
+    "`train.measure_precision` `--measure-precision`",
+    "`train.measure_steps` `--measure-steps`",
+    "`train.runs_dir` `--runs-dir`",
+    "`train.link_gbit` `--link-gbit`",
+    "`train.stages` `--stages`",
+    "`train.micro_batches` `--micro-batches`",
+    "`train.cut_after`",
+    "`train.device_memory_mb` `--device-memory-mb`",
+    "`train.stop_at_target` `--stop-at-target`",
+    "`train.noise_scale` `--noise-scale`",
+    "`train.noise_scale_every`",
+    "`train.class_weight` `--class-weight`",
+    "`prepare.sample_weight` `--sample-weight`",
+    "`train.loop` `--loop`",
+    "`tfscale train --export-dir`",
+    "`tfscale train --no-diagnose`",
+    "`tfscale train --baseline`",
+    "`tfscale train --against-baseline`",
+    "`evaluate.batch_size` `--batch-size`",
+    "`evaluate.target_metric` `--target-metric`",
+    "`--target-metric loss`, or one of Keras's metrics by name",
+    "`--target-metric mae` (compiled)",
+    "`evaluate.target` `--target`",
+    "`evaluate.seeds` `--seeds`",
+    "`tfscale plan` and the forecast on a user's metric",
+    "`tfscale evaluate --model-path`",
+    "`tfscale evaluate --baseline`",
+    "`tfscale evaluate` without TensorFlow",
+    "`tfscale hardware --json`",
+    "`sweep.strategy` `--strategy`",
+    "`sweep.model` `--model`",
+    "`sweep.epochs` `--epochs`",
+    "`sweep.out_dir` `--out-dir`",
+    "`sweep.link_gbit`",
+    "`sweep.work_pool` `--pool`",
+    "`sweep.cell_retries`",
+    "`track.store_dir`",
+    "`track.experiment`",
+    "`cluster.collective_timeout_s` `--collective-timeout`",
+    "`cluster.chief_wait_s`",
+    "`tfscale forecast --run-dir`, `tfscale plan --run-dir`",
+    "`tfscale forecast --dataset`, `tfscale plan --dataset`",
+    "`tfscale forecast --runs-dir`, `tfscale plan --runs-dir`",
+    "`tfscale forecast --workers`",
+    "`tfscale forecast --link-gbit`",
+    "`tfscale forecast --preset`",
+    "`tfscale forecast --out-dir`",
+    "`tfscale forecast --no-track`, `tfscale plan --no-track`",
+    "`tfscale plan --devices`",
+    "`tfscale plan --link`",
+    "`tfscale plan --target`",
+    "`tfscale plan --device-memory-mb`",
+    "`tfscale ui --host`, `tfscale ui --port`",
+    "`tfscale serve --cron`",
+    "`--dataset digits`, `synthetic`",
+    "`--dataset` an image folder",
+    "`--dataset` a TFDS name",
+    "`$TFDS_DATA_DIR`",
+    "a TFDS set that cannot download",
+    "`--dataset` a `.csv` or `.parquet` table",
+    "`--dataset` an `.npz`",
+    "`--dataset` a `tf.data` function",
+    "the image models on a uint8 `.npz`",
+    "blank numeric cells",
+    "a blank text cell",
+    "empty labels",
+    "integer labels of more than 256 values",
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    plant: Plant
+    result: str  # caught, survived, no longer applies, or what else pytest said
+    seconds: float
+    failed: tuple[str, ...] = ()
+
+
+def problem(plant: Plant, root: Path = ROOT) -> str | None:
+    """Why `plant` no longer applies to the code under `root`, or None where it does."""
+    path = root / plant.file
+    if not path.is_file():
+        return f"{plant.file} is gone"
+    found = path.read_text().count(plant.old)
+    return None if found == 1 else f"its text is in {plant.file} {found} times, not once"
+
+
+@contextlib.contextmanager
+def planted(plant: Plant, root: Path = ROOT) -> Iterator[None]:
+    """The file with `plant` in it, put back as it was (bytes and times) at the end,
+    whatever ends it: an error, Ctrl-C, or SIGTERM (raised here as KeyboardInterrupt)."""
+    path = root / plant.file
+    original, times = path.read_bytes(), path.stat()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        path.write_text(original.decode().replace(plant.old, plant.new, 1))
+        yield
+    finally:
+        path.write_bytes(original)
+        os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(plant: Plant, root: Path = ROOT) -> Outcome:
+    """`plant` applied under `root` and its tests run in one pytest process."""
+    why = problem(plant, root)
+    if why:
+        return Outcome(plant, f"no longer applies: {why}", 0.0)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-n0", "-p", "no:cacheprovider"]
+    command += ["-o", "addopts=", "-rfE", *plant.tests]
+    start = time.monotonic()
+    with planted(plant, root):
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    said = done.stdout.splitlines()
+    failed = tuple(line.split()[1] for line in said if line.startswith("FAILED "))
+    if done.returncode == 0:
+        result = "survived"
+    elif done.returncode == 1 and failed and not any(s.startswith("ERROR ") for s in said):
+        result = "caught"
+    else:  # an error outside the tests' own assertions (set-up, teardown, collection)
+        result = f"error: pytest exit {done.returncode}: {' / '.join(said[-3:])}"
+    return Outcome(plant, result, seconds, failed)
+
+
+HEADER = f"{'row':<52} {'file':<30} {'result':<10} {'s':>5}"
+
+
+def line(o: Outcome) -> str:
+    """A plant's line of the table: its row, its file, what happened, its time."""
+    row = o.plant.row if len(o.plant.row) <= 52 else o.plant.row[:49] + "..."
+    result = o.result if len(o.result) <= 10 else o.result.split(":")[0]
+    return f"{row:<52} {o.plant.file:<30} {result:<10} {o.seconds:>5.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--row", action="append", help="the plants of rows holding this text")
+    parser.add_argument("--list", action="store_true", help="list the plants and unplanted rows")
+    args = parser.parse_args(argv)
+    chosen = [p for p in PLANTS if not args.row or any(r in p.row for r in args.row)]
+    if args.list:
+        for p in chosen:
+            print(f"{p.row}  {p.file}: {p.old.strip()!r} -> {p.new.strip()!r}")
+        print(f"{len(chosen)} plants; rows without one: {len(UNPLANTED)}")
+        print("\n".join(f"  {row}" for row in UNPLANTED))
+        return 0
+    outcomes, start = [], time.monotonic()
+    print(HEADER, flush=True)
+    try:
+        for plant in chosen:
+            outcomes.append(run(plant))
+            print(line(outcomes[-1]), flush=True)
+    except KeyboardInterrupt:
+        print("stopped: the planted file is back as it was", file=sys.stderr)
+        return 130
+    caught = sum(o.result == "caught" for o in outcomes)
+    rows = len({o.plant.row for o in outcomes})
+    print(
+        f"\n{caught} of {len(outcomes)} plants caught, over {rows} rows, in "
+        f"{time.monotonic() - start:.0f} s"
+    )
+    for o in outcomes:
+        if o.result != "caught":
+            print(f"  {o.result}: {o.plant.row} ({o.plant.file})")
+    return 0 if caught == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
