@@ -388,6 +388,22 @@ def train_result(**changes):
     return dataclasses.replace(one_device, **changes)
 
 
+def stage_lines(out: str, name: str) -> list[str]:
+    """Each status line of the stage `name` in a command's output (`name` padded to 11,
+    its text wrapped within 100 columns, each continuation under the text's column:
+    `progress.status_line`), its continuations joined by spaces, without the name."""
+    lines, found = out.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith(f"{name:<11} "):
+            parts = [line[12:].strip()]
+            for more in lines[i + 1 :]:
+                if not more.startswith(" " * 12) or not more.strip():
+                    break
+                parts.append(more.strip())
+            found.append(" ".join(parts))
+    return found
+
+
 def console_row(out: str, label: str) -> str:
     """The value of the summary's row `label` in a command's output, its lines (wrapped
     within the console's 100 columns, each continuation under the value's column) joined

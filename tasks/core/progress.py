@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +28,27 @@ from tfscale.tasks.core.process import STATUS_MARK
 log = logging.getLogger("tfscale")
 
 
+COLUMNS = 100  # a terminal's common width: a status line longer wraps under its text
+NAME_WIDTH = 11
+
+
+def status_line(name: str, text: str) -> str:
+    """`name` padded to `NAME_WIDTH`, then `text` within `COLUMNS`, each continuation line
+    under the text's column; a word longer than the room (a path, a link) is never split."""
+    room = COLUMNS - NAME_WIDTH - 1
+    parts = [
+        part
+        for line in text.split("\n")  # a line the text breaks itself stays broken
+        for part in textwrap.wrap(line, room, break_long_words=False, break_on_hyphens=False)
+    ] or [""]
+    indent = "\n" + " " * (NAME_WIDTH + 1)
+    return f"{name:<{NAME_WIDTH}} " + indent.join(parts)
+
+
 def status(name: str, text: str) -> None:
-    """`name  text` on the console, and in the current Prefect run's log if there is one."""
-    line = f"{name:<11} {text}"
+    """`name  text` on the console (`status_line`), and in the current Prefect run's log if
+    there is one."""
+    line = status_line(name, text)
     run_logger = _run_logger()
     if run_logger is None:
         log.info(line, extra={STATUS_MARK: True})

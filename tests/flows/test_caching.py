@@ -13,7 +13,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import INNER_LIMIT_S, LEAST_WORK, ROOT, clone_as_it_is, scaled, tiny_params
+from helpers import (
+    INNER_LIMIT_S,
+    LEAST_WORK,
+    ROOT,
+    clone_as_it_is,
+    scaled,
+    stage_lines,
+    tiny_params,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +41,8 @@ def tfscale_run(clone: Path, params: Path) -> str:
 
 
 def baseline_line(output: str) -> str:
-    """The baseline's stage line (`baseline    2,590 examples/s, 1 replica, ...`)."""
-    (line,) = [line for line in output.splitlines() if re.match(r"baseline +[\d,]+ ex", line)]
+    """The baseline's stage line (`baseline    2,590 examples/s, 1 replica, ...`), whole."""
+    (line,) = [line for line in stage_lines(output, "baseline") if re.match(r"[\d,]+ ex", line)]
     return line
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import BIN, console_row, scaled, tiny_params
+from helpers import BIN, console_row, scaled, stage_lines, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -217,7 +217,8 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
     out = seeds.output()
     reached = {}  # side -> examples to the target, the study's own training first
     for side in ("baseline", "distributed"):
-        (first,) = re.findall(rf"^{side} .*held-out 0\.85 at ([\d,]+) examples", out, re.M)
+        said = " ".join(stage_lines(out, side))
+        (first,) = re.findall(r"held-out 0\.85 at ([\d,]+) examples", said)
         again = re.findall(rf"^seed \d+ +{side}: 0\.85 at ([\d,]+) examples", out, re.M)
         assert len(again) == 4, out[-3000:]
         reached[side] = [examples(v) for v in (first, *again)]

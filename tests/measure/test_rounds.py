@@ -333,7 +333,7 @@ def test_the_measuring_rounds_say_what_they_time_and_how_far_they_are(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "measuring   the run and one device, alternating, until the speedup is known to +-3% "
-        "(at most 12 rounds)",
+        "(at most 12\n            rounds)",  # wrapped within 100 columns, under its text
         "measuring   round 5 of at most 12: too few rounds yet for the speedup's interval",
         "measuring   round 10 of at most 12: the speedup known to +-6.1%",
     ]
