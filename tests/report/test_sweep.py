@@ -32,6 +32,30 @@ def test_plan_always_includes_one_replica():
     assert {c.replicas for c in cells} == {1, 2, 4}
 
 
+def test_the_grid_is_every_size_batch_scaling_and_precision_each_with_its_one_replica():
+    """Two values on each axis and 2 replicas: 2 x 2 x 2 x 2 groups of (1, 2) replicas,
+    each value of each axis in 16 cells."""
+    axes = {
+        "sweep.dataset_sizes": [100, 200],
+        "sweep.batch_sizes": [8, 16],
+        "sweep.scaling": ["weak", "strong"],
+        "sweep.precision": ["float32", "mixed_bfloat16"],
+        "sweep.replicas": [2],
+    }
+    cells = plan_cells(load_config(None, axes))
+    assert len(cells) == 32 and len(set(cells)) == 32
+    for field, values in (
+        ("size", [100, 200]),
+        ("batch", [8, 16]),
+        ("scaling", ["weak", "strong"]),
+        ("precision", ["float32", "mixed_bfloat16"]),
+        ("replicas", [1, 2]),
+    ):
+        found = [getattr(c, field) for c in cells]
+        assert sorted(set(found), key=str) == sorted(values, key=str), field
+        assert all(found.count(v) == 16 for v in values), field
+
+
 def test_speedup_divides_by_the_groups_one_replica_cell():
     cells = [
         Cell(100, 8, "weak", "float32", 1),
