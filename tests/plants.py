@@ -170,7 +170,8 @@ PLANTS: tuple[Plant, ...] = (
         "tasks/train/training.py",
         "rate.value, cfg.steps_per_call, rate.rule",
         "rate.value, 1, rate.rule",
-        "tests/train/test_training.py::test_steps_per_call_sets_how_many_steps_each_graph_call_runs",
+        "tests/train/test_training.py::"
+        "test_steps_per_call_sets_how_many_steps_each_graph_call_runs",
     ),
     _p(
         "`train.measure_rounds` `--measure-rounds`",
@@ -214,7 +215,8 @@ PLANTS: tuple[Plant, ...] = (
         "tasks/train/training.py",
         "    rule = cfg.lr_scaling\n",
         '    rule = "auto"\n',
-        "tests/train/test_gradient_noise.py::test_each_learning_rate_rule_at_four_times_the_base_batch",
+        "tests/train/test_gradient_noise.py::"
+        "test_each_learning_rate_rule_at_four_times_the_base_batch",
     ),
     _p(
         "`train.learning_rate` `--learning-rate`",
@@ -244,7 +246,8 @@ PLANTS: tuple[Plant, ...] = (
         "tasks/execute/sweep_cells.py",
         "s.dataset_sizes, s.batch_sizes, s.scaling, s.precision, replicas",
         's.dataset_sizes, s.batch_sizes, ("weak",), s.precision, replicas',
-        "tests/report/test_sweep.py::test_each_scaling_mode_is_an_axis_with_its_own_one_replica_baseline",
+        "tests/report/test_sweep.py::"
+        "test_each_scaling_mode_is_an_axis_with_its_own_one_replica_baseline",
     ),
     _p(
         "`tfscale forecast --scaling`",
@@ -375,6 +378,102 @@ PLANTS: tuple[Plant, ...] = (
         "test_a_compiled_schedule_is_kept_as_the_rate_with_rule_none",
     ),
     _p(
+        "`train.batch_size_per_replica` `--batch-size-per-replica`",
+        "flows/cli.py",
+        "        return int(text)\n",
+        "        return 32\n",
+        "tests/settings/test_config.py::test_the_batch_flag_takes_auto_or_a_number",
+    ),
+    _p(
+        "`train.class_weight` `--class-weight`",
+        "tasks/core/class_weights.py",
+        "return tuple(total / (len(names) * count) for count in counts)",
+        "return tuple(1.0 for count in counts)",
+        "tests/core/test_class_weights.py::"
+        "test_a_run_makes_balanced_the_weights_of_its_training_split_and_says_them",
+    ),
+    _p(
+        "`prepare.sample_weight` `--sample-weight`",
+        "tasks/data/user_sources.py",
+        "chosen = cfg.sample_weight or (WEIGHT_NAME",
+        "chosen = (WEIGHT_NAME",
+        "tests/data/test_user_data.py::"
+        "test_each_examples_weight_reaches_the_shards_beside_it_never_as_a_feature",
+    ),
+    _p(
+        "`tfscale forecast --workers`",
+        "flows/commands.py",
+        "run_dir, args.workers, args.link_gbit, args.preset, args.scaling, args.out_dir",
+        "run_dir, [1, 2], args.link_gbit, args.preset, args.scaling, args.out_dir",
+        "tests/report/test_forecast.py::test_forecast_writes_its_table_json_and_charts",
+    ),
+    _p(
+        "`tfscale forecast --preset`",
+        "flows/commands.py",
+        "run_dir, args.workers, args.link_gbit, args.preset, args.scaling, args.out_dir",
+        "run_dir, args.workers, args.link_gbit, None, args.scaling, args.out_dir",
+        "tests/report/test_forecast.py::test_forecast_writes_its_table_json_and_charts",
+    ),
+    _p(
+        "`tfscale forecast --out-dir`",
+        "flows/commands.py",
+        "run_dir, args.workers, args.link_gbit, args.preset, args.scaling, args.out_dir",
+        "run_dir, args.workers, args.link_gbit, args.preset, args.scaling, None",
+        "tests/report/test_forecast.py::"
+        "test_forecast_writes_its_json_and_charts_to_the_out_dir_leaving_the_run_as_it_was",
+    ),
+    _p(
+        "`tfscale forecast --runs-dir`, `tfscale plan --runs-dir`",
+        "flows/commands.py",
+        "check_request(args.workers, args.link_gbit, args.preset)  # usage errors first\n"
+        "    run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)",
+        "check_request(args.workers, args.link_gbit, args.preset)  # usage errors first\n"
+        '    run_dir = probed_run("runs", config.prepare.dataset, args.run_dir)',
+        "tests/report/test_forecast.py::test_forecast_writes_its_table_json_and_charts",
+    ),
+    _p(
+        "`tfscale forecast --run-dir`, `tfscale plan --run-dir`",
+        "flows/commands.py",
+        "check_request(args.workers, args.link_gbit, args.preset)  # usage errors first\n"
+        "    run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, args.run_dir)",
+        "check_request(args.workers, args.link_gbit, args.preset)  # usage errors first\n"
+        "    run_dir = probed_run(config.train.runs_dir, config.prepare.dataset, None)",
+        "tests/report/test_forecast.py::"
+        "test_forecast_writes_its_json_and_charts_to_the_out_dir_leaving_the_run_as_it_was",
+    ),
+    _p(
+        "blank numeric cells",
+        "tasks/data/blanks.py",
+        '    if missing == "refuse":\n        shown =',
+        "    if False:\n        shown =",
+        "tests/data/test_user_data.py::"
+        "test_blank_cells_are_refused_naming_each_column_and_count_before_a_shard_is_written",
+    ),
+    _p(
+        "empty labels",
+        "tasks/data/tables.py",
+        '    if blank:\n        raise DatasetError(\n            f"{path}: '
+        "column {label!r} has {blank} empty",
+        '    if False:\n        raise DatasetError(\n            f"{path}: '
+        "column {label!r} has {blank} empty",
+        "tests/data/test_documented_data.py::"
+        "test_empty_labels_are_refused_at_prepare_naming_the_column_and_count",
+    ),
+    _p(
+        "`$TFDS_DATA_DIR`",
+        "tasks/data/tfds_source.py",
+        'data_dir=os.environ.get("TFDS_DATA_DIR")',
+        "data_dir=None",
+        "tests/data/test_documented_data.py::test_tfds_reads_its_sets_from_tfds_data_dir",
+    ),
+    _p(
+        "`--dataset digits`, `synthetic`",
+        "tasks/data/datasets.py",
+        "load_digits_source(cfg.seed, cfg.test_fraction)",
+        "load_digits_source(cfg.seed + 1, cfg.test_fraction)",
+        "tests/data/test_shards.py::test_digits_round_trip_matches_source",
+    ),
+    _p(
         "an uncompiled model's regularisers (`model.losses`) in its step loss",
         "tasks/train/keras_meaning.py",
         "    extra = [tf.cast(tf.reduce_sum(each), tf.float32) for each in model.losses]",
@@ -413,7 +512,6 @@ UNPLANTED: tuple[str, ...] = (
     "`study(function, DataFrame, label=...)`",
     "`train.files`",
     "`train.epochs` `--epochs`",
-    "`train.batch_size_per_replica` `--batch-size-per-replica`",
     "`train.warmup_epochs` `--warmup-epochs`",
     "`train.measure_precision` `--measure-precision`",
     "`train.measure_steps` `--measure-steps`",
@@ -426,8 +524,6 @@ UNPLANTED: tuple[str, ...] = (
     "`train.stop_at_target` `--stop-at-target`",
     "`train.noise_scale` `--noise-scale`",
     "`train.noise_scale_every`",
-    "`train.class_weight` `--class-weight`",
-    "`prepare.sample_weight` `--sample-weight`",
     "`train.loop` `--loop`",
     "`tfscale train --export-dir`",
     "`tfscale train --no-diagnose`",
@@ -455,13 +551,8 @@ UNPLANTED: tuple[str, ...] = (
     "`track.experiment`",
     "`cluster.collective_timeout_s` `--collective-timeout`",
     "`cluster.chief_wait_s`",
-    "`tfscale forecast --run-dir`, `tfscale plan --run-dir`",
     "`tfscale forecast --dataset`, `tfscale plan --dataset`",
-    "`tfscale forecast --runs-dir`, `tfscale plan --runs-dir`",
-    "`tfscale forecast --workers`",
     "`tfscale forecast --link-gbit`",
-    "`tfscale forecast --preset`",
-    "`tfscale forecast --out-dir`",
     "`tfscale forecast --no-track`, `tfscale plan --no-track`",
     "`tfscale plan --devices`",
     "`tfscale plan --link`",
@@ -469,18 +560,14 @@ UNPLANTED: tuple[str, ...] = (
     "`tfscale plan --device-memory-mb`",
     "`tfscale ui --host`, `tfscale ui --port`",
     "`tfscale serve --cron`",
-    "`--dataset digits`, `synthetic`",
     "`--dataset` an image folder",
     "`--dataset` a TFDS name",
-    "`$TFDS_DATA_DIR`",
     "a TFDS set that cannot download",
     "`--dataset` a `.csv` or `.parquet` table",
     "`--dataset` an `.npz`",
     "`--dataset` a `tf.data` function",
     "the image models on a uint8 `.npz`",
-    "blank numeric cells",
     "a blank text cell",
-    "empty labels",
 )
 
 

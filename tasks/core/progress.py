@@ -45,6 +45,16 @@ def status_line(name: str, text: str) -> str:
     return f"{name:<{NAME_WIDTH}} " + indent.join(parts)
 
 
+def wrapped(label: str, value: str, width: int) -> list[str]:
+    """`label` padded to `width`, then `value` over as many lines as it takes to fit
+    `COLUMNS`, each continuation under the value's column; an interval (`0.65-1.39`) or a
+    word longer than the column is never split (the summary's rows, the plan's sources)."""
+    room = COLUMNS - width - 2
+    parts = textwrap.wrap(value, room, break_long_words=False, break_on_hyphens=False) or [""]
+    indent = " " * (width + 2)
+    return [f"{label:<{width}}  {parts[0]}".rstrip()] + [indent + p for p in parts[1:]]
+
+
 def status(name: str, text: str) -> None:
     """`name  text` on the console (`status_line`), and in the current Prefect run's log if
     there is one."""

@@ -7,9 +7,10 @@ well`) by its first sentence, whole in plan.json and the plan's MLflow run.
 
 from __future__ import annotations
 
+import math
 import textwrap
 
-from tfscale.tasks.report.console_summary import COLUMNS, wrapped
+from tfscale.tasks.core.progress import COLUMNS, wrapped
 from tfscale.tasks.report.plan import Plan, PlanRow
 from tfscale.tasks.train.to_target import target_text
 
@@ -59,9 +60,22 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def time_text(time_s: float, low_s: float, high_s: float) -> str:
+    """A time and its interval in one unit: milliseconds below a second, else seconds;
+    three figures, or whole with thousands marked from 100 (`67.8 ms (52.6-87.5)`,
+    `1,234 s (1,100-1,400)`): within the table's 21 columns up to 10,000 s."""
+    scale, unit = (1000, "ms") if time_s < 1 else (1, "s")
+
+    def figure(v: float) -> str:
+        v *= scale
+        return f"{v:,.0f}" if math.isfinite(v) and v >= 100 else f"{v:.3g}"
+
+    return f"{figure(time_s)} {unit} ({figure(low_s)}-{figure(high_s)})"
+
+
 def row_line(r: PlanRow, fastest: bool) -> str:
     """A row of the table: within `COLUMNS`, the mark of the fastest included."""
-    time = f"{r.time_s:.3g} s ({r.time_low_s:.3g}-{r.time_high_s:.3g})"
+    time = time_text(r.time_s, r.time_low_s, r.time_high_s)
     return (
         f"{r.devices:>7} {r.per_replica_batch:>5} {r.global_batch:>6} "
         f"{r.learning_rate:>7.2g}{'*' if r.rate_capped else ' '} {r.steps:>7,.0f} "
@@ -76,7 +90,8 @@ def fastest_lines(plan: Plan) -> list[str]:
     f = plan.fastest
     return prose(
         f"fastest: {f.devices} device{'s' if f.devices > 1 else ''} at {f.per_replica_batch} "
-        f"per replica (global {f.global_batch}): {f.time_s:.3g} s to {plan.target:g} "
-        f"({f.time_low_s:.3g}-{f.time_high_s:.3g}), {f.time_speedup:.2f}x one device's time; "
+        f"per replica (global {f.global_batch}): "
+        f"{time_text(f.time_s, f.time_low_s, f.time_high_s)} to {plan.target:g}, "
+        f"{f.time_speedup:.2f}x one device's time; "
         f"in examples/s {f.examples_per_s_speedup:.2f}x"
     )

@@ -10,8 +10,7 @@ description and the run folder's `summary.json` (`ScalingSummary.to_target`, who
 
 from __future__ import annotations
 
-import textwrap
-
+from tfscale.tasks.core.progress import wrapped
 from tfscale.tasks.report.summary import (
     ScalingSummary,
     candidates_table,
@@ -26,18 +25,7 @@ from tfscale.tasks.report.summary import (
 )
 from tfscale.tasks.train.to_target import target_text
 
-COLUMNS = 100  # a terminal's common width: no line of the summary is longer
 DERIVED = "more in summary.json and MLflow"  # the whole sentence: the run's summary.json, its page
-
-
-def wrapped(label: str, value: str, width: int) -> list[str]:
-    """`label` padded to `width`, then `value` over as many lines as it takes to fit
-    `COLUMNS`, each continuation under the value's column; an interval (`0.65-1.39`) or a
-    word longer than the column is never split."""
-    room = COLUMNS - width - 2
-    parts = textwrap.wrap(value, room, break_long_words=False, break_on_hyphens=False) or [""]
-    indent = " " * (width + 2)
-    return [f"{label:<{width}}  {parts[0]}".rstrip()] + [indent + p for p in parts[1:]]
 
 
 def answer_lines(s: ScalingSummary) -> list[str]:

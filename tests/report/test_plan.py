@@ -377,3 +377,21 @@ def test_a_pair_read_noise_scale_first_is_weighed_with_the_measured_by_its_own_i
     assert _weighed(Calibration(1.0, 5.67), ends) == Calibration(1.0, 1.94)
     for point in (Calibration(0.8, 1.0), Calibration(1.0, 1.0), Calibration(hyperbola=80.0)):
         assert _weighed(point, ends) == point
+
+
+def test_a_time_and_its_interval_read_in_one_unit_within_the_tables_column():
+    """Below a second in milliseconds, else seconds; three figures, whole from 100 on: a
+    row of 68 ms (the study's own, whose "0.0678 s (0.0526-0.0875)" took a 101st column)
+    and one of 9,999 s each fit 100 columns with the fastest's mark."""
+    import dataclasses
+
+    from tfscale.tasks.report.console_plan import row_line, time_text
+
+    assert time_text(0.0678, 0.0526, 0.0875) == "67.8 ms (52.6-87.5)"
+    assert time_text(0.364, 0.211, 1.2) == "364 ms (211-1,200)"
+    assert time_text(1234.4, 1100.0, 1400.0) == "1,234 s (1,100-1,400)"
+    assert time_text(2.5, 1.75, math.inf) == "2.5 s (1.75-inf)"
+    row = make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(177.78)).rows[0]
+    for seconds in (0.0678, 9999.0):
+        wide = dataclasses.replace(row, time_s=seconds, time_low_s=seconds, time_high_s=seconds)
+        assert len(row_line(wide, fastest=True)) <= 100, row_line(wide, fastest=True)

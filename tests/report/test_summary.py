@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 from helpers import epoch_history, train_result
 
-from tfscale.tasks.report.console_summary import COLUMNS, format_summary
+from tfscale.tasks.core.progress import COLUMNS
+from tfscale.tasks.report.console_summary import format_summary
 from tfscale.tasks.report.summary import compare_runs
 from tfscale.tasks.train.result import TrainResult
 
@@ -595,7 +596,7 @@ def test_every_console_line_of_the_summary_fits_100_columns(seeds):
     """The answer in at most 2 lines, the time to target in at most 4, and no line of the
     summary past 100 columns, one seed or five (whose words are longer), a table's score a
     real value's error (the longest label); a link alone may be longer, never broken."""
-    from tfscale.tasks.report.console_summary import wrapped
+    from tfscale.tasks.core.progress import wrapped
 
     base, dist = _pair(_reached(4000, 4.1), _reached(5000, 3.6))
     summary = compare_runs((base, dist), EVALUATION, None, "weak", 0.95)
