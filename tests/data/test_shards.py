@@ -48,6 +48,19 @@ def test_digits_round_trip_matches_source(make_config):
         assert images.dtype == np.uint8  # as stored: a model scales them itself
         np.testing.assert_array_equal(images, np.stack([e[0] for e in expected]))
         np.testing.assert_array_equal(labels, [e[1] for e in expected])
+    # and the source is scikit-learn's digits, 0-16 scaled to 0-255, its test split the
+    # stratified 20% prepare.seed (42) draws
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    pixels = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    split = train_test_split(
+        pixels, digits.target, test_size=0.2, random_state=42, stratify=digits.target
+    )
+    images, labels = read_split(manifest, result.data_dir, "test")
+    np.testing.assert_array_equal(images, split[1])
+    np.testing.assert_array_equal(labels, split[3])
 
 
 def test_same_params_give_byte_identical_shards(tmp_path, make_config):
