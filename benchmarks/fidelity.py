@@ -493,7 +493,7 @@ def _state(model, optimizer) -> tuple[list, list]:
     slots = [
         v for v in optimizer.variables if len(v.shape) and "iteration" not in v.path
     ]  # fmt: skip
-    return [np.array(w) for w in model.weights], [np.array(v) for v in slots]
+    return [np.asarray(w.numpy()) for w in model.weights], [np.asarray(v.numpy()) for v in slots]
 
 
 def _moved(initial: list, ours: tuple[list, list], theirs: tuple[list, list]) -> tuple:
