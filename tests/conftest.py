@@ -310,10 +310,11 @@ def leaves_repository_and_home_as_found(tmp_path_factory):
         if before["files"].get(path) != after["files"].get(path)
     )
     status = sorted(set(before["git status"]) ^ set(after["git status"]))
+    written = home_written(HOME)
     found = {
         f"the repository's git status changed: {status}": status,
         f"changed in the repository's outputs: {changed}": changed,
-        f"written under the home folder (~ is {HOME}): {home_written(HOME)}": home_written(HOME),
+        f"written under the home folder (~ is {HOME}): {written}": written,
     }
     assert not any(found.values()), "\n".join(what for what, seen in found.items() if seen)
 

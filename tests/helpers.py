@@ -388,20 +388,27 @@ def train_result(**changes):
     return dataclasses.replace(one_device, **changes)
 
 
+def _continued(lines: list[str], i: int, first: str, indent: str) -> str:
+    """Line `i`'s text `first`, and the lines after it that start with `indent` (its
+    continuations, wrapped within 100 columns), joined by spaces."""
+    parts = [first.strip()]
+    for more in lines[i + 1 :]:
+        if not more.startswith(indent) or not more.strip():
+            break
+        parts.append(more.strip())
+    return " ".join(parts)
+
+
 def stage_lines(out: str, name: str) -> list[str]:
     """Each status line of the stage `name` in a command's output (`name` padded to 11,
     its text wrapped within 100 columns, each continuation under the text's column:
     `progress.status_line`), its continuations joined by spaces, without the name."""
-    lines, found = out.splitlines(), []
-    for i, line in enumerate(lines):
-        if line.startswith(f"{name:<11} "):
-            parts = [line[12:].strip()]
-            for more in lines[i + 1 :]:
-                if not more.startswith(" " * 12) or not more.strip():
-                    break
-                parts.append(more.strip())
-            found.append(" ".join(parts))
-    return found
+    lines = out.splitlines()
+    return [
+        _continued(lines, i, line[12:], " " * 12)
+        for i, line in enumerate(lines)
+        if line.startswith(f"{name:<11} ")
+    ]
 
 
 def console_row(out: str, label: str) -> str:
@@ -411,10 +418,5 @@ def console_row(out: str, label: str) -> str:
     lines = out.splitlines()
     for i, line in enumerate(lines):
         if line.startswith(f"{label}  ") or line == label:
-            parts = [line[len(label) :].strip()]
-            for more in lines[i + 1 :]:
-                if not more.startswith("  ") or not more.strip():
-                    break
-                parts.append(more.strip())
-            return " ".join(parts)
+            return _continued(lines, i, line[len(label) :], "  ")
     return ""

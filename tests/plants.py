@@ -602,7 +602,6 @@ class Outcome:
     plant: Plant
     result: str  # caught, survived, no longer applies, or what else pytest said
     seconds: float
-    failed: tuple[str, ...] = ()
 
 
 def problem(plant: Plant, root: Path = ROOT) -> str | None:
@@ -655,7 +654,7 @@ def run(plant: Plant, root: Path = ROOT) -> Outcome:
         result = "caught"
     else:  # an error outside the tests' own assertions (set-up, teardown, collection)
         result = f"error: pytest exit {done.returncode}: {' / '.join(said[-3:])}"
-    return Outcome(plant, result, seconds, failed)
+    return Outcome(plant, result, seconds)
 
 
 HEADER = f"{'row':<52} {'file':<30} {'result':<10} {'s':>5}"

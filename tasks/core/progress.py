@@ -32,25 +32,30 @@ COLUMNS = 100  # a terminal's common width: a status line longer wraps under its
 NAME_WIDTH = 11
 
 
+def fitted(text: str, room: int, indent: str = "") -> list[str]:
+    """`text` in lines of at most `room` columns, each after the first led by `indent`; a
+    word is never split, so an interval (`0.65-1.39`), a path or a link stays whole (and
+    may pass `room` alone on its line)."""
+    return textwrap.wrap(
+        text, room, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+
+
 def status_line(name: str, text: str) -> str:
     """`name` padded to `NAME_WIDTH`, then `text` within `COLUMNS`, each continuation line
-    under the text's column; a word longer than the room (a path, a link) is never split."""
+    under the text's column (`fitted`)."""
     room = COLUMNS - NAME_WIDTH - 1
-    parts = [
-        part
-        for line in text.split("\n")  # a line the text breaks itself stays broken
-        for part in textwrap.wrap(line, room, break_long_words=False, break_on_hyphens=False)
-    ] or [""]
+    # a line the text breaks itself stays broken
+    parts = [part for line in text.split("\n") for part in fitted(line, room)] or [""]
     indent = "\n" + " " * (NAME_WIDTH + 1)
     return f"{name:<{NAME_WIDTH}} " + indent.join(parts)
 
 
 def wrapped(label: str, value: str, width: int) -> list[str]:
     """`label` padded to `width`, then `value` over as many lines as it takes to fit
-    `COLUMNS`, each continuation under the value's column; an interval (`0.65-1.39`) or a
-    word longer than the column is never split (the summary's rows, the plan's sources)."""
-    room = COLUMNS - width - 2
-    parts = textwrap.wrap(value, room, break_long_words=False, break_on_hyphens=False) or [""]
+    `COLUMNS`, each continuation under the value's column (`fitted`): the summary's rows,
+    the plan's sources."""
+    parts = fitted(value, COLUMNS - width - 2) or [""]
     indent = " " * (width + 2)
     return [f"{label:<{width}}  {parts[0]}".rstrip()] + [indent + p for p in parts[1:]]
 

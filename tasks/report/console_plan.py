@@ -8,9 +8,8 @@ well`) by its first sentence, whole in plan.json and the plan's MLflow run.
 from __future__ import annotations
 
 import math
-import textwrap
 
-from tfscale.tasks.core.progress import COLUMNS, wrapped
+from tfscale.tasks.core.progress import COLUMNS, fitted, wrapped
 from tfscale.tasks.report.plan import Plan, PlanRow
 from tfscale.tasks.train.to_target import target_text
 
@@ -26,11 +25,8 @@ BRIEFED = {"how well": "plan.json"}  # a source told by its first sentence, and 
 
 
 def prose(text: str) -> list[str]:
-    """`text` within `COLUMNS`, continuation lines indented by two; an interval or a path
-    is never split."""
-    return textwrap.wrap(
-        text, COLUMNS, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
-    )
+    """`text` within `COLUMNS`, continuation lines indented by two (`fitted`)."""
+    return fitted(text, COLUMNS, "  ")
 
 
 def format_plan(plan: Plan) -> str:
