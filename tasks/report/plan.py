@@ -214,9 +214,24 @@ class Pricing:
         return self.asked(batch, self.noise[1]) > self.cap * (1 + 1e-9)
 
     def priceable(self, batch: float) -> bool:
-        """Whether `batch`'s steps are known: the rule calibrated, or its rate within the
-        cap (an uncalibrated rule's steps at a capped rate are not)."""
-        return self.headroom is not None or not self.capped(batch)
+        """Whether `batch`'s steps are known: the rule calibrated (by the model, or by the
+        pair's own hyperbola), or its rate within the cap (an uncalibrated rule's steps at
+        a capped rate are not)."""
+        calibrated = self.headroom is not None or self.calibration.hyperbola is not None
+        return calibrated or not self.capped(batch)
+
+    def cap_batch(self) -> float:
+        """The largest batch whose rule's rate is within the cap, at the headline noise
+        scale (infinite where the rule never passes it): past it, the rate is held."""
+        low = high = float(self.base_batch)
+        while not self.capped(high):
+            low, high = high, high * 2
+            if high > 2.0**50:
+                return math.inf
+        for _ in range(60):  # the rule's gain grows with the batch: bisection in logs
+            middle = math.sqrt(low * high)
+            low, high = (low, middle) if self.capped(middle) else (middle, high)
+        return low
 
     def made(self, phi: float, batch: float) -> float:
         """One step's progress at `batch` against one at the base batch and rate."""
@@ -224,12 +239,28 @@ class Pricing:
         at = sampled_batch(batch, self.examples)
         calibration = self.calibration
         if calibration.hyperbola is not None:
-            return step_progress(calibration.hyperbola, base, at)
+            return self._along_hyperbola(calibration.hyperbola, base, at)
         if calibration.headroom is None:
             return step_progress(phi, base, at)
         gain = self.step_gain(batch, phi)  # an adaptive rule's from its phi
         phi *= calibration.factor
         return rule_progress(phi, base, at, gain.at(phi, base, at), calibration.headroom)
+
+    def _along_hyperbola(self, noise: float, base: float, at: float) -> float:
+        """A step's progress by the pair's own hyperbola, read as the quadratic model at a
+        base rate at its optimum with the hyperbola's B_noise (`noise`): each batch at its
+        optimal rate (the hyperbola itself) up to `cap_batch`, the rate held at that
+        batch's past it, as every reading's rate is (`rule_progress`: a larger batch's
+        step then gains only its lower noise, at most twice the held batch's progress).
+        The hyperbola alone scaled a capped rate's steps as 1/B: 0.25x the judge's steps
+        at 8x the base batch on digits under linear."""
+        top = sampled_batch(self.cap_batch(), self.examples)
+        if at <= top:
+            return step_progress(noise, base, at)
+        # the whole split (an infinite batch): its limit, 2 x top less nothing, where all
+        # is noise; a finite stand-in keeps rule_progress's arithmetic out of inf x 0
+        at = min(at, 1e15 * top)
+        return rule_progress(noise, base, at, step_progress(noise, base, top), 1.0)
 
     def point(self, batch: float, phi: float | None = None) -> float:
         """The steps at `batch` along the run's noise scale (`phi`: held at it instead);

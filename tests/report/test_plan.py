@@ -79,13 +79,20 @@ def test_a_pair_no_base_rate_or_noise_scale_explains_is_priced_by_its_own_hyperb
     gain allows) has no headroom, nor a noise scale at h = 1 (the ratio rises to 2 with
     it). The pair's own hyperbola through 2.1 at twice the batch scales perfectly (B_noise
     unbounded: m >= M/M0), so the steps fall as 1/B: 100 x 64/16 = 400 at 16, 200 at 32.
-    The code before priced adascale at the measured noise scale 64: 100 x 1.5/0.6 = 250."""
+    The code before priced adascale at the measured noise scale 64: 100 x 1.5/0.6 = 250.
+    Past the cap (the run's gain 2, at 64) the rate is held, as every reading's: at 128 the
+    model at its optimum with the hyperbola's B_noise gives g* = 128/32 = 4, r = 2/4 = 0.5,
+    progress 4 x (1 - 0.25) = 3 against the run's 2: 100 x 2/3 = 66.67 steps, where the
+    hyperbola alone scaled the capped rate's steps as 1/B (50), and before that the row was
+    left out."""
     plan = make_plan(_run(), 2, "ethernet-10g", 10.0, study=_pair(210))
     steps = {r.global_batch: r for r in plan.rows if r.devices == 1}
     assert steps[16].steps == pytest.approx(400.0, rel=1e-6)
     assert steps[32].steps == pytest.approx(200.0, rel=1e-6)
     assert steps[16].steps_low < 400 < steps[16].steps_high
-    assert plan.rule == "linear" and 128 not in steps  # a capped rate it cannot price
+    assert plan.rule == "linear" and steps[128].rate_capped
+    assert steps[128].steps == pytest.approx(66.667, rel=1e-4)
+    assert steps[128].steps_low < 66.667 < steps[128].steps_high
     assert "the pair's own two-point hyperbola, B_noise unbounded" in plan.assumed
     assert format_plan(plan).splitlines()[1].startswith("assumed: one pair, two unknowns")
 
