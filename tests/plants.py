@@ -511,6 +511,59 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_documented_models.py::"
         "test_an_uncompiled_models_regularisers_enter_its_step_loss",
     ),
+    _p(
+        "`tfscale plan --device-memory-mb`",
+        "tasks/train/stage_plan.py",
+        "    budget = device_memory_mb * MB\n",
+        '    budget = float("inf")\n',
+        "tests/report/test_forecast.py::"
+        "test_a_plan_searches_only_the_batches_that_fit_a_devices_memory",
+    ),
+    _p(
+        "`tfscale prepare --no-progress`",
+        "flows/commands.py",
+        "progress=not args.no_progress)",
+        "progress=True)",
+        SHARDS + "test_no_progress_keeps_the_bar_off_a_stand_in_terminal_that_shows_it_otherwise",
+    ),
+    _p(  # read-only: the shards verified elsewhere than the folder named
+        "`prepare.data_dir` `--data-dir`",
+        "flows/commands.py",
+        "    manifest = verify_shards(dataset_dir(config), config.prepare.dataset)",
+        '    manifest = verify_shards(dataset_dir(config).with_name("x"), config.prepare.dataset)',
+        SHARDS + "test_verify_names_the_damaged_shard",
+    ),
+    _p(
+        "`train.workers` `--workers`",
+        "tasks/settings/config.py",
+        "        return max(named, self.train.workers, sweep_workers)",
+        "        return max(named, sweep_workers)",
+        SHARDS + "test_shards_never_fewer_than_workers",
+    ),
+    _p(
+        "a TFDS set that cannot download",
+        "tasks/data/tfds_source.py",
+        'f"the prepared dataset under $TFDS_DATA_DIR."',
+        'f"a prepared copy of it."',
+        "tests/data/test_documented_data.py::"
+        "test_a_tfds_set_that_cannot_download_is_refused_naming_the_local_copy",
+    ),
+    _p(
+        "a blank text cell",
+        "tasks/data/tables.py",
+        '.fill_null("")',
+        '.fill_null("south")',
+        "tests/data/test_documented_data.py::"
+        "test_a_blank_text_cell_is_the_empty_string_a_value_like_any_other",
+    ),
+    _p(
+        "the image models on a uint8 `.npz`",
+        "tasks/train/models.py",
+        'layers.Rescaling(1 / 255.0, name="to_unit_range")',
+        'layers.Rescaling(1.0, name="to_unit_range")',
+        "tests/data/test_documented_data.py::"
+        "test_the_image_models_train_on_a_uint8_npz_of_images_with_class_labels",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -518,13 +571,10 @@ UNPLANTED: tuple[str, ...] = (
     "`tfscale --verbose`",
     "`prepare.dataset` `--dataset`",
     "`prepare.files`",
-    "`prepare.data_dir` `--data-dir`",
     "`prepare.label` `--label`",
     "`prepare.synthetic.height` `--image-size`",
     "`prepare.synthetic.width`",
-    "`tfscale prepare --no-progress`",
     "`train.replicas` `--replicas`",
-    "`train.workers` `--workers`",
     "`train.precision` `--precision`",
     "`train.model` `--model`",
     "`--model mlp`, `cnn`, `resnet`, `embedding`",
@@ -583,17 +633,13 @@ UNPLANTED: tuple[str, ...] = (
     "`tfscale plan --devices`",
     "`tfscale plan --link`",
     "`tfscale plan --target`",
-    "`tfscale plan --device-memory-mb`",
     "`tfscale ui --host`, `tfscale ui --port`",
     "`tfscale serve --cron`",
     "`--dataset` an image folder",
     "`--dataset` a TFDS name",
-    "a TFDS set that cannot download",
     "`--dataset` a `.csv` or `.parquet` table",
     "`--dataset` an `.npz`",
     "`--dataset` a `tf.data` function",
-    "the image models on a uint8 `.npz`",
-    "a blank text cell",
 )
 
 
