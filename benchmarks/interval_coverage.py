@@ -17,8 +17,9 @@ coverage, which a 95% interval must bring to about 95%:
     uv run python benchmarks/interval_coverage.py [--draws 2000]
 
 Target: every interval tfscale prints over two or more values or seeds holds the truth in
-93-97% of the draws; one seed's interval, which assumes a 13% seed spread, is printed as
-what it is, and its coverage where a task's spread is another is in the table.
+93-97% of the draws; one seed's interval, which assumes a 37% seed spread (the judge's,
+pooled over its tasks), is printed as what it is, and its coverage where a task's spread
+is another is in the table.
 """
 
 from __future__ import annotations

@@ -563,9 +563,8 @@ def _calibration(
     weighed = _weighed(point, ends) if _noise_first(phi, sampled, gain) else point
     pair = (
         f"the baseline's {base_examples / base_batch:,.0f} steps at batch {base_batch} against "
-        f"the run's {run_examples / run_batch:,.0f} at {run_batch} ({study.get('seeds', 1)} "
-        f"seed{'s' if study.get('seeds', 1) > 1 else ''}, {measured:.2f}x, 95% interval "
-        f"{low:.2f}-{high:.2f})"
+        f"the run's {run_examples / run_batch:,.0f} at {run_batch} ({_seeds_words(study)}, "
+        f"{measured:.2f}x, 95% interval {low:.2f}-{high:.2f})"
     )
     said = _assumed(rule, gain, phi, (point, weighed), ends, others)
     alone = (point,) if weighed != point else ()  # the pair's own reading: an end of its own
@@ -990,6 +989,14 @@ def _sources(
         "batches": _batches_source(batches, left_out, costs.data, cap)
         + (f"; each step accumulates {accum} micro-batches" if accum > 1 else ""),
     }
+
+
+def _seeds_words(study: dict) -> str:
+    """`5 seeds`, or one seed and the spread its interval assumed, and from where."""
+    seeds = study.get("seeds", 1)
+    if seeds > 1:
+        return f"{seeds} seeds"
+    return f"1 seed, a {SEED_SPREAD:.0%} seed spread assumed: the judge's, pooled over its tasks"
 
 
 def _steps_words(pricing: Pricing) -> str:

@@ -83,7 +83,7 @@ class ScalingSummary(SpreadOver):
     time_to_target_speedup: float | None = None
     time_to_target_speedup_low: float | None = None
     time_to_target_speedup_high: float | None = None
-    # one seed: the seed spread its interval assumed, in words (`assuming a 13% seed spread,
+    # one seed: the seed spread its interval assumed, in words (`assuming a 37% seed spread,
     # not measured here`)
     seed_spread_assumed: str = ""
     to_target: str = ""  # the time-to-target answer in a sentence (`target_sentence`)

@@ -282,8 +282,8 @@ def _seeds_clause(figures: dict, shape: str, examples: tuple[OverSeeds, OverSeed
 
 def one_seed_text(figures: dict) -> str:
     """`one seed is too few to tell which finishes sooner (--seeds 3 narrows the interval);
-    its interval takes the evaluation interval, assuming a 13% seed spread, not measured
-    here (seed spreads measured: ...)`."""
+    its interval takes the evaluation interval, assuming a 37% seed spread, not measured
+    here (the judge's seed spreads pooled over its tasks: ...)`."""
     return (
         f"{undecided(figures['seeds'])}; its interval takes the evaluation interval, "
         f"{SEED_SPREAD_ASSUMED} ({SEED_SPREADS_MEASURED})"
