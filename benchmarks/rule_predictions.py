@@ -25,6 +25,7 @@ point: its row is shown, never counted as a test.
         [--project DIR]    # go on with an earlier run's project: its trainings are kept
         [--results FILE]   # report from saved results, training nothing (with --seeds N,
                            # its first N predictor seeds: 5 by default, as a study has them)
+        [--results FILE --pairs 10]  # the default judged: 10 one-seed plans a task and rule
         [--smoke]          # one judged batch (4B), to see it run end to end
         [--judge-from SEED] [--judged 0.5,4,8]  # fresh judge seeds, at these batches
     # in parts, into one project (each part adds to DIR/results.json):
@@ -568,6 +569,41 @@ def report(results: dict, pricer: Pricer = plan_pricer, draws: int = DRAWS) -> l
     return every
 
 
+def pairs_report(saved: dict, args: argparse.Namespace) -> tuple[int, int]:
+    """The default's judge (`--pairs N`): N one-seed plans a (task, rule), each priced from
+    one predictor seed's pair alone (a study's default: one seed a side), judged against
+    the judge's seeds at the judged batches; the rows each plan's 95% interval covers, by
+    task and rule and over all, with the share's one-sided 95% lower bound
+    (Clopper-Pearson). The calibration point is no test. Returns (covered, rows)."""
+    from scipy.stats import beta
+
+    predictor = saved["seeds"]["predictor"]
+    start = predictor.index(args.predictor_from) if args.predictor_from in predictor else 0
+    seeds = predictor[start : start + args.pairs]
+    counts: dict[tuple, list[int]] = {}
+    for seed in seeds:
+        one = argparse.Namespace(**{**vars(args), "seeds": 1, "predictor_from": seed})
+        results = chosen_seeds(saved, one)
+        for key, rule in results["runs"]:
+            side = side_of(results, key, rule)
+            if untrained(side, results["seeds"]):
+                continue
+            tests = [r for r in rows_of(side, plan_pricer, 0) if r.test]
+            count = counts.setdefault((key, rule), [0, 0])
+            count[0] += sum(r.covered for r in tests)
+            count[1] += len(tests)
+    for (key, rule), (met, n) in counts.items():
+        print(f"{key}, {rule}: {met}/{n} rows covered")
+    met, n = (sum(c[i] for c in counts.values()) for i in (0, 1))
+    low = beta.ppf(0.05, met, n - met + 1) if met else 0.0
+    print(
+        f"one-seed plans from predictor seeds {seeds[0]}-{seeds[-1]}: coverage {met}/{n} "
+        f"({met / n:.1%}; goal >= 90%), its one-sided 95% lower bound {low:.1%}: "
+        f"{'met' if met / n >= 0.9 else 'missed'}"
+    )
+    return met, n
+
+
 def untrained(side: Side, seeds: dict) -> str:
     """What a (task, rule) still lacks before its table can be made, in words ('' where
     nothing): a part of the judge reports what it has, and says what it has not."""
@@ -637,8 +673,14 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=DRAWS)
     parser.add_argument("--smoke", action="store_true", help="one judged batch (4B)")
     parser.add_argument("--results", type=Path, help="a results.json to report, training none")
+    parser.add_argument(
+        "--pairs", type=int, help="with --results: judge this many one-seed plans a task and rule"
+    )
     parser.add_argument("--project", type=Path, help="go on with an earlier run's trainings")
     args = parser.parse_args()
+    if args.results and args.pairs:
+        pairs_report(json.loads(args.results.read_text()), args)
+        return
     if args.results:
         results = chosen_seeds(json.loads(args.results.read_text()), args)
     else:

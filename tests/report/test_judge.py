@@ -243,3 +243,21 @@ def test_fresh_judge_seeds_are_reported_alone_at_the_batches_asked():
     rows = judge.rows_of(judge.side_of(chosen, KEY, "sqrt"), _plan, draws=20)
     assert [(r.batch, r.measured) for r in rows] == [(16, 500), (128, 165)]
     assert all(r.test for r in rows)
+
+
+def test_the_default_is_judged_as_one_seed_plans_from_each_predictor_seed(capsys):
+    """`--pairs 10` on the saved results: each of the predictor seeds 42-51 alone prices a
+    one-seed plan (a study's default), judged on the judge's seeds 1042-1051 at 0.5x, 4x and
+    8x the base batch: 3 rows x 6 (task, rule) x 10 = 180. On 2026-12-04 (the rate held at
+    the cap by the pair's own hyperbola too, and one seed's spread the judge's pooled 37%)
+    161 of 180 rows were covered; at the 13% and the hyperbola's 1/B before, 139 (77%)."""
+    import argparse
+
+    saved = json.loads((ROOT / "benchmarks" / "results" / "rule_predictions.json").read_text())
+    args = argparse.Namespace(
+        pairs=10, predictor_from=None, judge_seeds=10, judge_from=1042, judged=[0.5, 4, 8]
+    )
+    assert judge.pairs_report(saved, args) == (161, 180)
+    out = capsys.readouterr().out
+    assert "predictor seeds 42-51: coverage 161/180 (89.4%; goal >= 90%)" in out
+    assert "its one-sided 95% lower bound 84.9%" in out
