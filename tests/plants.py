@@ -628,11 +628,34 @@ PLANTS: tuple[Plant, ...] = (
         '    if s.link_gbit and not kind_of("multi_worker").takes_workers:',
         "tests/report/test_sweep.py::test_links_need_worker_processes",
     ),
+    _p(  # a sigmoid forgotten: its probabilities read as logits
+        "an uncompiled model ending in softmax or sigmoid",
+        "tasks/train/user_models.py",
+        '    return getattr(activation, "__name__", "") in ("softmax", "sigmoid")',
+        '    return getattr(activation, "__name__", "") in ("softmax",)',
+        "tests/train/test_documented_models.py::"
+        "test_an_uncompiled_model_ending_in_softmax_or_sigmoid_is_trained_on_its_probabilities",
+    ),
+    _p(
+        "`train.callbacks` `--callbacks`",
+        "tasks/train/training.py",
+        "        callbacks.configured(model, cfg.callbacks)",
+        '        callbacks.configured(model, "")',
+        "tests/train/test_callbacks.py::"
+        "test_a_built_in_model_trains_with_the_callbacks_the_config_names",
+    ),
+    _p(
+        "`tfscale --verbose`",
+        "flows/cli.py",
+        "    set_up_process(args.verbose or None)",
+        "    set_up_process(None)",
+        "tests/flows/test_documented_features.py::"
+        "test_verbose_shows_every_librarys_log_lines_and_quiet_keeps_them_off",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
 UNPLANTED: tuple[str, ...] = (
-    "`tfscale --verbose`",
     "`prepare.dataset` `--dataset`",
     "`prepare.files`",
     "`prepare.synthetic.height` `--image-size`",
@@ -644,8 +667,6 @@ UNPLANTED: tuple[str, ...] = (
     "`--model package.module:function`",
     "`--model path/to/file.py:function`",
     "`--model` a saved `.keras` file",
-    "an uncompiled model ending in softmax or sigmoid",
-    "`train.callbacks` `--callbacks`",
     "a model function returning `model, [callbacks]`",
     "a user's model in a TF_CONFIG cluster task",
     "a pipeline or column cut of a model with its own `train_step` or `compute_loss`",
