@@ -684,12 +684,35 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_documented_models.py::"
         "test_a_saved_keras_file_starts_from_its_saved_weights",
     ),
+    _p(  # the built-in's module checked, whatever prepare.files names
+        "`prepare.files`",
+        "flows/cli.py",
+        '"prepare.dataset", config.prepare.files, "prepare.files"',
+        '"prepare.dataset", "tasks/data/datasets.py", "prepare.files"',
+        "tests/train/test_user_models.py::"
+        "test_dvcs_stages_depend_on_the_users_files_and_refuse_one_outside_them",
+    ),
+    _p(
+        "`train.files`",
+        "flows/cli.py",
+        'check_dvc_dep(config.train.model, "train.model", config.train.files, "train.files")',
+        'check_dvc_dep(config.train.model, "train.model", "tasks/train/models.py", "train.files")',
+        "tests/train/test_user_models.py::"
+        "test_dvcs_stages_depend_on_the_users_files_and_refuse_one_outside_them",
+    ),
+    _p(
+        "`train.device_memory_mb` `--device-memory-mb`",
+        "tasks/train/stage_plan.py",
+        "    budget = int(choice.device_memory_mb * MB)\n",
+        "    budget = 0\n",
+        "tests/train/test_stages.py::"
+        "test_auto_cuts_a_model_too_large_for_a_device_into_the_fewest_stages_that_fit",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
 UNPLANTED: tuple[str, ...] = (
     "`prepare.dataset` `--dataset`",
-    "`prepare.files`",
     "`prepare.synthetic.height` `--image-size`",
     "`prepare.synthetic.width`",
     "`train.replicas` `--replicas`",
@@ -704,14 +727,12 @@ UNPLANTED: tuple[str, ...] = (
     "`study(function, ...)`",
     "`study(keras.Model, ...)`",
     "`study(function, DataFrame, label=...)`",
-    "`train.files`",
     "`train.epochs` `--epochs`",
     "`train.measure_precision` `--measure-precision`",
     "`train.measure_steps` `--measure-steps`",
     "`train.runs_dir` `--runs-dir`",
     "`train.link_gbit` `--link-gbit`",
     "`train.cut_after`",
-    "`train.device_memory_mb` `--device-memory-mb`",
     "`train.stop_at_target` `--stop-at-target`",
     "`tfscale train --export-dir`",
     "`tfscale train --no-diagnose`",
