@@ -708,6 +708,29 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_stages.py::"
         "test_auto_cuts_a_model_too_large_for_a_device_into_the_fewest_stages_that_fit",
     ),
+    _p(
+        "a pipeline cut on data of several features",
+        "tasks/train/stage_plan.py",
+        "    if choice.spec.splits and len(manifest.spec.features) > 1:",
+        "    if choice.spec.splits and len(manifest.spec.features) > 2:",
+        "tests/train/test_documented_models.py::"
+        "test_data_of_several_features_is_refused_for_a_pipeline_cut",
+    ),
+    _p(
+        "a pipeline or column cut of a model with its own `train_step` or `compute_loss`",
+        "tasks/train/user_models.py",
+        "    if choice.spec.splits and (lost := not_cut_as_it_means(model)):",
+        "    if False and (lost := not_cut_as_it_means(model)):",
+        "tests/train/test_documented_models.py::"
+        "test_a_cut_is_refused_where_it_would_lose_the_models_own_training",
+    ),
+    _p(
+        "`tfscale forecast --link-gbit`",
+        "tasks/report/forecast.py",
+        "        if rate <= 0:\n            raise ForecastError(",
+        "        if False:\n            raise ForecastError(",
+        "tests/report/test_forecast.py::test_bad_forecast_input_is_one_line_naming_the_fix",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -722,8 +745,6 @@ UNPLANTED: tuple[str, ...] = (
     "`--model path/to/file.py:function`",
     "a model function returning `model, [callbacks]`",
     "a user's model in a TF_CONFIG cluster task",
-    "a pipeline or column cut of a model with its own `train_step` or `compute_loss`",
-    "a pipeline cut on data of several features",
     "`study(function, ...)`",
     "`study(keras.Model, ...)`",
     "`study(function, DataFrame, label=...)`",
@@ -756,7 +777,6 @@ UNPLANTED: tuple[str, ...] = (
     "`cluster.collective_timeout_s` `--collective-timeout`",
     "`cluster.chief_wait_s`",
     "`tfscale forecast --dataset`, `tfscale plan --dataset`",
-    "`tfscale forecast --link-gbit`",
     "`tfscale forecast --no-track`, `tfscale plan --no-track`",
     "`tfscale plan --devices`",
     "`tfscale plan --link`",
