@@ -731,6 +731,22 @@ PLANTS: tuple[Plant, ...] = (
         "        if False:\n            raise ForecastError(",
         "tests/report/test_forecast.py::test_bad_forecast_input_is_one_line_naming_the_fix",
     ),
+    _p(  # resnet built as the cnn
+        "`--model mlp`, `cnn`, `resnet`, `embedding`",
+        "tasks/train/models.py",
+        '    "resnet": _resnet,\n',
+        '    "resnet": _cnn,\n',
+        "tests/train/test_stages.py::"
+        "test_each_model_is_cut_where_one_tensor_crosses_and_its_stages_compose_to_it",
+    ),
+    _p(  # evaluated at the default batch: the training's record read back instead
+        "`evaluate.batch_size` `--batch-size`",
+        "flows/commands.py",
+        "            config.evaluate.batch_size,\n",
+        "            256,\n",
+        "tests/train/test_user_models.py::"
+        "test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -741,7 +757,6 @@ UNPLANTED: tuple[str, ...] = (
     "`train.replicas` `--replicas`",
     "`train.precision` `--precision`",
     "`train.model` `--model`",
-    "`--model mlp`, `cnn`, `resnet`, `embedding`",
     "`--model path/to/file.py:function`",
     "a model function returning `model, [callbacks]`",
     "a user's model in a TF_CONFIG cluster task",
@@ -759,7 +774,6 @@ UNPLANTED: tuple[str, ...] = (
     "`tfscale train --no-diagnose`",
     "`tfscale train --baseline`",
     "`tfscale train --against-baseline`",
-    "`evaluate.batch_size` `--batch-size`",
     "`evaluate.target_metric` `--target-metric`",
     "`evaluate.target` `--target`",
     "`evaluate.seeds` `--seeds`",
