@@ -747,6 +747,30 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_user_models.py::"
         "test_a_model_with_a_custom_layer_is_evaluated_at_another_batch_size",
     ),
+    _p(  # a verdict over 2 seeds a side, whose t has 2 degrees of freedom
+        "`evaluate.seeds` `--seeds`",
+        "tasks/report/target_comparison.py",
+        "VERDICT_SEEDS = 3\n",
+        "VERDICT_SEEDS = 2\n",
+        "tests/report/test_summary.py::"
+        "test_fewer_than_three_seeds_give_no_verdict_of_who_finishes_sooner",
+    ),
+    _p(
+        "`evaluate.target_metric` `--target-metric`",
+        "tasks/train/to_target.py",
+        "    metric = evaluate.target_metric\n",
+        '    metric = "auto"\n',
+        "tests/train/test_user_models.py::"
+        "test_a_table_classifier_with_adamw_and_auc_trains_to_its_auc_target",
+    ),
+    _p(
+        "`evaluate.target` `--target`",
+        "tasks/train/to_target.py",
+        "    value = evaluate.target\n",
+        "    value = None\n",
+        "tests/train/test_user_models.py::"
+        "test_a_regression_reaches_its_mean_absolute_error_target_from_above",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -774,9 +798,6 @@ UNPLANTED: tuple[str, ...] = (
     "`tfscale train --no-diagnose`",
     "`tfscale train --baseline`",
     "`tfscale train --against-baseline`",
-    "`evaluate.target_metric` `--target-metric`",
-    "`evaluate.target` `--target`",
-    "`evaluate.seeds` `--seeds`",
     "`tfscale plan` and the forecast on a user's metric",
     "`tfscale evaluate --model-path`",
     "`tfscale evaluate --baseline`",
