@@ -779,6 +779,22 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_user_models.py::"
         "test_a_precision_asked_for_that_the_model_fails_under_is_refused_naming_the_layer",
     ),
+    _p(  # the store under the working directory, whatever the key names
+        "`track.store_dir`",
+        "tasks/track/tracking.py",
+        "        return cls(track.store_dir, track.experiment, ui_url=track.ui_url)",
+        '        return cls("mlflow", track.experiment, ui_url=track.ui_url)',
+        "tests/report/test_forecast.py::"
+        "test_the_track_keys_name_the_store_and_the_experiment_a_command_tracks_into",
+    ),
+    _p(
+        "`track.experiment`",
+        "tasks/track/tracking.py",
+        "        return cls(track.store_dir, track.experiment, ui_url=track.ui_url)",
+        '        return cls(track.store_dir, "tfscale", ui_url=track.ui_url)',
+        "tests/report/test_forecast.py::"
+        "test_the_track_keys_name_the_store_and_the_experiment_a_command_tracks_into",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -814,8 +830,6 @@ UNPLANTED: tuple[str, ...] = (
     "`sweep.link_gbit`",
     "`sweep.work_pool` `--pool`",
     "`sweep.cell_retries`",
-    "`track.store_dir`",
-    "`track.experiment`",
     "`cluster.collective_timeout_s` `--collective-timeout`",
     "`cluster.chief_wait_s`",
     "`tfscale forecast --dataset`, `tfscale plan --dataset`",

@@ -614,3 +614,29 @@ def test_a_plan_from_a_run_at_the_base_batch_prices_no_rate_above_it():
     plan = make_plan(metrics, 4, "ethernet-10g", 10.0)
     assert {r.global_batch for r in plan.rows} == {16, 32}
     assert all(r.learning_rate <= 0.002 + 1e-12 for r in plan.rows)
+
+
+def test_the_track_keys_name_the_store_and_the_experiment_a_command_tracks_into(
+    tmp_path, monkeypatch, capsys
+):
+    """`track.store_dir` and `track.experiment` in params.yaml: `tfscale forecast` (which
+    tracks unless `--no-track`) writes its MLflow run into that store, under that
+    experiment, and nothing into the working directory's default store."""
+    from helpers import tiny_params
+
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
+    store = tmp_path / "elsewhere" / "store"
+    keys = {"track.store_dir": str(store), "track.experiment": "capacity-planning"}
+    params = tiny_params(tmp_path, **keys)
+    argv = ["--params", str(params), "forecast", "--run-dir", str(run_dir), "--workers", "1,2"]
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    client = MlflowClient(f"sqlite:///{store}/mlflow.db")
+    experiment = client.get_experiment_by_name("capacity-planning")
+    assert experiment is not None, [e.name for e in client.search_experiments()]
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+    assert not (tmp_path / "mlflow").exists()
