@@ -234,6 +234,11 @@ def test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf(tm
     assert examples(dist) == round(mlperf_mean(reached["distributed"])), (line, reached)
     assert "the mean of 5 seeds each, the fastest and slowest dropped" in line
 
+    # each run's measuring blocks as its measure-steps set them: the flag's 10, the params' 30
+    for run, steps in ((seeds, 10), (other, 30)):
+        said = " ".join(stage_lines(run.output(), "measuring"))
+        assert f"in blocks of up to {steps} steps" in said, said
+
     measured = console_row(other.output(), "measured over")
     rounds = int(re.search(r"^(\d+) alternating rounds", measured)[1])
     assert 6 <= rounds < 20 and "the most allowed" not in measured, measured
