@@ -811,17 +811,30 @@ PLANTS: tuple[Plant, ...] = (
         "tests/flows/test_owned_servers.py::"
         "test_two_runs_at_once_each_own_one_api_and_the_seeds_are_scored_as_mlperf",
     ),
+    _p(  # a name no source knows read as digits
+        "`prepare.dataset` `--dataset`",
+        "tasks/data/preparation.py",
+        "    return tfds_source(cfg.dataset, cfg)\n",
+        '    return NAMED_SOURCES["digits"](cfg)\n',
+        SHARDS + "test_unknown_dataset_is_a_clear_error",
+    ),
+    _p(  # the callbacks the model's function gave dropped
+        "a model function returning `model, [callbacks]`",
+        "tasks/train/user_models.py",
+        "        callbacks.keep(model, given[1])\n",
+        "        callbacks.keep(model, [])\n",
+        "tests/train/test_callbacks.py::"
+        "test_the_callbacks_users_fit_calls_carry_run_in_tfscales_loop",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
 UNPLANTED: tuple[str, ...] = (
-    "`prepare.dataset` `--dataset`",
     "`prepare.synthetic.height` `--image-size`",
     "`prepare.synthetic.width`",
     "`train.replicas` `--replicas`",
     "`train.model` `--model`",
     "`--model path/to/file.py:function`",
-    "a model function returning `model, [callbacks]`",
     "a user's model in a TF_CONFIG cluster task",
     "`study(function, ...)`",
     "`study(keras.Model, ...)`",
