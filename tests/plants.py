@@ -834,13 +834,28 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_documented_models.py::"
         "test_study_takes_a_keras_model_saved_once_by_its_weights",
     ),
+    _p(
+        "`train.stop_at_target` `--stop-at-target`",
+        "tasks/train/training.py",
+        "        if stopped or (cfg.stop_at_target and clock.reached):",
+        "        if stopped:",
+        "tests/train/test_to_target.py::"
+        "test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target",
+    ),
+    _p(  # one replica, whatever the key asks
+        "`train.replicas` `--replicas`",
+        "tasks/distribute/strategy.py",
+        "    replicas = spec.count_replicas(cfg.replicas, gpus, workers)",
+        "    replicas = spec.count_replicas(1, gpus, workers)",
+        "tests/train/test_to_target.py::"
+        "test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
 UNPLANTED: tuple[str, ...] = (
     "`prepare.synthetic.height` `--image-size`",
     "`prepare.synthetic.width`",
-    "`train.replicas` `--replicas`",
     "`train.model` `--model`",
     "`--model path/to/file.py:function`",
     "a user's model in a TF_CONFIG cluster task",
@@ -850,7 +865,6 @@ UNPLANTED: tuple[str, ...] = (
     "`train.runs_dir` `--runs-dir`",
     "`train.link_gbit` `--link-gbit`",
     "`train.cut_after`",
-    "`train.stop_at_target` `--stop-at-target`",
     "`tfscale train --export-dir`",
     "`tfscale train --no-diagnose`",
     "`tfscale train --baseline`",
