@@ -850,6 +850,30 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_to_target.py::"
         "test_a_mirrored_training_stops_at_the_evaluation_that_reaches_the_target",
     ),
+    _p(
+        "`tfscale plan --devices`",
+        "flows/commands.py",
+        "    result = make_plan(metrics, args.devices, name, gbit, args.target, batches, study)",
+        "    result = make_plan(metrics, 8, name, gbit, args.target, batches, study)",
+        "tests/flows/test_study.py::"
+        "test_plan_reads_the_studys_run_and_says_what_each_figure_came_from",
+    ),
+    _p(
+        "`tfscale plan --target`",
+        "flows/commands.py",
+        "    result = make_plan(metrics, args.devices, name, gbit, args.target, batches, study)",
+        "    result = make_plan(metrics, args.devices, name, gbit, None, batches, study)",
+        "tests/flows/test_study.py::"
+        "test_plan_reads_the_studys_run_and_says_what_each_figure_came_from",
+    ),
+    _p(  # the run's measured link, whatever --link names
+        "`tfscale plan --link`",
+        "flows/commands.py",
+        "    name, gbit = link_named(args.link)\n",
+        '    name, gbit = link_named("measured")\n',
+        "tests/flows/test_study.py::"
+        "test_plan_reads_the_studys_run_and_says_what_each_figure_came_from",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -882,9 +906,6 @@ UNPLANTED: tuple[str, ...] = (
     "`cluster.chief_wait_s`",
     "`tfscale forecast --dataset`, `tfscale plan --dataset`",
     "`tfscale forecast --no-track`, `tfscale plan --no-track`",
-    "`tfscale plan --devices`",
-    "`tfscale plan --link`",
-    "`tfscale plan --target`",
     "`tfscale ui --host`, `tfscale ui --port`",
     "`tfscale serve --cron`",
     "`--dataset` a TFDS name",
