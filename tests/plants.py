@@ -874,6 +874,13 @@ PLANTS: tuple[Plant, ...] = (
         "tests/flows/test_study.py::"
         "test_plan_reads_the_studys_run_and_says_what_each_figure_came_from",
     ),
+    _p(  # one epoch, whatever the key asks
+        "`train.epochs` `--epochs`",
+        "tasks/train/training.py",
+        "    for epoch in range(start_epoch, cfg.epochs):",
+        "    for epoch in range(start_epoch, 1):",
+        "tests/train/test_training.py::test_default_config_reaches_95_percent_on_digits",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
@@ -885,7 +892,6 @@ UNPLANTED: tuple[str, ...] = (
     "a user's model in a TF_CONFIG cluster task",
     "`study(function, ...)`",
     "`study(function, DataFrame, label=...)`",
-    "`train.epochs` `--epochs`",
     "`train.runs_dir` `--runs-dir`",
     "`train.link_gbit` `--link-gbit`",
     "`train.cut_after`",
