@@ -574,12 +574,11 @@ def pairs_report(saved: dict, args: argparse.Namespace) -> tuple[int, int]:
     one predictor seed's pair alone (a study's default: one seed a side), judged against
     the judge's seeds at the judged batches; the rows each plan's 95% interval covers, by
     task and rule and over all, with the share's one-sided 95% lower bound
-    (Clopper-Pearson). The calibration point is no test. Returns (covered, rows)."""
+    (Clopper-Pearson). The calibration point is no test (`goals`); more pairs than the
+    results hold predictor seeds are refused (`predictor_seeds`). Returns (covered, rows)."""
     from scipy.stats import beta
 
-    predictor = saved["seeds"]["predictor"]
-    start = predictor.index(args.predictor_from) if args.predictor_from in predictor else 0
-    seeds = predictor[start : start + args.pairs]
+    seeds = predictor_seeds(saved, args.pairs, args.predictor_from)["seeds"]["predictor"]
     counts: dict[tuple, list[int]] = {}
     for seed in seeds:
         one = argparse.Namespace(**{**vars(args), "seeds": 1, "predictor_from": seed})
@@ -588,10 +587,10 @@ def pairs_report(saved: dict, args: argparse.Namespace) -> tuple[int, int]:
             side = side_of(results, key, rule)
             if untrained(side, results["seeds"]):
                 continue
-            tests = [r for r in rows_of(side, plan_pricer, 0) if r.test]
+            met, n = goals(rows_of(side, plan_pricer, 0))["coverage"]
             count = counts.setdefault((key, rule), [0, 0])
-            count[0] += sum(r.covered for r in tests)
-            count[1] += len(tests)
+            count[0] += met
+            count[1] += n
     for (key, rule), (met, n) in counts.items():
         print(f"{key}, {rule}: {met}/{n} rows covered")
     met, n = (sum(c[i] for c in counts.values()) for i in (0, 1))

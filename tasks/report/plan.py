@@ -18,6 +18,7 @@ Each figure says which measurement it came from (`Plan.sources`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -220,9 +221,11 @@ class Pricing:
         calibrated = self.headroom is not None or self.calibration.hyperbola is not None
         return calibrated or not self.capped(batch)
 
+    @functools.cached_property
     def cap_batch(self) -> float:
         """The largest batch whose rule's rate is within the cap, at the headline noise
-        scale (infinite where the rule never passes it): past it, the rate is held."""
+        scale (infinite where the rule never passes it): past it, the rate is held. Found
+        once a pricing (a bisection), not at each step of every walk `made` prices."""
         low = high = float(self.base_batch)
         while not self.capped(high):
             low, high = high, high * 2
@@ -254,7 +257,7 @@ class Pricing:
         step then gains only its lower noise, at most twice the held batch's progress).
         The hyperbola alone scaled a capped rate's steps as 1/B: 0.25x the judge's steps
         at 8x the base batch on digits under linear."""
-        top = sampled_batch(self.cap_batch(), self.examples)
+        top = sampled_batch(self.cap_batch, self.examples)
         if at <= top:
             return step_progress(noise, base, at)
         # the whole split (an infinite batch): its limit, 2 x top less nothing, where all
