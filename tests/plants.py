@@ -905,16 +905,67 @@ PLANTS: tuple[Plant, ...] = (
         "tests/train/test_fit_loop.py::"
         "test_the_fit_loop_trains_with_kerass_fit_and_records_its_epochs",
     ),
+    _p(
+        "`prepare.synthetic.height` `--image-size`",
+        "tasks/data/datasets.py",
+        "(s.height, s.width, s.channels)",
+        "(32, s.width, s.channels)",
+        "tests/data/test_shards.py::test_the_synthetic_image_size_keys_and_flag_decide_the_shape_written",
+    ),
+    _p(
+        "`prepare.synthetic.height` `--image-size`",
+        "flows/cli.py",
+        '        overrides["prepare.synthetic.width"] = overrides["prepare.synthetic.height"]',
+        "        pass",
+        "tests/data/test_shards.py::test_the_synthetic_image_size_keys_and_flag_decide_the_shape_written",
+    ),
+    _p(
+        "`prepare.synthetic.width`",
+        "tasks/data/datasets.py",
+        "(s.height, s.width, s.channels)",
+        "(s.height, 32, s.channels)",
+        "tests/data/test_shards.py::test_the_synthetic_image_size_keys_and_flag_decide_the_shape_written",
+    ),
+    _p(
+        "`train.model` `--model`",
+        "tasks/execute/trainings.py",
+        "    ref = run.train.model\n    if not is_user_model(ref):",
+        '    ref = "mlp"\n    if not is_user_model(ref):',
+        "tests/train/test_user_models.py::test_a_bad_model_is_refused_in_one_line_before_anything_is_written",
+    ),
+    _p(
+        "`--model path/to/file.py:function`",
+        "tasks/core/user_code.py",
+        "path = Path(module_name).resolve()",
+        "path = (Path(__file__).parent / module_name).resolve()",
+        "tests/train/test_user_models.py::test_a_table_classifier_with_adamw_and_auc_trains_to_its_auc_target",
+    ),
+    _p(
+        "`--dataset` a `tf.data` function",
+        "tasks/core/user_code.py",
+        "path = Path(module_name).resolve()",
+        "path = (Path(__file__).parent / module_name).resolve()",
+        "tests/data/test_user_data.py::test_a_pipeline_that_changes_between_reads_is_refused_and_a_seeded_one_never_leaks",
+    ),
+    _p(
+        "`--dataset` an `.npz`",
+        "tasks/data/arrays.py",
+        'parts = {None: ({"x": arrays["x"]}, arrays["y"])}',
+        'parts = {None: ({"x": arrays["x"]}, arrays["y"][::-1])}',
+        "tests/data/test_user_data.py::test_a_built_in_dense_model_trains_on_each_source_under_mirrored",
+    ),
+    _p(
+        "`train.runs_dir` `--runs-dir`",
+        "tasks/distribute/run.py",
+        "return Path(self.config.train.runs_dir) / self.manifest.dataset / name",
+        'return Path("runs") / self.manifest.dataset / name',
+        "tests/data/test_user_data.py::test_a_built_in_dense_model_trains_on_each_source_under_mirrored",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
 UNPLANTED: tuple[str, ...] = (
-    "`prepare.synthetic.height` `--image-size`",
-    "`prepare.synthetic.width`",
-    "`train.model` `--model`",
-    "`--model path/to/file.py:function`",
     "a user's model in a TF_CONFIG cluster task",
-    "`train.runs_dir` `--runs-dir`",
     "`train.link_gbit` `--link-gbit`",
     "`train.cut_after`",
     "`tfscale train --export-dir`",
@@ -935,8 +986,6 @@ UNPLANTED: tuple[str, ...] = (
     "`tfscale ui --host`, `tfscale ui --port`",
     "`tfscale serve --cron`",
     "`--dataset` a TFDS name",
-    "`--dataset` an `.npz`",
-    "`--dataset` a `tf.data` function",
     "`study(function, DataFrame, label=...)`",
 )
 

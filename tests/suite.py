@@ -52,6 +52,7 @@ BOUND_MIN = 15  # the whole suite, install included, on 2 cores (docs/benchmarks
 # each phase's part of it; the rest is the install and the pace measurement
 SHARES_MIN = {"parallel": 9.0, "serial": 4.5}
 SLOWEST = 10
+REPORTS_VARIABLE = "TFSCALE_TEST_REPORTS"  # a folder to keep the phases' JUnit reports in
 # the parallel phase's workers on the reference machine's 2 cores: a third fills what two
 # leave idle while their tests wait on servers, schedules and processes starting (two: 13.1
 # min at pace x1.00, the CPUs 91% busy; three: 12.3 min at x1.19, 98% busy)
@@ -284,8 +285,10 @@ def main(args: list[str]) -> int:
         print(f"== error: {exc}", file=sys.stderr, flush=True)
         return 2
     codes, tests, costs, began = [], [], [], time.monotonic()
-    folder = tempfile.TemporaryDirectory(prefix="tfscale-suite-")  # the phases' reports
-    reports = Path(folder.name)
+    # the phases' JUnit reports: kept in `TFSCALE_TEST_REPORTS` where it names a folder
+    folder = tempfile.TemporaryDirectory(prefix="tfscale-suite-")
+    reports = Path(os.environ.get(REPORTS_VARIABLE) or folder.name)
+    reports.mkdir(parents=True, exist_ok=True)
     for name, options in phases(args, factor):
         report = reports / f"{name}.xml"
         started, ticks = time.monotonic(), cpu_ticks()

@@ -335,6 +335,23 @@ def test_the_shard_keys_and_the_test_splits_size_decide_what_prepare_writes(make
     assert prepared("-test", prepare__synthetic__test_examples=40).splits["test"] == 40
 
 
+def test_the_synthetic_image_size_keys_and_flag_decide_the_shape_written(make_config, tmp_path):
+    """`prepare.synthetic.height` and `width` set the images' shape each on its own (6 by
+    12 here); `--image-size 8` sets both, as its help says."""
+    import json
+
+    values = {"prepare__dataset": "synthetic", "prepare__synthetic__train_examples": 64}
+    values["prepare__synthetic__test_examples"] = 16
+    values["prepare__data_dir"] = str(tmp_path / "keys")
+    config = make_config(prepare__synthetic__height=6, prepare__synthetic__width=12, **values)
+    assert prepare_dataset(config, progress=False).manifest.spec.shape == (6, 12, 3)
+    argv = ["prepare", "--dataset", "synthetic", "--examples", "64", "--test-examples", "16"]
+    argv += ["--image-size", "8", "--data-dir", str(tmp_path / "flag")]
+    assert run_main(argv, tmp_path)[0] == 0
+    (manifest,) = (tmp_path / "flag").glob("*/manifest.json")
+    assert json.loads(manifest.read_text())["feature"]["shape"] == [8, 8, 3]
+
+
 def test_evaluation_sees_every_example_once_across_pipelines(make_config, caplog):
     result = prepare_dataset(make_config(prepare__num_shards=2), progress=False)
     everything = read_split(result.manifest, result.data_dir, "test")[1]

@@ -370,6 +370,7 @@ def test_a_built_in_dense_model_trains_on_each_source_under_mirrored(kind, tmp_p
     )
     result = train_model(run).result
     assert (result.strategy, result.replicas) == ("mirrored", 2)
+    assert Path(result.model_path).is_relative_to(tmp_path / "runs")  # train.runs_dir's
     losses = [h["loss"] for h in result.history]
     assert losses[-1] < losses[0], losses
     evaluation = evaluate_model(result.model_path, prepared.manifest, prepared.data_dir, 64)
