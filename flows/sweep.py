@@ -135,6 +135,6 @@ def _sweep(config: config_mod.Config) -> list[scaling_grid.SweepRow]:
         rows, files = tabulate_task(cells, results, config)
         track_sweep_task(tracker, parent_id, rows, results, files)
     except BaseException as exc:
-        fail_tracking_task(tracker, parent_id, repr(exc))
+        fail_tracking_task(tracker, parent_id, repr(exc), tracking.ended_as(exc))
         raise
     return rows

@@ -159,7 +159,9 @@ def test_bad_forecast_input_is_one_line_naming_the_fix(argv, expected, exit_code
 
 
 def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
-    run_dir = tmp_path / "runs" / "digits" / "mw"
+    """The newest run of `--dataset` under `--runs-dir` (not the params' digits), forecast
+    and not tracked (`--no-track`)."""
+    run_dir = tmp_path / "runs" / "synthetic" / "mw"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.json").write_text(json.dumps({"probes": synthetic_probes()}))
     code = main(
@@ -167,6 +169,8 @@ def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
             "--params",
             DEFAULTS,
             "forecast",
+            "--dataset",
+            "synthetic",
             "--runs-dir",
             str(tmp_path / "runs"),
             "--workers",
@@ -177,7 +181,7 @@ def test_forecast_writes_its_table_json_and_charts(tmp_path, capsys):
         ]
     )
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 0 and "tracked:" not in out
     assert "ethernet-10g" in out and "measured (1 Gbit/s)" in out
     assert "epoch-bound below" in out and "an epoch's fixed cost 0 ms" in out  # no history
     saved = json.loads((run_dir / "forecast.json").read_text())

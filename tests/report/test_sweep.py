@@ -261,6 +261,7 @@ def test_table_and_charts_hold_every_cell(swept):
         per_round = [r / o for r, o in zip(run, one, strict=True)]
         assert float(two["speedup"]) == pytest.approx(statistics.median(per_round))
         assert float(two["speedup_low"]) <= float(two["speedup"]) <= float(two["speedup_high"])
+        assert len(base["history"]) == len(cell["history"]) == 1  # sweep.epochs: 1
         # the forecast column: the 2-replica cell's own probes, against that same baseline
         predicted = fit_cost_model(cell["probes"], cell["history"]).predict(2, None, "weak")
         assert float(two["forecast_speedup"]) == pytest.approx(

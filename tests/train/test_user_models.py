@@ -843,6 +843,38 @@ def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
         assert (metrics["model"], metrics["optimizer"]) == ("table_classifier.py:build", "AdamW")
 
 
+@pytest.mark.integration
+def test_a_sweep_whose_cell_is_refused_ends_with_the_cells_error_and_its_run_failed(examples):
+    """A sweep cell refused before it trains (the built-in CNN on a table) ends the sweep
+    with that cell's own error, and the sweep's MLflow run is marked FAILED, not left
+    running (it once ended in Prefect's ParameterBindError, the run still RUNNING)."""
+    import sqlite3
+
+    from tfscale.flows.sweep import sweep_flow
+    from tfscale.tasks.core.errors import UsageError
+
+    cancer_csv(examples)
+    config = load_config(
+        None,
+        {
+            "prepare.dataset": "cancer.csv",
+            "prepare.label": "target",
+            "prepare.data_dir": str(examples / "data"),
+            "train.runs_dir": str(examples / "runs"),
+            "sweep.model": "cnn",
+            "sweep.dataset_sizes": [0],
+            "sweep.replicas": [1],
+            "sweep.out_dir": str(examples / "out"),
+            "track.store_dir": str(examples / "mlflow"),
+        },
+    )
+    with pytest.raises(UsageError, match="The cnn model needs images"):
+        sweep_flow(config)
+    with sqlite3.connect(examples / "mlflow" / "mlflow.db") as store:
+        statuses = store.execute("select status from runs").fetchall()
+    assert statuses == [("FAILED",)], statuses
+
+
 @pytest.mark.unit
 def test_a_subclassed_models_logged_signature_comes_from_the_datas_spec():
     """A subclassed model declares no inputs: the example MLflow infers its signature from
