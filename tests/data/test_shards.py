@@ -638,6 +638,7 @@ def test_tfds_by_name_with_the_download_mocked(make_config):
         result = prepare_dataset(config, progress=False)
     manifest = result.manifest
     assert manifest.dataset == "mnist" and manifest.shape == (28, 28, 1)
+    assert manifest.feature["class_names"] == [str(i) for i in range(10)]  # mnist's, by name
     assert manifest.splits["train"] == manifest.splits["test"] == 12
     images, labels = read_split(manifest, result.data_dir, "train")
     assert images.shape == (12, 28, 28, 1) and labels.max() < 10

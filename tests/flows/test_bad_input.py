@@ -636,6 +636,18 @@ CASES = [
         ("TF_CONFIG's task worker:5 is not in its cluster (1 worker)", "fix:"),
         env={"TF_CONFIG": '{{"cluster": {{"worker": ["127.0.0.1:1"]}}, "task": {{"index": 5}}}}'},
     ),
+    Case(  # a serving task: a server of its own, stopped only by its process's end
+        "a parameter server whose chief never comes",
+        ["train", "--no-diagnose"],
+        1,
+        ("the chief 127.0.0.1:1 did not answer within 1 s", "cluster.chief_wait_s"),
+        params(cluster={"chief_wait_s": 1}),
+        env={
+            "TF_CONFIG": '{{"cluster": {{"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:1"], '
+            '"ps": ["127.0.0.1:{port}"]}}, "task": {{"type": "ps", "index": 0}}}}'
+        },
+        process=True,
+    ),
     Case(
         "a TF_CONFIG that is not JSON",
         ["train", "--no-diagnose"],

@@ -176,6 +176,8 @@ def test_nightly_deployments_default_to_two_in_the_morning():
     nightly, on_demand = build_deployments("params.yaml")
     assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
     assert (nightly.name, on_demand.name, on_demand.schedules) == (*SERVED, [])
+    nightly, _ = build_deployments("params.yaml", "30 4 * * 1")  # what --cron gives it
+    assert [s.schedule.cron for s in nightly.schedules] == ["30 4 * * 1"]
 
 
 # the longest `tfscale serve` may take to register its deployments and the server to schedule
