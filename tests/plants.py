@@ -1059,19 +1059,66 @@ PLANTS: tuple[Plant, ...] = (
         'overrides = {_dotted(name): value for name, value in settings.items() if name != "label"}',
         "tests/train/test_user_models.py::test_one_call_in_a_notebook_takes_a_dataframe_with_a_text_column",
     ),
+    _p(
+        "a user's model in a TF_CONFIG cluster task",
+        "tasks/execute/trainings.py",
+        "lambda: model_for_data(run.train.model, manifest.spec, ps_tasks).model,",
+        'lambda: model_for_data("mlp", manifest.spec, ps_tasks).model,',
+        "tests/train/test_documented_models.py::test_a_tf_config_task_trains_and_evaluates_the_users_model",
+    ),
+    _p(
+        "`train.cut_after`",
+        "tasks/distribute/strategy.py",
+        "tuple(cfg.cut_after) if spec.staged else (),",
+        "(),",
+        "tests/train/test_stages.py::test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven_cut",
+    ),
+    _p(
+        "`tfscale train --export-dir`",
+        "flows/commands.py",
+        "    if args.export_dir:\n        export_run(result, Path(args.export_dir))",
+        "    if False:\n        export_run(result, Path(args.export_dir))",
+        "tests/flows/test_dvc.py::test_metrics_show_the_speedup_efficiency_and_accuracy",
+    ),
+    _p(
+        "`tfscale train --baseline`",
+        "flows/commands.py",
+        "    if args.baseline:\n        planned = planned.with_choice(baseline_choice(planned.choice))",
+        "    if False:\n        planned = planned.with_choice(baseline_choice(planned.choice))",
+        "tests/flows/test_dvc.py::test_metrics_show_the_speedup_efficiency_and_accuracy",
+    ),
+    _p(
+        "`sweep.link_gbit`",
+        "tasks/execute/sweep_cells.py",
+        "link_gbit=cell.link_gbit if multi else None,",
+        "link_gbit=None,",
+        "tests/report/test_sweep.py::test_sweep_over_emulated_links_checks_the_forecast",
+    ),
+    _p(
+        "`sweep.work_pool` `--pool`",
+        "flows/sweep.py",
+        "        if config.sweep.work_pool:\n            prepared = [",
+        "        if False:\n            prepared = [",
+        "tests/flows/test_pool.py::test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_host",
+    ),
+    _p(
+        "`sweep.cell_retries`",
+        "flows/sweep.py",
+        "        config.sweep.cell_retries,\n    )",
+        "        0,\n    )",
+        "tests/flows/test_pool.py::test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_host",
+    ),
+    _p(
+        "`cluster.collective_timeout_s` `--collective-timeout`",
+        "tasks/train/training.py",
+        "timeout_s = run.config.cluster.collective_timeout_s",
+        "timeout_s = 60.0",
+        "tests/distribute/test_cluster.py::test_preemption_a_killed_worker_and_a_cut_link_each_rerun_resumes_where_it_stopped",
+    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
-UNPLANTED: tuple[str, ...] = (
-    "a user's model in a TF_CONFIG cluster task",
-    "`train.cut_after`",
-    "`tfscale train --export-dir`",
-    "`tfscale train --baseline`",
-    "`sweep.link_gbit`",
-    "`sweep.work_pool` `--pool`",
-    "`sweep.cell_retries`",
-    "`cluster.collective_timeout_s` `--collective-timeout`",
-)
+UNPLANTED: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
