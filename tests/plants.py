@@ -1073,12 +1073,13 @@ PLANTS: tuple[Plant, ...] = (
         "(),",
         "tests/train/test_stages.py::test_the_diagnosis_prints_the_bubble_beside_the_schedule_and_names_an_uneven_cut",
     ),
-    _p(
+    _p(  # the flag itself: without it dvc repro's train stage fails (test_dvc's fixture)
         "`tfscale train --export-dir`",
-        "flows/commands.py",
-        "    if args.export_dir:\n        export_run(result, Path(args.export_dir))",
-        "    if False:\n        export_run(result, Path(args.export_dir))",
-        "tests/flows/test_dvc.py::test_metrics_show_the_speedup_efficiency_and_accuracy",
+        "tasks/execute/run_files.py",
+        'for name in (TRACKED_AS, "diagnosis.json", RECORDED):',
+        'for name in (TRACKED_AS, "diagnosis.json"):',
+        "tests/flows/test_documented_features.py::"
+        "test_an_exported_model_keeps_its_recorded_evaluation_and_drops_a_stale_one",
     ),
     _p(
         "`tfscale train --baseline`",
