@@ -1109,17 +1109,15 @@ PLANTS: tuple[Plant, ...] = (
         "        0,\n    )",
         "tests/flows/test_pool.py::test_a_pool_sweep_stops_with_no_live_worker_and_retries_the_cell_of_a_dead_host",
     ),
-    _p(
-        "`cluster.collective_timeout_s` `--collective-timeout`",
-        "tasks/train/training.py",
-        "timeout_s = run.config.cluster.collective_timeout_s",
-        "timeout_s = 60.0",
-        "tests/distribute/test_cluster.py::test_preemption_a_killed_worker_and_a_cut_link_each_rerun_resumes_where_it_stopped",
-    ),
 )
 
 # rows no plant covers yet: each a gap to close (a plant, and a test that catches it)
-UNPLANTED: tuple[str, ...] = ()
+UNPLANTED: tuple[str, ...] = (
+    # the collective timeout's value changes nothing the fault tests see: a plant fixing it
+    # at 60 s survived (a killed or cut-off peer fails the others sooner by other means);
+    # a peer that stops without dying (SIGSTOP) is the case only the timeout ends
+    "`cluster.collective_timeout_s` `--collective-timeout`",
+)
 
 
 @dataclass(frozen=True)
