@@ -1084,7 +1084,8 @@ PLANTS: tuple[Plant, ...] = (
     _p(
         "`tfscale train --baseline`",
         "flows/commands.py",
-        "    if args.baseline:\n        planned = planned.with_choice(baseline_choice(planned.choice))",
+        "    if args.baseline:\n"
+        "        planned = planned.with_choice(baseline_choice(planned.choice))",
         "    if False:\n        planned = planned.with_choice(baseline_choice(planned.choice))",
         "tests/flows/test_dvc.py::test_metrics_show_the_speedup_efficiency_and_accuracy",
     ),
