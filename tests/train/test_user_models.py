@@ -808,6 +808,22 @@ def test_a_sequential_is_cut_into_stages_and_a_subclassed_model_trains_whole(exa
         trained(cut)
 
 
+def table_sweep(examples: Path, **settings):
+    """A sweep over the user's own breast-cancer table (`dataset_sizes: [0]`), its outputs
+    under `examples`, with `settings` (dotted keys) on top."""
+    cancer_csv(examples)
+    values = {
+        "prepare.dataset": "cancer.csv",
+        "prepare.label": "target",
+        "prepare.data_dir": str(examples / "data"),
+        "train.runs_dir": str(examples / "runs"),
+        "sweep.dataset_sizes": [0],
+        "sweep.out_dir": str(examples / "out"),
+        "track.store_dir": str(examples / "mlflow"),
+    }
+    return load_config(None, {**values, **settings})
+
+
 @pytest.mark.integration  # a Prefect flow
 def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
     """`sweep.model` a user's function, over the user's own table (`dataset_sizes: [0]`):
@@ -818,23 +834,11 @@ def test_a_sweep_takes_a_users_model_as_a_built_in(examples):
 
     from tfscale.flows.sweep import sweep_flow
 
-    cancer_csv(examples)
-    config = load_config(
-        None,
-        {
-            "prepare.dataset": "cancer.csv",
-            "prepare.label": "target",
-            "prepare.data_dir": str(examples / "data"),
-            "train.runs_dir": str(examples / "runs"),
-            **LEAST_WORK,
-            "sweep.model": "table_classifier.py:build",
-            "sweep.dataset_sizes": [0],
-            "sweep.replicas": [1, 2],
-            "sweep.epochs": 1,
-            "sweep.precision": ["float32"],
-            "sweep.out_dir": str(examples / "out"),
-            "track.store_dir": str(examples / "mlflow"),
-        },
+    config = table_sweep(
+        examples,
+        **LEAST_WORK,
+        **{"sweep.model": "table_classifier.py:build", "sweep.replicas": [1, 2]},
+        **{"sweep.epochs": 1, "sweep.precision": ["float32"]},
     )
     rows = sweep_flow(config)
     assert [(r.replicas, r.strategy) for r in rows] == [(1, "one_device"), (2, "mirrored")]
@@ -853,21 +857,7 @@ def test_a_sweep_whose_cell_is_refused_ends_with_the_cells_error_and_its_run_fai
     from tfscale.flows.sweep import sweep_flow
     from tfscale.tasks.core.errors import UsageError
 
-    cancer_csv(examples)
-    config = load_config(
-        None,
-        {
-            "prepare.dataset": "cancer.csv",
-            "prepare.label": "target",
-            "prepare.data_dir": str(examples / "data"),
-            "train.runs_dir": str(examples / "runs"),
-            "sweep.model": "cnn",
-            "sweep.dataset_sizes": [0],
-            "sweep.replicas": [1],
-            "sweep.out_dir": str(examples / "out"),
-            "track.store_dir": str(examples / "mlflow"),
-        },
-    )
+    config = table_sweep(examples, **{"sweep.model": "cnn", "sweep.replicas": [1]})
     with pytest.raises(UsageError, match="The cnn model needs images"):
         sweep_flow(config)
     with sqlite3.connect(examples / "mlflow" / "mlflow.db") as store:
